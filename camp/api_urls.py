@@ -1,0 +1,16 @@
+"""/api/v1/: one router for every app's viewsets."""
+
+from rest_framework.routers import DefaultRouter
+
+from tenants.api import views as tenant_views
+
+router = DefaultRouter()
+router.register("tenants", tenant_views.TenantViewSet, basename="tenant")
+router.register("projects", tenant_views.ProjectViewSet, basename="project")
+router.register("memberships", tenant_views.MembershipViewSet, basename="membership")
+router.register("quotas", tenant_views.QuotaViewSet, basename="quota")
+router.register("users", tenant_views.UserViewSet, basename="user")
+router.register("tokens", tenant_views.ApiTokenViewSet, basename="token")
+router.register("audit-events", tenant_views.AuditEventViewSet, basename="auditevent")
+
+urlpatterns = router.urls

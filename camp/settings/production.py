@@ -1,0 +1,28 @@
+"""Production hardening on top of the default settings.
+
+``manage.py check --deploy --fail-level WARNING`` passes with these (a test checks it).
+"""
+
+from camp.env import env_bool, env_int, env_str
+
+from . import *  # noqa: F403
+from .base import ALLOWED_HOSTS  # noqa: F401
+
+DEBUG = False
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY or SECRET_KEY.startswith("django-insecure"):
+    raise RuntimeError("SECRET_KEY (or SECRET_KEY_FILE) must be set to a long random value")
+
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+SECURE_HSTS_PRELOAD = True
+SESSION_COOKIE_SECURE = True
+CSRF_COOKIE_SECURE = True
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = False

@@ -1,0 +1,1 @@
+"""Container images and registry credentials arrive with the workloads issue."""

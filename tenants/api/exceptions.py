@@ -1,0 +1,43 @@
+"""API errors: 400 with a body naming each bad field; never a 500 for bad input."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DataError, IntegrityError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+logger = logging.getLogger(__name__)
+
+
+def validation_error_body(exc: DjangoValidationError) -> dict[str, Any]:
+    if hasattr(exc, "error_dict"):
+        return {
+            ("non_field_errors" if field == "__all__" else field): [str(m) for m in msgs.messages]
+            if hasattr(msgs, "messages") else [str(m) for m in msgs]
+            for field, msgs in exc.message_dict.items()
+        }
+    return {"non_field_errors": exc.messages}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(validation_error_body(exc))
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied(str(exc) or None)
+    elif isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, (IntegrityError, DataError)):
+        # A constraint the validators did not foresee: still the client's input.
+        logger.warning("database refused a write: %s", type(exc).__name__)
+        return Response(
+            {"non_field_errors": ["The request conflicts with existing data or is out of range."]},
+            status=status.HTTP_400_BAD_REQUEST,
+        )
+    return drf_exception_handler(exc, context)

@@ -1,0 +1,159 @@
+"""Serializers: shape and type checks only; rules live in services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from scheduling.models import Cluster
+
+from ..models import (
+    RESOURCES,
+    ApiToken,
+    AuditEvent,
+    Membership,
+    Project,
+    Quota,
+    QuotaScope,
+    Role,
+    Tenant,
+    User,
+)
+
+
+class VisiblePKField(serializers.PrimaryKeyRelatedField):  # type: ignore[type-arg]
+    """A reference that resolves only to rows the requesting user may see.
+
+    A foreign tenant's id then reads as "does not exist" (400), never as a 403
+    that would confirm the object exists.
+    """
+
+    def get_queryset(self) -> Any:
+        from ..permissions import restrict
+
+        request = self.context.get("request")
+        queryset = super().get_queryset()
+        return restrict(queryset, request.user if request else None)
+
+
+class TenantSerializer(serializers.ModelSerializer[Tenant]):
+    class Meta:
+        model = Tenant
+        fields = ["id", "name", "display_name", "description", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class ProjectSerializer(serializers.ModelSerializer[Project]):
+    tenant = VisiblePKField(queryset=Tenant.objects.all())
+    tenant_name = serializers.CharField(source="tenant.name", read_only=True)
+
+    class Meta:
+        model = Project
+        fields = ["id", "tenant", "tenant_name", "name", "display_name", "description", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        # Uniqueness is enforced by the service (as a field error) and the database.
+        validators: list[Any] = []
+
+
+class UserBriefSerializer(serializers.ModelSerializer[User]):
+    class Meta:
+        model = User
+        fields = ["id", "username", "first_name", "last_name", "email"]
+        read_only_fields = fields
+
+
+class MembershipSerializer(serializers.ModelSerializer[Membership]):
+    user = serializers.SlugRelatedField(slug_field="username", queryset=User.objects.filter(is_active=True))
+    tenant = VisiblePKField(queryset=Tenant.objects.all())
+    project = VisiblePKField(queryset=Project.objects.all(), required=False, allow_null=True
+    )
+    role = serializers.ChoiceField(choices=Role.choices)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "user", "tenant", "project", "role", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        validators: list[Any] = []
+
+
+class MembershipUpdateSerializer(serializers.Serializer[Any]):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+_amount_fields: list[str] = [f"{r}_{k}" for r in RESOURCES for k in ("guaranteed", "limit")]
+
+
+class QuotaSerializer(serializers.ModelSerializer[Quota]):
+    scope = serializers.ChoiceField(choices=QuotaScope.choices)
+    cluster = serializers.PrimaryKeyRelatedField(
+        queryset=Cluster.objects.all(), required=False, allow_null=True
+    )
+    tenant = VisiblePKField(queryset=Tenant.objects.all(), required=False, allow_null=True
+    )
+    project = VisiblePKField(queryset=Project.objects.all(), required=False, allow_null=True
+    )
+
+    class Meta:
+        model = Quota
+        fields = ["id", "scope", "cluster", "tenant", "project", *_amount_fields, "updated_at"]
+        read_only_fields = ["id", "updated_at"]
+        validators: list[Any] = []
+
+
+class QuotaUpdateSerializer(serializers.ModelSerializer[Quota]):
+    class Meta:
+        model = Quota
+        fields = _amount_fields
+
+
+class ApiTokenSerializer(serializers.ModelSerializer[ApiToken]):
+    project = VisiblePKField(queryset=Project.objects.all(), required=False, allow_null=True
+    )
+    active = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiToken
+        fields = [
+            "id", "name", "prefix", "project", "read_only", "expires_at",
+            "last_used_at", "revoked_at", "created_at", "active",
+        ]
+        read_only_fields = ["id", "prefix", "last_used_at", "revoked_at", "created_at", "active"]
+
+    def get_active(self, obj: ApiToken) -> bool:
+        from django.utils import timezone
+
+        return obj.revoked_at is None and (obj.expires_at is None or obj.expires_at > timezone.now())
+
+
+class ApiTokenCreatedSerializer(ApiTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="Shown once; store it now.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "token"]
+
+
+class UserSerializer(serializers.ModelSerializer[User]):
+    password = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, style={"input_type": "password"}
+    )
+
+    class Meta:
+        model = User
+        fields = [
+            "id", "username", "email", "first_name", "last_name", "is_active",
+            "is_platform_admin", "password", "date_joined", "last_login",
+        ]
+        read_only_fields = ["id", "date_joined", "last_login"]
+        extra_kwargs = {"username": {"validators": []}}
+
+
+class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
+    class Meta:
+        model = AuditEvent
+        fields = [
+            "id", "created_at", "actor", "actor_username", "tenant", "project", "action",
+            "target_type", "target_id", "target_repr", "before", "after", "request_id",
+            "client_ip", "prev_hash", "hash",
+        ]
+        read_only_fields = fields

@@ -1,0 +1,315 @@
+"""REST API for tenancy. Thin: look up through ``restrict``, write through services."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from typing import Any
+
+import django_filters
+from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from .. import services
+from ..models import ApiToken, AuditEvent, Membership, Project, Quota, Tenant, User
+from ..permissions import restrict
+from .idempotency import IdempotentCreateMixin
+from .serializers import (
+    ApiTokenCreatedSerializer,
+    ApiTokenSerializer,
+    AuditEventSerializer,
+    MembershipSerializer,
+    MembershipUpdateSerializer,
+    ProjectSerializer,
+    QuotaSerializer,
+    QuotaUpdateSerializer,
+    TenantSerializer,
+    UserSerializer,
+)
+
+IDEMPOTENCY_PARAM = OpenApiParameter(
+    "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+    description="Retrying a create with the same key returns the first result and creates nothing.",
+)
+
+
+class ReadOnlyTokenPermission(permissions.BasePermission):
+    """A read-only API token may only read (also enforced inside ``permissions.can``)."""
+
+    message = "This API token is read-only."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        token = request.auth if isinstance(request.auth, ApiToken) else None
+        return token is None or not token.read_only or request.method in permissions.SAFE_METHODS
+
+
+class CampViewSet(viewsets.GenericViewSet):  # type: ignore[type-arg]
+    permission_classes = [permissions.IsAuthenticated, ReadOnlyTokenPermission]
+    model: type[Any]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return restrict(self.model.objects.all(), self.request.user)
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class TenantViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                    mixins.CreateModelMixin, mixins.UpdateModelMixin, mixins.DestroyModelMixin,
+                    CampViewSet):
+    """Tenants. Everyone sees the tenants they belong to; platform admins manage them."""
+
+    model = Tenant
+    serializer_class = TenantSerializer
+    filterset_fields = ["name"]
+    search_fields = ["name", "display_name"]
+    ordering_fields = ["name", "created_at"]
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.instance = services.tenant_create(actor=self.request.user, **serializer.validated_data)
+
+    def perform_update(self, serializer: Any) -> None:
+        serializer.instance = services.tenant_update(
+            actor=self.request.user, tenant=serializer.instance, **serializer.validated_data
+        )
+
+    def perform_destroy(self, instance: Tenant) -> None:
+        services.tenant_delete(actor=self.request.user, tenant=instance)
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class ProjectViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     mixins.CreateModelMixin, mixins.UpdateModelMixin, mixins.DestroyModelMixin,
+                     CampViewSet):
+    """Projects. Tenant owners create and delete them; project admins edit theirs."""
+
+    model = Project
+    serializer_class = ProjectSerializer
+    filterset_fields = ["tenant", "name"]
+    search_fields = ["name", "display_name"]
+    ordering_fields = ["name", "created_at"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().select_related("tenant")
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.instance = services.project_create(actor=self.request.user, **serializer.validated_data)
+
+    def perform_update(self, serializer: Any) -> None:
+        serializer.instance = services.project_update(
+            actor=self.request.user, project=serializer.instance, **serializer.validated_data
+        )
+
+    def perform_destroy(self, instance: Project) -> None:
+        services.project_delete(actor=self.request.user, project=instance)
+
+
+class MembershipFilter(django_filters.FilterSet):
+    user = django_filters.CharFilter(field_name="user__username")
+
+    class Meta:
+        model = Membership
+        fields = ["tenant", "project", "role", "user"]
+
+
+@extend_schema_view(
+    create=extend_schema(parameters=[IDEMPOTENCY_PARAM]),
+    update=extend_schema(request=MembershipUpdateSerializer),
+    partial_update=extend_schema(request=MembershipUpdateSerializer),
+)
+class MembershipViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                        mixins.CreateModelMixin, mixins.UpdateModelMixin, mixins.DestroyModelMixin,
+                        CampViewSet):
+    """Roles of users in tenants (tenant owner) and projects (project admin / member)."""
+
+    model = Membership
+    serializer_class = MembershipSerializer
+    filterset_class = MembershipFilter
+    ordering_fields = ["created_at", "role"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().select_related("user", "tenant", "project")
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.instance = services.membership_create(
+            actor=self.request.user, **serializer.validated_data
+        )
+
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        membership = self.get_object()
+        data = MembershipUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = services.membership_update(
+            actor=request.user, membership=membership, role=data.validated_data["role"]
+        )
+        return Response(MembershipSerializer(membership, context={"request": request}).data)
+
+    def perform_destroy(self, instance: Membership) -> None:
+        services.membership_delete(actor=self.request.user, membership=instance)
+
+
+@extend_schema_view(
+    create=extend_schema(parameters=[IDEMPOTENCY_PARAM]),
+    update=extend_schema(request=QuotaUpdateSerializer),
+    partial_update=extend_schema(request=QuotaUpdateSerializer),
+)
+class QuotaViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                   mixins.CreateModelMixin, mixins.UpdateModelMixin, mixins.DestroyModelMixin,
+                   CampViewSet):
+    """Guaranteed and limit per resource for the cluster, a tenant or a project.
+
+    Creating a quota for a scope that already has one replaces its values.
+    """
+
+    model = Quota
+    serializer_class = QuotaSerializer
+    filterset_fields = ["scope", "cluster", "tenant", "project"]
+    ordering_fields = ["scope", "updated_at"]
+
+    def perform_create(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        target = {k: data.pop(k, None) for k in ("scope", "cluster", "tenant", "project")}
+        serializer.instance = services.quota_set(actor=self.request.user, values=data, **target)
+
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        quota = self.get_object()
+        data = QuotaUpdateSerializer(quota, data=request.data, partial=kwargs.get("partial", False))
+        data.is_valid(raise_exception=True)
+        quota = services.quota_set(
+            actor=request.user, scope=quota.scope, cluster=quota.cluster, tenant=quota.tenant,
+            project=quota.project, values=dict(data.validated_data),
+        )
+        return Response(QuotaSerializer(quota, context={"request": request}).data)
+
+    def perform_destroy(self, instance: Quota) -> None:
+        services.quota_delete(actor=self.request.user, quota=instance)
+
+
+@extend_schema_view(
+    create=extend_schema(parameters=[IDEMPOTENCY_PARAM], responses=ApiTokenCreatedSerializer),
+)
+class ApiTokenViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                      mixins.CreateModelMixin, mixins.DestroyModelMixin, CampViewSet):
+    """Your API tokens. The secret is returned once, at creation; DELETE revokes."""
+
+    model = ApiToken
+    serializer_class = ApiTokenSerializer
+    filterset_fields = ["project", "read_only"]
+    ordering_fields = ["created_at", "last_used_at"]
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().create(request, *args, **kwargs)
+
+    def perform_create(self, serializer: Any) -> None:
+        token, plaintext = services.token_create(actor=self.request.user, **serializer.validated_data)
+        serializer.instance = token
+        token.token = plaintext  # type: ignore[attr-defined]
+
+    def get_serializer_class(self) -> type[serializers.BaseSerializer[Any]]:
+        return ApiTokenCreatedSerializer if self.action == "create" else ApiTokenSerializer
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.token_revoke(actor=request.user, token=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class UserViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                  mixins.CreateModelMixin, mixins.UpdateModelMixin, CampViewSet):
+    """Accounts. Platform admins manage them; others see themselves and co-members."""
+
+    model = User
+    serializer_class = UserSerializer
+    filterset_fields = ["username", "is_active", "is_platform_admin"]
+    search_fields = ["username", "email", "first_name", "last_name"]
+    ordering_fields = ["username", "date_joined"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().order_by("username")
+
+    def perform_create(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        data.pop("is_active", None)
+        serializer.instance = services.user_create(
+            actor=self.request.user, password=data.pop("password", None), **data
+        )
+
+    def perform_update(self, serializer: Any) -> None:
+        serializer.instance = services.user_update(
+            actor=self.request.user, user=serializer.instance, **serializer.validated_data
+        )
+
+    @action(detail=False, methods=["get"])
+    def me(self, request: Request) -> Response:
+        """The authenticated user."""
+        return Response(self.get_serializer(request.user).data)
+
+
+class AuditEventFilter(django_filters.FilterSet):
+    action = django_filters.CharFilter(lookup_expr="startswith")
+    actor = django_filters.CharFilter(field_name="actor_username")
+    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = AuditEvent
+        fields = ["tenant", "project", "action", "actor", "target_type", "target_id", "request_id"]
+
+
+CSV_COLUMNS = [
+    "id", "created_at", "actor_username", "tenant_id", "project_id", "action", "target_type",
+    "target_id", "target_repr", "before", "after", "request_id", "client_ip", "hash",
+]
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def audit_csv_rows(queryset: QuerySet[AuditEvent]) -> Iterator[str]:
+    import json
+
+    writer = csv.writer(_Echo())
+    yield writer.writerow(CSV_COLUMNS)
+    for event in queryset.iterator():
+        row = []
+        for col in CSV_COLUMNS:
+            value = getattr(event, col)
+            if col in ("before", "after"):
+                value = "" if value is None else json.dumps(value, sort_keys=True)
+            elif col == "created_at":
+                value = value.isoformat()
+            value = "" if value is None else str(value)
+            # Neutralise spreadsheet formulas (CSV injection, OWASP).
+            if value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+                value = "'" + value
+            row.append(value)
+        yield writer.writerow(row)
+
+
+def audit_csv_response(queryset: QuerySet[AuditEvent]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(audit_csv_rows(queryset), content_type="text/csv")
+    response["Content-Disposition"] = 'attachment; filename="camp-audit.csv"'
+    return response
+
+
+class AuditEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, CampViewSet):
+    """The audit log: tenant owners see their tenant's events, platform admins all."""
+
+    model = AuditEvent
+    serializer_class = AuditEventSerializer
+    filterset_class = AuditEventFilter
+    search_fields = ["target_repr", "actor_username"]
+    ordering_fields = ["id", "created_at", "action"]
+
+    @extend_schema(responses={(200, "text/csv"): OpenApiTypes.STR})
+    @action(detail=False, methods=["get"])
+    def export(self, request: Request) -> StreamingHttpResponse:
+        """The filtered events as CSV."""
+        queryset = self.filter_queryset(self.get_queryset()).order_by("id")
+        return audit_csv_response(queryset)

@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class TenantsConfig(AppConfig):
+    default_auto_field = "django.db.models.BigAutoField"
+    name = "tenants"
+
+    def ready(self) -> None:
+        from . import signals  # noqa: F401  (login/logout audit receivers)
+        from .api import schema  # noqa: F401  (OpenAPI security scheme)

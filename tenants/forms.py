@@ -1,0 +1,101 @@
+"""Console forms: input shape only; services apply the rules and name bad fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import ValidationError
+
+from .models import RESOURCE_LABELS, RESOURCES, Project, Quota, Role, Tenant, User
+
+
+class LoginForm(AuthenticationForm):
+    username = forms.CharField(widget=forms.TextInput(attrs={"autofocus": True, "autocomplete": "username"}))
+
+
+class TenantForm(forms.ModelForm[Tenant]):
+    class Meta:
+        model = Tenant
+        fields = ["name", "display_name", "description"]
+        widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+
+
+class ProjectForm(forms.ModelForm[Project]):
+    class Meta:
+        model = Project
+        fields = ["name", "display_name", "description"]
+        widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+
+    def validate_unique(self) -> None:
+        """Uniqueness within the tenant is checked by the service."""
+
+
+class MembershipForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=Role.choices)
+
+    def __init__(self, *args: Any, roles: list[tuple[str, str]] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if roles is not None:
+            self.fields["role"].choices = roles
+
+    def clean_username(self) -> User:
+        username = self.cleaned_data["username"].strip()
+        user = User.objects.filter(username=username, is_active=True).first()
+        if user is None:
+            raise ValidationError("No active user with this username.")
+        return user
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices)
+
+
+class QuotaForm(forms.ModelForm[Quota]):
+    class Meta:
+        model = Quota
+        fields = [f"{r}_{k}" for r in RESOURCES for k in ("guaranteed", "limit")]
+        labels = {
+            f"{r}_{k}": f"{RESOURCE_LABELS[r]} {k}" for r in RESOURCES for k in ("guaranteed", "limit")
+        }
+
+    def validate_constraints(self, exclude: Any = None) -> None:
+        """Scope constraints are the service's to check (the form only edits amounts)."""
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    project = forms.ModelChoiceField(queryset=Project.objects.none(), required=False,
+                                     help_text="Narrow the token to one project.")
+    read_only = forms.BooleanField(required=False)
+    expires_in_days = forms.IntegerField(min_value=1, max_value=3650, initial=90, required=False,
+                                         help_text="Empty: never expires.")
+
+    def __init__(self, *args: Any, projects: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if projects is not None:
+            self.fields["project"].queryset = projects  # type: ignore[attr-defined]
+
+
+class UserCreateForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    email = forms.EmailField(required=False)
+    first_name = forms.CharField(max_length=150, required=False)
+    last_name = forms.CharField(max_length=150, required=False)
+    password = forms.CharField(widget=forms.PasswordInput, required=False,
+                               help_text="Empty for SSO-only accounts.")
+    is_platform_admin = forms.BooleanField(required=False)
+
+
+def apply_service_errors(form: forms.BaseForm, exc: ValidationError) -> None:
+    """Show a service's ValidationError on the form, field by field."""
+    if hasattr(exc, "error_dict"):
+        for field, errors in exc.message_dict.items():
+            target = field if field in form.fields else None
+            for message in errors:
+                form.add_error(target, message)
+    else:
+        for message in exc.messages:
+            form.add_error(None, message)

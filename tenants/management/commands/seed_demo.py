@@ -1,0 +1,90 @@
+"""Demo data: a platform admin, two tenants with projects and members of every role."""
+
+from decimal import Decimal
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from scheduling.models import Cluster
+from tenants import services
+from tenants.models import Membership, Role, Tenant, User
+
+DEMO_PASSWORD = "camp-demo-2026"
+
+# (tenant, projects, owner, project admin, member)
+DEMO_TENANTS = [
+    ("vision", ["detection", "segmentation"], "vera", "victor", "vince"),
+    ("language", ["llm-pretrain", "chatbot"], "lena", "leo", "lily"),
+]
+
+
+class Command(BaseCommand):
+    help = "Create the demo platform admin, tenants, projects, members and quotas (idempotent)."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        with transaction.atomic():
+            admin = User.objects.filter(username="admin").first()
+            if admin is None:
+                admin = User(username="admin", email="admin@camp.example", is_platform_admin=True,
+                             first_name="Ada", last_name="Admin")
+                admin.set_password(DEMO_PASSWORD)
+                admin.save()
+            cluster, _ = Cluster.objects.get_or_create(
+                name="sim", defaults={"display_name": "Simulated cluster"}
+            )
+            if not hasattr(cluster, "quota"):
+                services.quota_set(actor=admin, scope="cluster", cluster=cluster, values={
+                    "gpus_guaranteed": Decimal(64), "gpus_limit": Decimal(64),
+                    "gpu_memory_mib_guaranteed": 64 * 81920, "gpu_memory_mib_limit": 64 * 81920,
+                    "cpu_cores_guaranteed": Decimal(1024), "cpu_cores_limit": Decimal(1024),
+                    "ram_mib_guaranteed": 8 * 1024 * 1024, "ram_mib_limit": 8 * 1024 * 1024,
+                })
+            for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
+                self._tenant(admin, tenant_name, projects, owner, padmin, member)
+        self.stdout.write("Demo logins (password for all: %s):" % DEMO_PASSWORD)
+        self.stdout.write("  admin            platform admin")
+        for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
+            self.stdout.write(f"  {owner:<16} tenant owner of {tenant_name}")
+            self.stdout.write(f"  {padmin:<16} project admin of {tenant_name}/{projects[0]}")
+            self.stdout.write(f"  {member:<16} project member of {tenant_name}/{projects[0]}")
+
+    def _user(self, username: str) -> User:
+        user = User.objects.filter(username=username).first()
+        if user is None:
+            user = User(username=username, email=f"{username}@camp.example",
+                        first_name=username.capitalize())
+            user.set_password(DEMO_PASSWORD)
+            user.save()
+        return user
+
+    def _tenant(self, admin: User, name: str, projects: list[str], owner: str, padmin: str,
+                member: str) -> None:
+        tenant = Tenant.objects.filter(name=name).first()
+        if tenant is not None:
+            return
+        tenant = services.tenant_create(actor=admin, name=name, display_name=name.capitalize())
+        services.quota_set(actor=admin, scope="tenant", tenant=tenant, values={
+            "gpus_guaranteed": Decimal(24), "gpus_limit": Decimal(48),
+            "gpu_memory_mib_guaranteed": 24 * 81920, "gpu_memory_mib_limit": 48 * 81920,
+            "cpu_cores_guaranteed": Decimal(256), "cpu_cores_limit": Decimal(512),
+            "ram_mib_guaranteed": 2 * 1024 * 1024, "ram_mib_limit": 4 * 1024 * 1024,
+        })
+        owner_user = self._user(owner)
+        services.membership_create(actor=admin, user=owner_user, tenant=tenant,
+                                   role=Role.TENANT_OWNER)
+        for i, project_name in enumerate(projects):
+            project = services.project_create(actor=owner_user, tenant=tenant, name=project_name)
+            services.quota_set(actor=owner_user, scope="project", project=project, values={
+                "gpus_guaranteed": Decimal(8 + 4 * i), "gpus_limit": Decimal(32),
+                "gpu_memory_mib_guaranteed": (8 + 4 * i) * 81920,
+                "gpu_memory_mib_limit": 32 * 81920,
+                "cpu_cores_guaranteed": Decimal(64), "cpu_cores_limit": Decimal(256),
+                "ram_mib_guaranteed": 512 * 1024, "ram_mib_limit": 2 * 1024 * 1024,
+            })
+            if i == 0:
+                services.membership_create(actor=owner_user, user=self._user(padmin), tenant=tenant,
+                                           project=project, role=Role.PROJECT_ADMIN)
+                services.membership_create(actor=owner_user, user=self._user(member), tenant=tenant,
+                                           project=project, role=Role.PROJECT_MEMBER)
+        assert Membership.objects.filter(tenant=tenant).count() >= 3

@@ -1,0 +1,260 @@
+"""Tenancy: users, tenants, projects, memberships, quotas, API tokens, audit events."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractUser
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from scheduling.models import slug_validator
+
+
+class User(AbstractUser):
+    """A person or service account. ``is_platform_admin`` is the top role."""
+
+    is_platform_admin = models.BooleanField(
+        default=False, help_text="Platform admins manage the whole platform."
+    )
+
+    @property
+    def platform_admin(self) -> bool:
+        return bool(self.is_active and (self.is_platform_admin or self.is_superuser))
+
+
+class Role(models.TextChoices):
+    """Roles below platform admin, highest first; each holds every right of those below."""
+
+    TENANT_OWNER = "tenant_owner", "Tenant owner"
+    PROJECT_ADMIN = "project_admin", "Project admin"
+    PROJECT_MEMBER = "project_member", "Project member"
+
+
+PROJECT_ROLES = (Role.PROJECT_ADMIN, Role.PROJECT_MEMBER)
+
+
+class Tenant(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    display_name = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.display_name or self.name
+
+
+class Project(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="projects")
+    name = models.CharField(max_length=63, validators=[slug_validator])
+    display_name = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="project_unique_name_in_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.name}/{self.name}"
+
+
+class Membership(models.Model):
+    """A role of one user in one tenant (tenant owner) or one project (project roles)."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    project = models.ForeignKey(
+        Project, on_delete=models.CASCADE, null=True, blank=True, related_name="memberships"
+    )
+    role = models.CharField(max_length=20, choices=Role.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant__name", "project__name", "user__username"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "tenant"],
+                condition=Q(project__isnull=True),
+                name="membership_unique_tenant_role",
+            ),
+            models.UniqueConstraint(
+                fields=["user", "project"],
+                condition=Q(project__isnull=False),
+                name="membership_unique_project_role",
+            ),
+            models.CheckConstraint(
+                condition=(Q(role="tenant_owner") & Q(project__isnull=True))
+                | (Q(role__in=["project_admin", "project_member"]) & Q(project__isnull=False)),
+                name="membership_role_matches_scope",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        where = self.project or self.tenant
+        return f"{self.user} as {self.get_role_display()} of {where}"
+
+
+RESOURCES = ("gpus", "gpu_memory_mib", "cpu_cores", "ram_mib")
+RESOURCE_LABELS = {
+    "gpus": "GPUs",
+    "gpu_memory_mib": "GPU memory (MiB)",
+    "cpu_cores": "CPU cores",
+    "ram_mib": "RAM (MiB)",
+}
+
+
+class QuotaScope(models.TextChoices):
+    CLUSTER = "cluster", "Cluster"
+    TENANT = "tenant", "Tenant"
+    PROJECT = "project", "Project"
+
+
+def _amount(decimal: bool, null: bool, help_text: str) -> models.Field:  # type: ignore[type-arg]
+    validators = [MinValueValidator(0)]
+    if decimal:
+        return models.DecimalField(
+            max_digits=12, decimal_places=2, null=null, blank=null,
+            validators=validators, help_text=help_text,
+        )
+    return models.BigIntegerField(null=null, blank=null, validators=validators, help_text=help_text)
+
+
+class Quota(models.Model):
+    """Guaranteed and limit per resource for one node of the queue tree.
+
+    cluster → tenant → project. ``*_limit`` empty means "no limit beyond the parent's".
+    """
+
+    scope = models.CharField(max_length=10, choices=QuotaScope.choices)
+    cluster = models.OneToOneField(
+        "scheduling.Cluster", on_delete=models.CASCADE, null=True, blank=True, related_name="quota"
+    )
+    # Set for tenant quotas and, denormalised, for project quotas (tenant-wide filters).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, null=True, blank=True, related_name="quotas"
+    )
+    project = models.OneToOneField(
+        Project, on_delete=models.CASCADE, null=True, blank=True, related_name="quota"
+    )
+    gpus_guaranteed = _amount(True, False, "GPUs guaranteed (fractions allowed)")
+    gpus_limit = _amount(True, True, "GPUs at most (empty: no limit)")
+    gpu_memory_mib_guaranteed = _amount(False, False, "GPU memory guaranteed, MiB")
+    gpu_memory_mib_limit = _amount(False, True, "GPU memory at most, MiB (empty: no limit)")
+    cpu_cores_guaranteed = _amount(True, False, "CPU cores guaranteed")
+    cpu_cores_limit = _amount(True, True, "CPU cores at most (empty: no limit)")
+    ram_mib_guaranteed = _amount(False, False, "RAM guaranteed, MiB")
+    ram_mib_limit = _amount(False, True, "RAM at most, MiB (empty: no limit)")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["scope", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(scope="cluster", cluster__isnull=False, tenant__isnull=True, project__isnull=True)
+                    | Q(scope="tenant", cluster__isnull=True, tenant__isnull=False, project__isnull=True)
+                    | Q(scope="project", cluster__isnull=True, tenant__isnull=False,
+                        project__isnull=False)
+                ),
+                name="quota_scope_matches_target",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant"], condition=Q(scope="tenant"), name="quota_one_per_tenant"
+            ),
+        ]
+
+    def target(self) -> models.Model | None:
+        return {"cluster": self.cluster, "tenant": self.tenant, "project": self.project}[self.scope]
+
+    def __str__(self) -> str:
+        return f"quota of {self.scope} {self.target()}"
+
+
+class ApiToken(models.Model):
+    """A bearer token for automation. Only its SHA-256 is stored; it is shown once."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, db_index=True, help_text="Public part, for display")
+    key_hash = models.CharField(max_length=64, unique=True)
+    project = models.ForeignKey(
+        Project, on_delete=models.CASCADE, null=True, blank=True, related_name="api_tokens",
+        help_text="If set, the token acts only within this project.",
+    )
+    read_only = models.BooleanField(default=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class AuditEvent(models.Model):
+    """One change that mattered. Append-only (database triggers) and hash-chained.
+
+    References are plain ids (no FK constraint) so that deleting a user, tenant or
+    project never has to touch, and so never rewrites, the history.
+    """
+
+    created_at = models.DateTimeField(db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING,
+        db_constraint=False, related_name="+",
+    )
+    actor_username = models.CharField(max_length=150, blank=True)
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        related_name="+",
+    )
+    project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        related_name="+",
+    )
+    action = models.CharField(max_length=64, db_index=True)
+    target_type = models.CharField(max_length=64, blank=True)
+    target_id = models.CharField(max_length=64, blank=True)
+    target_repr = models.CharField(max_length=255, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    request_id = models.CharField(max_length=64, blank=True)
+    client_ip = models.GenericIPAddressField(null=True, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.action} by {self.actor_username or 'system'}"
+
+
+class IdempotencyRecord(models.Model):
+    """The first response to a create request carrying an Idempotency-Key."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    endpoint = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64)
+    status_code = models.PositiveSmallIntegerField()
+    response_body = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "endpoint", "key"], name="idempotency_unique_key")
+        ]

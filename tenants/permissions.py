@@ -1,0 +1,258 @@
+"""The ONE place where access is decided (DESIGN.md §5).
+
+``can(user, action, obj)`` answers "may this user do this to this object"; for
+``create`` the object is an unsaved instance carrying its tenant/project.
+``restrict(queryset, user)`` narrows a queryset to what the user may see.
+Portal views and API viewsets both use only these two. Callers look objects up
+through ``restrict`` first, so an object outside a user's reach is a 404, and a
+visible object the user may not change is a 403.
+
+Roles are ordered: platform admin > tenant owner > project admin > project member;
+each holds every right of the ones below it within its scope. An API token may
+narrow its user to one project (at most project admin there) and to read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from django.contrib.auth.models import AnonymousUser
+from django.db.models import Model, Q, QuerySet
+
+from .models import (
+    PROJECT_ROLES,
+    ApiToken,
+    AuditEvent,
+    Membership,
+    Project,
+    Quota,
+    QuotaScope,
+    Role,
+    Tenant,
+    User,
+)
+
+VIEW, CREATE, CHANGE, DELETE = "view", "create", "change", "delete"
+ACTIONS = (VIEW, CREATE, CHANGE, DELETE)
+
+M = TypeVar("M", bound=Model)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one authenticated principal reaches, computed once per request."""
+
+    platform_admin: bool = False
+    read_only: bool = False
+    owner_tenants: frozenset[int] = frozenset()
+    admin_projects: frozenset[int] = frozenset()
+    member_projects: frozenset[int] = frozenset()
+    # tenant id of every project above, so tenant-level reads need no query
+    project_tenants: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def projects(self) -> frozenset[int]:
+        return self.admin_projects | self.member_projects
+
+    @property
+    def tenants(self) -> frozenset[int]:
+        return self.owner_tenants | frozenset(self.project_tenants.values())
+
+    def is_project_admin(self, project: Project) -> bool:
+        return project.tenant_id in self.owner_tenants or project.pk in self.admin_projects
+
+    def is_project_reader(self, project: Project) -> bool:
+        return self.is_project_admin(project) or project.pk in self.member_projects
+
+
+NO_ACCESS = Scope()
+
+
+def scope_of(user: Any) -> Scope:
+    """The user's reach, narrowed by the API token that authenticated the request."""
+    if user is None or isinstance(user, AnonymousUser) or not user.is_authenticated:
+        return NO_ACCESS
+    if not user.is_active:
+        return NO_ACCESS
+    cached = getattr(user, "_camp_scope", None)
+    if cached is not None:
+        return cached
+    token: ApiToken | None = getattr(user, "camp_token", None)
+    owner: set[int] = set()
+    admin: set[int] = set()
+    member: set[int] = set()
+    project_tenants: dict[int, int] = {}
+    for tenant_id, project_id, role in Membership.objects.filter(user=user).values_list(
+        "tenant_id", "project_id", "role"
+    ):
+        if role == Role.TENANT_OWNER:
+            owner.add(tenant_id)
+        elif project_id is not None:
+            (admin if role == Role.PROJECT_ADMIN else member).add(project_id)
+            project_tenants[project_id] = tenant_id
+    platform = user.platform_admin
+    if token is not None and token.project_id is not None:
+        # A project token acts only in its project, as project admin at most.
+        project = token.project
+        assert project is not None
+        platform = False
+        in_owned = project.tenant_id in owner
+        narrowed_admin = {project.pk} if (in_owned or project.pk in admin) else set()
+        narrowed_member = {project.pk} if project.pk in member else set()
+        owner, admin, member = set(), narrowed_admin, narrowed_member - narrowed_admin
+        project_tenants = {project.pk: project.tenant_id} if (admin or member) else {}
+    scope = Scope(
+        platform_admin=platform,
+        read_only=bool(token is not None and token.read_only),
+        owner_tenants=frozenset(owner),
+        admin_projects=frozenset(admin),
+        member_projects=frozenset(member - admin),
+        project_tenants=project_tenants,
+    )
+    user._camp_scope = scope
+    return scope
+
+
+def forget_scope(user: Any) -> None:
+    """Drop the cached scope after the user's memberships change within a request."""
+    if hasattr(user, "_camp_scope"):
+        del user._camp_scope
+
+
+# --- can -------------------------------------------------------------------------------
+
+
+def can(user: Any, action: str, obj: Model) -> bool:
+    """May ``user`` perform ``action`` (view/create/change/delete) on ``obj``?"""
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r}")
+    scope = scope_of(user)
+    if action != VIEW and scope.read_only:
+        return False
+    rule = _RULES.get(type(obj))
+    if rule is None:
+        return False
+    if scope.platform_admin:
+        return True
+    return rule(user, scope, action, obj)
+
+
+def _tenant_rule(user: User, scope: Scope, action: str, obj: Tenant) -> bool:
+    # Only platform admins create, rename or delete tenants.
+    return action == VIEW and obj.pk in scope.tenants
+
+
+def _project_rule(user: User, scope: Scope, action: str, obj: Project) -> bool:
+    if action == VIEW:
+        return obj.tenant_id in scope.owner_tenants or obj.pk in scope.projects
+    if action == CHANGE:
+        return scope.is_project_admin(obj)
+    return obj.tenant_id in scope.owner_tenants  # create / delete: tenant owner
+
+
+def _membership_rule(user: User, scope: Scope, action: str, obj: Membership) -> bool:
+    if action == VIEW:
+        if obj.project_id is None:
+            return obj.tenant_id in scope.tenants
+        return obj.tenant_id in scope.owner_tenants or obj.project_id in scope.projects
+    if obj.tenant_id in scope.owner_tenants:
+        return True
+    # Project admins manage the project roles of their own project, never tenant owners.
+    return (
+        obj.project_id is not None
+        and obj.role in PROJECT_ROLES
+        and obj.project_id in scope.admin_projects
+    )
+
+
+def _quota_rule(user: User, scope: Scope, action: str, obj: Quota) -> bool:
+    if action == VIEW:
+        if obj.scope == QuotaScope.CLUSTER:
+            return True
+        if obj.scope == QuotaScope.TENANT:
+            return obj.tenant_id in scope.tenants
+        return obj.tenant_id in scope.owner_tenants or obj.project_id in scope.projects
+    # Cluster and tenant quotas are the platform's to give; owners split theirs into projects.
+    return obj.scope == QuotaScope.PROJECT and obj.tenant_id in scope.owner_tenants
+
+
+def _token_rule(user: User, scope: Scope, action: str, obj: ApiToken) -> bool:
+    if obj.user_id != user.pk:
+        return False
+    if action == CREATE and obj.project_id is not None:
+        return obj.project_id in scope.projects or (
+            obj.project is not None and obj.project.tenant_id in scope.owner_tenants
+        )
+    return action in (VIEW, CREATE, DELETE)
+
+
+def _audit_rule(user: User, scope: Scope, action: str, obj: AuditEvent) -> bool:
+    # The audit log is append-only: nobody changes or deletes it, only owners read.
+    return action == VIEW and obj.tenant_id in scope.owner_tenants
+
+
+def _user_rule(user: User, scope: Scope, action: str, obj: User) -> bool:
+    if action == VIEW:
+        return obj.pk == user.pk or restrict(User.objects.filter(pk=obj.pk), user).exists()
+    return False  # accounts are managed by platform admins (and SSO)
+
+
+_RULES: dict[type[Model], Any] = {
+    Tenant: _tenant_rule,
+    Project: _project_rule,
+    Membership: _membership_rule,
+    Quota: _quota_rule,
+    ApiToken: _token_rule,
+    AuditEvent: _audit_rule,
+    User: _user_rule,
+}
+
+
+# --- restrict --------------------------------------------------------------------------
+
+
+def restrict(queryset: QuerySet[M], user: Any) -> QuerySet[M]:
+    """Narrow ``queryset`` to the rows ``user`` may view."""
+    scope = scope_of(user)
+    model = queryset.model
+    if scope is NO_ACCESS:
+        return queryset.none()
+    if model is ApiToken:
+        # Tokens are private to their user, even from platform admins' listings.
+        return queryset.filter(user_id=user.pk) if not scope.platform_admin else queryset
+    if scope.platform_admin:
+        return queryset
+    q = _visible_q(model, scope, user)
+    return queryset.filter(q).distinct() if q is not None else queryset.none()
+
+
+def _visible_q(model: type[Model], scope: Scope, user: User) -> Q | None:
+    tenants, projects, owner = scope.tenants, scope.projects, scope.owner_tenants
+    if model is Tenant:
+        return Q(pk__in=tenants)
+    if model is Project:
+        return Q(tenant_id__in=owner) | Q(pk__in=projects)
+    if model is Membership:
+        return (
+            Q(tenant_id__in=owner)
+            | Q(project_id__in=projects)
+            | Q(project__isnull=True, tenant_id__in=tenants)
+        )
+    if model is Quota:
+        return (
+            Q(scope=QuotaScope.CLUSTER)
+            | Q(scope=QuotaScope.TENANT, tenant_id__in=tenants)
+            | Q(scope=QuotaScope.PROJECT, tenant_id__in=owner)
+            | Q(scope=QuotaScope.PROJECT, project_id__in=projects)
+        )
+    if model is AuditEvent:
+        return Q(tenant_id__in=owner)
+    if model is User:
+        return (
+            Q(pk=user.pk)
+            | Q(memberships__tenant_id__in=owner)
+            | Q(memberships__project_id__in=projects)
+            | Q(memberships__project__isnull=True, memberships__tenant_id__in=tenants)
+        )
+    return None

@@ -1,0 +1,494 @@
+"""Writes for tenancy (HackSoft style: ``<entity>_<action>``, keyword-only, explicit actor).
+
+Every service checks access through ``permissions.can`` (raising PermissionDenied),
+validates (raising ValidationError keyed by field name), writes inside one
+transaction together with its AuditEvent, and leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, models, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from . import permissions
+from .audit import audit_record, snapshot
+from .models import (
+    RESOURCE_LABELS,
+    RESOURCES,
+    ApiToken,
+    Membership,
+    Project,
+    Quota,
+    QuotaScope,
+    Role,
+    Tenant,
+    User,
+)
+
+TENANT_FIELDS = ("name", "display_name", "description")
+PROJECT_FIELDS = ("tenant", "name", "display_name", "description")
+MEMBERSHIP_FIELDS = ("user", "tenant", "project", "role")
+QUOTA_FIELDS = tuple(f"{r}_{kind}" for r in RESOURCES for kind in ("guaranteed", "limit"))
+USER_FIELDS = ("username", "email", "first_name", "last_name", "is_active", "is_platform_admin")
+TOKEN_FIELDS = ("name", "prefix", "project", "read_only", "expires_at")
+
+
+def require(actor: Any, action: str, obj: models.Model) -> None:
+    if not permissions.can(actor, action, obj):
+        raise PermissionDenied(f"You may not {action} this {obj._meta.verbose_name}.")
+
+
+def _full_clean(obj: models.Model, exclude: Iterable[str] = ()) -> None:
+    obj.full_clean(exclude=list(exclude), validate_constraints=True)
+
+
+def _save_or_field_error(obj: models.Model, field: str, message: str) -> None:
+    """Save; a uniqueness race lost at the database becomes a field error, not a 500."""
+    try:
+        with transaction.atomic():
+            obj.save()
+    except IntegrityError as exc:
+        raise ValidationError({field: [message]}) from exc
+
+
+# --- tenants ---------------------------------------------------------------------------
+
+
+@transaction.atomic
+def tenant_create(*, actor: User, name: str, display_name: str = "", description: str = "") -> Tenant:
+    tenant = Tenant(name=name, display_name=display_name, description=description)
+    require(actor, permissions.CREATE, tenant)
+    _full_clean(tenant)
+    _save_or_field_error(tenant, "name", "A tenant with this name already exists.")
+    audit_record(actor=actor, action="tenant.created", target=tenant, tenant=tenant,
+                 after=snapshot(tenant, TENANT_FIELDS))
+    return tenant
+
+
+@transaction.atomic
+def tenant_update(*, actor: User, tenant: Tenant, **changes: Any) -> Tenant:
+    require(actor, permissions.CHANGE, tenant)
+    before = snapshot(tenant, TENANT_FIELDS)
+    _apply(tenant, changes, TENANT_FIELDS)
+    _full_clean(tenant)
+    _save_or_field_error(tenant, "name", "A tenant with this name already exists.")
+    audit_record(actor=actor, action="tenant.updated", target=tenant, tenant=tenant,
+                 before=before, after=snapshot(tenant, TENANT_FIELDS))
+    return tenant
+
+
+@transaction.atomic
+def tenant_delete(*, actor: User, tenant: Tenant) -> None:
+    require(actor, permissions.DELETE, tenant)
+    before = snapshot(tenant, TENANT_FIELDS)
+    audit_record(actor=actor, action="tenant.deleted", target=tenant, tenant=tenant, before=before)
+    tenant.delete()
+
+
+# --- projects --------------------------------------------------------------------------
+
+
+@transaction.atomic
+def project_create(
+    *, actor: User, tenant: Tenant, name: str, display_name: str = "", description: str = ""
+) -> Project:
+    project = Project(tenant=tenant, name=name, display_name=display_name, description=description)
+    require(actor, permissions.CREATE, project)
+    _full_clean(project)
+    _save_or_field_error(project, "name", "This tenant already has a project with this name.")
+    audit_record(actor=actor, action="project.created", target=project, tenant=tenant,
+                 project=project, after=snapshot(project, PROJECT_FIELDS))
+    return project
+
+
+@transaction.atomic
+def project_update(*, actor: User, project: Project, **changes: Any) -> Project:
+    require(actor, permissions.CHANGE, project)
+    if "tenant" in changes and changes["tenant"] != project.tenant:
+        raise ValidationError({"tenant": ["A project cannot move to another tenant."]})
+    changes.pop("tenant", None)
+    before = snapshot(project, PROJECT_FIELDS)
+    _apply(project, changes, PROJECT_FIELDS)
+    _full_clean(project)
+    _save_or_field_error(project, "name", "This tenant already has a project with this name.")
+    audit_record(actor=actor, action="project.updated", target=project, tenant=project.tenant,
+                 project=project, before=before, after=snapshot(project, PROJECT_FIELDS))
+    return project
+
+
+@transaction.atomic
+def project_delete(*, actor: User, project: Project) -> None:
+    require(actor, permissions.DELETE, project)
+    audit_record(actor=actor, action="project.deleted", target=project, tenant=project.tenant,
+                 project=project, before=snapshot(project, PROJECT_FIELDS))
+    project.delete()
+
+
+# --- memberships -----------------------------------------------------------------------
+
+
+@transaction.atomic
+def membership_create(
+    *, actor: User, user: User, tenant: Tenant, role: str, project: Project | None = None
+) -> Membership:
+    if project is not None and project.tenant_id != tenant.pk:
+        raise ValidationError({"project": ["This project belongs to another tenant."]})
+    membership = Membership(user=user, tenant=tenant, project=project, role=role)
+    _check_role_scope(membership)
+    require(actor, permissions.CREATE, membership)
+    _full_clean(membership)
+    _save_or_field_error(membership, "user", "This user already has a role here.")
+    permissions.forget_scope(user)
+    audit_record(actor=actor, action="membership.created", target=membership, tenant=tenant,
+                 project=project, after=snapshot(membership, MEMBERSHIP_FIELDS))
+    return membership
+
+
+@transaction.atomic
+def membership_update(*, actor: User, membership: Membership, role: str) -> Membership:
+    require(actor, permissions.CHANGE, membership)
+    before = snapshot(membership, MEMBERSHIP_FIELDS)
+    membership.role = role
+    _check_role_scope(membership)
+    # The new role must be one the actor may grant, too.
+    require(actor, permissions.CHANGE, membership)
+    _full_clean(membership)
+    membership.save()
+    permissions.forget_scope(membership.user)
+    audit_record(actor=actor, action="membership.updated", target=membership,
+                 tenant=membership.tenant, project=membership.project,
+                 before=before, after=snapshot(membership, MEMBERSHIP_FIELDS))
+    return membership
+
+
+@transaction.atomic
+def membership_delete(*, actor: User, membership: Membership) -> None:
+    require(actor, permissions.DELETE, membership)
+    audit_record(actor=actor, action="membership.deleted", target=membership,
+                 tenant=membership.tenant, project=membership.project,
+                 before=snapshot(membership, MEMBERSHIP_FIELDS))
+    permissions.forget_scope(membership.user)
+    membership.delete()
+
+
+def _check_role_scope(membership: Membership) -> None:
+    if membership.role not in Role.values:
+        raise ValidationError({"role": [f"Choose one of: {', '.join(Role.values)}."]})
+    if membership.role == Role.TENANT_OWNER and membership.project_id is not None:
+        raise ValidationError({"role": ["Tenant owner is a tenant role: leave project empty."]})
+    if membership.role != Role.TENANT_OWNER and membership.project_id is None:
+        raise ValidationError({"project": ["Project roles need a project."]})
+
+
+# --- quotas ----------------------------------------------------------------------------
+
+
+def quota_target_of(quota: Quota) -> models.Model:
+    target = quota.target()
+    assert target is not None
+    return target
+
+
+@transaction.atomic
+def quota_set(
+    *,
+    actor: User,
+    scope: str,
+    cluster: Any = None,
+    tenant: Tenant | None = None,
+    project: Project | None = None,
+    values: dict[str, Any],
+) -> Quota:
+    """Create or replace the quota of one queue-tree node, validated against the tree.
+
+    Rules: every amount ≥ 0; guaranteed ≤ limit; the children's guaranteed add up
+    to at most the parent's guaranteed; a child's limit is at most the parent's
+    limit. A level without a quota row constrains nothing below it.
+    """
+    if scope == QuotaScope.PROJECT:
+        if project is None:
+            raise ValidationError({"project": ["A project quota needs a project."]})
+        tenant, cluster = project.tenant, None
+    elif scope == QuotaScope.TENANT:
+        if tenant is None:
+            raise ValidationError({"tenant": ["A tenant quota needs a tenant."]})
+        project, cluster = None, None
+    elif scope == QuotaScope.CLUSTER:
+        if cluster is None:
+            raise ValidationError({"cluster": ["A cluster quota needs a cluster."]})
+        tenant, project = None, None
+    else:
+        raise ValidationError({"scope": [f"Choose one of: {', '.join(QuotaScope.values)}."]})
+    lookup = {"scope": scope, "cluster": cluster, "tenant": tenant, "project": project}
+    quota = Quota.objects.select_for_update().filter(**lookup).first()
+    creating = quota is None
+    if quota is None:
+        quota = Quota(**lookup)
+    require(actor, permissions.CREATE if creating else permissions.CHANGE, quota)
+    before = None if creating else snapshot(quota, QUOTA_FIELDS)
+    unknown = set(values) - set(QUOTA_FIELDS)
+    if unknown:
+        raise ValidationError({name: ["Unknown quota field."] for name in sorted(unknown)})
+    for name in QUOTA_FIELDS:
+        if name in values:
+            setattr(quota, name, values[name])
+        elif creating and name.endswith("_guaranteed"):
+            setattr(quota, name, 0)
+    _full_clean(quota)
+    _validate_quota_tree(quota)
+    quota.save()
+    audit_record(
+        actor=actor, action="quota.created" if creating else "quota.updated", target=quota,
+        tenant=tenant, project=project, target_repr=str(quota),
+        before=before, after=snapshot(quota, QUOTA_FIELDS),
+    )
+    return quota
+
+
+def _validate_quota_tree(quota: Quota) -> None:
+    errors: dict[str, list[str]] = {}
+    for r in RESOURCES:
+        g, lim = getattr(quota, f"{r}_guaranteed"), getattr(quota, f"{r}_limit")
+        if lim is not None and g > lim:
+            errors.setdefault(f"{r}_guaranteed", []).append(
+                f"Guaranteed {RESOURCE_LABELS[r]} ({g}) is above the limit ({lim})."
+            )
+    parent_totals, parent_name = _parent_totals(quota)
+    siblings = _siblings(quota)
+    children = _children(quota)
+    for r in RESOURCES:
+        g_field, l_field = f"{r}_guaranteed", f"{r}_limit"
+        g, lim = getattr(quota, g_field), getattr(quota, l_field)
+        if parent_totals is not None:
+            parent_g, parent_l = parent_totals[g_field], parent_totals[l_field]
+            sib = siblings.aggregate(s=Sum(g_field))["s"] or 0
+            if g + sib > parent_g:
+                errors.setdefault(g_field, []).append(
+                    f"{parent_name} guarantees {parent_g} {RESOURCE_LABELS[r]}; with this value "
+                    f"its children would be guaranteed {g + sib} in all."
+                )
+            if parent_l is not None and (lim is None or lim > parent_l):
+                if lim is not None:
+                    errors.setdefault(l_field, []).append(
+                        f"Above the {parent_name.lower()} limit of {parent_l} {RESOURCE_LABELS[r]}."
+                    )
+        if children is not None:
+            child_g = children.aggregate(s=Sum(g_field))["s"] or 0
+            if g < child_g:
+                errors.setdefault(g_field, []).append(
+                    f"Below what is already guaranteed to the level beneath ({child_g} "
+                    f"{RESOURCE_LABELS[r]} in all); lower those first."
+                )
+            if lim is not None:
+                child_max = children.exclude(**{f"{l_field}__isnull": True}).aggregate(
+                    m=models.Max(l_field))["m"]
+                if child_max is not None and child_max > lim:
+                    errors.setdefault(l_field, []).append(
+                        f"Below a limit already given beneath ({child_max} {RESOURCE_LABELS[r]})."
+                    )
+    if errors:
+        raise ValidationError(errors)
+
+
+def _parent_totals(quota: Quota) -> tuple[dict[str, Any] | None, str]:
+    if quota.scope == QuotaScope.PROJECT:
+        parent = Quota.objects.filter(scope=QuotaScope.TENANT, tenant=quota.tenant).first()
+        if parent is None:
+            return None, ""
+        return {f: getattr(parent, f) for f in QUOTA_FIELDS}, "The tenant"
+    if quota.scope == QuotaScope.TENANT:
+        clusters = list(Quota.objects.filter(scope=QuotaScope.CLUSTER, cluster__enabled=True))
+        if not clusters:
+            return None, ""
+        totals: dict[str, Any] = {}
+        for r in RESOURCES:
+            totals[f"{r}_guaranteed"] = sum(getattr(c, f"{r}_guaranteed") for c in clusters)
+            limits = [getattr(c, f"{r}_limit") for c in clusters]
+            totals[f"{r}_limit"] = None if any(v is None for v in limits) else sum(limits)
+        return totals, "The platform's clusters"
+    return None, ""
+
+
+def _siblings(quota: Quota) -> models.QuerySet[Quota]:
+    if quota.scope == QuotaScope.PROJECT:
+        qs = Quota.objects.filter(scope=QuotaScope.PROJECT, tenant=quota.tenant)
+    elif quota.scope == QuotaScope.TENANT:
+        qs = Quota.objects.filter(scope=QuotaScope.TENANT)
+    else:
+        qs = Quota.objects.filter(scope=QuotaScope.CLUSTER)
+    return qs.exclude(pk=quota.pk) if quota.pk else qs
+
+
+def _children(quota: Quota) -> models.QuerySet[Quota] | None:
+    if quota.scope == QuotaScope.TENANT:
+        return Quota.objects.filter(scope=QuotaScope.PROJECT, tenant=quota.tenant)
+    if quota.scope == QuotaScope.CLUSTER:
+        # Tenants draw on all enabled clusters together; checked against their sum.
+        return None
+    return None
+
+
+@transaction.atomic
+def quota_delete(*, actor: User, quota: Quota) -> None:
+    require(actor, permissions.DELETE, quota)
+    if quota.scope == QuotaScope.TENANT and _children(quota).exists():  # type: ignore[union-attr]
+        raise ValidationError({"scope": ["Remove the project quotas of this tenant first."]})
+    audit_record(actor=actor, action="quota.deleted", target=quota, tenant=quota.tenant,
+                 project=quota.project, target_repr=str(quota),
+                 before=snapshot(quota, QUOTA_FIELDS))
+    quota.delete()
+
+
+# --- API tokens ------------------------------------------------------------------------
+
+TOKEN_PREFIX = "camp_"
+
+
+def hash_token(plaintext: str) -> str:
+    # A token carries 256 random bits, so a fast hash suffices (as GitHub and
+    # Django REST Knox do); slow KDFs only matter for guessable secrets.
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+@transaction.atomic
+def token_create(
+    *,
+    actor: User,
+    name: str,
+    project: Project | None = None,
+    read_only: bool = False,
+    expires_at: datetime | None = None,
+) -> tuple[ApiToken, str]:
+    """Create a token for ``actor``; returns the row and the plaintext, shown only once."""
+    if not name.strip():
+        raise ValidationError({"name": ["Give the token a name."]})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": ["The expiry must be in the future."]})
+    public = secrets.token_hex(4)
+    plaintext = f"{TOKEN_PREFIX}{public}_{secrets.token_urlsafe(32)}"
+    token = ApiToken(
+        user=actor, name=name.strip(), prefix=f"{TOKEN_PREFIX}{public}",
+        key_hash=hash_token(plaintext), project=project, read_only=read_only,
+        expires_at=expires_at,
+    )
+    require(actor, permissions.CREATE, token)
+    _full_clean(token)
+    token.save()
+    audit_record(actor=actor, action="token.created", target=token,
+                 tenant=project.tenant if project else None, project=project,
+                 after=snapshot(token, TOKEN_FIELDS))
+    return token, plaintext
+
+
+@transaction.atomic
+def token_revoke(*, actor: User, token: ApiToken) -> ApiToken:
+    require(actor, permissions.DELETE, token)
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit_record(actor=actor, action="token.revoked", target=token,
+                     tenant=token.project.tenant if token.project else None,
+                     project=token.project, before=snapshot(token, TOKEN_FIELDS))
+    return token
+
+
+def token_authenticate(plaintext: str) -> ApiToken | None:
+    """The live token for ``plaintext``, or None (unknown, revoked, expired, inactive user)."""
+    if not plaintext.startswith(TOKEN_PREFIX):
+        return None
+    token = (
+        ApiToken.objects.select_related("user", "project__tenant")
+        .filter(key_hash=hash_token(plaintext))
+        .first()
+    )
+    now = timezone.now()
+    if token is None or token.revoked_at is not None or not token.user.is_active:
+        return None
+    if token.expires_at is not None and token.expires_at <= now:
+        return None
+    # Record use at most once a minute: a hot token must not write on every request.
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token
+
+
+# --- users -----------------------------------------------------------------------------
+
+
+@transaction.atomic
+def user_create(
+    *,
+    actor: User,
+    username: str,
+    password: str | None,
+    email: str = "",
+    first_name: str = "",
+    last_name: str = "",
+    is_platform_admin: bool = False,
+) -> User:
+    from django.contrib.auth.password_validation import validate_password
+
+    user = User(username=username, email=email, first_name=first_name, last_name=last_name,
+                is_platform_admin=is_platform_admin)
+    require(actor, permissions.CREATE, user)
+    _full_clean(user, exclude=["password"])
+    if password:
+        try:
+            validate_password(password, user)
+        except ValidationError as exc:
+            raise ValidationError({"password": exc.messages}) from exc
+        user.set_password(password)
+    else:
+        user.set_unusable_password()
+    _save_or_field_error(user, "username", "A user with that username already exists.")
+    audit_record(actor=actor, action="user.created", target=user, after=snapshot(user, USER_FIELDS))
+    return user
+
+
+@transaction.atomic
+def user_update(*, actor: User, user: User, **changes: Any) -> User:
+    require(actor, permissions.CHANGE, user)
+    if user.pk == actor.pk and changes.get("is_platform_admin") is False:
+        raise ValidationError({"is_platform_admin": ["You cannot remove your own admin role."]})
+    if user.pk == actor.pk and changes.get("is_active") is False:
+        raise ValidationError({"is_active": ["You cannot deactivate yourself."]})
+    before = snapshot(user, USER_FIELDS)
+    password = changes.pop("password", None)
+    _apply(user, changes, USER_FIELDS)
+    _full_clean(user, exclude=["password"])
+    if password:
+        from django.contrib.auth.password_validation import validate_password
+
+        try:
+            validate_password(password, user)
+        except ValidationError as exc:
+            raise ValidationError({"password": exc.messages}) from exc
+        user.set_password(password)
+    _save_or_field_error(user, "username", "A user with that username already exists.")
+    after = snapshot(user, USER_FIELDS)
+    if password:
+        after["password"] = "(changed)"
+    audit_record(actor=actor, action="user.updated", target=user, before=before, after=after)
+    return user
+
+
+def _apply(obj: models.Model, changes: dict[str, Any], allowed: Iterable[str]) -> None:
+    allowed = set(allowed)
+    for name, value in changes.items():
+        if name not in allowed:
+            raise ValidationError({name: ["This field cannot be changed."]})
+        setattr(obj, name, value)
+
+
+def decimal_or_none(value: Any) -> Decimal | None:
+    return None if value in (None, "") else Decimal(str(value))

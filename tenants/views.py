@@ -1,0 +1,363 @@
+"""The console: server-rendered pages over the same services and permissions as the API."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from scheduling.models import Cluster
+
+from . import permissions, services
+from .api.views import AuditEventFilter, audit_csv_response
+from .forms import (
+    MembershipForm,
+    ProjectForm,
+    QuotaForm,
+    RoleForm,
+    TenantForm,
+    TokenForm,
+    UserCreateForm,
+    apply_service_errors,
+)
+from .models import (
+    RESOURCE_LABELS,
+    RESOURCES,
+    ApiToken,
+    AuditEvent,
+    Membership,
+    Project,
+    Quota,
+    QuotaScope,
+    Role,
+    Tenant,
+    User,
+)
+from .permissions import CHANGE, CREATE, DELETE, can, restrict
+
+
+def visible(request: HttpRequest, model: type[Any], **lookup: Any) -> Any:
+    """The object if the user may see it, else 404 (never 403 for the invisible)."""
+    return get_object_or_404(restrict(model.objects.all(), request.user), **lookup)
+
+
+def _quota_rows(quota: Quota | None) -> list[dict[str, Any]]:
+    return [
+        {
+            "label": RESOURCE_LABELS[r],
+            "guaranteed": getattr(quota, f"{r}_guaranteed") if quota else None,
+            "limit": getattr(quota, f"{r}_limit") if quota else None,
+        }
+        for r in RESOURCES
+    ]
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    user = request.user
+    tenants = restrict(Tenant.objects.all(), user).prefetch_related("projects")
+    scope = permissions.scope_of(user)
+    rows = []
+    for tenant in tenants:
+        projects = [p for p in tenant.projects.all() if permissions.can(user, "view", p)]
+        rows.append({"tenant": tenant, "owner": tenant.pk in scope.owner_tenants, "projects": projects})
+    memberships = Membership.objects.filter(user=user).select_related("tenant", "project")
+    return render(request, "console/home.html", {"rows": rows, "memberships": memberships})
+
+
+@login_required
+def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
+    tenant = visible(request, Tenant, name=tenant_name)
+    user = request.user
+    project_form = ProjectForm(prefix="project")
+    owner_form = MembershipForm(prefix="owner", roles=[(Role.TENANT_OWNER, "Tenant owner")])
+    if request.method == "POST":
+        try:
+            if "project-name" in request.POST:
+                project_form = ProjectForm(request.POST, prefix="project")
+                if project_form.is_valid():
+                    project = services.project_create(
+                        actor=user, tenant=tenant, **project_form.cleaned_data
+                    )
+                    messages.success(request, f"Project {project.name} created.")
+                    return redirect("console:project", tenant.name, project.name)
+            elif "owner-username" in request.POST:
+                owner_form = MembershipForm(request.POST, prefix="owner",
+                                            roles=[(Role.TENANT_OWNER, "Tenant owner")])
+                if owner_form.is_valid():
+                    services.membership_create(actor=user, tenant=tenant,
+                                               user=owner_form.cleaned_data["username"],
+                                               role=Role.TENANT_OWNER)
+                    messages.success(request, "Tenant owner added.")
+                    return redirect("console:tenant", tenant.name)
+        except ValidationError as exc:
+            apply_service_errors(project_form if "project-name" in request.POST else owner_form, exc)
+    projects = restrict(Project.objects.filter(tenant=tenant), user)
+    owners = Membership.objects.filter(tenant=tenant, project=None).select_related("user")
+    quota = Quota.objects.filter(scope=QuotaScope.TENANT, tenant=tenant).first()
+    ctx = {
+        "tenant": tenant,
+        "projects": projects,
+        "owners": owners,
+        "quota_rows": _quota_rows(quota),
+        "project_form": project_form,
+        "owner_form": owner_form,
+        "can_create_project": can(user, CREATE, Project(tenant=tenant)),
+        "can_manage_owners": can(user, CREATE, Membership(tenant=tenant, role=Role.TENANT_OWNER)),
+        "can_edit_quota": can(user, CHANGE, Quota(scope=QuotaScope.TENANT, tenant=tenant)),
+        "can_view_audit": can(user, "view", AuditEvent(tenant=tenant)),
+    }
+    return render(request, "console/tenant.html", ctx)
+
+
+@login_required
+def project_detail(request: HttpRequest, tenant_name: str, project_name: str) -> HttpResponse:
+    project = visible(request, Project, tenant__name=tenant_name, name=project_name)
+    user = request.user
+    tenant = project.tenant
+    grantable = [
+        (r, label) for r, label in Role.choices
+        if r != Role.TENANT_OWNER
+        and can(user, CREATE, Membership(tenant=tenant, project=project, role=r))
+    ]
+    member_form = MembershipForm(prefix="member", roles=grantable)
+    if request.method == "POST":
+        member_form = MembershipForm(request.POST, prefix="member", roles=grantable)
+        if member_form.is_valid():
+            try:
+                services.membership_create(
+                    actor=user, tenant=tenant, project=project,
+                    user=member_form.cleaned_data["username"], role=member_form.cleaned_data["role"],
+                )
+            except ValidationError as exc:
+                apply_service_errors(member_form, exc)
+            else:
+                messages.success(request, "Member added.")
+                return redirect("console:project", tenant.name, project.name)
+    members = Membership.objects.filter(project=project).select_related("user")
+    quota = Quota.objects.filter(scope=QuotaScope.PROJECT, project=project).first()
+    ctx = {
+        "tenant": tenant,
+        "project": project,
+        "members": [
+            {"m": m, "can_change": can(user, CHANGE, m), "can_delete": can(user, DELETE, m)}
+            for m in members
+        ],
+        "member_form": member_form,
+        "can_add_member": bool(grantable),
+        "role_choices": grantable,
+        "quota_rows": _quota_rows(quota),
+        "can_edit_quota": can(user, CHANGE, Quota(scope=QuotaScope.PROJECT, tenant=tenant,
+                                                  project=project)),
+        "can_delete_project": can(user, DELETE, project),
+    }
+    return render(request, "console/project.html", ctx)
+
+
+@login_required
+@require_POST
+def project_delete(request: HttpRequest, tenant_name: str, project_name: str) -> HttpResponse:
+    project = visible(request, Project, tenant__name=tenant_name, name=project_name)
+    services.project_delete(actor=request.user, project=project)
+    messages.success(request, f"Project {project_name} deleted.")
+    return redirect("console:tenant", tenant_name)
+
+
+@login_required
+@require_POST
+def membership_change(request: HttpRequest, pk: int) -> HttpResponse:
+    membership = visible(request, Membership, pk=pk)
+    back = _membership_page(membership)
+    if request.POST.get("remove"):
+        services.membership_delete(actor=request.user, membership=membership)
+        messages.success(request, f"Removed {membership.user.username}.")
+        return back
+    form = RoleForm(request.POST)
+    if form.is_valid():
+        try:
+            services.membership_update(actor=request.user, membership=membership,
+                                       role=form.cleaned_data["role"])
+            messages.success(request, f"{membership.user.username} is now {membership.get_role_display()}.")
+        except ValidationError as exc:
+            messages.error(request, "; ".join(exc.messages))
+    else:
+        messages.error(request, "Choose a valid role.")
+    return back
+
+
+def _membership_page(membership: Membership) -> HttpResponse:
+    if membership.project is not None:
+        return redirect("console:project", membership.tenant.name, membership.project.name)
+    return redirect("console:tenant", membership.tenant.name)
+
+
+def _quota_edit(
+    request: HttpRequest, *, scope: str, title: str, back: HttpResponse, **target: Any
+) -> HttpResponse:
+    existing = Quota.objects.filter(scope=scope, **target).first()
+    probe = existing or Quota(scope=scope, **target)
+    if not can(request.user, CHANGE if existing else CREATE, probe):
+        raise PermissionDenied
+    form = QuotaForm(request.POST or None, instance=Quota(**{
+        f: getattr(probe, f) for f in QuotaForm.Meta.fields}) if existing else None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.quota_set(actor=request.user, scope=scope, values=form.cleaned_data, **target)
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, "Quota saved.")
+            return back
+    return render(request, "console/quota_form.html", {"form": form, "title": title})
+
+
+@login_required
+def tenant_quota(request: HttpRequest, tenant_name: str) -> HttpResponse:
+    tenant = visible(request, Tenant, name=tenant_name)
+    return _quota_edit(request, scope=QuotaScope.TENANT, tenant=tenant,
+                       title=f"Quota of tenant {tenant}",
+                       back=redirect("console:tenant", tenant.name))
+
+
+@login_required
+def project_quota(request: HttpRequest, tenant_name: str, project_name: str) -> HttpResponse:
+    project = visible(request, Project, tenant__name=tenant_name, name=project_name)
+    return _quota_edit(request, scope=QuotaScope.PROJECT, tenant=project.tenant, project=project,
+                       title=f"Quota of project {project}",
+                       back=redirect("console:project", project.tenant.name, project.name))
+
+
+@login_required
+def cluster_quota(request: HttpRequest, cluster_name: str) -> HttpResponse:
+    cluster = get_object_or_404(Cluster, name=cluster_name)
+    return _quota_edit(request, scope=QuotaScope.CLUSTER, cluster=cluster,
+                       title=f"Quota of cluster {cluster}", back=redirect("console:admin-tenants"))
+
+
+@login_required
+def audit_log(request: HttpRequest) -> HttpResponseBase:
+    events: QuerySet[AuditEvent] = restrict(AuditEvent.objects.all(), request.user)
+    if not permissions.scope_of(request.user).platform_admin and not permissions.scope_of(
+        request.user
+    ).owner_tenants:
+        raise PermissionDenied
+    filterset = AuditEventFilter(request.GET or None, queryset=events)
+    events = filterset.qs if filterset.is_valid() else events.none()
+    if request.GET.get("format") == "csv":
+        return audit_csv_response(events.order_by("id"))
+    page = Paginator(events.order_by("-id"), 50).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, "console/audit.html", {
+        "page": page, "filterset": filterset, "query": query.urlencode(),
+        "tenants": restrict(Tenant.objects.all(), request.user).filter(
+            pk__in=permissions.scope_of(request.user).owner_tenants
+        ) if not permissions.scope_of(request.user).platform_admin else Tenant.objects.all(),
+    })
+
+
+@login_required
+def tokens(request: HttpRequest) -> HttpResponse:
+    user = request.user
+    projects = restrict(Project.objects.select_related("tenant"), user)
+    form = TokenForm(request.POST or None, projects=projects)
+    created: str | None = None
+    if request.method == "POST" and form.is_valid():
+        days = form.cleaned_data.get("expires_in_days")
+        try:
+            _token, created = services.token_create(
+                actor=user, name=form.cleaned_data["name"], project=form.cleaned_data["project"],
+                read_only=form.cleaned_data["read_only"],
+                expires_at=timezone.now() + timedelta(days=days) if days else None,
+            )
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            form = TokenForm(projects=projects)
+    own = ApiToken.objects.filter(user=user).select_related("project__tenant")
+    response = render(request, "console/tokens.html", {"form": form, "tokens": own, "created": created,
+                                                       "now": timezone.now()})
+    if created:
+        response["Cache-Control"] = "no-store"  # the secret must not linger in caches
+    return response
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    token = get_object_or_404(ApiToken, pk=pk, user=request.user)
+    services.token_revoke(actor=request.user, token=token)
+    messages.success(request, f"Token {token.name} revoked.")
+    return redirect("console:tokens")
+
+
+def _require_platform_admin(request: HttpRequest) -> None:
+    if not permissions.scope_of(request.user).platform_admin:
+        # Admin pages are not objects of any tenant: hide them entirely.
+        from django.http import Http404
+
+        raise Http404
+
+
+@login_required
+def admin_tenants(request: HttpRequest) -> HttpResponse:
+    _require_platform_admin(request)
+    form = TenantForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            tenant = services.tenant_create(actor=request.user, **form.cleaned_data)
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"Tenant {tenant.name} created.")
+            return redirect("console:tenant", tenant.name)
+    clusters = [
+        {"cluster": c, "quota_rows": _quota_rows(Quota.objects.filter(cluster=c).first())}
+        for c in Cluster.objects.all()
+    ]
+    return render(request, "console/admin_tenants.html", {
+        "form": form, "tenants": Tenant.objects.prefetch_related("projects"), "clusters": clusters,
+    })
+
+
+@login_required
+def admin_users(request: HttpRequest) -> HttpResponse:
+    _require_platform_admin(request)
+    form = UserCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            created = services.user_create(actor=request.user, **form.cleaned_data)
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"User {created.username} created.")
+            return redirect("console:admin-users")
+    users = Paginator(User.objects.order_by("username"), 100).get_page(request.GET.get("page"))
+    return render(request, "console/admin_users.html", {"form": form, "users": users})
+
+
+@login_required
+@require_POST
+def admin_user_toggle(request: HttpRequest, pk: int) -> HttpResponse:
+    _require_platform_admin(request)
+    target = get_object_or_404(User, pk=pk)
+    field = request.POST.get("field")
+    if field not in ("is_active", "is_platform_admin"):
+        messages.error(request, "Unknown setting.")
+        return redirect("console:admin-users")
+    try:
+        services.user_update(actor=request.user, user=target, **{field: not getattr(target, field)})
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+    else:
+        messages.success(request, f"{target.username} updated.")
+    return redirect("console:admin-users")

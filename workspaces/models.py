@@ -1,0 +1,1 @@
+"""Dev environments and training jobs arrive with the workloads issue."""
