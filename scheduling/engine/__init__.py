@@ -2,7 +2,7 @@
 
 Pipeline, for each pending job in order::
 
-    ClusterSnapshot ──► ClusterState (mutable: free CPU/RAM/pod slots, per-card memory/cores/sharers)
+    ClusterSnapshot ──► ClusterState (mutable: free CPU/RAM/pod slots, per-card memory/cores)
     job ──► pods ──► per pod:  filter nodes  → search card combinations → score → select → reserve
                                (node_filter)   (enumerate_takes)          (Policy)  (Placer.find)
     gang: all pods reserved or all rolled back ──► Admit(placement) | Wait(reason) | Reject(reason)

@@ -70,7 +70,7 @@ def container_demands(ns: NodeState, pod: PodRequest) -> list[list[Demand | None
 
 
 def _multisets(sizes: list[int], k: int, start: int = 0) -> Iterator[list[int]]:
-    """All ways to draw ``k`` items from classes of the given sizes, most from early classes first."""
+    """All ways to draw ``k`` items from classes of these sizes, most from early classes first."""
     if k == 0:
         yield [0] * (len(sizes) - start)
         return
@@ -162,9 +162,7 @@ def enumerate_takes(
     return out
 
 
-def after_usage(
-    ns: NodeState, take: Take
-) -> tuple[list[int], list[int], list[int], list[bool]]:
+def after_usage(ns: NodeState, take: Take) -> tuple[list[int], list[int], list[int], list[bool]]:
     """GPU usage of ``ns`` as it would be after ``take``: (memory, cores, sharers, exclusive)."""
     w = _Work(ns)
     for _, i, d in take:

@@ -36,9 +36,7 @@ class WorkloadProfile:
     shapes: tuple[tuple[PodRequest, float], ...]
 
     @classmethod
-    def from_pods(
-        cls, pods: Iterable[PodRequest], *, popularity: float = 0.95
-    ) -> WorkloadProfile:
+    def from_pods(cls, pods: Iterable[PodRequest], *, popularity: float = 0.95) -> WorkloadProfile:
         """Rule (typical pods): count shapes, keep the most frequent ones until they cover
         ``popularity`` of all pods, and renormalise (FGD's ``podPopularityThreshold``)."""
         counts = Counter(shape_key(p) for p in pods)
@@ -63,8 +61,10 @@ def _order_key(p: PodRequest) -> tuple[object, ...]:
     return (
         p.cpu_millicores,
         p.ram_mib,
-        tuple((c.gpu_count, c.gpu_memory_mib, c.gpu_memory_percent, c.gpu_cores_percent)
-              for c in p.containers),
+        tuple(
+            (c.gpu_count, c.gpu_memory_mib, c.gpu_memory_percent, c.gpu_cores_percent)
+            for c in p.containers
+        ),
         tuple(sorted(p.gpu_models)),
         tuple(sorted(p.excluded_gpu_models)),
     )

@@ -104,7 +104,7 @@ class Node:
 class GpuRequest:
     """The GPU ask of one container: ``gpu_count`` GPUs, each with the same slice.
 
-    A slice is ``gpu_memory_mib`` (or ``gpu_memory_percent`` of the card) plus ``gpu_cores_percent``.
+    A slice is ``gpu_memory_mib`` (or ``gpu_memory_percent`` of the card) and ``gpu_cores_percent``.
     With no memory, no percentage and no cores the request means whole cards, as does ``exclusive``.
     """
 
@@ -118,7 +118,9 @@ class GpuRequest:
     def whole_cards(self) -> bool:
         """True when the request asks for entire cards."""
         return self.exclusive or (
-            self.gpu_memory_mib == 0 and self.gpu_memory_percent == 0 and self.gpu_cores_percent == 0
+            self.gpu_memory_mib == 0
+            and self.gpu_memory_percent == 0
+            and self.gpu_cores_percent == 0
         )
 
 
@@ -256,7 +258,7 @@ class GpuGrant:
     requested_memory_mib: int = 0
     requested_cores_percent: int = 0
     alignment: str = ""
-    """Empty when granted as asked; else how the slice was rounded up (template name, whole card)."""
+    """Empty when granted as asked, else how the slice was rounded up (template, whole card)."""
     vendor: str = "NVIDIA"
 
 

@@ -29,7 +29,8 @@ from scheduling.engine.model import (
 from scheduling.engine.policies import Policy, Scorer, default_policy
 from scheduling.engine.state import ClusterState, NodeState, NodeStatic
 
-_MISS = object()
+_MISS: tuple[float, Take] = (float("nan"), ())
+"""Cache sentinel (compared by identity)."""
 SAME_NODE_ATTEMPTS = 64
 """How many distinct node states a same-node job tries before it waits."""
 
@@ -41,7 +42,8 @@ SAME_NODE_ATTEMPTS = 64
 
 def node_filter(ns: NodeState, pod: PodRequest) -> str | None:
     """Rule (node fit): a node can take a pod iff it is schedulable and healthy, has a free pod
-    slot, enough free CPU and RAM, and at least ``gpu_count`` cards of an allowed model.
+    slot, enough free CPU and RAM, and, for each container, at least ``gpu_count`` cards of an
+    allowed model (containers of one pod may share a card).
     Returns None when it passes, else the reason (as a user would read it)."""
     node = ns.static.node
     if not node.schedulable:
@@ -58,7 +60,7 @@ def node_filter(ns: NodeState, pod: PodRequest) -> str | None:
         allowed = sum(1 for gs in ns.static.gpus if pod.allows_model(gs.device.model))
         if allowed == 0:
             return "no allowed GPU model"
-        if allowed < pod.gpu_count:
+        if allowed < max(c.gpu_count for c in pod.containers):
             return "too few GPUs of an allowed model"
     return None
 
@@ -82,8 +84,9 @@ def _static_fits(static: NodeStatic, pod: PodRequest, strict_topology: bool) -> 
         return False
     if not pod.containers:
         return True
-    return bool(enumerate_takes(NodeState(static), pod, strict_topology=strict_topology,
-                                max_takes=1))
+    return bool(
+        enumerate_takes(NodeState(static), pod, strict_topology=strict_topology, max_takes=1)
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,7 +173,7 @@ class Placer:
             r = self.best_take(self.state.nodes[names[0]], pod)
             cache[sid] = r
             self._cache_size += 1
-        return r  # type: ignore[return-value]
+        return r
 
     def find(
         self,
@@ -222,14 +225,14 @@ class Placer:
                     r = self._group_result(sid, names, pod, cache)
                 if r is None:
                     continue
-                s = r[0]  # type: ignore[index]
+                s = r[0]
                 if best_name is not None and s < best_s:
                     continue
                 name = names[0] if not exclude else _first_allowed(names, exclude)
                 if name is None:
                     continue
                 if best_name is None or s > best_s or name < best_name:
-                    best_s, best_name, best_take = s, name, r[1]  # type: ignore[index]
+                    best_s, best_name, best_take = s, name, r[1]
         if best_name is None:
             return None
         return self.to_placement(pod, nodes[best_name], best_take)

@@ -54,7 +54,10 @@ class Scorer(Protocol):
 class Policy(Protocol):
     """A scoring policy (configuration only)."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """Short policy name (for reports)."""
+        ...
 
     def bind(self, state: ClusterState) -> Scorer:
         """Return a scorer for ``state``."""
@@ -154,7 +157,7 @@ class _ResourceScorer:
         if take:
             chosen = {i for _, i, _ in take}
             card = sum(used_share(ns, mem, cores, i) for i in chosen) / len(chosen)
-            s += 0.5 * self.card_sign * card
+            s += 0.01 * self.card_sign * card  # card level only orders cards within a node
             s += self.p.topology_weight * topology_term(ns, take)
             s -= self.p.load_weight * load_term(ns, take)
         return s

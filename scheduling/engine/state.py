@@ -278,11 +278,11 @@ class ClusterState:
             sid = len(self._sig_ids)
             self._sig_ids[sig] = sid
         ns.sig_id = sid
-        names = self.groups.get(sid)
-        if names is None:
+        group = self.groups.get(sid)
+        if group is None:
             self.groups[sid] = [ns.name]
         else:
-            bisect.insort(names, ns.name)
+            bisect.insort(group, ns.name)
 
     # -- reserve / unreserve -------------------------------------------------------------------
 
@@ -372,9 +372,7 @@ class ClusterState:
                 used += min(ns.cores_used[i], gs.cores_capacity) / gs.cores_capacity
         return used, float(total)
 
-    def grant(
-        self, ns: NodeState, container: int, index: int, d: Demand
-    ) -> GpuGrant:
+    def grant(self, ns: NodeState, container: int, index: int, d: Demand) -> GpuGrant:
         """Describe a slice of card ``index`` on ``ns`` as a :class:`GpuGrant`."""
         dev = ns.static.gpus[index].device
         return GpuGrant(
