@@ -1,11 +1,33 @@
-"""Test settings: the real PostgreSQL and Redis of DESIGN.md §6."""
+"""Test settings: the real PostgreSQL and Redis of DESIGN.md §6.
 
-import os
+Importing this module imports the package (and so the SQLite defaults) first;
+the database, cache, broker and channel layer are therefore set again here.
+"""
 
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/camp")
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+import dj_database_url
 
-from . import *  # noqa: E402,F403
+from camp.env import env_str
+
+from . import *  # noqa: F403
+
+DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/camp")
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/15")
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "camp-test",
+    }
+}
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast; tests only
 STORAGES = {

@@ -40,7 +40,7 @@ SQLITE_DOWN = [
 def forwards(apps: Any, schema_editor: Any) -> None:
     vendor = schema_editor.connection.vendor
     if vendor == "postgresql":
-        schema_editor.execute(PG_UP)
+        schema_editor.execute(PG_UP, params=None)
     elif vendor == "sqlite":
         for statement in SQLITE_UP:
             schema_editor.execute(statement)
@@ -49,7 +49,7 @@ def forwards(apps: Any, schema_editor: Any) -> None:
 def backwards(apps: Any, schema_editor: Any) -> None:
     vendor = schema_editor.connection.vendor
     if vendor == "postgresql":
-        schema_editor.execute(PG_DOWN)
+        schema_editor.execute(PG_DOWN, params=None)
     elif vendor == "sqlite":
         for statement in SQLITE_DOWN:
             schema_editor.execute(statement)
