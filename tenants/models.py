@@ -17,6 +17,27 @@ class User(AbstractUser):
     is_platform_admin = models.BooleanField(
         default=False, help_text="Platform admins manage the whole platform."
     )
+    # Single sign-on (tenants/sso, docs/AUTH.md). Accounts of different sources never
+    # merge: OIDC users are found by (issuer, subject) only, LDAP users by username
+    # among LDAP-sourced accounts only.
+    auth_source = models.CharField(
+        max_length=8, choices=[("local", "Local"), ("ldap", "LDAP"), ("oidc", "OpenID Connect")],
+        default="local", help_text="Where this account signs in.",
+    )
+    sso_issuer = models.CharField(max_length=255, blank=True, default="")
+    sso_subject = models.CharField(max_length=255, blank=True, default="")
+    sso_grants = models.JSONField(
+        default=list, blank=True,
+        help_text="Roles last granted by SSO group mapping; only these are revoked by a re-sync.",
+    )
+
+    class Meta(AbstractUser.Meta):
+        constraints = [
+            models.UniqueConstraint(
+                fields=["sso_issuer", "sso_subject"], condition=~Q(sso_subject=""),
+                name="user_unique_sso_identity",
+            )
+        ]
 
     @property
     def platform_admin(self) -> bool:
