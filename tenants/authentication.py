@@ -28,7 +28,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(_("Invalid, expired or revoked token."))
         user = token.user
         # permissions.scope_of reads this to narrow the user to the token's project/read-only.
-        user.camp_token = token
+        user.camp_token = token  # type: ignore[attr-defined]
         return user, token
 
     def authenticate_header(self, request: Request) -> str:

@@ -39,7 +39,7 @@ class MembershipForm(forms.Form):
     def __init__(self, *args: Any, roles: list[tuple[str, str]] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if roles is not None:
-            self.fields["role"].choices = roles
+            self.fields["role"].choices = roles  # type: ignore[attr-defined]
 
     def clean_username(self) -> User:
         username = self.cleaned_data["username"].strip()

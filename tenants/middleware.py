@@ -17,8 +17,9 @@ class RequestContext:
     client_ip: str | None = None
 
 
+# RequestContext is frozen, so sharing one default instance is safe.
 current_request: ContextVar[RequestContext] = ContextVar(
-    "camp_request_context", default=RequestContext()
+    "camp_request_context", default=RequestContext()  # noqa: B039
 )
 
 # A caller's X-Request-ID is kept only when it is short and plain, so it cannot

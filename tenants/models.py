@@ -78,7 +78,10 @@ class Project(models.Model):
     class Meta:
         ordering = ["tenant__name", "name"]
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "name"], name="project_unique_name_in_tenant")
+            models.UniqueConstraint(
+                fields=["tenant", "name"], name="project_unique_name_in_tenant",
+                violation_error_message="This tenant already has a project with this name.",
+            )
         ]
 
     def __str__(self) -> str:
@@ -105,11 +108,13 @@ class Membership(models.Model):
                 fields=["user", "tenant"],
                 condition=Q(project__isnull=True),
                 name="membership_unique_tenant_role",
+                violation_error_message="This user already has a role in this tenant.",
             ),
             models.UniqueConstraint(
                 fields=["user", "project"],
                 condition=Q(project__isnull=False),
                 name="membership_unique_project_role",
+                violation_error_message="This user already has a role in this project.",
             ),
             models.CheckConstraint(
                 condition=(Q(role="tenant_owner") & Q(project__isnull=True))
@@ -192,11 +197,11 @@ class Quota(models.Model):
             ),
         ]
 
-    def target(self) -> models.Model | None:
-        return {"cluster": self.cluster, "tenant": self.tenant, "project": self.project}[self.scope]
-
     def __str__(self) -> str:
         return f"quota of {self.scope} {self.target()}"
+
+    def target(self) -> models.Model | None:
+        return {"cluster": self.cluster, "tenant": self.tenant, "project": self.project}[self.scope]
 
 
 class ApiToken(models.Model):

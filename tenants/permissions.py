@@ -256,3 +256,13 @@ def _visible_q(model: type[Model], scope: Scope, user: User) -> Q | None:
             | Q(memberships__project__isnull=True, memberships__tenant_id__in=tenants)
         )
     return None
+
+
+def actor_of(request: Any) -> User:
+    """The authenticated user of a request, typed for services (login is required upstream)."""
+    user = request.user
+    if not isinstance(user, User) or not user.is_authenticated:
+        from django.core.exceptions import PermissionDenied
+
+        raise PermissionDenied("Authentication required.")
+    return user

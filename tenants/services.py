@@ -47,8 +47,16 @@ def require(actor: Any, action: str, obj: models.Model) -> None:
         raise PermissionDenied(f"You may not {action} this {obj._meta.verbose_name}.")
 
 
-def _full_clean(obj: models.Model, exclude: Iterable[str] = ()) -> None:
-    obj.full_clean(exclude=list(exclude), validate_constraints=True)
+def _full_clean(obj: models.Model, exclude: Iterable[str] = (), unique_field: str | None = None) -> None:
+    """Model validation; a multi-column uniqueness error is reported on ``unique_field``."""
+    try:
+        obj.full_clean(exclude=list(exclude), validate_constraints=True)
+    except ValidationError as exc:
+        if unique_field and hasattr(exc, "error_dict") and "__all__" in exc.error_dict:
+            errors = dict(exc.error_dict)
+            errors.setdefault(unique_field, []).extend(errors.pop("__all__"))
+            raise ValidationError(errors) from exc
+        raise
 
 
 def _save_or_field_error(obj: models.Model, field: str, message: str) -> None:
@@ -103,7 +111,7 @@ def project_create(
 ) -> Project:
     project = Project(tenant=tenant, name=name, display_name=display_name, description=description)
     require(actor, permissions.CREATE, project)
-    _full_clean(project)
+    _full_clean(project, unique_field="name")
     _save_or_field_error(project, "name", "This tenant already has a project with this name.")
     audit_record(actor=actor, action="project.created", target=project, tenant=tenant,
                  project=project, after=snapshot(project, PROJECT_FIELDS))
@@ -118,7 +126,7 @@ def project_update(*, actor: User, project: Project, **changes: Any) -> Project:
     changes.pop("tenant", None)
     before = snapshot(project, PROJECT_FIELDS)
     _apply(project, changes, PROJECT_FIELDS)
-    _full_clean(project)
+    _full_clean(project, unique_field="name")
     _save_or_field_error(project, "name", "This tenant already has a project with this name.")
     audit_record(actor=actor, action="project.updated", target=project, tenant=project.tenant,
                  project=project, before=before, after=snapshot(project, PROJECT_FIELDS))
@@ -145,7 +153,7 @@ def membership_create(
     membership = Membership(user=user, tenant=tenant, project=project, role=role)
     _check_role_scope(membership)
     require(actor, permissions.CREATE, membership)
-    _full_clean(membership)
+    _full_clean(membership, unique_field="user")
     _save_or_field_error(membership, "user", "This user already has a role here.")
     permissions.forget_scope(user)
     audit_record(actor=actor, action="membership.created", target=membership, tenant=tenant,
@@ -350,7 +358,7 @@ def quota_delete(*, actor: User, quota: Quota) -> None:
 
 # --- API tokens ------------------------------------------------------------------------
 
-TOKEN_PREFIX = "camp_"
+TOKEN_PREFIX = "camp_"  # noqa: S105 (a public marker, not a secret)
 
 
 def hash_token(plaintext: str) -> str:
@@ -477,7 +485,7 @@ def user_update(*, actor: User, user: User, **changes: Any) -> User:
     _save_or_field_error(user, "username", "A user with that username already exists.")
     after = snapshot(user, USER_FIELDS)
     if password:
-        after["password"] = "(changed)"
+        after["password"] = "(changed)"  # noqa: S105 (audit marker; the password is never recorded)
     audit_record(actor=actor, action="user.updated", target=user, before=before, after=after)
     return user
 

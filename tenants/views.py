@@ -42,7 +42,7 @@ from .models import (
     Tenant,
     User,
 )
-from .permissions import CHANGE, CREATE, DELETE, can, restrict
+from .permissions import CHANGE, CREATE, DELETE, actor_of, can, restrict
 
 
 def visible(request: HttpRequest, model: type[Any], **lookup: Any) -> Any:
@@ -63,7 +63,7 @@ def _quota_rows(quota: Quota | None) -> list[dict[str, Any]]:
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
-    user = request.user
+    user = actor_of(request)
     tenants = restrict(Tenant.objects.all(), user).prefetch_related("projects")
     scope = permissions.scope_of(user)
     rows = []
@@ -77,7 +77,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
     tenant = visible(request, Tenant, name=tenant_name)
-    user = request.user
+    user = actor_of(request)
     project_form = ProjectForm(prefix="project")
     owner_form = MembershipForm(prefix="owner", roles=[(Role.TENANT_OWNER, "Tenant owner")])
     if request.method == "POST":
@@ -122,7 +122,7 @@ def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
 @login_required
 def project_detail(request: HttpRequest, tenant_name: str, project_name: str) -> HttpResponse:
     project = visible(request, Project, tenant__name=tenant_name, name=project_name)
-    user = request.user
+    user = actor_of(request)
     tenant = project.tenant
     grantable = [
         (r, label) for r, label in Role.choices
@@ -167,7 +167,7 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
 @require_POST
 def project_delete(request: HttpRequest, tenant_name: str, project_name: str) -> HttpResponse:
     project = visible(request, Project, tenant__name=tenant_name, name=project_name)
-    services.project_delete(actor=request.user, project=project)
+    services.project_delete(actor=actor_of(request), project=project)
     messages.success(request, f"Project {project_name} deleted.")
     return redirect("console:tenant", tenant_name)
 
@@ -178,13 +178,13 @@ def membership_change(request: HttpRequest, pk: int) -> HttpResponse:
     membership = visible(request, Membership, pk=pk)
     back = _membership_page(membership)
     if request.POST.get("remove"):
-        services.membership_delete(actor=request.user, membership=membership)
+        services.membership_delete(actor=actor_of(request), membership=membership)
         messages.success(request, f"Removed {membership.user.username}.")
         return back
     form = RoleForm(request.POST)
     if form.is_valid():
         try:
-            services.membership_update(actor=request.user, membership=membership,
+            services.membership_update(actor=actor_of(request), membership=membership,
                                        role=form.cleaned_data["role"])
             messages.success(request, f"{membership.user.username} is now {membership.get_role_display()}.")
         except ValidationError as exc:
@@ -211,7 +211,7 @@ def _quota_edit(
         f: getattr(probe, f) for f in QuotaForm.Meta.fields}) if existing else None)
     if request.method == "POST" and form.is_valid():
         try:
-            services.quota_set(actor=request.user, scope=scope, values=form.cleaned_data, **target)
+            services.quota_set(actor=actor_of(request), scope=scope, values=form.cleaned_data, **target)
         except ValidationError as exc:
             apply_service_errors(form, exc)
         else:
@@ -267,7 +267,7 @@ def audit_log(request: HttpRequest) -> HttpResponseBase:
 
 @login_required
 def tokens(request: HttpRequest) -> HttpResponse:
-    user = request.user
+    user = actor_of(request)
     projects = restrict(Project.objects.select_related("tenant"), user)
     form = TokenForm(request.POST or None, projects=projects)
     created: str | None = None
@@ -294,8 +294,8 @@ def tokens(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
-    token = get_object_or_404(ApiToken, pk=pk, user=request.user)
-    services.token_revoke(actor=request.user, token=token)
+    token = get_object_or_404(ApiToken, pk=pk, user=actor_of(request))
+    services.token_revoke(actor=actor_of(request), token=token)
     messages.success(request, f"Token {token.name} revoked.")
     return redirect("console:tokens")
 
@@ -314,7 +314,7 @@ def admin_tenants(request: HttpRequest) -> HttpResponse:
     form = TenantForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            tenant = services.tenant_create(actor=request.user, **form.cleaned_data)
+            tenant = services.tenant_create(actor=actor_of(request), **form.cleaned_data)
         except ValidationError as exc:
             apply_service_errors(form, exc)
         else:
@@ -335,7 +335,7 @@ def admin_users(request: HttpRequest) -> HttpResponse:
     form = UserCreateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            created = services.user_create(actor=request.user, **form.cleaned_data)
+            created = services.user_create(actor=actor_of(request), **form.cleaned_data)
         except ValidationError as exc:
             apply_service_errors(form, exc)
         else:
@@ -355,7 +355,7 @@ def admin_user_toggle(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, "Unknown setting.")
         return redirect("console:admin-users")
     try:
-        services.user_update(actor=request.user, user=target, **{field: not getattr(target, field)})
+        services.user_update(actor=actor_of(request), user=target, **{field: not getattr(target, field)})
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     else:

@@ -5,8 +5,8 @@
 real PostgreSQL and Redis the test suite uses.
 """
 
+from .api import *  # noqa: F403
+from .auth import *  # noqa: F403
 from .base import *  # noqa: F403
 from .database import *  # noqa: F403
-from .api import *  # noqa: F403
 from .tasks import *  # noqa: F403
-from .auth import *  # noqa: F403

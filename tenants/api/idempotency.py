@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ..models import IdempotencyRecord
+from ..permissions import actor_of
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
@@ -42,7 +43,7 @@ class IdempotentCreateMixin:
         endpoint = request.path
         fingerprint = _fingerprint(request)
         previous = IdempotencyRecord.objects.filter(
-            user=request.user, endpoint=endpoint, key=key
+            user=actor_of(request), endpoint=endpoint, key=key
         ).first()
         if previous is not None:
             return self._replay(previous, fingerprint)
@@ -51,14 +52,14 @@ class IdempotentCreateMixin:
                 response = super().create(request, *args, **kwargs)  # type: ignore[misc]
                 if status.is_success(response.status_code):
                     IdempotencyRecord.objects.create(
-                        user=request.user, endpoint=endpoint, key=key, fingerprint=fingerprint,
+                        user=actor_of(request), endpoint=endpoint, key=key, fingerprint=fingerprint,
                         status_code=response.status_code,
                         response_body=json.loads(json.dumps(response.data, default=str)),
                     )
         except IntegrityError:
             # A concurrent request with the same key won the race; ours rolled back.
             previous = IdempotencyRecord.objects.filter(
-                user=request.user, endpoint=endpoint, key=key
+                user=actor_of(request), endpoint=endpoint, key=key
             ).first()
             if previous is None:
                 raise

@@ -34,6 +34,7 @@ class VisiblePKField(serializers.PrimaryKeyRelatedField):  # type: ignore[type-a
 
         request = self.context.get("request")
         queryset = super().get_queryset()
+        assert queryset is not None
         return restrict(queryset, request.user if request else None)
 
 
@@ -145,7 +146,7 @@ class UserSerializer(serializers.ModelSerializer[User]):
             "is_platform_admin", "password", "date_joined", "last_login",
         ]
         read_only_fields = ["id", "date_joined", "last_login"]
-        extra_kwargs = {"username": {"validators": []}}
+        extra_kwargs: dict[str, dict[str, Any]] = {"username": {"validators": []}}
 
 
 class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):

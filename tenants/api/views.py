@@ -18,7 +18,7 @@ from rest_framework.response import Response
 
 from .. import services
 from ..models import ApiToken, AuditEvent, Membership, Project, Quota, Tenant, User
-from ..permissions import restrict
+from ..permissions import actor_of, restrict
 from .idempotency import IdempotentCreateMixin
 from .serializers import (
     ApiTokenCreatedSerializer,
@@ -70,15 +70,15 @@ class TenantViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retriev
     ordering_fields = ["name", "created_at"]
 
     def perform_create(self, serializer: Any) -> None:
-        serializer.instance = services.tenant_create(actor=self.request.user, **serializer.validated_data)
+        serializer.instance = services.tenant_create(actor=actor_of(self.request), **serializer.validated_data)
 
     def perform_update(self, serializer: Any) -> None:
         serializer.instance = services.tenant_update(
-            actor=self.request.user, tenant=serializer.instance, **serializer.validated_data
+            actor=actor_of(self.request), tenant=serializer.instance, **serializer.validated_data
         )
 
     def perform_destroy(self, instance: Tenant) -> None:
-        services.tenant_delete(actor=self.request.user, tenant=instance)
+        services.tenant_delete(actor=actor_of(self.request), tenant=instance)
 
 
 @extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
@@ -97,15 +97,15 @@ class ProjectViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retrie
         return super().get_queryset().select_related("tenant")
 
     def perform_create(self, serializer: Any) -> None:
-        serializer.instance = services.project_create(actor=self.request.user, **serializer.validated_data)
+        serializer.instance = services.project_create(actor=actor_of(self.request), **serializer.validated_data)
 
     def perform_update(self, serializer: Any) -> None:
         serializer.instance = services.project_update(
-            actor=self.request.user, project=serializer.instance, **serializer.validated_data
+            actor=actor_of(self.request), project=serializer.instance, **serializer.validated_data
         )
 
     def perform_destroy(self, instance: Project) -> None:
-        services.project_delete(actor=self.request.user, project=instance)
+        services.project_delete(actor=actor_of(self.request), project=instance)
 
 
 class MembershipFilter(django_filters.FilterSet):
@@ -136,7 +136,7 @@ class MembershipViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Ret
 
     def perform_create(self, serializer: Any) -> None:
         serializer.instance = services.membership_create(
-            actor=self.request.user, **serializer.validated_data
+            actor=actor_of(self.request), **serializer.validated_data
         )
 
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -144,12 +144,12 @@ class MembershipViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Ret
         data = MembershipUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         membership = services.membership_update(
-            actor=request.user, membership=membership, role=data.validated_data["role"]
+            actor=actor_of(request), membership=membership, role=data.validated_data["role"]
         )
         return Response(MembershipSerializer(membership, context={"request": request}).data)
 
     def perform_destroy(self, instance: Membership) -> None:
-        services.membership_delete(actor=self.request.user, membership=instance)
+        services.membership_delete(actor=actor_of(self.request), membership=instance)
 
 
 @extend_schema_view(
@@ -173,20 +173,20 @@ class QuotaViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retrieve
     def perform_create(self, serializer: Any) -> None:
         data = dict(serializer.validated_data)
         target = {k: data.pop(k, None) for k in ("scope", "cluster", "tenant", "project")}
-        serializer.instance = services.quota_set(actor=self.request.user, values=data, **target)
+        serializer.instance = services.quota_set(actor=actor_of(self.request), values=data, **target)
 
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         quota = self.get_object()
         data = QuotaUpdateSerializer(quota, data=request.data, partial=kwargs.get("partial", False))
         data.is_valid(raise_exception=True)
         quota = services.quota_set(
-            actor=request.user, scope=quota.scope, cluster=quota.cluster, tenant=quota.tenant,
+            actor=actor_of(request), scope=quota.scope, cluster=quota.cluster, tenant=quota.tenant,
             project=quota.project, values=dict(data.validated_data),
         )
         return Response(QuotaSerializer(quota, context={"request": request}).data)
 
     def perform_destroy(self, instance: Quota) -> None:
-        services.quota_delete(actor=self.request.user, quota=instance)
+        services.quota_delete(actor=actor_of(self.request), quota=instance)
 
 
 @extend_schema_view(
@@ -205,7 +205,7 @@ class ApiTokenViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retri
         return super().create(request, *args, **kwargs)
 
     def perform_create(self, serializer: Any) -> None:
-        token, plaintext = services.token_create(actor=self.request.user, **serializer.validated_data)
+        token, plaintext = services.token_create(actor=actor_of(self.request), **serializer.validated_data)
         serializer.instance = token
         token.token = plaintext  # type: ignore[attr-defined]
 
@@ -213,7 +213,7 @@ class ApiTokenViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retri
         return ApiTokenCreatedSerializer if self.action == "create" else ApiTokenSerializer
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        services.token_revoke(actor=request.user, token=self.get_object())
+        services.token_revoke(actor=actor_of(request), token=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -235,12 +235,12 @@ class UserViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveM
         data = dict(serializer.validated_data)
         data.pop("is_active", None)
         serializer.instance = services.user_create(
-            actor=self.request.user, password=data.pop("password", None), **data
+            actor=actor_of(self.request), password=data.pop("password", None), **data
         )
 
     def perform_update(self, serializer: Any) -> None:
         serializer.instance = services.user_update(
-            actor=self.request.user, user=serializer.instance, **serializer.validated_data
+            actor=actor_of(self.request), user=serializer.instance, **serializer.validated_data
         )
 
     @action(detail=False, methods=["get"])

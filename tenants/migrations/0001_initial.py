@@ -175,15 +175,15 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='project',
-            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='project_unique_name_in_tenant'),
+            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='project_unique_name_in_tenant', violation_error_message='This tenant already has a project with this name.'),
         ),
         migrations.AddConstraint(
             model_name='membership',
-            constraint=models.UniqueConstraint(condition=models.Q(('project__isnull', True)), fields=('user', 'tenant'), name='membership_unique_tenant_role'),
+            constraint=models.UniqueConstraint(condition=models.Q(('project__isnull', True)), fields=('user', 'tenant'), name='membership_unique_tenant_role', violation_error_message='This user already has a role in this tenant.'),
         ),
         migrations.AddConstraint(
             model_name='membership',
-            constraint=models.UniqueConstraint(condition=models.Q(('project__isnull', False)), fields=('user', 'project'), name='membership_unique_project_role'),
+            constraint=models.UniqueConstraint(condition=models.Q(('project__isnull', False)), fields=('user', 'project'), name='membership_unique_project_role', violation_error_message='This user already has a role in this project.'),
         ),
         migrations.AddConstraint(
             model_name='membership',

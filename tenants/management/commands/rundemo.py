@@ -25,7 +25,7 @@ class Command(BaseCommand):
         call_command("seed_demo")
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get(
             "DJANGO_SETTINGS_MODULE", "camp.settings")}
-        worker = subprocess.Popen(
+        worker = subprocess.Popen(  # noqa: S603 (fixed argv: this interpreter running celery)
             [sys.executable, "-m", "celery", "-A", "camp", "worker", "--beat", "--loglevel=WARNING",
              "--concurrency=1", "--schedule", str(settings.BASE_DIR / "var" / "celerybeat-schedule")],
             env=env, start_new_session=True,

@@ -10,7 +10,7 @@ from scheduling.models import Cluster
 from tenants import services
 from tenants.models import Membership, Role, Tenant, User
 
-DEMO_PASSWORD = "camp-demo-2026"
+DEMO_PASSWORD = "camp-demo-2026"  # noqa: S105 (demo data only, printed on purpose)
 
 # (tenant, projects, owner, project admin, member)
 DEMO_TENANTS = [
@@ -42,7 +42,7 @@ class Command(BaseCommand):
                 })
             for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
                 self._tenant(admin, tenant_name, projects, owner, padmin, member)
-        self.stdout.write("Demo logins (password for all: %s):" % DEMO_PASSWORD)
+        self.stdout.write(f"Demo logins (password for all: {DEMO_PASSWORD}):")
         self.stdout.write("  admin            platform admin")
         for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
             self.stdout.write(f"  {owner:<16} tenant owner of {tenant_name}")
