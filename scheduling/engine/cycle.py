@@ -1,0 +1,754 @@
+"""One scheduling cycle with queueing: heads of queues → order → quota → place → preempt → backfill.
+
+::
+
+    pending jobs ──► FairOrder (aged · priority · fair share per level · submit time)
+      per job:  reject?     shape no node can ever hold · ask above a limit · unknown queue
+                quota       usage + ask within the limit at project, tenant and cluster level
+                place       Placer on the shared ClusterState, avoiding nodes held for waiting
+                            large jobs (backfill), then the exact charge is checked again
+                preempt     fewest eligible victims (priority, or reclaim of borrowed capacity)
+                reserve     a capacity-blocked gang / large / aged job holds nodes (backfill)
+      end:      every waiting job gets a reason a user can act on and its place in its queue
+
+Admitted jobs are *borrowing* when their project runs beyond its guaranteed share; borrowing jobs
+are the first victims when the owner of that capacity reclaims it. The cycle performs no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from scheduling.engine.candidates import enumerate_takes
+from scheduling.engine.fragmentation import shape_key
+from scheduling.engine.model import (
+    Admit,
+    ClusterSnapshot,
+    Decision,
+    Job,
+    JobAffinity,
+    Placement,
+    PodPlacement,
+    PodRequest,
+    Preempt,
+    Reject,
+    Wait,
+)
+from scheduling.engine.placement import Placer, describe_gpu_ask, node_filter, profile_for
+from scheduling.engine.policies import Policy, default_policy
+from scheduling.engine.preemption import (
+    Evictor,
+    PreemptionConfig,
+    fewest_victims_one_pod,
+    may_preempt,
+    minimal_victims,
+    smallest_prefix,
+    victim_key,
+)
+from scheduling.engine.queueing import (
+    RESOURCE_NAMES,
+    Aging,
+    FairOrder,
+    QueueTree,
+    Resources,
+    RunningJob,
+    TreeState,
+    borrowing_jobs,
+    format_amount,
+    is_aged,
+    job_ask,
+    ordinal,
+    placement_usage,
+    queue_order_key,
+    running_jobs,
+)
+from scheduling.engine.state import ClusterState, NodeState
+
+# --------------------------------------------------------------------------------------------------
+# Configuration and results
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CycleConfig:
+    """Knobs of one cycle."""
+
+    aging: Aging = field(default_factory=Aging)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    backfill: bool = True
+    large_job_gpus: int = 2
+    """A job is *large* (holds a backfill reservation while it waits) when one of its pods asks
+    this many GPUs or more, or it is a gang of several pods."""
+    max_reservations: int = 4
+    """How many waiting jobs may hold nodes at once in one cycle."""
+
+
+class Kind:
+    """Why a job got its decision (machine-readable; the reason text is for people)."""
+
+    ADMITTED = "admitted"
+    PREEMPTING = "preempting"
+    QUOTA = "quota"
+    CAPACITY = "capacity"
+    NEVER_FITS = "never-fits"
+    OVER_LIMIT = "over-limit"
+    UNKNOWN_QUEUE = "unknown-queue"
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """One pending job's outcome: its decision, why, and where it stands in its queue."""
+
+    job: str
+    queue: str
+    decision: Decision
+    kind: str
+    position: int = 0
+    """1-based place among the jobs still waiting in its project queue; 0 when not waiting."""
+    queue_length: int = 0
+    borrowing: bool = False
+    """Admitted beyond its project's guaranteed share (first in line to be reclaimed)."""
+    backfilled: bool = False
+    """Admitted while a larger job ahead of it waits (without delaying it)."""
+    reserved_nodes: int = 0
+    """For a waiting large job: how many nodes are held for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """Decisions in the order they were taken, and a status per pending job."""
+
+    decisions: tuple[Decision, ...]
+    statuses: dict[str, JobStatus]
+    usage: dict[str, Resources]
+    """Usage of every queue (tenants, projects and the cluster) after the cycle."""
+    borrowing: frozenset[str]
+    """Running jobs (including the ones admitted now) that are borrowing after the cycle."""
+    evicted: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _Reservation:
+    job: str
+    nodes: frozenset[str]
+    shadow: float | None
+    """When the waiting job is expected to start (from runtime estimates), if known."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The cycle
+# --------------------------------------------------------------------------------------------------
+
+
+class QueueCycle:
+    """Runs one cycle on a live :class:`ClusterState` (the state is updated with the decisions,
+    so a simulator can keep one state and one placer across cycles)."""
+
+    def __init__(
+        self,
+        tree: QueueTree,
+        placer: Placer,
+        running: Sequence[RunningJob],
+        *,
+        now: float,
+        config: CycleConfig | None = None,
+    ) -> None:
+        self.config = config or CycleConfig()
+        self.placer = placer
+        self.state: ClusterState = placer.state
+        self.now = now
+        self.tree = TreeState(tree)
+        self.running: dict[str, RunningJob] = {r.name: r for r in running}
+        self.card_memory: dict[str, list[int]] = {
+            name: [g.device.memory_mib for g in ns.static.gpus] for name, ns in self.state.nodes.items()
+        }
+        mems = [m for ms in self.card_memory.values() for m in ms]
+        self.smallest_card = min(mems) if mems else 0
+        self.usage_of: dict[str, list[int]] = {}
+        for r in running:
+            u = placement_usage(r.pods, self.card_memory)
+            self.usage_of[r.name] = u
+            self.tree.charge(r.queue, u)
+        self.borrowing: set[str] = borrowing_jobs(self.tree, self.usage_of, running)
+        self.reservations: list[_Reservation] = []
+        self._fail_memo: dict[tuple[object, ...], int] = {}
+        self._preempt_memo: dict[tuple[object, ...], int] = {}
+        self._host_cache: dict[tuple[int, PodRequest], bool] = {}
+        self._shapes: dict[str, tuple[PodRequest, ...]] = {}
+        self.evictor = Evictor(self.state)
+        self.evicted: list[str] = []
+        self._evicted_queue: dict[str, str] = {}
+        self._reserved_count: dict[str, int] = {}
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self, pending: Sequence[Job]) -> CycleResult:
+        """Decide every pending job, in Camp's order."""
+        order = FairOrder(self.tree, pending, self.now, self.config.aging)
+        decisions: list[Decision] = []
+        provisional: dict[str, tuple[Decision, str, bool, bool]] = {}
+        waiting: list[tuple[Job, str, tuple[object, ...] | None]] = []
+        for job in order:
+            d, kind, borrowing, backfilled, ctx = self.decide(job)
+            decisions.append(d)
+            provisional[job.name] = (d, kind, borrowing, backfilled)
+            if isinstance(d, Admit | Preempt):
+                order.touch(job.queue)
+                if isinstance(d, Preempt):
+                    for v in d.victims:
+                        order.touch(self._evicted_queue[v])
+            elif isinstance(d, Wait):
+                waiting.append((job, kind, ctx))
+        statuses = self._finish(pending, provisional, waiting)
+        final = tuple(statuses[j].decision for j in provisional)
+        usage = {self.tree.names[i]: Resources.from_vec(u) for i, u in enumerate(self.tree.usage)}
+        return CycleResult(
+            decisions=final,
+            statuses=statuses,
+            usage=usage,
+            borrowing=frozenset(self.borrowing),
+            evicted=tuple(self.evicted),
+        )
+
+    def decide(
+        self, job: Job
+    ) -> tuple[Decision, str, bool, bool, tuple[object, ...] | None]:
+        """One job: reject → quota → place → preempt → reserve."""
+        pods = self._pods(job)
+        tree = self.tree
+        if not pods:
+            return Reject(job.name, "The job has no pods"), Kind.NEVER_FITS, False, False, None
+        if tree.project_index and job.queue not in tree.project_index:
+            return (
+                Reject(job.name, f"Queue {job.queue or '(none)'} does not exist on this cluster"),
+                Kind.UNKNOWN_QUEUE,
+                False,
+                False,
+                None,
+            )
+        never = self.never_fits(job, pods)
+        if never is not None:
+            return Reject(job.name, never), Kind.NEVER_FITS, False, False, None
+        ask = job_ask(job, self.smallest_card)
+        over = tree.never_within_limit(job.queue, ask)
+        if over is not None:
+            n, r = over
+            lim = tree.limit[n][r]
+            assert lim is not None
+            msg = (
+                f"The job asks {format_amount(r, ask[r])} {RESOURCE_NAMES[r]}, more than "
+                f"{tree.label(n)}'s {RESOURCE_NAMES[r]} limit of {format_amount(r, lim)}"
+            )
+            return Reject(job.name, msg), Kind.OVER_LIMIT, False, False, None
+        q = self.quota_reason(job, ask)
+        if q is not None:
+            return Wait(job.name, q), Kind.QUOTA, False, False, None
+        exclude, bypassed = self.held_nodes(job)
+        placement = self.try_place(job, pods, exclude)
+        if placement is not None:
+            u = placement_usage(placement.pods, self.card_memory)
+            q = self.quota_reason(job, u)
+            if q is not None:
+                for pp in placement.pods:
+                    self.state.unreserve(pp)
+                return Wait(job.name, q), Kind.QUOTA, False, False, None
+            borrowing = self.admit(job, placement, u)
+            backfilled = bool(self.reservations)
+            return Admit(job.name, placement), Kind.ADMITTED, borrowing, backfilled, None
+        pre = self.try_preempt(job, pods, ask, exclude)
+        if pre is not None:
+            return pre, Kind.PREEMPTING, job.name in self.borrowing, False, None
+        self.maybe_reserve(job, pods)
+        return Wait(job.name, ""), Kind.CAPACITY, False, False, (frozenset(exclude),)
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _pods(self, job: Job) -> tuple[PodRequest, ...]:
+        return job.pods()
+
+    def never_fits(self, job: Job, pods: Sequence[PodRequest]) -> str | None:
+        """Rule (reject): a pod no node could hold even when empty can never run; say which
+        dimension is too large, against the largest node that could take it."""
+        seen: set[PodRequest] = set()
+        for p in pods:
+            s = shape_key(p)
+            if s in seen:
+                continue
+            seen.add(s)
+            if self.placer.never_fits(p) is None:
+                continue
+            return "No node can ever fit: " + self._never_detail(p)
+        if job.affinity == JobAffinity.DISTINCT_NODES and len(pods) > 1:
+            hosts = sum(1 for ns in self.state.nodes.values() if all(self.could_host(ns, p) for p in pods))
+            if hosts < len(pods):
+                return (
+                    f"No node set can ever fit: the job needs {len(pods)} distinct nodes and "
+                    f"only {hosts} could hold its pods"
+                )
+        return None
+
+    def _never_detail(self, p: PodRequest) -> str:
+        nodes = [ns.static.node for ns in self.state.nodes.values()]
+        gpus = p.gpu_count
+        if p.containers:
+            allowed = [
+                sum(1 for g in n.gpus if p.allows_model(g.model)) for n in nodes
+            ]
+            most = max(allowed, default=0)
+            if most == 0:
+                models = ", ".join(sorted(p.gpu_models)) or "any"
+                return f"no node has a GPU of an allowed model ({models})"
+            per_container = max(c.gpu_count for c in p.containers)
+            if per_container > most:
+                return f"{per_container} GPUs per pod, the largest node has {most}"
+        cpu = max((n.cpu_millicores for n in nodes), default=0)
+        if p.cpu_millicores > cpu:
+            return f"{p.cpu_millicores / 1000:g} CPU cores per pod, the largest node has {cpu / 1000:g}"
+        ram = max((n.ram_mib for n in nodes), default=0)
+        if p.ram_mib > ram:
+            return f"{p.ram_mib} MiB RAM per pod, the largest node has {ram} MiB"
+        return f"{describe_gpu_ask(p)} per pod ({gpus} GPUs) is larger than any GPU or node allows"
+
+    def quota_reason(self, job: Job, ask: Sequence[int]) -> str | None:
+        """Rule (quota): wait while usage + ask would exceed a limit on the job's path."""
+        v = self.tree.quota_violation(job.queue, ask)
+        if v is None:
+            return None
+        n, r = v
+        lim = self.tree.limit[n][r]
+        assert lim is not None
+        used = self.tree.usage[n][r]
+        name = RESOURCE_NAMES[r]
+        return (
+            f"{self.tree.label(n)} would exceed its {name} limit "
+            f"({format_amount(r, used)} of {format_amount(r, lim)} in use, "
+            f"job asks {format_amount(r, ask[r])})"
+        )
+
+    def held_nodes(self, job: Job) -> tuple[frozenset[str], int]:
+        """Rule (backfill): a job ordered after a waiting large job may not use the nodes held for
+        it, unless its runtime estimate shows it ends before that job is expected to start."""
+        if not self.reservations:
+            return frozenset(), 0
+        held: set[str] = set()
+        bypassed = 0
+        est = job.runtime_estimate_s
+        for r in self.reservations:
+            if r.shadow is not None and est is not None and self.now + est <= r.shadow:
+                bypassed += 1
+                continue
+            held |= r.nodes
+        return frozenset(held), bypassed
+
+    def try_place(
+        self, job: Job, pods: Sequence[PodRequest], exclude: frozenset[str]
+    ) -> Placement | None:
+        """Rule (placement): place every pod with the placer (all or nothing for a gang, at least
+        one pod otherwise), avoiding ``exclude``; the placement stays reserved. A job shape that
+        failed on this very state is not tried again."""
+        key = (self._job_shape(job, pods), exclude)
+        if self._fail_memo.get(key) == self.state.version:
+            return None
+        placed = self._place(job, pods, exclude)
+        if placed is None:
+            self._fail_memo[key] = self.state.version
+        return placed
+
+    def _job_shape(self, job: Job, pods: Sequence[PodRequest]) -> tuple[object, ...]:
+        return (tuple(shape_key(p) for p in pods), job.gang, job.affinity)
+
+    def _place(
+        self, job: Job, pods: Sequence[PodRequest], exclude: frozenset[str]
+    ) -> Placement | None:
+        placer = self.placer
+        if job.affinity == JobAffinity.SAME_NODE and len(pods) > 1:
+            for _, name, _ in placer.ranked(pods[0], exclude=exclude)[:64]:
+                done: list[PodPlacement] = []
+                for p in pods:
+                    pp = placer.find(p, only=(name,))
+                    if pp is None:
+                        break
+                    self.state.reserve(pp, check=False)
+                    done.append(pp)
+                if len(done) == len(pods):
+                    return Placement(tuple(done))
+                for pp in reversed(done):
+                    self.state.unreserve(pp)
+            return None
+        distinct = job.affinity == JobAffinity.DISTINCT_NODES
+        used: set[str] = set()
+        placed: list[PodPlacement] = []
+        for p in pods:
+            ex: frozenset[str] | set[str] = (exclude | used) if distinct else exclude
+            pp = placer.find(p, exclude=ex)
+            if pp is None:
+                if job.gang:
+                    for done_pp in reversed(placed):
+                        self.state.unreserve(done_pp)
+                    return None
+                continue
+            self.state.reserve(pp, check=False)
+            placed.append(pp)
+            used.add(pp.node)
+        return Placement(tuple(placed)) if placed else None
+
+    def admit(self, job: Job, placement: Placement, usage: list[int]) -> bool:
+        """Rule (borrowing mark): charge the job to its queues; it is borrowing when its project's
+        usage now exceeds the guaranteed amount of a resource the job uses."""
+        self.tree.charge(job.queue, usage)
+        rj = RunningJob(
+            name=job.name,
+            pods=placement.pods,
+            queue=job.queue,
+            priority=job.priority,
+            preemptible=job.preemptible,
+            checkpointable=job.checkpointable,
+            start_time=self.now,
+            runtime_estimate_s=job.runtime_estimate_s,
+        )
+        self.running[job.name] = rj
+        self.usage_of[job.name] = usage
+        pi = self.tree.project_index.get(job.queue)
+        if pi is None:
+            borrowing = bool(self.tree.project_index)
+        else:
+            g = self.tree.guaranteed[pi]
+            u = self.tree.usage[pi]
+            borrowing = any(usage[r] > 0 and u[r] > g[r] for r in range(4))
+        if borrowing:
+            self.borrowing.add(job.name)
+        return borrowing
+
+    # -- preemption ----------------------------------------------------------------------------
+
+    def try_preempt(
+        self, job: Job, pods: Sequence[PodRequest], ask: Sequence[int], exclude: frozenset[str]
+    ) -> Preempt | None:
+        """Rule (preemption): a job that does not fit may evict the fewest eligible running jobs
+        (see :mod:`scheduling.engine.preemption`) if it then fits; it is then charged and
+        reserved, and the victims are released and uncharged."""
+        cfg = self.config.preemption
+        if not cfg.enabled or not self.running:
+            return None
+        reclaiming = self.tree.within_guaranteed(job.queue, ask)
+        memo_key = (
+            self._job_shape(job, pods),
+            job.priority,
+            reclaiming,
+            job.queue if reclaiming else "",
+            exclude,
+        )
+        if self._preempt_memo.get(memo_key) == self.state.version:
+            return None
+        cands = [
+            v
+            for v in self.running.values()
+            if may_preempt(
+                job,
+                v,
+                now=self.now,
+                reclaiming=reclaiming,
+                victim_borrowing=v.name in self.borrowing,
+                min_runtime_s=cfg.min_runtime_s,
+            )
+            and not (exclude and all(pp.node in exclude for pp in v.pods))
+        ]
+        if not cands:
+            self._preempt_memo[memo_key] = self.state.version
+            return None
+        cands.sort(key=lambda v: victim_key(v, v.name in self.borrowing))
+        version = self.state.version
+
+        def fits() -> bool:
+            p = self._place(job, pods, exclude)
+            if p is None:
+                return False
+            for pp in p.pods:
+                self.state.unreserve(pp)
+            return True
+
+        if len(pods) == 1:
+            pod = pods[0]
+
+            def fits_on(node: str) -> bool:
+                return node not in exclude and self.placer.find(pod, only=(node,)) is not None
+
+            victims = fewest_victims_one_pod(
+                self.evictor,
+                cands,
+                lambda v: {pp.node for pp in v.pods},
+                fits_on,
+                cfg.max_node_trials,
+            )
+        else:
+            victims = minimal_victims(self.evictor, cands, fits)
+        if victims is None:
+            self._preempt_memo[memo_key] = version
+            return None
+        placement = self._place(job, pods, exclude)
+        if placement is None:  # cannot happen: the victims were chosen so that it fits
+            for v in victims:
+                self.evictor.restore(v)
+            self._preempt_memo[memo_key] = version
+            return None
+        u = placement_usage(placement.pods, self.card_memory)
+        for v in victims:
+            self._release(v)
+        q = self.quota_reason(job, u)
+        if q is not None:
+            for pp in placement.pods:
+                self.state.unreserve(pp)
+            for v in victims:
+                self._unrelease(v)
+            return None
+        self.admit(job, placement, u)
+        return Preempt(job.name, tuple(v.name for v in victims), placement)
+
+    def _release(self, v: RunningJob) -> None:
+        self.tree.charge(v.queue, self.usage_of[v.name], -1)
+        del self.running[v.name]
+        self.borrowing.discard(v.name)
+        self.evicted.append(v.name)
+        self._evicted_queue[v.name] = v.queue
+
+    def _unrelease(self, v: RunningJob) -> None:
+        self.tree.charge(v.queue, self.usage_of[v.name])
+        self.running[v.name] = v
+        self.evicted.remove(v.name)
+        self.evictor.restore(v)
+
+    # -- backfill reservations -----------------------------------------------------------------
+
+    def is_large(self, job: Job, pods: Sequence[PodRequest]) -> bool:
+        """Rule (large job): a gang of several pods, or a pod asking ``large_job_gpus`` GPUs or
+        more, or an aged job, holds nodes while it waits."""
+        if job.gang and len(pods) > 1:
+            return True
+        if any(p.gpu_count >= self.config.large_job_gpus for p in pods):
+            return True
+        return is_aged(job, self.now, self.config.aging)
+
+    def could_host(self, ns: NodeState, pod: PodRequest) -> bool:
+        """Could this node hold the pod if it were empty? (cached per node class and shape)"""
+        key = (ns.static.class_id, shape_key(pod))
+        ok = self._host_cache.get(key)
+        if ok is None:
+            empty = NodeState(ns.static)
+            ok = node_filter(empty, pod) is None and bool(
+                enumerate_takes(empty, pod, strict_topology=self.placer.scorer.strict_topology, max_takes=1)
+            )
+            self._host_cache[key] = ok
+        return ok
+
+    def maybe_reserve(self, job: Job, pods: Sequence[PodRequest]) -> None:
+        """Rule (backfill reservation): a capacity-blocked large job holds nodes so that smaller
+        jobs behind it cannot delay it. With runtime estimates of the running jobs, it holds the
+        nodes of the placement it would get once enough of them end (and jobs that end before that
+        time may still use them); without, it holds every node it could use."""
+        cfg = self.config
+        if not cfg.backfill or len(self.reservations) >= cfg.max_reservations:
+            return
+        if not self.is_large(job, pods):
+            return
+        shapes = {shape_key(p): p for p in pods}
+        hosts = frozenset(
+            name
+            for name, ns in self.state.nodes.items()
+            if any(self.could_host(ns, p) for p in shapes.values())
+        )
+        shadow: float | None = None
+        nodes = hosts
+        ending = sorted(
+            (
+                r
+                for r in self.running.values()
+                if r.expected_end is not None and any(pp.node in hosts for pp in r.pods)
+            ),
+            key=lambda r: (r.expected_end, r.name),
+        )
+        if ending:
+            held: set[str] = set()
+            for res in self.reservations:
+                held |= res.nodes
+            found: list[Placement] = []
+
+            def fits() -> bool:
+                p = self._place(job, pods, frozenset(held))
+                if p is None:
+                    return False
+                for pp in p.pods:
+                    self.state.unreserve(pp)
+                found.append(p)
+                return True
+
+            k = smallest_prefix(self.evictor, ending, fits)
+            if k is not None:
+                # Find the placement at exactly that prefix for the node set.
+                for rj in ending[:k]:
+                    self.evictor.remove(rj)
+                found.clear()
+                if fits():
+                    shadow = ending[k - 1].expected_end
+                    nodes = frozenset(found[-1].nodes())
+                for rj in reversed(ending[:k]):
+                    self.evictor.restore(rj)
+        self.reservations.append(_Reservation(job.name, nodes, shadow))
+        self._reserved_count[job.name] = len(nodes)
+
+    # -- explanations and positions ------------------------------------------------------------
+
+    def capacity_reason(self, job: Job, exclude: frozenset[str]) -> str:
+        """Rule (reason, not now): name the first pod that cannot be placed now, what it needs on
+        one node, the largest free block of suitable GPUs and on how many nodes; mention nodes held
+        for a waiting large job and whether preemption could help."""
+        pods = self._pods(job)
+        shapes: list[PodRequest] = []
+        seen: set[PodRequest] = set()
+        for p in pods:
+            s = shape_key(p)
+            if s not in seen:
+                seen.add(s)
+                shapes.append(p)
+        blocking: PodRequest | None = None
+        for p in shapes:
+            if self.placer.find(p, exclude=exclude) is None:
+                blocking = p
+                break
+        held = f"; {_nodes(len(exclude))} held for larger jobs waiting ahead" if exclude else ""
+        if blocking is None:
+            return (
+                f"Gang of {len(pods)} pods: each pod fits somewhere, but not all of them at "
+                f"once{held}"
+            )
+        prefix = f"Gang of {len(pods)} pods: " if len(pods) > 1 else ""
+        return prefix + self._pod_reason(blocking, exclude) + held
+
+    def _pod_reason(self, p: PodRequest, exclude: frozenset[str]) -> str:
+        extras = []
+        if p.cpu_millicores:
+            extras.append(f"{p.cpu_millicores / 1000:g} CPU cores")
+        if p.ram_mib:
+            extras.append(f"{_mib(p.ram_mib)} RAM")
+        cpu_ram = " and ".join(extras)
+        if not p.containers:
+            return f"Needs {cpu_ram or 'a pod slot'} on one node; no node has that free now"
+        need = max(c.gpu_count for c in p.containers)
+        c0 = max(p.containers, key=lambda c: c.gpu_count)
+        what = "GPU" if c0.whole_cards else "GPU slice"
+        ask = describe_gpu_ask(p)
+        best = 0
+        best_nodes = 0
+        short_cpu_ram = 0
+        from scheduling.engine.state import align_demand
+
+        for names in self.state.groups.values():
+            ns = self.state.nodes[names[0]]
+            count = sum(1 for n in names if n not in exclude) if exclude else len(names)
+            if not count:
+                continue
+            block = 0
+            for i, gs in enumerate(ns.static.gpus):
+                if not p.allows_model(gs.device.model):
+                    continue
+                d = align_demand(gs.device, c0)
+                if d is not None and ns.gpu_fits(i, d):
+                    block += 1
+            if block > best:
+                best, best_nodes = block, count
+            elif block == best:
+                best_nodes += count
+            if block >= need and node_filter(ns, p) is not None:
+                short_cpu_ram += count
+        s = "s" if need > 1 else ""
+        ask_text = "" if c0.whole_cards and len(p.containers) == 1 else f" ({ask})"
+        plus = f" and {cpu_ram}" if cpu_ram else ""
+        msg = f"Needs {need} {what}{s}{ask_text}{plus} on one node; "
+        if best == 0:
+            msg += f"no node has a free {what} of an allowed model now"
+        else:
+            msg += f"the largest free block is {best} (on {_nodes(best_nodes)})"
+        if short_cpu_ram:
+            msg += f"; {_nodes(short_cpu_ram)} have the GPUs free but lack CPU, RAM or pod slots"
+        return msg
+
+    def _finish(
+        self,
+        pending: Sequence[Job],
+        provisional: dict[str, tuple[Decision, str, bool, bool]],
+        waiting: list[tuple[Job, str, tuple[object, ...] | None]],
+    ) -> dict[str, JobStatus]:
+        """Rule (position): a waiting job's position is its rank among the jobs still waiting in
+        its project queue, in that queue's order (aged, priority, submit time)."""
+        by_queue: dict[str, list[Job]] = {}
+        for job, _, _ in waiting:
+            by_queue.setdefault(job.queue, []).append(job)
+        pos: dict[str, tuple[int, int]] = {}
+        for jobs in by_queue.values():
+            jobs.sort(key=lambda j: queue_order_key(j, is_aged(j, self.now, self.config.aging)))
+            for i, j in enumerate(jobs):
+                pos[j.name] = (i + 1, len(jobs))
+        reasons: dict[tuple[object, ...], str] = {}
+        ctx_of = {job.name: ctx for job, _, ctx in waiting}
+        reserved = self._reserved_count
+        out: dict[str, JobStatus] = {}
+        by_name = {j.name: j for j in pending}
+        for name, (d, kind, borrowing, backfilled) in provisional.items():
+            job = by_name[name]
+            if isinstance(d, Wait):
+                p, n = pos[name]
+                reason = d.reason
+                if kind == Kind.CAPACITY:
+                    ctx = ctx_of[name]
+                    exclude = ctx[0] if ctx else frozenset()
+                    assert isinstance(exclude, frozenset)
+                    key = (self._job_shape(job, self._pods(job)), exclude)
+                    reason = reasons.get(key) or reasons.setdefault(
+                        key, self.capacity_reason(job, exclude)
+                    )
+                    if name in reserved:
+                        reason += f"; {_nodes(reserved[name])} held for it"
+                qname = job.queue or "the default queue"
+                d = Wait(name, f"{reason} — {ordinal(p)} of {n} in {qname}")
+                out[name] = JobStatus(
+                    name, job.queue, d, kind, p, n, reserved_nodes=reserved.get(name, 0)
+                )
+            else:
+                out[name] = JobStatus(name, job.queue, d, kind, borrowing=borrowing, backfilled=backfilled)
+        return out
+
+
+def _nodes(n: int) -> str:
+    return "1 node" if n == 1 else f"{n} nodes"
+
+
+def _mib(v: int) -> str:
+    return f"{v // 1024} GiB" if v >= 1024 and v % 1024 == 0 else f"{v} MiB"
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def run_cycle(
+    snapshot: ClusterSnapshot,
+    pending: Sequence[Job],
+    tree: QueueTree,
+    *,
+    now: float,
+    running: Sequence[RunningJob] | None = None,
+    policy: Policy | None = None,
+    config: CycleConfig | None = None,
+) -> CycleResult:
+    """One full cycle on a fresh state built from ``snapshot``.
+
+    ``running`` describes the jobs behind the snapshot's allocations (checkpointing, runtime
+    estimates); by default it is derived from the allocations themselves."""
+    state = ClusterState(snapshot)
+    if policy is None:
+        policy = default_policy(profile_for(snapshot, pending))
+    placer = Placer(state, policy)
+    if running is None:
+        running = running_jobs(snapshot)
+    return QueueCycle(tree, placer, running, now=now, config=config).run(pending)
