@@ -180,6 +180,8 @@ class QueueCycle:
         self.evicted: list[str] = []
         self._evicted_queue: dict[str, str] = {}
         self._reserved_count: dict[str, int] = {}
+        self.admitted_now: set[str] = set()
+        """Jobs admitted in this cycle; never victims in the same cycle."""
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -395,7 +397,7 @@ class QueueCycle:
 
     def admit(self, job: Job, placement: Placement, usage: list[int]) -> bool:
         """Rule (borrowing mark): charge the job to its queues; it is borrowing when its project's
-        usage now exceeds the guaranteed amount of a resource the job uses."""
+        usage now exceeds the guaranteed amount of a guaranteed resource the job uses."""
         self.tree.charge(job.queue, usage)
         rj = RunningJob(
             name=job.name,
@@ -409,13 +411,13 @@ class QueueCycle:
         )
         self.running[job.name] = rj
         self.usage_of[job.name] = usage
+        self.admitted_now.add(job.name)
         pi = self.tree.project_index.get(job.queue)
         if pi is None:
             borrowing = bool(self.tree.project_index)
         else:
-            g = self.tree.guaranteed[pi]
-            u = self.tree.usage[pi]
-            borrowing = any(usage[r] > 0 and u[r] > g[r] for r in range(4))
+            before = [u - a for u, a in zip(self.tree.usage[pi], usage, strict=True)]
+            borrowing = self.tree.exceeds_guaranteed(pi, before, usage)
         if borrowing:
             self.borrowing.add(job.name)
         return borrowing
@@ -452,6 +454,7 @@ class QueueCycle:
                 victim_borrowing=v.name in self.borrowing,
                 min_runtime_s=cfg.min_runtime_s,
             )
+            and v.name not in self.admitted_now
             and not (exclude and all(pp.node in exclude for pp in v.pods))
         ]
         if not cands:

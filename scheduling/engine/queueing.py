@@ -253,19 +253,28 @@ class TreeState:
                     return (n, r)
         return None
 
+    def guaranteed_dims(self, node: int) -> tuple[int, ...]:
+        """Rule (guaranteed resources): a queue's guarantee covers the resources it has a
+        guaranteed amount for; a queue with none has a guarantee of zero for every resource."""
+        g = self.guaranteed[node]
+        dims = tuple(r for r in range(4) if g[r] > 0)
+        return dims or (0, 1, 2, 3)
+
+    def exceeds_guaranteed(self, node: int, used: Sequence[int], extra: Sequence[int]) -> bool:
+        """True when ``used`` + ``extra`` goes beyond the guarantee in a guaranteed resource
+        that ``extra`` uses."""
+        g = self.guaranteed[node]
+        return any(extra[r] > 0 and used[r] + extra[r] > g[r] for r in self.guaranteed_dims(node))
+
     def within_guaranteed(self, queue: str, ask: Sequence[int]) -> bool:
-        """Rule (reclaim eligibility): a job is within its guaranteed share iff its project's and
-        its tenant's usage + ask stay within their guaranteed amounts for every resource asked."""
-        path = self.path_of(queue)
-        if len(path) == 1:
+        """Rule (reclaim eligibility): a job is within its guaranteed share iff its project's
+        usage + ask stays within the project's guaranteed amounts (see :meth:`guaranteed_dims`).
+        The tenant is not checked: its usage includes what its other projects borrowed, which is
+        exactly what is being reclaimed."""
+        pi = self.project_index.get(queue)
+        if pi is None:
             return False
-        for n in path[:2]:
-            g = self.guaranteed[n]
-            u = self.usage[n]
-            for r in range(4):
-                if ask[r] > 0 and u[r] + ask[r] > g[r]:
-                    return False
-        return True
+        return not self.exceeds_guaranteed(pi, self.usage[pi], ask)
 
     def share(self, node: int) -> float:
         """Rule (fair share): the dominant share of a queue is max over resources of usage ÷
@@ -409,8 +418,8 @@ def borrowing_jobs(
     tree: TreeState, usage_of: Mapping[str, Sequence[int]], running: Iterable[RunningJob]
 ) -> set[str]:
     """Rule (borrowing): within a project, running jobs are counted against its guaranteed share in
-    start order; a job whose cumulative usage exceeds the guaranteed amount of any resource it uses
-    is borrowing (so the most recently started jobs are the borrowers). Jobs of unknown queues
+    start order; a job whose cumulative usage exceeds the guaranteed amount of a guaranteed resource
+    it uses is borrowing (so the most recently started jobs are the borrowers). Jobs of unknown queues
     borrow by definition."""
     by_queue: dict[str, list[RunningJob]] = {}
     for rj in running:
@@ -421,14 +430,13 @@ def borrowing_jobs(
         if pi is None:
             out.update(j.name for j in jobs)
             continue
-        g = tree.guaranteed[pi]
         cum = [0, 0, 0, 0]
         for j in sorted(jobs, key=lambda j: (j.start_time or 0.0, j.name)):
             u = usage_of[j.name]
+            if tree.exceeds_guaranteed(pi, cum, u):
+                out.add(j.name)
             for r in range(4):
                 cum[r] += u[r]
-            if any(u[r] > 0 and cum[r] > g[r] for r in range(4)):
-                out.add(j.name)
     return out
 
 
