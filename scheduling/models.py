@@ -1,10 +1,17 @@
-"""Scheduling data: clusters (the root of the queue tree).
+"""Scheduling data: clusters, their inventory, jobs, allocations and decisions.
 
-The scheduler-service issue adds credentials, inventory, allocations and cycles.
+The database, not the scheduler's memory, is the source of truth for what is
+allocated: every GPU keeps running totals of the slices given out, guarded by
+CHECK constraints, and every grant is a row. Two workers racing to give the same
+slice away cannot both commit (DESIGN.md §2, step 4).
 """
 
-from django.core.validators import RegexValidator
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
+from django.db.models import F, Q
 
 slug_validator = RegexValidator(
     r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
@@ -12,10 +19,29 @@ slug_validator = RegexValidator(
 )
 
 
+class Backend(models.TextChoices):
+    SIMULATED = "simulated", "Simulated (built-in)"
+    KUBERNETES = "kubernetes", "Kubernetes"
+
+
 class Cluster(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     display_name = models.CharField(max_length=200, blank=True)
     enabled = models.BooleanField(default=True)
+    backend = models.CharField(max_length=16, choices=Backend.choices, default=Backend.SIMULATED)
+    api_server = models.URLField(
+        blank=True, help_text="Kubernetes API server URL (empty: the one in the kubeconfig)."
+    )
+    # Fernet-encrypted JSON {"kubeconfig": ..., "token": ..., "ca_cert": ...}; never shown back.
+    credentials_encrypted = models.TextField(blank=True, editable=False)
+    inventory = models.TextField(
+        blank=True, help_text="Simulated clusters: the YAML inventory (nodes, GPUs, topology)."
+    )
+    prometheus_url = models.URLField(blank=True, help_text="Optional utilisation feed (DCGM / HAMi).")
+    namespace_prefix = models.CharField(max_length=20, default="camp", validators=[slug_validator])
+    last_inventory_at = models.DateTimeField(null=True, blank=True)
+    last_cycle_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -23,3 +49,342 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.display_name or self.name
+
+    @property
+    def has_credentials(self) -> bool:
+        return bool(self.credentials_encrypted)
+
+
+class NodePool(models.Model):
+    """Nodes selected by labels; dedicated pools serve only their tenants."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="pools")
+    name = models.CharField(max_length=63, validators=[slug_validator])
+    selector = models.JSONField(default=dict, blank=True, help_text="Node labels, all must match.")
+    dedicated = models.BooleanField(default=False)
+    tenants = models.ManyToManyField("tenants.Tenant", blank=True, related_name="node_pools")
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="nodepool_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+
+class Node(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=253)
+    cpu_millicores = models.PositiveIntegerField(default=0)
+    ram_mib = models.PositiveBigIntegerField(default=0)
+    max_pods = models.PositiveIntegerField(default=110)
+    labels = models.JSONField(default=dict, blank=True)
+    taints = models.JSONField(default=list, blank=True)
+    pool = models.CharField(max_length=63, blank=True)
+    nvlink_islands = models.JSONField(default=list, blank=True, help_text="Lists of GPU indices.")
+    ready = models.BooleanField(default=True)
+    cordoned = models.BooleanField(default=False)
+    present = models.BooleanField(default=True, help_text="Seen in the last inventory sync.")
+    quarantined = models.BooleanField(default=False)
+    quarantine_reason = models.CharField(max_length=255, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="node_unique_name_in_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def schedulable(self) -> bool:
+        return self.ready and self.present and not self.cordoned and not self.quarantined
+
+
+class GpuDevice(models.Model):
+    """One physical GPU, with running totals of what is given out (guarded by constraints)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=100)
+    model = models.CharField(max_length=100)
+    vendor = models.CharField(max_length=30, default="NVIDIA")
+    memory_mib = models.PositiveIntegerField()
+    numa_node = models.PositiveSmallIntegerField(default=0)
+    healthy = models.BooleanField(default=True)
+    sharing = models.CharField(max_length=20, default="shareable")  # engine SharingMode values
+    templates = models.JSONField(default=list, blank=True, help_text="[{name, memory_mib, cores}]")
+    max_sharers = models.PositiveSmallIntegerField(default=10)
+    quarantined = models.BooleanField(default=False)
+    # What is allocated now: maintained in the same transaction as the Allocation rows.
+    memory_allocated_mib = models.IntegerField(default=0)
+    cores_allocated = models.IntegerField(default=0)
+    sharers = models.IntegerField(default=0)
+    exclusive_held = models.BooleanField(default=False)
+    utilization_percent = models.FloatField(null=True, blank=True)
+    memory_used_mib = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_on_node"),
+            models.CheckConstraint(
+                condition=Q(memory_allocated_mib__gte=0)
+                & Q(memory_allocated_mib__lte=F("memory_mib")),
+                name="gpu_memory_never_overallocated",
+            ),
+            models.CheckConstraint(
+                condition=Q(cores_allocated__gte=0) & Q(cores_allocated__lte=100),
+                name="gpu_cores_never_overallocated",
+            ),
+            models.CheckConstraint(
+                condition=Q(sharers__gte=0) & Q(sharers__lte=F("max_sharers")),
+                name="gpu_sharers_within_max",
+            ),
+            models.CheckConstraint(
+                condition=Q(exclusive_held=False) | Q(sharers__lte=1),
+                name="gpu_exclusive_means_alone",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index} ({self.model})"
+
+    @property
+    def usable(self) -> bool:
+        return self.healthy and not self.quarantined
+
+
+class JobState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    PREEMPTING = "preempting", "Preempting"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    REJECTED = "rejected", "Rejected"
+
+
+ACTIVE_STATES = (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
+FINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED)
+
+
+class PriorityClass(models.TextChoices):
+    """From protected inference to preemptible batch (DESIGN.md §3)."""
+
+    INFERENCE = "inference", "Inference (protected)"
+    HIGH = "high", "High"
+    NORMAL = "normal", "Normal"
+    BATCH = "batch", "Batch (preemptible)"
+
+
+PRIORITY_VALUES = {"inference": 1000, "high": 100, "normal": 50, "batch": 10}
+# The non-preemptible allowlist: these classes are never victims.
+NON_PREEMPTIBLE_CLASSES = frozenset({"inference"})
+
+
+class Job(models.Model):
+    """A generic workload: one or more pod groups admitted together (a gang) or pod by pod."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="jobs")
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="jobs")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="jobs"
+    )
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=40, validators=[slug_validator])
+    kind = models.CharField(max_length=20, default="batch", help_text="batch, pytorch, mpi, ...")
+    priority_class = models.CharField(
+        max_length=20, choices=PriorityClass.choices, default=PriorityClass.NORMAL
+    )
+    priority = models.IntegerField(default=50)
+    preemptible = models.BooleanField(default=False)
+    checkpoint_capable = models.BooleanField(default=False)
+    gang = models.BooleanField(default=True)
+    duration_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Expected run time (the simulated backend runs this long)."
+    )
+    state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.QUEUED)
+    reason = models.CharField(max_length=500, blank=True)
+    reason_kind = models.CharField(max_length=20, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    queue_length = models.PositiveIntegerField(null=True, blank=True)
+    preempted_by = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    last_checkpoint = models.CharField(max_length=500, blank=True)
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "state"], name="job_cluster_state")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "name"], name="job_unique_name_in_project",
+                violation_error_message="This project already has a job with this name.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.name}" if self.project_id else self.name
+
+    @property
+    def engine_name(self) -> str:
+        return str(self.pk)
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+class PodGroup(models.Model):
+    """``replicas`` identical pods of one role (worker, launcher, ...) of a job."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="groups")
+    name = models.CharField(max_length=20, validators=[slug_validator], default="worker")
+    replicas = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(256)]
+    )
+    gpu_count = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(64)])
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
+    gpu_cores_percent = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)])
+    exclusive = models.BooleanField(default=False)
+    gpu_models = models.JSONField(default=list, blank=True)
+    cpu_millicores = models.PositiveIntegerField(default=1000)
+    ram_mib = models.PositiveIntegerField(default=1024)
+    image = models.CharField(max_length=255, default="busybox")
+    command = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "name"], name="podgroup_unique_name_in_job")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.name}×{self.replicas}"
+
+
+class PodPhase(models.TextChoices):
+    PENDING = "pending", "Pending"  # allocated, not created yet
+    CREATED = "created", "Created"  # created in the cluster, not running yet
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    GONE = "gone", "Gone"
+
+
+class Allocation(models.Model):
+    """One pod of an admitted job on its node: the CPU/RAM it holds and (via GpuSlice) its GPUs.
+
+    A row exists exactly while the resources are held; releasing deletes it.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="allocations")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    group = models.ForeignKey(PodGroup, on_delete=models.CASCADE, related_name="allocations")
+    replica = models.PositiveSmallIntegerField()
+    pod_name = models.CharField(max_length=63)
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    cpu_millicores = models.PositiveIntegerField(default=0)
+    ram_mib = models.PositiveIntegerField(default=0)
+    phase = models.CharField(max_length=10, choices=PodPhase.choices, default=PodPhase.PENDING)
+    message = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job_id", "group_id", "replica"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "group", "replica"], name="allocation_one_per_pod"),
+            models.UniqueConstraint(fields=["cluster", "pod_name"], name="allocation_unique_pod_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pod_name} on {self.node_id}"
+
+
+class GpuSlice(models.Model):
+    """One GPU slice granted to one container of an allocated pod."""
+
+    allocation = models.ForeignKey(Allocation, on_delete=models.CASCADE, related_name="slices")
+    gpu = models.ForeignKey(GpuDevice, on_delete=models.PROTECT, related_name="slices")
+    container = models.PositiveSmallIntegerField(default=0)
+    memory_mib = models.PositiveIntegerField()
+    cores_percent = models.PositiveSmallIntegerField(validators=[MaxValueValidator(100)])
+    exclusive = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["allocation_id", "container", "gpu_id"]
+        constraints = [
+            # A pod never holds the same card twice in one container.
+            models.UniqueConstraint(
+                fields=["allocation", "container", "gpu"], name="slice_unique_per_container"
+            ),
+        ]
+
+
+class DecisionKind(models.TextChoices):
+    SUBMITTED = "submitted", "Submitted"
+    ADMITTED = "admitted", "Admitted"
+    WAITING = "waiting", "Waiting"
+    PREEMPTING = "preempting", "Preempting others"
+    PREEMPTED = "preempted", "Preempted"
+    REQUEUED = "requeued", "Requeued"
+    REJECTED = "rejected", "Rejected"
+    STARTED = "started", "Started"
+    FINISHED = "finished", "Finished"
+    CANCELLED = "cancelled", "Cancelled"
+    FAILED = "failed", "Failed"
+
+
+class SchedulingDecision(models.Model):
+    """What happened to a job and why, in order: the per-job history the API exposes."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=12, choices=DecisionKind.choices)
+    reason = models.CharField(max_length=500, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    placement = models.JSONField(null=True, blank=True)
+    victims = models.JSONField(default=list, blank=True)
+    preemptor = models.ForeignKey(Job, on_delete=models.SET_NULL, null=True, blank=True,
+                                  related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.kind}"
+
+
+class SimulatedPod(models.Model):
+    """A pod of the simulated backend. Kept in the database so that web, worker and beat
+    processes see the same simulated cluster."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=63)
+    node = models.CharField(max_length=253)
+    labels = models.JSONField(default=dict)
+    annotations = models.JSONField(default=dict)
+    start_at = models.DateTimeField()
+    finish_at = models.DateTimeField(null=True, blank=True)
+    fail = models.BooleanField(default=False)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "namespace", "name"], name="simpod_unique")
+        ]
