@@ -2,14 +2,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from tenants.forms import LoginForm
+from tenants.sso.views import LoginView
 
 urlpatterns = [
-    path(
-        "login/",
-        auth_views.LoginView.as_view(authentication_form=LoginForm, redirect_authenticated_user=True),
-        name="login",
-    ),
+    # Local, LDAP and OIDC login (tenants/sso, docs/AUTH.md).
+    path("login/", LoginView.as_view(), name="login"),
+    path("oidc/", include("tenants.sso.urls")),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include("camp.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

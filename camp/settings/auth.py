@@ -1,14 +1,72 @@
-"""Authentication: local accounts with django-axes login throttling."""
+"""Authentication: local accounts, LDAP and OpenID Connect, all switched on by environment.
 
-from camp.env import env_int
+Every variable is documented in docs/AUTH.md. The builders live in
+tenants/sso/config.py so that the tests configure exactly what a deployment does.
+"""
 
-AUTHENTICATION_BACKENDS = [
-    # AxesStandaloneBackend must come first: it refuses locked-out credentials.
-    "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
-]
+from camp.env import ImproperlyConfiguredEnv, env_bool, env_int, env_str
+from tenants.sso import config as _sso
+from tenants.sso.mapping import MappingError, parse_group_roles
 
-# Lock an account+IP pair after N failures; a success resets it (django-axes).
+LOCAL_LOGIN_ENABLED = env_bool("LOCAL_LOGIN_ENABLED", True)
+LDAP_ENABLED = env_bool("LDAP_ENABLED", False)
+OIDC_ENABLED = env_bool("OIDC_ENABLED", False)
+
+AUTHENTICATION_BACKENDS = _sso.authentication_backends(
+    local=LOCAL_LOGIN_ENABLED, ldap=LDAP_ENABLED, oidc=OIDC_ENABLED
+)
+
+# One group → role mapping for OIDC and LDAP (tenants/sso/mapping.py).
+try:
+    SSO_GROUP_ROLES = parse_group_roles(env_str("SSO_GROUP_ROLES", ""))
+except MappingError as exc:
+    raise ImproperlyConfiguredEnv(str(exc)) from exc
+
+# --- OpenID Connect (mozilla-django-oidc): code flow, PKCE S256, state and nonce ------------
+try:
+    globals().update(_sso.oidc_settings(
+        enabled=OIDC_ENABLED,
+        issuer=env_str("OIDC_ISSUER"),
+        client_id=env_str("OIDC_CLIENT_ID"),
+        client_secret=env_str("OIDC_CLIENT_SECRET"),
+        authorization_endpoint=env_str("OIDC_AUTHORIZATION_ENDPOINT"),
+        token_endpoint=env_str("OIDC_TOKEN_ENDPOINT"),
+        userinfo_endpoint=env_str("OIDC_USERINFO_ENDPOINT"),
+        jwks_endpoint=env_str("OIDC_JWKS_ENDPOINT"),
+        sign_algo=env_str("OIDC_SIGN_ALGO", "RS256"),
+        scopes=env_str("OIDC_SCOPES", "openid email profile"),
+        verify_ssl=env_bool("OIDC_VERIFY_SSL", True),
+        timeout=env_int("OIDC_TIMEOUT_SECONDS", 10),
+    ))
+    # --- LDAP (django-auth-ldap): service bind, user search, groups -------------------------
+    globals().update(_sso.ldap_settings(
+        enabled=LDAP_ENABLED,
+        server_uri=env_str("LDAP_SERVER_URI"),
+        bind_dn=env_str("LDAP_BIND_DN"),
+        bind_password=env_str("LDAP_BIND_PASSWORD"),
+        start_tls=env_bool("LDAP_START_TLS", False),
+        ca_cert_file=env_str("LDAP_CA_CERT_FILE"),
+        user_search_base=env_str("LDAP_USER_SEARCH_BASE"),
+        user_filter=env_str("LDAP_USER_FILTER", "(uid=%(user)s)"),
+        group_type=env_str("LDAP_GROUP_TYPE", "groupOfNames"),
+        group_search_base=env_str("LDAP_GROUP_SEARCH_BASE"),
+        group_filter=env_str("LDAP_GROUP_FILTER"),
+        attr_first_name=env_str("LDAP_ATTR_FIRST_NAME", "givenName"),
+        attr_last_name=env_str("LDAP_ATTR_LAST_NAME", "sn"),
+        attr_email=env_str("LDAP_ATTR_EMAIL", "mail"),
+        timeout=env_int("LDAP_TIMEOUT_SECONDS", 10),
+    ))
+except _sso.AuthConfigError as exc:
+    raise ImproperlyConfiguredEnv(str(exc)) from exc
+
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_CREATE_USER = env_bool("OIDC_CREATE_USER", True)
+
+# --- Throttling (django-axes) ----------------------------------------------------------------
+# Lock a username, and separately a client IP, after N failures; a success resets
+# it. Covers every password login (local and LDAP) and failed OIDC callbacks.
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_int("LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username"], ["ip_address"]]

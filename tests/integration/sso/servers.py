@@ -1,0 +1,217 @@
+"""Real servers for the SSO tests: slapd, the django-oauth-toolkit IdP, Chromium.
+
+Each runs in its own process group and is killed in ``finally`` by the fixtures
+(conftest.py). A missing Debian package is a failure naming the package, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+LDAP_SUFFIX = "dc=camp,dc=test"
+LDAP_ADMIN_DN = f"cn=admin,{LDAP_SUFFIX}"
+LDAP_ADMIN_PASSWORD = "admin-secret"
+CHROMIUM = "/usr/bin/chromium"
+
+
+def require_binary(path: str, package: str) -> None:
+    if not (Path(path).exists() and os.access(path, os.X_OK)):
+        pytest.fail(f"{path} is missing: install the Debian package `{package}` "
+                    f"(apt-get install {package}; .ci/run does this)", pytrace=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], bool], what: str, proc: subprocess.Popen[Any] | None = None,
+             timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{out[-3000:]}")
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not come up within {timeout}s")
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
+          log: Path | None = None) -> subprocess.Popen[Any]:
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """Kill the whole process group (runserver forks; slapd may too)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=5)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=5)
+
+
+# --- slapd ------------------------------------------------------------------------------
+
+SLAPD_CONF = """\
+include /etc/ldap/schema/core.schema
+include /etc/ldap/schema/cosine.schema
+include /etc/ldap/schema/nis.schema
+include /etc/ldap/schema/inetorgperson.schema
+pidfile {dir}/slapd.pid
+argsfile {dir}/slapd.args
+modulepath /usr/lib/ldap
+moduleload back_mdb
+moduleload memberof
+database mdb
+maxsize 33554432
+suffix "{suffix}"
+rootdn "{rootdn}"
+rootpw {rootpw}
+directory {dir}/data
+overlay memberof
+memberof-group-oc groupOfNames
+memberof-member-ad member
+memberof-memberof-ad memberOf
+memberof-refint true
+"""
+
+
+class Slapd:
+    def __init__(self, workdir: Path) -> None:
+        require_binary("/usr/sbin/slapd", "slapd")
+        require_binary("/usr/bin/ldapadd", "ldap-utils")
+        self.dir = workdir
+        (workdir / "data").mkdir(parents=True)
+        self.conf = workdir / "slapd.conf"
+        self.conf.write_text(SLAPD_CONF.format(dir=workdir, suffix=LDAP_SUFFIX,
+                                               rootdn=LDAP_ADMIN_DN, rootpw=LDAP_ADMIN_PASSWORD))
+        self.port = free_port()
+        self.uri = f"ldap://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[Any] | None = None
+
+    def start(self) -> None:
+        # -d 0: stay in the foreground (so the fixture owns the process), no debug output.
+        self.proc = start(["/usr/sbin/slapd", "-f", str(self.conf), "-h", self.uri + "/", "-d", "0"],
+                          log=self.dir / "slapd.log")
+        wait_for(lambda: port_open(self.port), "slapd", self.proc)
+
+    def ldif(self, text: str, modify: bool = False) -> None:
+        """Apply LDIF online (as the overlays, e.g. memberOf, see it) with ldapadd/ldapmodify."""
+        cmd = ["/usr/bin/ldapmodify" if modify else "/usr/bin/ldapadd", "-x", "-H", self.uri,
+               "-D", LDAP_ADMIN_DN, "-w", LDAP_ADMIN_PASSWORD]
+        done = subprocess.run(cmd, input=text.encode(), capture_output=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cmd[0]} failed: {done.stderr.decode(errors='replace')}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+
+# --- the OpenID provider ------------------------------------------------------------------
+
+class IdentityProvider:
+    """A django-oauth-toolkit OpenID provider (tests/integration/sso/idp) as a subprocess."""
+
+    client_id = "camp-test-client"
+    client_secret = "camp-test-secret-0123456789"
+
+    def __init__(self, workdir: Path) -> None:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        self.dir = workdir
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.issuer = f"{self.base}/o"
+        self.claims_file = workdir / "claims.json"
+        self.claims_file.write_text("{}")
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.integration.sso.idp.settings",
+            "IDP_DB": str(workdir / "idp.sqlite3"),
+            "IDP_ISSUER": self.issuer,
+            "IDP_RSA_PRIVATE_KEY": pem,
+            "IDP_CLAIMS_FILE": str(self.claims_file),
+            "PYTHONPATH": str(REPO),
+        }
+        self.proc: subprocess.Popen[Any] | None = None
+
+    def manage(self, *args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "django", *args], env=self.env, cwd=REPO,
+                              capture_output=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"IdP manage {args[0]} failed:\n{done.stderr.decode()[-3000:]}")
+        return done.stdout.decode()
+
+    def start(self) -> None:
+        self.manage("migrate", "--noinput", "-v", "0")
+        self.manage("idp_seed", "--client-id", self.client_id, "--client-secret", self.client_secret)
+        self.proc = start([sys.executable, "-m", "django", "runserver", f"127.0.0.1:{self.port}",
+                           "--noreload"], env=self.env, cwd=REPO, log=self.dir / "idp.log")
+        wait_for(lambda: port_open(self.port), "the OpenID provider", self.proc, timeout=60)
+
+    def add_user(self, username: str, password: str, **claims: Any) -> None:
+        """Create the IdP account; ``claims`` (email, groups, ...) are served from a JSON file."""
+        self.manage("idp_seed", "--user", username, "--password", password)
+        self.set_claims(username, **claims)
+
+    def set_claims(self, username: str, **claims: Any) -> None:
+        import json
+
+        data = json.loads(self.claims_file.read_text())
+        data[username] = claims
+        tmp = self.claims_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.claims_file)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def camp_settings(self) -> dict[str, Any]:
+        from tenants.sso.config import oidc_settings
+
+        return oidc_settings(
+            enabled=True, issuer=self.issuer, client_id=self.client_id,
+            client_secret=self.client_secret,
+            authorization_endpoint=f"{self.issuer}/authorize/",
+            token_endpoint=f"{self.issuer}/token/",
+            userinfo_endpoint=f"{self.issuer}/userinfo/",
+            jwks_endpoint=f"{self.issuer}/.well-known/jwks.json",
+            scopes="openid email profile", timeout=10,
+        )
