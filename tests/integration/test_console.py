@@ -48,6 +48,12 @@ def test_foreign_tenant_pages_are_404(world: World, role: str) -> None:
     assert client.get("/admin/users/").status_code == 404
 
 
+def test_audit_log_lists_own_tenant_events_without_filters(world: World) -> None:
+    page = login(world.a.owner).get("/audit/")
+    assert b"project.created" in page.content and b"acme/acme-p1" in page.content
+    assert b"globex" not in page.content
+
+
 def test_member_cannot_open_audit_log(world: World) -> None:
     assert login(world.a.member).get("/audit/").status_code == 403
 
