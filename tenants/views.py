@@ -129,7 +129,8 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
         if r != Role.TENANT_OWNER
         and can(user, CREATE, Membership(tenant=tenant, project=project, role=r))
     ]
-    member_form = MembershipForm(prefix="member", roles=grantable)
+    member_form = MembershipForm(prefix="member", roles=grantable,
+                                 initial={"role": Role.PROJECT_MEMBER})
     if request.method == "POST":
         member_form = MembershipForm(request.POST, prefix="member", roles=grantable)
         if member_form.is_valid():
