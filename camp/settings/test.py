@@ -4,6 +4,8 @@ Importing this module imports the package (and so the SQLite defaults) first;
 the database, cache, broker and channel layer are therefore set again here.
 """
 
+import os
+
 import dj_database_url
 
 from camp.env import env_str
@@ -12,6 +14,9 @@ from . import *  # noqa: F403
 
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/camp")
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+# One test database per pytest process, so concurrent runs on one machine never
+# drop each other's database (pytest-xdist adds its own worker suffix).
+DATABASES["default"]["TEST"] = {"NAME": env_str("CAMP_TEST_DB", f"test_camp_{os.getpid()}")}
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/15")
 CACHES = {
     "default": {
