@@ -191,13 +191,13 @@ class Placer:
         best_name: str | None = None
         best_take: Take = ()
         if only is not None:
-            for name in sorted(only):
-                ns = nodes.get(name)
-                if ns is None or name in exclude:
+            for cand in sorted(only):
+                ns = nodes.get(cand)
+                if ns is None or cand in exclude:
                     continue
-                r = self._group_result(ns.sig_id, [name], pod, cache)
+                r = self._group_result(ns.sig_id, [cand], pod, cache)
                 if r is not None and (best_name is None or r[0] > best_s):
-                    best_s, best_name, best_take = r[0], name, r[1]
+                    best_s, best_name, best_take = r[0], cand, r[1]
         elif self.scorer.randomized:
             feasible: list[tuple[list[str], Take]] = []
             total = 0

@@ -272,54 +272,149 @@ class _FGDScorer(_FragScorerBase):
         super().__init__(profile, memory_weight=0.0, cpu_only_counts=True, check_ram=False)
 
     def score(self, ns: NodeState, pod: PodRequest, take: Take) -> float:
-        if not take:
-            return 100.0
+        if not take and not pod.cpu_millicores and not pod.ram_mib:
+            return 100.0  # a pod requesting nothing scores the maximum everywhere
         d, _, _ = self.delta(ns, pod, take)
         return float(int(100.0 / (1.0 + math.exp(-d))))
 
 
 @dataclass(frozen=True)
 class FragmentationPolicy:
-    """Camp's default: minimise the increase of workload-weighted fragmentation.
+    """Camp's default: minimise the increase of workload-weighted fragmentation (FGD's gradient),
+    with what FGD leaves on the table added back. Each term was measured on the openb trace
+    (docs/BENCHMARKS.md):
 
-    Differences from FGD, each measured on the openb trace (docs/BENCHMARKS.md):
-
-    * the gradient is used exactly — FGD's integer sigmoid merges distinct gradients into ties;
-    * ties and near-ties go to the node that ends up most packed (``pack_weight``), which keeps
-      whole nodes free for multi-GPU pods;
+    * ``quantum``: the gradient is rounded to steps of this many cards, so that negligible
+      differences do not scatter pods (FGD gets a similar effect from its integer sigmoid);
+    * ``pack_weight``: within a step, the node left with the fewest free cards wins (FGD falls
+      back to node names), which keeps large free blocks for multi-GPU pods;
+    * ``balance_weight``: free cards that the node's remaining CPU could no longer feed at the
+      workload's CPU-per-card ratio count as fragments — FGD only notices CPU starvation once a
+      typical pod no longer fits;
+    * ``scarcity_weight``: taking a card of a model that model-restricted pods need (more demand
+      than supply for them) is charged, so flexible pods go elsewhere while they can;
     * card share is memory weighted (memory cannot be compressed) and RAM is part of the fit;
-    * CPU-only pods, which consume no GPU, go where they strand the least GPU capacity;
-    * multi-GPU containers prefer one NVLink island / NUMA node; low measured load is preferred.
+    * multi-GPU containers prefer one NVLink island / NUMA node (``topology_weight``, or required
+      with ``strict_topology``); cards with low measured load are preferred (``load_weight``).
     """
 
     profile: WorkloadProfile
+    quantum: float = 0.05
     pack_weight: float = 0.01
-    topology_weight: float = 0.001
-    load_weight: float = 0.001
+    pack_mode: Literal["cards", "fraction"] = "cards"
+    balance_weight: float = 1.0
+    scarcity_weight: float = 1.0
+    card_weight: float = 0.0
+    topology_weight: float = 0.05
+    load_weight: float = 0.02
     strict_topology: bool = False
     memory_weight: float = MEMORY_WEIGHT
+    check_ram: bool = True
     name: str = "camp"
 
     def bind(self, state: ClusterState) -> Scorer:
-        return _CampScorer(self)
+        return _CampScorer(self, state)
+
+
+def model_scarcity(profile: WorkloadProfile, state: ClusterState) -> dict[str, float]:
+    """Per GPU model: the share of the workload's card demand that can run only on some models,
+    attributed to this model in proportion to capacity, relative to this model's share of the
+    cluster's cards. Above 1, pods restricted to the model would fill it on their own."""
+    cap: dict[str, float] = {}
+    for ns in state.nodes.values():
+        for gs in ns.static.gpus:
+            cap[gs.device.model] = cap.get(gs.device.model, 0.0) + 1.0
+    total_cap = sum(cap.values())
+    if not total_cap:
+        return {}
+    restricted = dict.fromkeys(cap, 0.0)
+    demand = 0.0
+    for shape, w in profile.shapes:
+        cards = w * card_share(shape)
+        if cards <= 0:
+            continue
+        demand += cards
+        allowed = [m for m in cap if shape.allows_model(m)]
+        if len(allowed) == len(cap) or not allowed:
+            continue
+        allowed_cap = sum(cap[m] for m in allowed)
+        for m in allowed:
+            restricted[m] += cards * cap[m] / allowed_cap
+    if not demand:
+        return {}
+    return {m: (restricted[m] / demand) / (cap[m] / total_cap) for m in cap}
 
 
 class _CampScorer(_FragScorerBase):
-    def __init__(self, p: FragmentationPolicy) -> None:
+    def __init__(self, p: FragmentationPolicy, state: ClusterState) -> None:
         super().__init__(
-            p.profile, memory_weight=p.memory_weight, cpu_only_counts=False, check_ram=True
+            p.profile, memory_weight=p.memory_weight, cpu_only_counts=False, check_ram=p.check_ram
         )
         self.p = p
         self.strict_topology = p.strict_topology
+        self.cpu_per_card = cpu_per_card(p.profile)
+        self.scarcity = model_scarcity(p.profile, state) if p.scarcity_weight else {}
+
+    def starved(self, cpu_free: int, free_cards: float) -> float:
+        """Free cards the node's remaining CPU cannot feed at the workload's CPU-per-card."""
+        if self.cpu_per_card <= 0:
+            return 0.0
+        return max(0.0, free_cards - max(0, cpu_free) / self.cpu_per_card)
 
     def score(self, ns: NodeState, pod: PodRequest, take: Take) -> float:
-        d, free_after, _ = self.delta(ns, pod, take)
+        d, free_after, free_before = self.delta(ns, pod, take)
+        if self.p.balance_weight:
+            d -= self.p.balance_weight * (
+                self.starved(ns.cpu_free - pod.cpu_millicores, free_after)
+                - self.starved(ns.cpu_free, free_before)
+            )
         n = len(ns.static.gpus) or 1
-        s = d - self.p.pack_weight * free_after / n
+        if self.p.quantum:
+            d = math.floor(d / self.p.quantum + 0.5) * self.p.quantum
+        if self.scarcity and take:
+            pen = 0.0
+            for _, i, dm in take:
+                gs = ns.static.gpus[i]
+                share = 1.0 if dm.exclusive else dm.gpu_cores_percent / gs.cores_capacity
+                pen += min(1.0, self.scarcity.get(gs.device.model, 0.0)) * share
+            d -= self.p.scarcity_weight * pen
+        free_term = free_after if self.p.pack_mode == "cards" else free_after / n
+        s = d - self.p.pack_weight * free_term
+        if take and self.p.card_weight:
+            mem, cores, _, _ = after_usage(ns, take)
+            chosen = {i for _, i, _ in take}
+            s += (
+                self.p.card_weight
+                * sum(used_share(ns, mem, cores, i) for i in chosen)
+                / len(chosen)
+            )
         if take:
             s += self.p.topology_weight * topology_term(ns, take)
             s -= self.p.load_weight * load_term(ns, take)
         return s
+
+
+def card_share(p: PodRequest) -> float:
+    """Cards a pod asks for (whole cards count 1, slices their memory or cores share)."""
+    total = 0.0
+    for c in p.containers:
+        if c.whole_cards:
+            total += c.gpu_count
+        else:
+            pct = c.gpu_memory_percent or c.gpu_cores_percent
+            total += c.gpu_count * pct / 100.0
+    return total
+
+
+def cpu_per_card(profile: WorkloadProfile) -> float:
+    """The workload's CPU millicores per requested card (GPU shapes only)."""
+    cpu = cards = 0.0
+    for shape, w in profile.shapes:
+        share = card_share(shape)
+        if share > 0:
+            cpu += w * shape.cpu_millicores
+            cards += w * share
+    return cpu / cards if cards else 0.0
 
 
 # --------------------------------------------------------------------------------------------------
