@@ -26,6 +26,7 @@ from scheduling.engine.model import (
     Admit,
     ClusterSnapshot,
     Decision,
+    GpuRequest,
     Job,
     JobAffinity,
     Placement,
@@ -63,7 +64,7 @@ from scheduling.engine.queueing import (
     queue_order_key,
     running_jobs,
 )
-from scheduling.engine.state import ClusterState, NodeState
+from scheduling.engine.state import ClusterState, Demand, NodeState, align_demand
 
 # --------------------------------------------------------------------------------------------------
 # Configuration and results
@@ -82,6 +83,10 @@ class CycleConfig:
     this many GPUs or more, or it is a gang of several pods."""
     max_reservations: int = 4
     """How many waiting jobs may hold nodes at once in one cycle."""
+    heads_per_queue: int | None = None
+    """Heads of queues: how many jobs at the front of each project queue are tried per cycle
+    (None: all). The others are still checked for "never" and get a reason and a position; the
+    service runs the next cycle while the previous one admitted something (Kueue-style)."""
 
 
 class Kind:
@@ -94,6 +99,7 @@ class Kind:
     NEVER_FITS = "never-fits"
     OVER_LIMIT = "over-limit"
     UNKNOWN_QUEUE = "unknown-queue"
+    BEHIND = "behind"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +167,8 @@ class QueueCycle:
         self.tree = TreeState(tree)
         self.running: dict[str, RunningJob] = {r.name: r for r in running}
         self.card_memory: dict[str, list[int]] = {
-            name: [g.device.memory_mib for g in ns.static.gpus] for name, ns in self.state.nodes.items()
+            name: [g.device.memory_mib for g in ns.static.gpus]
+            for name, ns in self.state.nodes.items()
         }
         mems = [m for ms in self.card_memory.values() for m in ms]
         self.smallest_card = min(mems) if mems else 0
@@ -180,6 +187,8 @@ class QueueCycle:
         self.evicted: list[str] = []
         self._evicted_queue: dict[str, str] = {}
         self._reserved_count: dict[str, int] = {}
+        self._demand_cache: dict[tuple[object, ...], list[tuple[int, Demand]]] = {}
+        self._pool: list[RunningJob] | None = None
         self.admitted_now: set[str] = set()
         """Jobs admitted in this cycle; never victims in the same cycle."""
 
@@ -187,10 +196,17 @@ class QueueCycle:
 
     def run(self, pending: Sequence[Job]) -> CycleResult:
         """Decide every pending job, in Camp's order."""
-        order = FairOrder(self.tree, pending, self.now, self.config.aging)
+        heads, rest = self.heads(pending)
+        order = FairOrder(self.tree, heads, self.now, self.config.aging)
         decisions: list[Decision] = []
         provisional: dict[str, tuple[Decision, str, bool, bool]] = {}
         waiting: list[tuple[Job, str, tuple[object, ...] | None]] = []
+        for job in rest:
+            d, kind = self.check_never(job)
+            if d is None:
+                d, kind = Wait(job.name, ""), Kind.BEHIND
+                waiting.append((job, kind, None))
+            provisional[job.name] = (d, kind, False, False)
         for job in order:
             d, kind, borrowing, backfilled, ctx = self.decide(job)
             decisions.append(d)
@@ -213,25 +229,38 @@ class QueueCycle:
             evicted=tuple(self.evicted),
         )
 
-    def decide(
-        self, job: Job
-    ) -> tuple[Decision, str, bool, bool, tuple[object, ...] | None]:
-        """One job: reject → quota → place → preempt → reserve."""
+    def heads(self, pending: Sequence[Job]) -> tuple[list[Job], list[Job]]:
+        """Rule (heads of queues): the first ``heads_per_queue`` jobs of each project queue, in
+        the queue's own order (aged, priority, submit time), are tried this cycle."""
+        k = self.config.heads_per_queue
+        if k is None:
+            return list(pending), []
+        by_queue: dict[str, list[Job]] = {}
+        for j in pending:
+            by_queue.setdefault(j.queue, []).append(j)
+        heads: list[Job] = []
+        rest: list[Job] = []
+        for jobs in by_queue.values():
+            jobs.sort(key=lambda j: queue_order_key(j, is_aged(j, self.now, self.config.aging)))
+            heads.extend(jobs[:k])
+            rest.extend(jobs[k:])
+        return heads, rest
+
+    def check_never(self, job: Job) -> tuple[Decision | None, str]:
+        """Rule (reject): no pods, an unknown queue, a shape no node can ever hold, or an ask
+        above a limit on the job's path can never run."""
         pods = self._pods(job)
         tree = self.tree
         if not pods:
-            return Reject(job.name, "The job has no pods"), Kind.NEVER_FITS, False, False, None
+            return Reject(job.name, "The job has no pods"), Kind.NEVER_FITS
         if tree.project_index and job.queue not in tree.project_index:
             return (
                 Reject(job.name, f"Queue {job.queue or '(none)'} does not exist on this cluster"),
                 Kind.UNKNOWN_QUEUE,
-                False,
-                False,
-                None,
             )
         never = self.never_fits(job, pods)
         if never is not None:
-            return Reject(job.name, never), Kind.NEVER_FITS, False, False, None
+            return Reject(job.name, never), Kind.NEVER_FITS
         ask = job_ask(job, self.smallest_card)
         over = tree.never_within_limit(job.queue, ask)
         if over is not None:
@@ -242,7 +271,16 @@ class QueueCycle:
                 f"The job asks {format_amount(r, ask[r])} {RESOURCE_NAMES[r]}, more than "
                 f"{tree.label(n)}'s {RESOURCE_NAMES[r]} limit of {format_amount(r, lim)}"
             )
-            return Reject(job.name, msg), Kind.OVER_LIMIT, False, False, None
+            return Reject(job.name, msg), Kind.OVER_LIMIT
+        return None, ""
+
+    def decide(self, job: Job) -> tuple[Decision, str, bool, bool, tuple[object, ...] | None]:
+        """One job: reject → quota → place → preempt → reserve."""
+        never, kind = self.check_never(job)
+        if never is not None:
+            return never, kind, False, False, None
+        pods = self._pods(job)
+        ask = job_ask(job, self.smallest_card)
         q = self.quota_reason(job, ask)
         if q is not None:
             return Wait(job.name, q), Kind.QUOTA, False, False, None
@@ -282,7 +320,9 @@ class QueueCycle:
                 continue
             return "No node can ever fit: " + self._never_detail(p)
         if job.affinity == JobAffinity.DISTINCT_NODES and len(pods) > 1:
-            hosts = sum(1 for ns in self.state.nodes.values() if all(self.could_host(ns, p) for p in pods))
+            hosts = sum(
+                1 for ns in self.state.nodes.values() if all(self.could_host(ns, p) for p in pods)
+            )
             if hosts < len(pods):
                 return (
                     f"No node set can ever fit: the job needs {len(pods)} distinct nodes and "
@@ -294,9 +334,7 @@ class QueueCycle:
         nodes = [ns.static.node for ns in self.state.nodes.values()]
         gpus = p.gpu_count
         if p.containers:
-            allowed = [
-                sum(1 for g in n.gpus if p.allows_model(g.model)) for n in nodes
-            ]
+            allowed = [sum(1 for g in n.gpus if p.allows_model(g.model)) for n in nodes]
             most = max(allowed, default=0)
             if most == 0:
                 models = ", ".join(sorted(p.gpu_models)) or "any"
@@ -443,10 +481,16 @@ class QueueCycle:
         )
         if self._preempt_memo.get(memo_key) == self.state.version:
             return None
+        if self._pool is None:
+            self._pool = sorted(
+                (v for v in self.running.values() if v.preemptible),
+                key=lambda v: victim_key(v, v.name in self.borrowing),
+            )
         cands = [
             v
-            for v in self.running.values()
-            if may_preempt(
+            for v in self._pool
+            if v.name in self.running
+            and may_preempt(
                 job,
                 v,
                 now=self.now,
@@ -460,7 +504,6 @@ class QueueCycle:
         if not cands:
             self._preempt_memo[memo_key] = self.state.version
             return None
-        cands.sort(key=lambda v: victim_key(v, v.name in self.borrowing))
         version = self.state.version
 
         def fits() -> bool:
@@ -539,7 +582,9 @@ class QueueCycle:
         if ok is None:
             empty = NodeState(ns.static)
             ok = node_filter(empty, pod) is None and bool(
-                enumerate_takes(empty, pod, strict_topology=self.placer.scorer.strict_topology, max_takes=1)
+                enumerate_takes(
+                    empty, pod, strict_topology=self.placer.scorer.strict_topology, max_takes=1
+                )
             )
             self._host_cache[key] = ok
         return ok
@@ -643,19 +688,14 @@ class QueueCycle:
         best = 0
         best_nodes = 0
         short_cpu_ram = 0
-        from scheduling.engine.state import align_demand
-
         for names in self.state.groups.values():
             ns = self.state.nodes[names[0]]
             count = sum(1 for n in names if n not in exclude) if exclude else len(names)
             if not count:
                 continue
             block = 0
-            for i, gs in enumerate(ns.static.gpus):
-                if not p.allows_model(gs.device.model):
-                    continue
-                d = align_demand(gs.device, c0)
-                if d is not None and ns.gpu_fits(i, d):
+            for i, d in self._class_demands(ns, p, c0):
+                if ns.gpu_fits(i, d):
                     block += 1
             if block > best:
                 best, best_nodes = block, count
@@ -674,6 +714,21 @@ class QueueCycle:
         if short_cpu_ram:
             msg += f"; {_nodes(short_cpu_ram)} have the GPUs free but lack CPU, RAM or pod slots"
         return msg
+
+    def _class_demands(
+        self, ns: NodeState, p: PodRequest, c: GpuRequest
+    ) -> list[tuple[int, Demand]]:
+        key = (ns.static.class_id, p.gpu_models, p.excluded_gpu_models, c)
+        out = self._demand_cache.get(key)
+        if out is None:
+            out = []
+            for i, gs in enumerate(ns.static.gpus):
+                if p.allows_model(gs.device.model):
+                    d = align_demand(gs.device, c)
+                    if d is not None:
+                        out.append((i, d))
+            self._demand_cache[key] = out
+        return out
 
     def _finish(
         self,
@@ -711,13 +766,21 @@ class QueueCycle:
                     )
                     if name in reserved:
                         reason += f"; {_nodes(reserved[name])} held for it"
+                elif kind == Kind.BEHIND:
+                    ahead = p - 1
+                    reason = (
+                        f"Waiting for {ahead} earlier job{'s' if ahead != 1 else ''} in its queue "
+                        f"to start first"
+                    )
                 qname = job.queue or "the default queue"
                 d = Wait(name, f"{reason} — {ordinal(p)} of {n} in {qname}")
                 out[name] = JobStatus(
                     name, job.queue, d, kind, p, n, reserved_nodes=reserved.get(name, 0)
                 )
             else:
-                out[name] = JobStatus(name, job.queue, d, kind, borrowing=borrowing, backfilled=backfilled)
+                out[name] = JobStatus(
+                    name, job.queue, d, kind, borrowing=borrowing, backfilled=backfilled
+                )
         return out
 
 
