@@ -208,8 +208,10 @@ def _quota_edit(
     probe = existing or Quota(scope=scope, **target)
     if not can(request.user, CHANGE if existing else CREATE, probe):
         raise PermissionDenied
+    # A new quota starts from zero guarantees and no limits, so the form submits as is.
     form = QuotaForm(request.POST or None, instance=Quota(**{
-        f: getattr(probe, f) for f in QuotaForm.Meta.fields}) if existing else None)
+        f: getattr(probe, f) for f in QuotaForm.Meta.fields}) if existing else None,
+        initial=None if existing else {f: 0 for f in QuotaForm.Meta.fields if f.endswith("_guaranteed")})
     if request.method == "POST" and form.is_valid():
         try:
             services.quota_set(actor=actor_of(request), scope=scope, values=form.cleaned_data, **target)
