@@ -70,7 +70,9 @@ class TenantViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retriev
     ordering_fields = ["name", "created_at"]
 
     def perform_create(self, serializer: Any) -> None:
-        serializer.instance = services.tenant_create(actor=actor_of(self.request), **serializer.validated_data)
+        serializer.instance = services.tenant_create(
+            actor=actor_of(self.request), **serializer.validated_data
+        )
 
     def perform_update(self, serializer: Any) -> None:
         serializer.instance = services.tenant_update(
@@ -97,7 +99,9 @@ class ProjectViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retrie
         return super().get_queryset().select_related("tenant")
 
     def perform_create(self, serializer: Any) -> None:
-        serializer.instance = services.project_create(actor=actor_of(self.request), **serializer.validated_data)
+        serializer.instance = services.project_create(
+            actor=actor_of(self.request), **serializer.validated_data
+        )
 
     def perform_update(self, serializer: Any) -> None:
         serializer.instance = services.project_update(
