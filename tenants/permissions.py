@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import AnonymousUser
 from django.db.models import Model, Q, QuerySet
 
+from scheduling.models import Cluster, GpuDevice, Job, Node, SchedulingDecision
+
 from .models import (
     PROJECT_ROLES,
     ApiToken,
@@ -198,6 +200,24 @@ def _user_rule(user: User, scope: Scope, action: str, obj: User) -> bool:
     return False  # accounts are managed by platform admins (and SSO)
 
 
+def _infrastructure_rule(user: User, scope: Scope, action: str, obj: Model) -> bool:
+    # Clusters, nodes and GPUs: every tenant member reads them; platform admins manage them.
+    return action == VIEW and bool(scope.tenants)
+
+
+def _job_rule(user: User, scope: Scope, action: str, obj: Job) -> bool:
+    reader = obj.tenant_id in scope.owner_tenants or obj.project_id in scope.projects
+    if action in (VIEW, CREATE):
+        return reader  # every project member may submit to the project
+    # change / delete (cancel): the job's owner, or a project admin and above.
+    return (obj.tenant_id in scope.owner_tenants or obj.project_id in scope.admin_projects
+            or (reader and obj.owner_id == user.pk))
+
+
+def _decision_rule(user: User, scope: Scope, action: str, obj: SchedulingDecision) -> bool:
+    return action == VIEW and _job_rule(user, scope, VIEW, obj.job)
+
+
 _RULES: dict[type[Model], Any] = {
     Tenant: _tenant_rule,
     Project: _project_rule,
@@ -206,6 +226,11 @@ _RULES: dict[type[Model], Any] = {
     ApiToken: _token_rule,
     AuditEvent: _audit_rule,
     User: _user_rule,
+    Cluster: _infrastructure_rule,
+    Node: _infrastructure_rule,
+    GpuDevice: _infrastructure_rule,
+    Job: _job_rule,
+    SchedulingDecision: _decision_rule,
 }
 
 
@@ -248,6 +273,12 @@ def _visible_q(model: type[Model], scope: Scope, user: User) -> Q | None:
         )
     if model is AuditEvent:
         return Q(tenant_id__in=owner)
+    if model in (Cluster, Node, GpuDevice):
+        return Q() if tenants else None
+    if model is Job:
+        return Q(tenant_id__in=owner) | Q(project_id__in=projects)
+    if model is SchedulingDecision:
+        return Q(job__tenant_id__in=owner) | Q(job__project_id__in=projects)
     if model is User:
         return (
             Q(pk=user.pk)

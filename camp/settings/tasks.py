@@ -5,7 +5,7 @@ filesystem transport, so a real ``celery worker`` process runs the same tasks as
 production with no server at all, and Channels uses its in-memory layer.
 """
 
-from camp.env import env_bool, env_str
+from camp.env import env_bool, env_int, env_list, env_str
 
 from .base import BASE_DIR
 from .database import REDIS_URL
@@ -40,3 +40,18 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Only for unit-style runs that cannot start a worker; never in the demo or production.
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+
+# --- Scheduler (scheduling/tasks.py) ----------------------------------------------------------
+# A dead worker's task goes back to the queue (its cycle's transaction rolled back).
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+SCHEDULER_TICK_SECONDS = env_int("SCHEDULER_TICK_SECONDS", 3)
+SCHEDULER_INVENTORY_SECONDS = env_int("SCHEDULER_INVENTORY_SECONDS", 60)
+CELERY_BEAT_SCHEDULE.update({
+    "scheduler-tick": {"task": "scheduling.tasks.scheduler_tick",
+                       "schedule": float(SCHEDULER_TICK_SECONDS)},
+    "inventory-tick": {"task": "scheduling.tasks.inventory_tick",
+                       "schedule": float(SCHEDULER_INVENTORY_SECONDS)},
+})
+# Fernet keys for cluster credentials at rest (first encrypts, all decrypt); empty: a key
+# derived from SECRET_KEY (scheduling/backends/credentials.py).
+CAMP_ENCRYPTION_KEYS = env_list("CAMP_ENCRYPTION_KEY", [])

@@ -1,0 +1,153 @@
+"""What every cluster backend offers the services (DESIGN.md §4).
+
+Backends speak in plain dataclasses: the services never see a Kubernetes object and
+the simulated backend never needs one. Every call is idempotent: creating what
+already exists succeeds, deleting what is gone succeeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_TENANT = "camp.io/tenant"
+LABEL_PROJECT = "camp.io/project"
+LABEL_JOB = "camp.io/job"
+LABEL_JOB_ID = "camp.io/job-id"
+LABEL_ROLE = "camp.io/role"
+LABEL_REPLICA = "camp.io/replica"
+
+
+class BackendError(Exception):
+    """A cluster call failed for good (after retries); ``message`` is for users."""
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+class ResourceVersionExpired(BackendError):  # noqa: N818 (it is the Kubernetes name: 410 Gone)
+    """The watch's resourceVersion is too old (410 Gone): relist."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    vendor: str = "NVIDIA"
+    numa_node: int = 0
+    healthy: bool = True
+    sharing: str = "shareable"
+    templates: tuple[Mapping[str, Any], ...] = ()
+    max_sharers: int = 10
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    cpu_millicores: int
+    ram_mib: int
+    max_pods: int = 110
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Mapping[str, Any], ...] = ()
+    ready: bool = True
+    cordoned: bool = False
+    gpus: tuple[GpuInfo, ...] = ()
+    nvlink_islands: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """One GPU slice of one container, as the device plugin must enforce it."""
+
+    uuid: str
+    vendor: str
+    memory_mib: int
+    cores_percent: int
+    container: int = 0
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """A pod to create, already bound to its node with its GPU slices chosen."""
+
+    name: str
+    namespace: str
+    node: str
+    image: str
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    labels: Mapping[str, str]
+    cpu_millicores: int
+    ram_mib: int
+    slices: tuple[SliceSpec, ...]
+    owner: str = ""
+    """Name of the per-job ConfigMap that owns the pod (clean-up by garbage collection)."""
+    subdomain: str = ""
+    duration_seconds: int | None = None
+    """Only the simulated backend uses it: how long the pod runs."""
+
+
+@dataclass(frozen=True)
+class JobObjects:
+    """Per-job objects created before the pods: the owner ConfigMap and, for distributed
+    jobs, a headless Service."""
+
+    name: str
+    namespace: str
+    labels: Mapping[str, str]
+    data: Mapping[str, str]
+    headless_service: bool = False
+
+
+@dataclass(frozen=True)
+class PodStatus:
+    name: str
+    namespace: str
+    phase: str  # Pending, Running, Succeeded, Failed (Kubernetes pod phases)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    message: str = ""
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    type: str  # ADDED, MODIFIED, DELETED
+    pod: PodStatus
+
+
+@dataclass(frozen=True)
+class NamespaceSpec:
+    name: str
+    labels: Mapping[str, str]
+    quota: Mapping[str, str]
+    """ResourceQuota ``spec.hard``; empty: no quota object."""
+
+
+class ClusterBackend(Protocol):
+    def list_nodes(self) -> list[NodeInfo]: ...
+
+    def ensure_namespace(self, spec: NamespaceSpec) -> None: ...
+
+    def ensure_job_objects(self, objs: JobObjects) -> None: ...
+
+    def create_pod(self, spec: PodSpec) -> bool:
+        """Create the pod; False when it already existed (409 Conflict means done)."""
+        ...
+
+    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None: ...
+
+    def delete_job_objects(self, namespace: str, name: str) -> None: ...
+
+    def list_pods(self) -> list[PodStatus]:
+        """Every pod this platform manages on the cluster."""
+        ...
+
+    def watch_pods(self, *, timeout_seconds: int) -> Iterator[PodEvent]:
+        """Pod events for up to ``timeout_seconds`` (relisting on 410 Gone)."""
+        ...

@@ -1,0 +1,34 @@
+"""Deterministic names and labels for everything Camp creates in a cluster.
+
+Names are derived from database ids only, so a retried create hits the same name
+and a 409 Conflict means the work was already done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+_bad = re.compile(r"[^a-z0-9-]+")
+
+
+def dns_label(*parts: str, limit: int = 63) -> str:
+    """Join parts into a DNS-1123 label; too long → truncated with a short hash suffix."""
+    raw = "-".join(p for p in parts if p)
+    clean = _bad.sub("-", raw.lower()).strip("-") or "x"
+    if len(clean) <= limit:
+        return clean
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+    return f"{clean[: limit - 9].rstrip('-')}-{digest}"
+
+
+def namespace_name(prefix: str, tenant: str, project: str) -> str:
+    return dns_label(prefix, tenant, project)
+
+
+def job_object_name(job_name: str, job_id: int) -> str:
+    return dns_label(job_name[:40], str(job_id))
+
+
+def pod_name(job_name: str, job_id: int, group: str, replica: int) -> str:
+    return dns_label(job_name[:30], str(job_id), group[:12], str(replica))

@@ -1,0 +1,179 @@
+"""The built-in simulated cluster (DESIGN.md §4): nodes from a YAML inventory, pods that
+go Pending → Running after a start delay and finish after their declared duration.
+
+Pods live in the ``SimulatedPod`` table so that the web server, the Celery workers and
+beat all see one cluster. Time is the wall clock: the periodic reconcile task is what
+"advances" the simulation, by observing the pods' phases and acting on them.
+
+Inventory format (see scheduling/inventories/demo.yaml)::
+
+    start_delay_seconds: 3          # Pending → Running
+    default_duration_seconds: 60    # for jobs that declare none
+    nodes:
+      - name: h100-{i}              # {i} is replaced when count > 1
+        count: 2
+        cpu_cores: 96
+        ram_gib: 1024
+        labels: {camp.io/pool: training}
+        ready: true
+        gpus: {model: H100-80G, count: 8, memory_mib: 81920, vendor: NVIDIA,
+               numa: [0, 0, 0, 0, 1, 1, 1, 1], unhealthy: [], max_sharers: 10}
+        nvlink_islands: [[0, 1, 2, 3], [4, 5, 6, 7]]
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ..models import Cluster, SimulatedPod
+from .base import (
+    MANAGED_BY,
+    BackendError,
+    GpuInfo,
+    JobObjects,
+    NamespaceSpec,
+    NodeInfo,
+    PodEvent,
+    PodSpec,
+    PodStatus,
+)
+from .vendors import template_dicts, vendor
+
+
+class InventoryError(ValueError):
+    """The YAML inventory is malformed; the message names the problem."""
+
+
+def parse_inventory(text: str) -> tuple[list[NodeInfo], dict[str, Any]]:
+    """Nodes and options of a YAML inventory."""
+    try:
+        data = yaml.safe_load(text or "") or {}
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"The inventory is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InventoryError("The inventory must be a mapping with a 'nodes' list.")
+    nodes: list[NodeInfo] = []
+    seen: set[str] = set()
+    for n, entry in enumerate(data.get("nodes") or []):
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise InventoryError(f"nodes[{n}] needs a name.")
+        count = int(entry.get("count", 1))
+        for i in range(count):
+            name = str(entry["name"]).replace("{i}", str(i)) if count > 1 or "{i}" in str(
+                entry["name"]) else str(entry["name"])
+            if name in seen:
+                raise InventoryError(f"Node {name} appears twice.")
+            seen.add(name)
+            nodes.append(_node(name, entry))
+    options = {
+        "start_delay_seconds": float(data.get("start_delay_seconds", 3)),
+        "default_duration_seconds": float(data.get("default_duration_seconds", 60)),
+    }
+    return nodes, options
+
+
+def _node(name: str, entry: dict[str, Any]) -> NodeInfo:
+    g = entry.get("gpus") or {}
+    gpus: list[GpuInfo] = []
+    if g:
+        v = vendor(str(g.get("vendor", "NVIDIA")))
+        numa = list(g.get("numa") or [])
+        unhealthy = set(g.get("unhealthy") or [])
+        for i in range(int(g.get("count", 0))):
+            uuid = "GPU-" + hashlib.sha256(f"{name}/{i}".encode()).hexdigest()[:32]
+            gpus.append(GpuInfo(
+                index=i, uuid=uuid, model=str(g["model"]), memory_mib=int(g["memory_mib"]),
+                vendor=v.name, numa_node=int(numa[i]) if i < len(numa) else 0,
+                healthy=i not in unhealthy, sharing=str(g.get("sharing", v.sharing)),
+                templates=tuple(g.get("templates") or template_dicts(v)),
+                max_sharers=int(g.get("max_sharers", 10)),
+            ))
+    return NodeInfo(
+        name=name,
+        cpu_millicores=int(float(entry.get("cpu_cores", 32)) * 1000),
+        ram_mib=int(float(entry.get("ram_gib", 256)) * 1024),
+        max_pods=int(entry.get("max_pods", 110)),
+        labels={str(k): str(v) for k, v in (entry.get("labels") or {}).items()},
+        ready=bool(entry.get("ready", True)),
+        cordoned=bool(entry.get("cordoned", False)),
+        gpus=tuple(gpus),
+        nvlink_islands=tuple(tuple(int(x) for x in isl) for isl in entry.get("nvlink_islands") or []),
+    )
+
+
+class SimulatedBackend:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.nodes, self.options = parse_inventory(cluster.inventory)
+
+    def list_nodes(self) -> list[NodeInfo]:
+        return list(self.nodes)
+
+    def ensure_namespace(self, spec: NamespaceSpec) -> None:
+        return None  # namespaces are implicit in the simulation
+
+    def ensure_job_objects(self, objs: JobObjects) -> None:
+        return None
+
+    def create_pod(self, spec: PodSpec) -> bool:
+        if spec.node not in {n.name for n in self.nodes}:
+            raise BackendError(f"node {spec.node} does not exist", status=422)
+        now = timezone.now()
+        start = now + dt.timedelta(seconds=self.options["start_delay_seconds"])
+        duration = spec.duration_seconds or self.options["default_duration_seconds"]
+        try:
+            with transaction.atomic():
+                SimulatedPod.objects.create(
+                    cluster=self.cluster, namespace=spec.namespace, name=spec.name, node=spec.node,
+                    labels={**spec.labels, MANAGED_BY: "camp"},
+                    annotations={"camp.io/env": dict(spec.env)},
+                    start_at=start, finish_at=start + dt.timedelta(seconds=float(duration)),
+                    fail=spec.env.get("CAMP_SIMULATE_FAILURE") == "1",
+                )
+        except IntegrityError:
+            # Already there (a retried dispatch): a live pod means done; a deleted one is recreated.
+            updated = SimulatedPod.objects.filter(
+                cluster=self.cluster, namespace=spec.namespace, name=spec.name,
+                deleted_at__isnull=False,
+            ).update(deleted_at=None, node=spec.node, start_at=start,
+                     finish_at=start + dt.timedelta(seconds=float(duration)))
+            return bool(updated)
+        return True
+
+    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None:
+        SimulatedPod.objects.filter(
+            cluster=self.cluster, namespace=namespace, name=name, deleted_at__isnull=True
+        ).update(deleted_at=timezone.now())
+
+    def delete_job_objects(self, namespace: str, name: str) -> None:
+        return None
+
+    def list_pods(self) -> list[PodStatus]:
+        now = timezone.now()
+        return [
+            _status(p, now)
+            for p in SimulatedPod.objects.filter(cluster=self.cluster, deleted_at__isnull=True)
+        ]
+
+    def watch_pods(self, *, timeout_seconds: int) -> Iterator[PodEvent]:
+        for status in self.list_pods():
+            yield PodEvent("MODIFIED", status)
+
+
+def _status(p: SimulatedPod, now: dt.datetime) -> PodStatus:
+    if now < p.start_at:
+        phase = "Pending"
+    elif p.finish_at is None or now < p.finish_at:
+        phase = "Running"
+    else:
+        phase = "Failed" if p.fail else "Succeeded"
+    message = "simulated failure" if phase == "Failed" else ""
+    return PodStatus(name=p.name, namespace=p.namespace, phase=phase, labels=p.labels,
+                     message=message)

@@ -1,0 +1,254 @@
+"""Reads: the database turned into the engine's immutable inputs (DESIGN.md §2, step 2).
+
+``cycle_inputs`` builds, for one cluster, the ``ClusterSnapshot`` (nodes, GPUs with what
+is allocated, running allocations), the queue tree (cluster → tenant → project with
+their quotas) and the pending jobs. Engine names are database ids as strings, so the
+decisions map back to rows without ambiguity.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+
+from scheduling import engine as E
+from scheduling.engine.queueing import (
+    ProjectQueue,
+    QueueTree,
+    RunningJob,
+    TenantQueue,
+    running_jobs,
+)
+from scheduling.engine.queueing import Quota as EQuota
+from tenants.models import Project, Quota, QuotaScope, Tenant
+from tenants.permissions import restrict
+
+from .models import (
+    ACTIVE_STATES,
+    Allocation,
+    Cluster,
+    GpuDevice,
+    GpuSlice,
+    Job,
+    JobState,
+    Node,
+    PodGroup,
+    SchedulingDecision,
+)
+
+
+def queue_name(tenant_name: str, project_name: str) -> str:
+    return f"{tenant_name}/{project_name}"
+
+
+def pod_key(job_id: int, group: str, replica: int) -> str:
+    """The engine's pod name for a job's pod (``Job.pods()`` names them the same way)."""
+    return f"{job_id}-{group}-{replica}"
+
+
+# --- inventory ---------------------------------------------------------------------------
+
+
+def _engine_gpu(g: GpuDevice, node_usable: bool) -> E.GpuDevice:
+    templates = tuple(
+        E.SliceTemplate(int(t["memory_mib"]), int(t["cores"]), str(t.get("name", "")))
+        for t in (g.templates or [])
+    )
+    sharing = E.SharingMode(g.sharing) if g.sharing in E.SharingMode._value2member_map_ else (
+        E.SharingMode.SHAREABLE)
+    return E.GpuDevice(
+        index=g.index, uuid=g.uuid, model=g.model, memory_mib=g.memory_mib, vendor=g.vendor,
+        # On a quarantined node the node itself is unschedulable; its GPUs still count as
+        # present so that jobs needing them wait for the repair instead of being rejected
+        # as "never fits" (the engine treats an unhealthy GPU as gone for good).
+        numa_node=g.numa_node, healthy=g.usable or not node_usable, sharing=sharing, templates=templates,
+        max_sharers=g.max_sharers, utilization_percent=g.utilization_percent,
+    )
+
+
+def _engine_node(n: Node) -> E.Node:
+    gpus = tuple(_engine_gpu(g, n.schedulable) for g in n.gpus.all())
+    islands = tuple(frozenset(int(i) for i in isl) for isl in (n.nvlink_islands or []))
+    return E.Node(
+        name=n.name, cpu_millicores=n.cpu_millicores, ram_mib=n.ram_mib, gpus=gpus,
+        max_pods=n.max_pods, labels=tuple(sorted((str(k), str(v)) for k, v in n.labels.items())),
+        pool=n.pool, schedulable=n.schedulable, healthy=True,
+        topology=E.Topology(nvlink_islands=islands),
+    )
+
+
+def pod_placement(a: Allocation) -> E.PodPlacement:
+    gpus = tuple(
+        E.GpuGrant(
+            index=s.gpu.index, uuid=s.gpu.uuid, gpu_model=s.gpu.model, gpu_memory_mib=s.memory_mib,
+            gpu_cores_percent=s.cores_percent, exclusive=s.exclusive, container=s.container,
+            vendor=s.gpu.vendor,
+        )
+        for s in a.slices.all()
+    )
+    return E.PodPlacement(
+        pod=pod_key(a.job_id, a.group.name, a.replica), node=a.node.name, gpus=gpus,
+        cpu_millicores=a.cpu_millicores, ram_mib=a.ram_mib,
+    )
+
+
+# --- jobs --------------------------------------------------------------------------------
+
+
+def engine_job(job: Job, groups: list[PodGroup]) -> E.Job:
+    egroups = tuple(
+        E.PodGroup(
+            name=g.name,
+            template=E.pod(
+                f"{job.pk}-{g.name}", gpu_count=g.gpu_count, gpu_memory_mib=g.gpu_memory_mib,
+                gpu_cores_percent=g.gpu_cores_percent, exclusive=g.exclusive,
+                cpu_millicores=g.cpu_millicores, ram_mib=g.ram_mib,
+                gpu_models=frozenset(g.gpu_models or ()),
+            ),
+            replicas=g.replicas,
+        )
+        for g in groups
+    )
+    return E.Job(
+        name=str(job.pk), groups=egroups, gang=job.gang, priority=job.priority,
+        priority_class=job.priority_class, queue=queue_name(job.tenant.name, job.project.name),
+        preemptible=job.preemptible, submit_time=job.submitted_at.timestamp(),
+        runtime_estimate_s=float(job.duration_seconds) if job.duration_seconds else None,
+        checkpointable=job.checkpoint_capable,
+    )
+
+
+def _equota(q: Quota | None) -> EQuota:
+    if q is None:
+        return EQuota()
+    return EQuota(
+        gpus_guaranteed=q.gpus_guaranteed, gpus_limit=q.gpus_limit,
+        gpu_memory_mib_guaranteed=q.gpu_memory_mib_guaranteed,
+        gpu_memory_mib_limit=q.gpu_memory_mib_limit,
+        cpu_cores_guaranteed=q.cpu_cores_guaranteed, cpu_cores_limit=q.cpu_cores_limit,
+        ram_mib_guaranteed=q.ram_mib_guaranteed, ram_mib_limit=q.ram_mib_limit,
+    )
+
+
+def queue_tree(cluster: Cluster) -> QueueTree:
+    """Cluster → tenant → project with their quotas. Tenant and project quotas are not
+    per cluster in the data model, so they apply on every cluster alike."""
+    quotas = list(Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT]))
+    tenant_q = {q.tenant_id: q for q in quotas if q.scope == QuotaScope.TENANT}
+    project_q = {q.project_id: q for q in quotas if q.scope == QuotaScope.PROJECT}
+    projects: dict[int, list[Project]] = defaultdict(list)
+    for p in Project.objects.all():
+        projects[p.tenant_id].append(p)
+    tenants = tuple(
+        TenantQueue(
+            name=t.name, quota=_equota(tenant_q.get(t.pk)),
+            projects=tuple(
+                ProjectQueue(queue_name(t.name, p.name), _equota(project_q.get(p.pk)))
+                for p in projects[t.pk]
+            ),
+        )
+        for t in Tenant.objects.all()
+    )
+    cq = Quota.objects.filter(scope=QuotaScope.CLUSTER, cluster=cluster).first()
+    return QueueTree(tenants=tenants, quota=_equota(cq), name=cluster.name)
+
+
+@dataclass(frozen=True)
+class CycleInputs:
+    snapshot: E.ClusterSnapshot
+    tree: QueueTree
+    pending: list[E.Job]
+    running: list[RunningJob]
+    jobs: dict[str, Job]
+    """Pending and running jobs by engine name."""
+    nodes: dict[str, Node]
+    gpus: dict[tuple[str, int], GpuDevice]
+    groups: dict[int, dict[str, PodGroup]]
+
+
+def _groups_prefetch() -> Prefetch[Any]:
+    return Prefetch("groups", queryset=PodGroup.objects.order_by("id"))
+
+
+def cycle_inputs(cluster: Cluster) -> CycleInputs:
+    nodes = {
+        n.name: n
+        for n in Node.objects.filter(cluster=cluster, present=True).prefetch_related(
+            Prefetch("gpus", queryset=GpuDevice.objects.order_by("index"))
+        )
+    }
+    gpus = {(n.name, g.index): g for n in nodes.values() for g in n.gpus.all()}
+    allocations = list(
+        Allocation.objects.filter(cluster=cluster)
+        .select_related("job__tenant", "job__project", "group", "node")
+        .prefetch_related(Prefetch("slices", queryset=GpuSlice.objects.select_related("gpu")))
+    )
+    eallocs = []
+    jobs: dict[str, Job] = {}
+    for a in allocations:
+        if a.node.name not in nodes:
+            continue
+        job = a.job
+        jobs[str(job.pk)] = job
+        eallocs.append(E.Allocation(
+            job=str(job.pk), placement=pod_placement(a),
+            queue=queue_name(job.tenant.name, job.project.name), priority=job.priority,
+            preemptible=job.preemptible and job.state != JobState.PREEMPTING,
+            start_time=(job.started_at or job.admitted_at or job.submitted_at).timestamp(),
+        ))
+    snapshot = E.ClusterSnapshot(nodes=tuple(_engine_node(n) for n in nodes.values()),
+                                 allocations=tuple(eallocs))
+    running = running_jobs(
+        snapshot,
+        checkpointable=[k for k, j in jobs.items() if j.checkpoint_capable],
+        runtime_estimates={k: float(j.duration_seconds) for k, j in jobs.items()
+                           if j.duration_seconds},
+    )
+    pending_rows = list(
+        Job.objects.filter(cluster=cluster, state=JobState.QUEUED)
+        .select_related("tenant", "project").prefetch_related(_groups_prefetch())
+        .order_by("submitted_at", "id")
+    )
+    # A preemptor waits, out of the queue, until its victims have released their resources.
+    waiting_for_victims = set(
+        Job.objects.filter(cluster=cluster, state=JobState.PREEMPTING, preempted_by__isnull=False)
+        .values_list("preempted_by_id", flat=True)
+    )
+    pending = []
+    groups: dict[int, dict[str, PodGroup]] = {}
+    for job in pending_rows:
+        gs = list(job.groups.all())
+        groups[job.pk] = {g.name: g for g in gs}
+        jobs[str(job.pk)] = job
+        if job.pk not in waiting_for_victims:
+            pending.append(engine_job(job, gs))
+    return CycleInputs(snapshot, queue_tree(cluster), pending, running, jobs, nodes, gpus, groups)
+
+
+# --- reads for views ---------------------------------------------------------------------
+
+
+def job_list(*, user: Any) -> QuerySet[Job]:
+    return restrict(Job.objects.all(), user).select_related(
+        "tenant", "project", "owner", "cluster", "preempted_by")
+
+
+def job_decisions(*, job: Job, limit: int = 50) -> list[SchedulingDecision]:
+    return list(job.decisions.select_related("preemptor").order_by("-id")[:limit])
+
+
+def cluster_usage(*, cluster: Cluster) -> dict[str, int]:
+    """Totals for the console: GPUs, allocated GPU memory, jobs by state."""
+    gpus = GpuDevice.objects.filter(node__cluster=cluster, node__present=True)
+    total_mem = sum(g.memory_mib for g in gpus)
+    used_mem = sum(g.memory_allocated_mib for g in gpus)
+    return {
+        "gpus": gpus.count(),
+        "gpu_memory_mib": total_mem,
+        "gpu_memory_allocated_mib": used_mem,
+        "queued": Job.objects.filter(cluster=cluster, state=JobState.QUEUED).count(),
+        "active": Job.objects.filter(cluster=cluster, state__in=ACTIVE_STATES).count(),
+    }

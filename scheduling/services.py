@@ -1,0 +1,988 @@
+"""Writes for scheduling: clusters, inventory, jobs, cycles, dispatch and reconcile.
+
+HackSoft style (DESIGN.md §5): ``<entity>_<action>``, keyword-only, explicit ``actor=``
+for user actions (the scheduler itself acts as the system), access through
+``tenants.permissions``, every change that matters audited in its own transaction.
+
+Allocation invariant: ``Allocation``/``GpuSlice`` rows exist exactly while resources
+are held, and each ``GpuDevice`` carries running totals of its slices, guarded by
+CHECK constraints. Admission adds rows and totals in one savepoint, release removes
+them in one transaction, so a slice can never be given twice, even by racing workers.
+Resources are released only once the backend reports the pods gone, so a preemptor
+starts only after its victims have actually left the GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from scheduling import engine as E
+from scheduling.engine.cycle import CycleConfig, JobStatus, run_cycle
+from tenants import permissions
+from tenants.audit import audit_record, snapshot
+from tenants.models import Project, Quota, QuotaScope, User
+
+from . import selectors
+from .backends import backend_for
+from .backends.base import (
+    LABEL_JOB,
+    LABEL_JOB_ID,
+    LABEL_PROJECT,
+    LABEL_REPLICA,
+    LABEL_ROLE,
+    LABEL_TENANT,
+    MANAGED_BY,
+    BackendError,
+    JobObjects,
+    NamespaceSpec,
+    NodeInfo,
+    PodSpec,
+    PodStatus,
+    SliceSpec,
+)
+from .backends.credentials import encrypt_credentials
+from .backends.naming import job_object_name, namespace_name, pod_name
+from .backends.simulated import InventoryError, parse_inventory
+from .models import (
+    ACTIVE_STATES,
+    FINAL_STATES,
+    NON_PREEMPTIBLE_CLASSES,
+    PRIORITY_VALUES,
+    Allocation,
+    Backend,
+    Cluster,
+    DecisionKind,
+    GpuDevice,
+    GpuSlice,
+    Job,
+    JobState,
+    Node,
+    PodGroup,
+    PodPhase,
+    PriorityClass,
+    SchedulingDecision,
+)
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER = "scheduler"  # actor_username of the scheduler's own audit events
+CLUSTER_FIELDS = ("name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
+                  "namespace_prefix")
+JOB_FIELDS = ("name", "kind", "priority_class", "priority", "preemptible", "checkpoint_capable",
+              "gang", "duration_seconds", "state", "reason")
+GROUP_FIELDS = ("name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
+                "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env")
+MAX_ATTEMPTS = 5
+_CYCLE_LOCK_CLASS = 0x43414D50  # "CAMP": first key of the two-int advisory lock
+
+
+def _require(actor: Any, action: str, obj: Any) -> None:
+    if not permissions.can(actor, action, obj):
+        raise PermissionDenied(f"You may not {action} this {obj._meta.verbose_name}.")
+
+
+def _record(job: Job, kind: str, reason: str = "", **extra: Any) -> SchedulingDecision:
+    return SchedulingDecision.objects.create(
+        job=job, cluster_id=job.cluster_id, kind=kind, reason=reason[:500], **extra
+    )
+
+
+def _audit_job(action: str, job: Job, *, actor: User | None = None, **extra: Any) -> None:
+    audit_record(
+        actor=actor, actor_username=None if actor is not None else SCHEDULER, action=action,
+        target=job, tenant=job.tenant, project=job.project, **extra,
+    )
+
+
+# --- cycle requests ------------------------------------------------------------------------
+
+
+def request_cycle(cluster_id: int, *, countdown: float | None = None) -> None:
+    """Ask for one scheduling cycle of a cluster after the current transaction commits.
+
+    Requests coalesce: while one cycle is queued and not yet started, more requests add
+    nothing (the queued one will see every job committed before it starts)."""
+    from .tasks import cluster_cycle
+
+    if not cache.add(f"camp:cycle-queued:{cluster_id}", 1, timeout=30):
+        return
+    if countdown:
+        transaction.on_commit(lambda: cluster_cycle.apply_async((cluster_id,), countdown=countdown))
+    else:
+        cluster_cycle.delay_on_commit(cluster_id)
+
+
+def cycle_request_taken(cluster_id: int) -> None:
+    cache.delete(f"camp:cycle-queued:{cluster_id}")
+
+
+# --- clusters ------------------------------------------------------------------------------
+
+
+def _validate_cluster(cluster: Cluster) -> None:
+    if cluster.backend == Backend.SIMULATED:
+        try:
+            nodes, _ = parse_inventory(cluster.inventory)
+        except InventoryError as exc:
+            raise ValidationError({"inventory": [str(exc)]}) from exc
+        if cluster.enabled and not nodes:
+            raise ValidationError({"inventory": ["A simulated cluster needs at least one node."]})
+    cluster.full_clean(exclude=["credentials_encrypted"])
+
+
+def _cluster_snapshot(cluster: Cluster) -> dict[str, Any]:
+    data = snapshot(cluster, CLUSTER_FIELDS)
+    data["has_credentials"] = cluster.has_credentials  # never the credentials themselves
+    return data
+
+
+@transaction.atomic
+def cluster_create(*, actor: User, name: str, credentials: dict[str, str] | None = None,
+                   **fields: Any) -> Cluster:
+    cluster = Cluster(name=name, **fields)
+    _require(actor, permissions.CREATE, cluster)
+    _validate_cluster(cluster)
+    if credentials:
+        cluster.credentials_encrypted = encrypt_credentials(credentials)
+    try:
+        with transaction.atomic():
+            cluster.save()
+    except IntegrityError as exc:
+        raise ValidationError({"name": ["A cluster with this name already exists."]}) from exc
+    audit_record(actor=actor, action="cluster.created", target=cluster,
+                 after=_cluster_snapshot(cluster))
+    if cluster.enabled:
+        _after_commit_inventory(cluster.pk)
+    return cluster
+
+
+@transaction.atomic
+def cluster_update(*, actor: User, cluster: Cluster, credentials: dict[str, str] | None = None,
+                   **changes: Any) -> Cluster:
+    _require(actor, permissions.CHANGE, cluster)
+    before = _cluster_snapshot(cluster)
+    for key, value in changes.items():
+        if key not in (*CLUSTER_FIELDS, "inventory"):
+            raise ValidationError({key: ["This field cannot be changed."]})
+        setattr(cluster, key, value)
+    _validate_cluster(cluster)
+    if credentials is not None:
+        cluster.credentials_encrypted = encrypt_credentials(credentials)
+    try:
+        with transaction.atomic():
+            cluster.save()
+    except IntegrityError as exc:
+        raise ValidationError({"name": ["A cluster with this name already exists."]}) from exc
+    audit_record(actor=actor, action="cluster.updated", target=cluster, before=before,
+                 after=_cluster_snapshot(cluster))
+    if cluster.enabled:
+        _after_commit_inventory(cluster.pk)
+    return cluster
+
+
+@transaction.atomic
+def cluster_delete(*, actor: User, cluster: Cluster) -> None:
+    _require(actor, permissions.DELETE, cluster)
+    if Job.objects.filter(cluster=cluster).exclude(state__in=FINAL_STATES).exists():
+        raise ValidationError({"name": ["The cluster still has queued or running jobs."]})
+    audit_record(actor=actor, action="cluster.deleted", target=cluster,
+                 before=_cluster_snapshot(cluster))
+    Job.objects.filter(cluster=cluster).delete()
+    cluster.delete()
+
+
+def _after_commit_inventory(cluster_id: int) -> None:
+    from .tasks import cluster_inventory_sync
+
+    cluster_inventory_sync.delay_on_commit(cluster_id)
+
+
+# --- inventory -----------------------------------------------------------------------------
+
+
+@dataclass
+class InventoryResult:
+    nodes: int = 0
+    gpus: int = 0
+    quarantined: list[str] = field(default_factory=list)
+    evicted_jobs: list[int] = field(default_factory=list)
+
+
+def inventory_sync(*, cluster: Cluster) -> InventoryResult:
+    """Converge Node/GpuDevice rows with what the cluster reports.
+
+    Rule (faulty hardware): a node that is NotReady, or a GPU reported unhealthy, is
+    quarantined (no new placements) and the jobs on it are rescheduled; a node whose
+    problem is gone leaves quarantine automatically unless an admin put it there."""
+    infos = backend_for(cluster).list_nodes()
+    result = InventoryResult()
+    with transaction.atomic():
+        seen: set[str] = set()
+        for info in infos:
+            seen.add(info.name)
+            result.nodes += 1
+            result.gpus += len(info.gpus)
+            _upsert_node(cluster, info, result)
+        Node.objects.filter(cluster=cluster).exclude(name__in=seen).update(present=False)
+        Cluster.objects.filter(pk=cluster.pk).update(last_inventory_at=timezone.now(), last_error="")
+    # Jobs on nodes that vanished or broke are rescheduled.
+    broken = set(Allocation.objects.filter(
+        cluster=cluster, node__present=False, job__state__in=ACTIVE_STATES
+    ).values_list("job_id", flat=True))
+    broken |= set(Allocation.objects.filter(
+        cluster=cluster, node__quarantined=True, job__state__in=ACTIVE_STATES
+    ).values_list("job_id", flat=True))
+    broken |= set(GpuSlice.objects.filter(
+        allocation__cluster=cluster, gpu__healthy=False,
+        allocation__job__state__in=ACTIVE_STATES,
+    ).values_list("allocation__job_id", flat=True))
+    for job_id in sorted(broken):
+        if job_evict(job_id=job_id, reason="its node or GPU became unhealthy"):
+            result.evicted_jobs.append(job_id)
+    request_cycle(cluster.pk)
+    return result
+
+
+def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult) -> None:
+    node, _ = Node.objects.select_for_update().get_or_create(cluster=cluster, name=info.name)
+    node.cpu_millicores = info.cpu_millicores
+    node.ram_mib = info.ram_mib
+    node.max_pods = info.max_pods
+    node.labels = dict(info.labels)
+    node.taints = [dict(t) for t in info.taints]
+    node.pool = info.labels.get("camp.io/pool", "")
+    node.nvlink_islands = [list(i) for i in info.nvlink_islands]
+    node.ready = info.ready
+    node.cordoned = info.cordoned
+    node.present = True
+    auto = node.quarantine_reason.startswith("auto:") or not node.quarantined
+    problems = []
+    if not info.ready:
+        problems.append("node NotReady")
+    bad = [g.index for g in info.gpus if not g.healthy]
+    if bad:
+        problems.append("unhealthy GPU " + ", ".join(str(i) for i in bad))
+    if auto:
+        if problems:
+            if not node.quarantined:
+                result.quarantined.append(node.name)
+            node.quarantined = True
+            node.quarantine_reason = "auto: " + "; ".join(problems)
+        else:
+            node.quarantined = False
+            node.quarantine_reason = ""
+    node.save()
+    existing = {g.index: g for g in GpuDevice.objects.select_for_update().filter(node=node)}
+    for g in info.gpus:
+        row = existing.pop(g.index, None) or GpuDevice(node=node, index=g.index)
+        row.uuid = g.uuid
+        row.model = g.model
+        row.vendor = g.vendor
+        # Never shrink below what is allocated (the CHECK constraint would refuse it).
+        row.memory_mib = max(g.memory_mib, row.memory_allocated_mib)
+        row.numa_node = g.numa_node
+        row.healthy = g.healthy
+        row.sharing = g.sharing
+        row.templates = [dict(t) for t in g.templates]
+        row.max_sharers = max(g.max_sharers, row.sharers)
+        row.quarantined = not g.healthy
+        row.save()
+    for gone in existing.values():
+        gone.healthy = False
+        gone.quarantined = True
+        gone.save(update_fields=["healthy", "quarantined"])
+
+
+@transaction.atomic
+def node_quarantine(*, actor: User, node: Node, quarantined: bool, reason: str = "") -> Node:
+    """An admin takes a node out of (or back into) service; its jobs are rescheduled."""
+    _require(actor, permissions.CHANGE, node)
+    before = {"quarantined": node.quarantined, "reason": node.quarantine_reason}
+    node.quarantined = quarantined
+    node.quarantine_reason = (reason or "quarantined by an admin")[:255] if quarantined else ""
+    node.save(update_fields=["quarantined", "quarantine_reason", "updated_at"])
+    audit_record(actor=actor, action="node.quarantined" if quarantined else "node.released",
+                 target=node, before=before,
+                 after={"quarantined": node.quarantined, "reason": node.quarantine_reason})
+    if quarantined:
+        for job_id in sorted(set(Allocation.objects.filter(
+                node=node, job__state__in=ACTIVE_STATES).values_list("job_id", flat=True))):
+            job_evict(job_id=job_id, reason=f"node {node.name} was quarantined")
+    request_cycle(node.cluster_id)
+    return node
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+def _clean_group(n: int, data: dict[str, Any]) -> PodGroup:
+    unknown = set(data) - set(GROUP_FIELDS)
+    if unknown:
+        raise ValidationError({f"groups[{n}]": [f"Unknown field(s): {', '.join(sorted(unknown))}."]})
+    group = PodGroup(**data)
+    try:
+        group.full_clean(exclude=["job"], validate_unique=False, validate_constraints=False)
+    except ValidationError as exc:
+        raise ValidationError({f"groups[{n}].{k}": v for k, v in exc.message_dict.items()}) from exc
+    if group.gpu_count == 0 and (group.gpu_memory_mib or group.gpu_cores_percent):
+        raise ValidationError({f"groups[{n}].gpu_count": ["A GPU slice needs gpu_count ≥ 1."]})
+    if not isinstance(group.gpu_models, list) or not all(isinstance(m, str) for m in group.gpu_models):
+        raise ValidationError({f"groups[{n}].gpu_models": ["A list of GPU model names."]})
+    return group
+
+
+@transaction.atomic
+def job_submit(
+    *,
+    actor: User,
+    project: Project,
+    cluster: Cluster,
+    name: str,
+    groups: list[dict[str, Any]],
+    kind: str = "batch",
+    priority_class: str = PriorityClass.NORMAL,
+    preemptible: bool | None = None,
+    checkpoint_capable: bool = False,
+    gang: bool = True,
+    duration_seconds: int | None = None,
+) -> Job:
+    """Queue a job (state QUEUED) and ask for a scheduling cycle after commit."""
+    if priority_class not in PRIORITY_VALUES:
+        raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PRIORITY_VALUES)}."]})
+    if preemptible is None:
+        preemptible = priority_class == PriorityClass.BATCH
+    if preemptible and priority_class in NON_PREEMPTIBLE_CLASSES:
+        raise ValidationError({"preemptible": [f"{priority_class} jobs are never preemptible."]})
+    job = Job(
+        tenant=project.tenant, project=project, owner=actor, cluster=cluster, name=name, kind=kind,
+        priority_class=priority_class, priority=PRIORITY_VALUES[priority_class],
+        preemptible=preemptible, checkpoint_capable=checkpoint_capable, gang=gang,
+        duration_seconds=duration_seconds, state=JobState.QUEUED,
+    )
+    _require(actor, permissions.CREATE, job)
+    if not cluster.enabled:
+        raise ValidationError({"cluster": ["This cluster is disabled."]})
+    if not groups:
+        raise ValidationError({"groups": ["A job needs at least one pod group."]})
+    rows = [_clean_group(n, g) for n, g in enumerate(groups)]
+    if len({g.name for g in rows}) != len(rows):
+        raise ValidationError({"groups": ["Pod group names must be distinct."]})
+    if sum(g.replicas for g in rows) > 256:
+        raise ValidationError({"groups": ["At most 256 pods per job."]})
+    try:
+        job.full_clean(exclude=["owner", "tenant", "project", "cluster"], validate_constraints=False)
+    except ValidationError as exc:
+        raise ValidationError(exc.message_dict) from exc
+    try:
+        with transaction.atomic():
+            job.save()
+    except IntegrityError as exc:
+        raise ValidationError({"name": ["This project already has a job with this name."]}) from exc
+    for g in rows:
+        g.job = job
+        g.save()
+    _record(job, DecisionKind.SUBMITTED, "Queued; waiting for the next scheduling cycle")
+    _audit_job("job.submitted", job, actor=actor, after={
+        **snapshot(job, JOB_FIELDS), "groups": [snapshot(g, GROUP_FIELDS) for g in rows]})
+    request_cycle(cluster.pk)
+    return job
+
+
+def job_cancel(*, actor: User, job: Job) -> Job:
+    """Cancel a job: a queued one at once; an admitted one once its pods are gone."""
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        _require(actor, permissions.DELETE, locked)
+        if locked.is_final:
+            raise ValidationError({"state": [f"The job is already {locked.get_state_display().lower()}."]})
+        before = locked.state
+        _finish(locked, JobState.CANCELLED, f"Cancelled by {actor.get_username()}")
+        _record(locked, DecisionKind.CANCELLED, locked.reason)
+        _audit_job("job.cancelled", locked, actor=actor, before={"state": before},
+                   after={"state": locked.state})
+        if before in ACTIVE_STATES:
+            _stop_after_commit(locked.pk)
+        else:
+            request_cycle(locked.cluster_id)
+    return locked
+
+
+def _finish(job: Job, state: str, reason: str) -> None:
+    job.state = state
+    job.reason = reason[:500]
+    job.reason_kind = ""
+    job.queue_position = None
+    job.queue_length = None
+    job.finished_at = timezone.now()
+    job.save(update_fields=["state", "reason", "reason_kind", "queue_position", "queue_length",
+                            "finished_at", "updated_at"])
+
+
+def _stop_after_commit(job_id: int) -> None:
+    from .tasks import job_stop
+
+    job_stop.delay_on_commit(job_id)
+
+
+def job_evict(*, job_id: int, reason: str) -> bool:
+    """Take a running job off broken hardware: stop its pods and requeue it (checkpoint-
+    capable jobs resume from their latest checkpoint). Returns False if nothing to do."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        if job.state not in (JobState.STARTING, JobState.RUNNING):
+            return False
+        job.state = JobState.PREEMPTING
+        job.preempted_by = None
+        job.reason = f"Rescheduling: {reason}"
+        job.save(update_fields=["state", "preempted_by", "reason", "updated_at"])
+        _record(job, DecisionKind.PREEMPTED, job.reason)
+        _audit_job("job.evicted", job, after={"reason": reason})
+        _stop_after_commit(job.pk)
+    return True
+
+
+# --- the scheduling cycle ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def cycle_lock(cluster_id: int) -> Iterator[bool]:
+    """One cycle per cluster at a time, across any number of workers.
+
+    PostgreSQL: a transaction-scoped advisory lock (released at commit, rollback or when
+    a killed worker's connection drops). SQLite (the demo): an exclusive file lock."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [_CYCLE_LOCK_CLASS, cluster_id])
+            row = cursor.fetchone()
+        yield bool(row and row[0])
+        return
+    lock_dir = settings.BASE_DIR / "var" / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"cycle-{cluster_id}.lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@dataclass
+class CycleSummary:
+    admitted: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    preempting: list[int] = field(default_factory=list)
+    victims: list[int] = field(default_factory=list)
+    conflicts: list[int] = field(default_factory=list)
+
+
+def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | None:
+    """One scheduling cycle of ``cluster``; None when another cycle holds the lock.
+
+    The snapshot, the engine's decisions and their persistence happen in one transaction
+    under the cluster's lock; pods are created after commit (``job_dispatch``)."""
+    with transaction.atomic(), cycle_lock(cluster.pk) as got:
+        if not got:
+            return None
+        inputs = selectors.cycle_inputs(cluster)
+        summary = CycleSummary()
+        if inputs.pending:
+            result = run_cycle(
+                inputs.snapshot, inputs.pending, inputs.tree,
+                now=now if now is not None else timezone.now().timestamp(),
+                running=inputs.running, config=CycleConfig(),
+            )
+            for name, status in result.statuses.items():
+                _apply_status(inputs, inputs.jobs[name], status, summary)
+        Cluster.objects.filter(pk=cluster.pk).update(last_cycle_at=timezone.now())
+    return summary
+
+
+def _apply_status(inputs: selectors.CycleInputs, job: Job, status: JobStatus,
+                  summary: CycleSummary) -> None:
+    d = status.decision
+    if isinstance(d, E.Admit):
+        if _admit(inputs, job, d.placement, status):
+            summary.admitted.append(job.pk)
+        else:
+            summary.conflicts.append(job.pk)
+    elif isinstance(d, E.Preempt):
+        victims = _preempt(inputs, job, d)
+        summary.preempting.append(job.pk)
+        summary.victims.extend(victims)
+    elif isinstance(d, E.Reject):
+        updated = Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+            state=JobState.REJECTED, reason=d.reason[:500], reason_kind=status.kind,
+            queue_position=None, queue_length=None, finished_at=timezone.now(),
+        )
+        if updated:
+            job.state, job.reason = JobState.REJECTED, d.reason[:500]
+            _record(job, DecisionKind.REJECTED, d.reason)
+            _audit_job("job.rejected", job, after={"reason": d.reason})
+            summary.rejected.append(job.pk)
+    elif isinstance(d, E.Wait):
+        _wait(job, d.reason, status.kind, status.position, status.queue_length)
+        summary.waiting.append(job.pk)
+
+
+def _wait(job: Job, reason: str, kind: str, position: int | None, length: int | None) -> None:
+    reason = reason[:500]
+    if (job.reason, job.reason_kind, job.queue_position, job.queue_length) == (
+            reason, kind, position, length):
+        return
+    updated = Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+        reason=reason, reason_kind=kind, queue_position=position, queue_length=length)
+    if not updated:
+        return
+    # History keeps one row per change of *why*, not per change of position.
+    base_old = job.reason.split(" — ")[0]
+    base_new = reason.split(" — ")[0]
+    if base_old != base_new or job.reason_kind != kind:
+        _record(job, DecisionKind.WAITING, reason, queue_position=position)
+
+
+def _placement_json(placement: E.Placement) -> list[dict[str, Any]]:
+    return [
+        {"pod": pp.pod, "node": pp.node, "cpu_millicores": pp.cpu_millicores, "ram_mib": pp.ram_mib,
+         "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.gpu_model,
+                   "memory_mib": g.gpu_memory_mib, "cores_percent": g.gpu_cores_percent,
+                   "exclusive": g.exclusive, "container": g.container} for g in pp.gpus]}
+        for pp in placement.pods
+    ]
+
+
+def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, status: JobStatus) -> bool:
+    """Persist an admission: job STARTING, allocation rows, GPU totals. All or nothing."""
+    groups = inputs.groups[job.pk]
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+                state=JobState.STARTING, admitted_at=now, reason="Admitted; creating pods",
+                reason_kind=status.kind, queue_position=None, queue_length=None,
+                attempts=F("attempts") + 1,
+            ):
+                return False  # cancelled meanwhile
+            gpu_delta: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+            for pp in placement.pods:
+                group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
+                group = groups[group_name]
+                node = inputs.nodes[pp.node]
+                alloc = Allocation.objects.create(
+                    cluster_id=job.cluster_id, job=job, group=group, replica=int(replica),
+                    pod_name=pod_name(job.name, job.pk, group.name, int(replica)), node=node,
+                    cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
+                )
+                for g in pp.gpus:
+                    gpu = inputs.gpus[(pp.node, g.index)]
+                    GpuSlice.objects.create(allocation=alloc, gpu=gpu, container=g.container,
+                                            memory_mib=g.gpu_memory_mib,
+                                            cores_percent=g.gpu_cores_percent, exclusive=g.exclusive)
+                    delta = gpu_delta[gpu.pk]
+                    delta[0] += g.gpu_memory_mib
+                    delta[1] += g.gpu_cores_percent
+                    delta[2] += 1
+                    delta[3] = delta[3] or int(g.exclusive)
+            for gpu_id in sorted(gpu_delta):  # one order everywhere: no deadlocks between cycles
+                mem, cores, n, excl = gpu_delta[gpu_id]
+                changes: dict[str, Any] = {
+                    "memory_allocated_mib": F("memory_allocated_mib") + mem,
+                    "cores_allocated": F("cores_allocated") + cores,
+                    "sharers": F("sharers") + n,
+                }
+                if excl:
+                    changes["exclusive_held"] = True
+                # Refuses (IntegrityError) rather than over-allocate: the CHECK constraints.
+                GpuDevice.objects.filter(pk=gpu_id).update(**changes)
+    except IntegrityError:
+        logger.warning("admission of job %s refused by the database; it stays queued", job.pk)
+        _wait(job, "Its placement was taken concurrently; retrying in the next cycle",
+              "capacity", None, None)
+        return False
+    job.state = JobState.STARTING
+    _record(job, DecisionKind.ADMITTED, _admit_reason(placement), placement=_placement_json(placement))
+    _audit_job("job.admitted", job, after={"placement": _placement_json(placement),
+                                          "borrowing": status.borrowing})
+    from .tasks import job_dispatch
+
+    job_dispatch.delay_on_commit(job.pk)
+    return True
+
+
+def _admit_reason(placement: E.Placement) -> str:
+    nodes = sorted(set(placement.nodes()))
+    gpus = sum(len(pp.gpus) for pp in placement.pods)
+    return f"Admitted: {len(placement.pods)} pod(s) on {', '.join(nodes)} with {gpus} GPU slice(s)"
+
+
+def _preempt(inputs: selectors.CycleInputs, job: Job, d: E.Preempt) -> list[int]:
+    """Mark the victims PREEMPTING (their pods are deleted after commit); the preemptor
+    waits, out of the queue, until their resources are actually released."""
+    victims: list[int] = []
+    for v in d.victims:
+        victim = inputs.jobs[v]
+        if Job.objects.filter(pk=victim.pk, state__in=[JobState.STARTING, JobState.RUNNING]).update(
+            state=JobState.PREEMPTING, preempted_by=job,
+            reason=f"Preempted by job {job.name} (#{job.pk}, priority {job.priority_class})",
+        ):
+            victims.append(victim.pk)
+            _record(victim, DecisionKind.PREEMPTED, f"Preempted by job {job.name}", preemptor=job)
+            _audit_job("job.preempted", victim, after={"preemptor": job.pk,
+                                                      "checkpoint_capable": victim.checkpoint_capable})
+            _stop_after_commit(victim.pk)
+    reason = (f"Preempting {len(victims)} job(s) ({', '.join(f'#{v}' for v in victims)}); "
+              f"starts once their resources are released")
+    Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+        reason=reason, reason_kind="preempting", queue_position=None, queue_length=None)
+    _record(job, DecisionKind.PREEMPTING, reason, victims=victims,
+            placement=_placement_json(d.placement))
+    _audit_job("job.preempting", job, after={"victims": victims})
+    return victims
+
+
+# --- release -------------------------------------------------------------------------------
+
+
+def _release(job: Job) -> int:
+    """Give back everything the job holds (call inside a transaction with the job locked)."""
+    allocs = list(Allocation.objects.select_for_update().filter(job=job).order_by("pk"))
+    if not allocs:
+        return 0
+    delta: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for s in GpuSlice.objects.filter(allocation__in=allocs):
+        d = delta[s.gpu_id]
+        d[0] += s.memory_mib
+        d[1] += s.cores_percent
+        d[2] += 1
+        d[3] = d[3] or int(s.exclusive)
+    for gpu_id in sorted(delta):
+        mem, cores, n, excl = delta[gpu_id]
+        changes: dict[str, Any] = {
+            "memory_allocated_mib": F("memory_allocated_mib") - mem,
+            "cores_allocated": F("cores_allocated") - cores,
+            "sharers": F("sharers") - n,
+        }
+        if excl:
+            changes["exclusive_held"] = False
+        GpuDevice.objects.filter(pk=gpu_id).update(**changes)
+    Allocation.objects.filter(pk__in=[a.pk for a in allocs]).delete()
+    return len(allocs)
+
+
+# --- dispatch ------------------------------------------------------------------------------
+
+
+def namespace_spec(job: Job, cluster: Cluster) -> NamespaceSpec:
+    project = job.project
+    labels = {MANAGED_BY: "camp", LABEL_TENANT: project.tenant.name, LABEL_PROJECT: project.name}
+    quota: dict[str, str] = {}
+    q = Quota.objects.filter(scope=QuotaScope.PROJECT, project=project).first()
+    if q is not None:
+        # A backstop mirroring the project's limits; Camp's own quota check comes first.
+        if q.gpu_memory_mib_limit is not None:
+            quota["requests.nvidia.com/gpumem"] = str(q.gpu_memory_mib_limit)
+        if q.cpu_cores_limit is not None:
+            quota["requests.cpu"] = str(q.cpu_cores_limit.normalize())
+        if q.ram_mib_limit is not None:
+            quota["requests.memory"] = f"{q.ram_mib_limit}Mi"
+        if q.gpus_limit is not None:
+            # nvidia.com/gpu counts vGPU devices (slices), at most max sharers per card.
+            quota["requests.nvidia.com/gpu"] = str(math.ceil(q.gpus_limit) * 10)
+    return NamespaceSpec(
+        name=namespace_name(cluster.namespace_prefix, project.tenant.name, project.name),
+        labels=labels, quota=quota,
+    )
+
+
+def job_specs(job: Job, cluster: Cluster) -> tuple[NamespaceSpec, JobObjects, list[PodSpec]]:
+    """Everything to create for an admitted job, derived only from rows (deterministic)."""
+    ns = namespace_spec(job, cluster)
+    owner = job_object_name(job.name, job.pk)
+    base_labels = {MANAGED_BY: "camp", LABEL_TENANT: job.tenant.name, LABEL_PROJECT: job.project.name,
+                   LABEL_JOB: job.name[:63], LABEL_JOB_ID: str(job.pk)}
+    allocs = list(job.allocations.select_related("group", "node").prefetch_related("slices__gpu")
+                  .order_by("group_id", "replica"))
+    distributed = len(allocs) > 1
+    world = len(allocs)
+    master = f"{allocs[0].pod_name}.{owner}.{ns.name}.svc" if allocs else ""
+    pods: list[PodSpec] = []
+    hostfile = []
+    for rank, a in enumerate(allocs):
+        g = a.group
+        env = {str(k): str(v) for k, v in (g.env or {}).items()}
+        env.update({"CAMP_JOB": job.name, "CAMP_JOB_ID": str(job.pk), "CAMP_ROLE": g.name,
+                    "CAMP_ATTEMPT": str(job.attempts)})
+        if job.checkpoint_capable and job.last_checkpoint:
+            env["CAMP_RESUME_FROM"] = job.last_checkpoint
+        if distributed:
+            env.update({"MASTER_ADDR": master, "MASTER_PORT": "29500", "WORLD_SIZE": str(world),
+                        "RANK": str(rank), "NODE_RANK": str(rank),
+                        "LOCAL_WORLD_SIZE": str(max(1, g.gpu_count))})
+        slices = tuple(
+            SliceSpec(uuid=s.gpu.uuid, vendor=s.gpu.vendor,
+                      memory_mib=s.memory_mib, cores_percent=s.cores_percent, container=s.container)
+            for s in sorted(a.slices.all(), key=lambda s: (s.container, s.gpu.index))
+        )
+        hostfile.append(f"{a.pod_name}.{owner}.{ns.name}.svc slots={max(1, g.gpu_count)}")
+        pods.append(PodSpec(
+            name=a.pod_name, namespace=ns.name, node=a.node.name, image=g.image,
+            command=tuple(str(c) for c in (g.command or [])), env=env,
+            labels={**base_labels, LABEL_ROLE: g.name, LABEL_REPLICA: str(a.replica)},
+            cpu_millicores=a.cpu_millicores, ram_mib=a.ram_mib, slices=slices, owner=owner,
+            subdomain=owner if distributed else "", duration_seconds=job.duration_seconds,
+        ))
+    data = {"job": job.name, "job-id": str(job.pk)}
+    if job.kind == "mpi":
+        data["hostfile"] = "\n".join(hostfile) + "\n"
+    objs = JobObjects(name=owner, namespace=ns.name, labels=base_labels, data=data,
+                      headless_service=distributed)
+    return ns, objs, pods
+
+
+def job_dispatch(*, job_id: int, final_attempt: bool = True) -> str:
+    """Create the job's namespace, owner object, service and pods (idempotent).
+
+    Retryable backend errors propagate when ``final_attempt`` is False (the task retries
+    with backoff); otherwise a failure removes every pod already created (all or nothing)
+    and requeues the job with the error as its reason, or fails it after MAX_ATTEMPTS."""
+    job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
+    if job.state != JobState.STARTING:
+        return "skipped"
+    cluster = job.cluster
+    backend = backend_for(cluster)
+    ns, objs, pods = job_specs(job, cluster)
+    try:
+        backend.ensure_namespace(ns)
+        backend.ensure_job_objects(objs)
+        for spec in pods:
+            backend.create_pod(spec)
+    except BackendError as exc:
+        if exc.retryable and not final_attempt:
+            raise
+        for spec in pods:
+            with contextlib.suppress(BackendError):
+                backend.delete_pod(spec.namespace, spec.name, grace_seconds=0)
+        with contextlib.suppress(BackendError):
+            backend.delete_job_objects(objs.namespace, objs.name)
+        _dispatch_failed(job_id, str(exc))
+        return "failed"
+    Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(phase=PodPhase.CREATED)
+    return "created"
+
+
+def _dispatch_failed(job_id: int, message: str) -> None:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        if job.state != JobState.STARTING:
+            return
+        _release(job)
+        reason = f"Could not create its pods: {message}"[:500]
+        if job.attempts >= MAX_ATTEMPTS:
+            _finish(job, JobState.FAILED, reason)
+            _record(job, DecisionKind.FAILED, reason)
+            _audit_job("job.failed", job, after={"reason": reason})
+        else:
+            job.state = JobState.QUEUED
+            job.reason = reason + "; requeued"
+            job.save(update_fields=["state", "reason", "updated_at"])
+            _record(job, DecisionKind.REQUEUED, job.reason)
+            _audit_job("job.requeued", job, after={"reason": reason})
+        request_cycle(job.cluster_id, countdown=2)
+
+
+def job_stop(*, job_id: int) -> str:
+    """Delete a job's pods (with a grace period) and release its resources once gone."""
+    job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
+    backend = backend_for(job.cluster)
+    names = list(job.allocations.values_list("pod_name", flat=True))
+    if not names:
+        return "nothing"
+    ns = namespace_spec(job, job.cluster).name
+    for name in names:
+        backend.delete_pod(ns, name, grace_seconds=30)
+    remaining = {p.name for p in backend.list_pods()} & set(names)
+    if remaining:
+        return "waiting"  # the reconcile task releases once the pods are gone
+    _pods_gone(job_id)
+    return "released"
+
+
+def _pods_gone(job_id: int) -> None:
+    """The job's pods are gone: release, and requeue a preempted job or end a finished one."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        released = _release(job)
+        if job.state == JobState.PREEMPTING:
+            preemptor = job.preempted_by
+            job.state = JobState.QUEUED
+            note = " (resumes from its latest checkpoint)" if job.checkpoint_capable else ""
+            job.reason = (f"Preempted by job {preemptor.name}; requeued{note}" if preemptor
+                          else job.reason.replace("Rescheduling", "Requeued") + note)[:500]
+            job.preempted_by = None
+            job.started_at = None
+            job.save(update_fields=["state", "reason", "preempted_by", "started_at", "updated_at"])
+            _record(job, DecisionKind.REQUEUED, job.reason, preemptor=preemptor)
+            _audit_job("job.requeued", job, after={"reason": job.reason})
+        elif job.state in ACTIVE_STATES:
+            # Pods vanished under a starting/running job: lost. Checkpointed jobs resume.
+            if job.checkpoint_capable and job.attempts < MAX_ATTEMPTS:
+                job.state = JobState.QUEUED
+                job.reason = "Its pods were lost; requeued (resumes from its latest checkpoint)"
+                job.started_at = None
+                job.save(update_fields=["state", "reason", "started_at", "updated_at"])
+                _record(job, DecisionKind.REQUEUED, job.reason)
+            else:
+                _finish(job, JobState.FAILED, "Its pods disappeared from the cluster")
+                _record(job, DecisionKind.FAILED, job.reason)
+                _audit_job("job.failed", job, after={"reason": job.reason})
+        if released:
+            request_cycle(job.cluster_id)
+
+
+# --- reconcile -----------------------------------------------------------------------------
+
+
+DISPATCH_GRACE_SECONDS = 15
+
+
+@dataclass
+class ReconcileResult:
+    started: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)
+    redispatched: list[int] = field(default_factory=list)
+    orphans_deleted: list[str] = field(default_factory=list)
+
+
+def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None) -> ReconcileResult:
+    """Converge the database and the cluster (after events, crashes or lost events).
+
+    Rules: pod phases map to job states (all running → Running; all succeeded →
+    Succeeded; any failed → Failed); a job whose pods are gone releases its resources
+    (preempted ones are requeued); an admitted job whose pods were never created gets
+    them (re)created; pods that belong to no admitted job (orphans) are deleted."""
+    backend = backend_for(cluster)
+    if pods is None:
+        pods = backend.list_pods()
+    by_name = {p.name: p for p in pods}
+    result = ReconcileResult()
+    allocs: dict[int, list[Allocation]] = defaultdict(list)
+    for a in Allocation.objects.filter(cluster=cluster).select_related("job"):
+        allocs[a.job_id].append(a)
+    known = {a.pod_name for rows in allocs.values() for a in rows}
+    for job_id, rows in allocs.items():
+        _reconcile_job(backend, job_id, rows, by_name, result)
+    for p in pods:
+        if p.name not in known and p.labels.get(MANAGED_BY) == "camp" and not p.deleting:
+            with contextlib.suppress(BackendError):
+                backend.delete_pod(p.namespace, p.name, grace_seconds=30)
+            result.orphans_deleted.append(p.name)
+    return result
+
+
+def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict[str, PodStatus],
+                   result: ReconcileResult) -> None:
+    job = rows[0].job
+    present = [pods[a.pod_name] for a in rows if a.pod_name in pods]
+    phases = [p.phase for p in present]
+    if job.state in FINAL_STATES or job.state == JobState.PREEMPTING:
+        live = [p for p in present if p.phase in ("Pending", "Running")]
+        if not present or (job.state in FINAL_STATES and not live):
+            # Finished pods hold nothing; clean them up and give the resources back.
+            for p in present:
+                with contextlib.suppress(BackendError):
+                    backend.delete_pod(p.namespace, p.name, grace_seconds=0)
+            _pods_gone(job_id)
+            result.released.append(job_id)
+        else:
+            for p in present:
+                if not p.deleting:
+                    with contextlib.suppress(BackendError):
+                        backend.delete_pod(p.namespace, p.name, grace_seconds=30)
+        return
+    # STARTING / RUNNING
+    _update_phases(rows, pods)
+    if "Failed" in phases:
+        failed = next(p for p in present if p.phase == "Failed")
+        detail = f": {failed.message}" if failed.message else ""
+        _end(job_id, JobState.FAILED, f"Pod {failed.name} failed{detail}")
+        result.finished.append(job_id)
+        _stop_after_commit_now(job_id)
+        return
+    if len(present) == len(rows) and all(ph == "Succeeded" for ph in phases):
+        _end(job_id, JobState.SUCCEEDED, "All pods succeeded")
+        result.finished.append(job_id)
+        _stop_after_commit_now(job_id)
+        return
+    if len(present) < len(rows):
+        admitted = job.admitted_at or timezone.now()
+        if job.state == JobState.RUNNING and present:
+            pass  # a pod finished early and was cleaned up, or is being recreated below
+        if job.state == JobState.RUNNING and not present:
+            _pods_gone(job_id)
+            result.released.append(job_id)
+            return
+        if timezone.now() - admitted > dt.timedelta(seconds=DISPATCH_GRACE_SECONDS):
+            # Admitted but pods missing: the dispatch was lost (crash) — create them again.
+            from .tasks import job_dispatch
+
+            job_dispatch.delay(job_id)
+            result.redispatched.append(job_id)
+        return
+    if job.state == JobState.STARTING and all(ph in ("Running", "Succeeded") for ph in phases):
+        with transaction.atomic():
+            if Job.objects.filter(pk=job_id, state=JobState.STARTING).update(
+                state=JobState.RUNNING, started_at=timezone.now(), reason="Running",
+                reason_kind="",
+            ):
+                fresh = Job.objects.get(pk=job_id)
+                _record(fresh, DecisionKind.STARTED, "All pods are running")
+                result.started.append(job_id)
+
+
+def _update_phases(rows: list[Allocation], pods: dict[str, PodStatus]) -> None:
+    mapping = {"Pending": PodPhase.CREATED, "Running": PodPhase.RUNNING,
+               "Succeeded": PodPhase.SUCCEEDED, "Failed": PodPhase.FAILED}
+    for a in rows:
+        p = pods.get(a.pod_name)
+        phase = mapping.get(p.phase, PodPhase.CREATED) if p else (
+            PodPhase.GONE if a.phase not in (PodPhase.PENDING,) else PodPhase.PENDING)
+        if a.phase != phase:
+            Allocation.objects.filter(pk=a.pk).update(phase=phase, message=(p.message if p else "")[:500])
+
+
+def _end(job_id: int, state: str, reason: str) -> None:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        if job.state not in (JobState.STARTING, JobState.RUNNING):
+            return
+        _finish(job, state, reason)
+        _record(job, DecisionKind.FINISHED if state == JobState.SUCCEEDED else DecisionKind.FAILED,
+                reason)
+        _audit_job("job.succeeded" if state == JobState.SUCCEEDED else "job.failed", job,
+                   after={"reason": reason})
+
+
+def _stop_after_commit_now(job_id: int) -> None:
+    from .tasks import job_stop
+
+    job_stop.delay(job_id)

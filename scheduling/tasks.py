@@ -1,0 +1,103 @@
+"""Celery entry points: thin, take ids, idempotent (DESIGN.md §5).
+
+Every task is acked late and rejected (so redelivered) when its worker dies
+(CELERY_TASK_ACKS_LATE + task_reject_on_worker_lost): a cycle killed mid-way rolls
+back its transaction, loses its advisory lock with its connection, and runs again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.db import OperationalError
+
+from . import services
+from .backends.base import BackendError
+from .models import Cluster, Job
+
+logger = logging.getLogger(__name__)
+
+_OPTS = {"acks_late": True, "reject_on_worker_lost": True}
+
+
+@shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
+def cluster_cycle(cluster_id: int) -> dict[str, int] | str:
+    """One scheduling cycle of one cluster (another worker's cycle → try again shortly)."""
+    services.cycle_request_taken(cluster_id)
+    cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
+    if cluster is None:
+        return "disabled"
+    summary = services.cycle_run(cluster=cluster)
+    if summary is None:
+        services.request_cycle(cluster_id, countdown=1)
+        return "busy"
+    return {"admitted": len(summary.admitted), "waiting": len(summary.waiting),
+            "preempting": len(summary.preempting), "rejected": len(summary.rejected)}
+
+
+@shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
+def cluster_reconcile(cluster_id: int) -> dict[str, int] | str:
+    cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
+    if cluster is None:
+        return "disabled"
+    try:
+        result = services.cluster_reconcile(cluster=cluster)
+    except BackendError as exc:
+        Cluster.objects.filter(pk=cluster_id).update(last_error=str(exc)[:500])
+        return "error"
+    return {"started": len(result.started), "finished": len(result.finished),
+            "released": len(result.released), "orphans": len(result.orphans_deleted)}
+
+
+@shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=2, max_retries=3)
+def cluster_inventory_sync(cluster_id: int) -> dict[str, int] | str:
+    cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
+    if cluster is None:
+        return "disabled"
+    try:
+        result = services.inventory_sync(cluster=cluster)
+    except (BackendError, ValueError) as exc:
+        Cluster.objects.filter(pk=cluster_id).update(last_error=str(exc)[:500])
+        return "error"
+    return {"nodes": result.nodes, "gpus": result.gpus, "evicted": len(result.evicted_jobs)}
+
+
+@shared_task(bind=True, **_OPTS, max_retries=5)
+def job_dispatch(self, job_id: int) -> str:  # type: ignore[no-untyped-def]
+    """Create an admitted job's pods; retryable cluster errors back off exponentially."""
+    if not Job.objects.filter(pk=job_id).exists():
+        return "gone"
+    final = self.request.retries >= self.max_retries
+    try:
+        return services.job_dispatch(job_id=job_id, final_attempt=final)
+    except BackendError as exc:
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
+
+
+@shared_task(**_OPTS, autoretry_for=(OperationalError, BackendError), retry_backoff=1, max_retries=5)
+def job_stop(job_id: int) -> str:
+    if not Job.objects.filter(pk=job_id).exists():
+        return "gone"
+    return services.job_stop(job_id=job_id)
+
+
+@shared_task(**_OPTS)
+def scheduler_tick() -> int:
+    """Beat: reconcile and schedule every enabled cluster."""
+    n = 0
+    for cluster_id in Cluster.objects.filter(enabled=True).values_list("pk", flat=True):
+        cluster_reconcile.delay(cluster_id)
+        services.request_cycle(cluster_id)
+        n += 1
+    return n
+
+
+@shared_task(**_OPTS)
+def inventory_tick() -> int:
+    """Beat: full inventory list of every enabled cluster."""
+    n = 0
+    for cluster_id in Cluster.objects.filter(enabled=True).values_list("pk", flat=True):
+        cluster_inventory_sync.delay(cluster_id)
+        n += 1
+    return n
