@@ -532,3 +532,41 @@ def test_multi_container_pod_and_hami_annotation() -> None:
     c0, c1, tail = ann.split(";")
     assert c0.count(":") == 2 and c1.count(":") == 1 and tail == ""
     assert c1.endswith(",NVIDIA,2000,20:")
+
+
+# --------------------------------------------------------------------------------------------------
+# Camp's default policy: the terms it adds to FGD
+# --------------------------------------------------------------------------------------------------
+
+T4_ONLY = pod("t4", gpu_count=1, cpu_millicores=1000, gpu_models={"T4"})
+FLEX = pod("f", gpu_count=1, cpu_millicores=1000)
+CPU_ONLY = pod("c", cpu_millicores=6000)
+SHARE = pod("s", gpu_count=1, gpu_memory_percent=50, gpu_cores_percent=50, cpu_millicores=4000)
+
+CAMP_CASES: dict[str, tuple[ClusterSnapshot, WorkloadProfile, PodRequest, str]] = {
+    "scarcity: a flexible pod leaves cards that restricted pods need": (
+        cluster(node("a", 2, model="T4", memory_mib=15_100), node("b", 2)),
+        _profile((T4_ONLY, 3), (FLEX, 1)),
+        FLEX,
+        "b",
+    ),
+    "balance: a CPU-only pod goes where it starves no card": (
+        cluster(node("a", 2, cpu=8000), node("b", 2, cpu=64_000)),
+        _profile((SHARE, 3), (CPU_ONLY, 1)),
+        CPU_ONLY,
+        "b",
+    ),
+    "packing: near-equal gradients go to the node with fewer free cards": (
+        cluster(node("a", 4), node("b", 2)),
+        _profile((WHOLE, 1)),
+        WHOLE,
+        "b",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CAMP_CASES, ids=list(CAMP_CASES))
+def test_camp_policy_terms(case: str) -> None:
+    snap, prof, p, want = CAMP_CASES[case]
+    got = Placer(ClusterState(snap), FragmentationPolicy(prof)).find(p)
+    assert got is not None and got.node == want
