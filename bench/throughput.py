@@ -30,9 +30,9 @@ from scheduling.engine import (
     Job,
     Node,
     Placer,
-    Policy,
     PodGroup,
     PodRequest,
+    Policy,
     ResourcePolicy,
     WorkloadProfile,
     default_policy,
@@ -76,9 +76,7 @@ def streams(n: int, seed: int) -> dict[str, list[Job]]:
     single = [p.request for p in trace if p.gpus == 1 and p.request.gpu_count == 1]
 
     def one(kind: str, reqs: list[PodRequest]) -> list[Job]:
-        return [
-            Job(f"{kind}{i}", (PodGroup("p", rng.choice(reqs)),), gang=False) for i in range(n)
-        ]
+        return [Job(f"{kind}{i}", (PodGroup("p", rng.choice(reqs)),), gang=False) for i in range(n)]
 
     gang_pod = pod("w", gpu_count=8, cpu_millicores=32_000, ram_mib=65_536)
     gangs = [Job(f"gang{i}", (PodGroup("w", gang_pod, 2),), gang=True) for i in range(n // 2)]
@@ -113,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     profile = WorkloadProfile.from_pods([p.request for p in load_pods("default")])
     camp = default_policy(profile)
     base = ResourcePolicy("binpack", "binpack")
-    clusters = {"openb (1,213 nodes)": load_nodes(), "synthetic (10,000 nodes)": synthetic_cluster()}
+    clusters = {
+        "openb (1,213 nodes)": load_nodes(),
+        "synthetic (10,000 nodes)": synthetic_cluster(),
+    }
     rows = []
     for cname, snap in clusters.items():
         t0 = time.perf_counter()
