@@ -1,6 +1,7 @@
 """Demo data: a platform admin, two tenants with projects and members of every role."""
 
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand
@@ -8,7 +9,34 @@ from django.db import transaction
 
 from scheduling.models import Cluster
 from tenants import services
-from tenants.models import Membership, Role, Tenant, User
+from tenants.models import Membership, Project, Role, Tenant, User
+
+DEMO_INVENTORY = Path(__file__).resolve().parents[3] / "scheduling" / "inventories" / "demo.yaml"
+
+
+def _g(name: str = "worker", replicas: int = 1, **kw: Any) -> dict[str, Any]:
+    return {"name": name, "replicas": replicas, "cpu_millicores": 4000, "ram_mib": 16384, **kw}
+
+
+# (tenant, project, user, job, priority class, pod groups, seconds): a mix that fills the
+# cluster, queues, backfills and preempts, so the console shows every state within minutes.
+DEMO_JOBS: list[tuple[str, str, str, str, str, list[dict[str, Any]], int]] = [
+    ("vision", "detection", "vince", "yolo-train", "normal", [_g(replicas=2, gpu_count=8)], 120),
+    ("vision", "detection", "victor", "notebook", "high",
+     [_g(gpu_count=1, gpu_memory_mib=20480, gpu_cores_percent=30)], 300),
+    ("vision", "segmentation", "vera", "sam-finetune", "batch", [_g(gpu_count=4)], 90),
+    ("language", "llm-pretrain", "lily", "llama-pretrain", "batch",
+     [_g(replicas=2, gpu_count=8, gpu_models=["H100-80G"])], 150),
+    ("language", "llm-pretrain", "leo", "eval-sweep", "normal",
+     [_g(gpu_count=1, gpu_memory_mib=11264, gpu_cores_percent=50, gpu_models=["L4"])], 45),
+    ("language", "chatbot", "lena", "chatbot-serve", "inference",
+     [_g(replicas=2, gpu_count=1, gpu_models=["L4"])], 600),
+    ("language", "llm-pretrain", "lily", "ascend-test", "normal",
+     [_g(gpu_count=1, gpu_memory_mib=16000, gpu_cores_percent=20, gpu_models=["Ascend910B"])], 60),
+    ("vision", "detection", "vince", "big-sweep", "high",
+     [_g(replicas=3, gpu_count=8, gpu_models=["A100-80G", "H100-80G"])], 100),
+    ("language", "llm-pretrain", "leo", "too-big", "normal", [_g(gpu_count=12)], 60),
+]
 
 DEMO_PASSWORD = "camp-demo-2026"  # noqa: S105 (demo data only, printed on purpose)
 
@@ -33,6 +61,11 @@ class Command(BaseCommand):
             cluster, _ = Cluster.objects.get_or_create(
                 name="sim", defaults={"display_name": "Simulated cluster"}
             )
+            if not cluster.inventory:
+                # The heterogeneous simulated cluster (scheduling/inventories/demo.yaml).
+                cluster.backend = "simulated"
+                cluster.inventory = DEMO_INVENTORY.read_text(encoding="utf-8")
+                cluster.save(update_fields=["backend", "inventory"])
             if not hasattr(cluster, "quota"):
                 services.quota_set(actor=admin, scope="cluster", cluster=cluster, values={
                     "gpus_guaranteed": Decimal(64), "gpus_limit": Decimal(64),
@@ -42,12 +75,31 @@ class Command(BaseCommand):
                 })
             for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
                 self._tenant(admin, tenant_name, projects, owner, padmin, member)
+        self._jobs(cluster)
         self.stdout.write(f"Demo logins (password for all: {DEMO_PASSWORD}):")
         self.stdout.write("  admin            platform admin")
         for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
             self.stdout.write(f"  {owner:<16} tenant owner of {tenant_name}")
             self.stdout.write(f"  {padmin:<16} project admin of {tenant_name}/{projects[0]}")
             self.stdout.write(f"  {member:<16} project member of {tenant_name}/{projects[0]}")
+
+    def _jobs(self, cluster: Cluster) -> None:
+        """The simulated cluster's inventory and a few jobs that move through their states."""
+        from scheduling import services as scheduling_services
+        from scheduling.models import Job
+
+        scheduling_services.inventory_sync(cluster=cluster)
+        if Job.objects.filter(cluster=cluster).exists():
+            return
+        with transaction.atomic():
+            for tenant_name, project_name, user, name, cls, groups, seconds in DEMO_JOBS:
+                project = Project.objects.get(tenant__name=tenant_name, name=project_name)
+                scheduling_services.job_submit(
+                    actor=User.objects.get(username=user), project=project, cluster=cluster,
+                    name=name, groups=groups, priority_class=cls, duration_seconds=seconds,
+                    checkpoint_capable=cls == "batch", gang=True,
+                    kind="pytorch" if len(groups) > 1 or groups[0]["replicas"] > 1 else "batch",
+                )
 
     def _user(self, username: str) -> User:
         user = User.objects.filter(username=username).first()
