@@ -2,6 +2,7 @@
 
 from rest_framework.routers import DefaultRouter
 
+from scheduling.api import views as scheduling_views
 from tenants.api import views as tenant_views
 
 router = DefaultRouter()
@@ -12,5 +13,8 @@ router.register("quotas", tenant_views.QuotaViewSet, basename="quota")
 router.register("users", tenant_views.UserViewSet, basename="user")
 router.register("tokens", tenant_views.ApiTokenViewSet, basename="token")
 router.register("audit-events", tenant_views.AuditEventViewSet, basename="auditevent")
+router.register("clusters", scheduling_views.ClusterViewSet, basename="cluster")
+router.register("nodes", scheduling_views.NodeViewSet, basename="node")
+router.register("jobs", scheduling_views.JobViewSet, basename="job")
 
 urlpatterns = router.urls

@@ -1,0 +1,154 @@
+"""Scheduling API serializers: shape and type checks only; rules live in services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from tenants.api.serializers import VisiblePKField
+from tenants.models import Project
+
+from ..models import (
+    Allocation,
+    Backend,
+    Cluster,
+    GpuDevice,
+    Job,
+    Node,
+    PodGroup,
+    PriorityClass,
+    SchedulingDecision,
+)
+
+
+class ClusterSerializer(serializers.ModelSerializer[Cluster]):
+    """Credentials are write-only: they are encrypted at rest and never returned."""
+
+    backend = serializers.ChoiceField(choices=Backend.choices, default=Backend.SIMULATED)
+    kubeconfig = serializers.CharField(write_only=True, required=False, allow_blank=True,
+                                       trim_whitespace=False, style={"input_type": "password"})
+    token = serializers.CharField(write_only=True, required=False, allow_blank=True,
+                                  style={"input_type": "password"})
+    ca_cert = serializers.CharField(write_only=True, required=False, allow_blank=True,
+                                    trim_whitespace=False)
+    has_credentials = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Cluster
+        fields = ["id", "name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
+                  "namespace_prefix", "inventory", "kubeconfig", "token", "ca_cert",
+                  "has_credentials", "last_inventory_at", "last_cycle_at", "last_error", "created_at"]
+        read_only_fields = ["id", "has_credentials", "last_inventory_at", "last_cycle_at",
+                            "last_error", "created_at"]
+        validators: list[Any] = []
+
+
+class GpuSerializer(serializers.ModelSerializer[GpuDevice]):
+    class Meta:
+        model = GpuDevice
+        fields = ["index", "uuid", "model", "vendor", "memory_mib", "numa_node", "healthy",
+                  "quarantined", "sharing", "max_sharers", "memory_allocated_mib", "cores_allocated",
+                  "sharers", "exclusive_held", "utilization_percent"]
+        read_only_fields = fields
+
+
+class NodeSerializer(serializers.ModelSerializer[Node]):
+    cluster: serializers.SlugRelatedField[Cluster] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
+    gpus = GpuSerializer(many=True, read_only=True)
+    schedulable = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Node
+        fields = ["id", "cluster", "name", "cpu_millicores", "ram_mib", "max_pods", "labels", "taints",
+                  "pool", "nvlink_islands", "ready", "cordoned", "present", "quarantined",
+                  "quarantine_reason", "schedulable", "gpus", "updated_at"]
+        read_only_fields = fields
+
+
+class QuarantineSerializer(serializers.Serializer[Any]):
+    quarantined = serializers.BooleanField()
+    reason = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
+
+
+class PodGroupSerializer(serializers.ModelSerializer[PodGroup]):
+    gpu_models = serializers.ListField(child=serializers.CharField(max_length=100), required=False,
+                                       max_length=20)
+    command = serializers.ListField(child=serializers.CharField(max_length=4096), required=False,
+                                    max_length=100)
+    env = serializers.DictField(child=serializers.CharField(max_length=4096), required=False)
+
+    class Meta:
+        model = PodGroup
+        fields = ["name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
+                  "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env"]
+        validators: list[Any] = []
+
+
+class SliceBriefSerializer(serializers.Serializer[Any]):
+    gpu = serializers.IntegerField(source="gpu.index")
+    uuid = serializers.CharField(source="gpu.uuid")
+    model = serializers.CharField(source="gpu.model")
+    memory_mib = serializers.IntegerField()
+    cores_percent = serializers.IntegerField()
+    exclusive = serializers.BooleanField()
+
+
+class AllocationSerializer(serializers.ModelSerializer[Allocation]):
+    node = serializers.CharField(source="node.name")
+    role = serializers.CharField(source="group.name")
+    slices = SliceBriefSerializer(many=True)
+
+    class Meta:
+        model = Allocation
+        fields = ["pod_name", "role", "replica", "node", "phase", "cpu_millicores", "ram_mib", "slices"]
+        read_only_fields = fields
+
+
+class DecisionSerializer(serializers.ModelSerializer[SchedulingDecision]):
+    preemptor: serializers.PrimaryKeyRelatedField[Job] = serializers.PrimaryKeyRelatedField(
+        read_only=True)
+
+    class Meta:
+        model = SchedulingDecision
+        fields = ["id", "kind", "reason", "queue_position", "placement", "victims", "preemptor",
+                  "created_at"]
+        read_only_fields = fields
+
+
+class JobSerializer(serializers.ModelSerializer[Job]):
+    project = VisiblePKField(queryset=Project.objects.all())
+    cluster = serializers.SlugRelatedField(slug_field="name", queryset=Cluster.objects.all())
+    tenant = serializers.CharField(source="tenant.name", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    priority_class = serializers.ChoiceField(choices=PriorityClass.choices, default="normal")
+    preemptible = serializers.BooleanField(required=False, allow_null=True, default=None)
+    groups = PodGroupSerializer(many=True)
+    allocations = AllocationSerializer(many=True, read_only=True)
+    last_decision = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = ["id", "name", "tenant", "project", "cluster", "owner", "kind", "priority_class",
+                  "priority", "preemptible", "checkpoint_capable", "gang", "duration_seconds",
+                  "groups", "state", "reason", "reason_kind", "queue_position", "queue_length",
+                  "preempted_by", "attempts", "submitted_at", "admitted_at", "started_at",
+                  "finished_at", "allocations", "last_decision"]
+        read_only_fields = ["id", "tenant", "owner", "priority", "state", "reason", "reason_kind",
+                            "queue_position", "queue_length", "preempted_by", "attempts",
+                            "submitted_at", "admitted_at", "started_at", "finished_at"]
+        validators: list[Any] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from tenants.permissions import restrict
+
+        request = self.context.get("request")
+        # Only clusters the user may see (others read as "does not exist").
+        visible = restrict(Cluster.objects.filter(enabled=True), request.user if request else None)
+        setattr(self.fields["cluster"], "queryset", visible)  # noqa: B010
+
+    def get_last_decision(self, job: Job) -> dict[str, Any] | None:
+        d = job.decisions.order_by("-id").first()
+        return DecisionSerializer(d).data if d is not None else None

@@ -1,0 +1,143 @@
+"""REST API for scheduling. Thin: look up through ``restrict``, write through services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from tenants.api.idempotency import IdempotentCreateMixin
+from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
+from tenants.permissions import actor_of
+
+from .. import services
+from ..models import Allocation, Cluster, GpuDevice, GpuSlice, Job, Node
+from .serializers import (
+    ClusterSerializer,
+    DecisionSerializer,
+    JobSerializer,
+    NodeSerializer,
+    QuarantineSerializer,
+)
+
+CREDENTIALS = ("kubeconfig", "token", "ca_cert")
+
+
+def _split_credentials(data: dict[str, Any]) -> dict[str, str] | None:
+    creds = {k: data.pop(k) for k in CREDENTIALS if k in data}
+    return creds or None
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class ClusterViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     mixins.CreateModelMixin, mixins.UpdateModelMixin, mixins.DestroyModelMixin,
+                     CampViewSet):
+    """Clusters. Tenant members read them; platform admins register and edit them.
+    Credentials (kubeconfig, or token + CA) are write-only and encrypted at rest."""
+
+    model = Cluster
+    serializer_class = ClusterSerializer
+    filterset_fields = ["name", "enabled", "backend"]
+    ordering_fields = ["name", "created_at"]
+
+    def perform_create(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        creds = _split_credentials(data)
+        serializer.instance = services.cluster_create(actor=actor_of(self.request), credentials=creds,
+                                                      **data)
+
+    def perform_update(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        creds = _split_credentials(data)
+        serializer.instance = services.cluster_update(
+            actor=actor_of(self.request), cluster=serializer.instance, credentials=creds, **data)
+
+    def perform_destroy(self, instance: Cluster) -> None:
+        services.cluster_delete(actor=actor_of(self.request), cluster=instance)
+
+    @extend_schema(request=None, responses={202: None})
+    @action(detail=True, methods=["post"])
+    def sync(self, request: Request, pk: str | None = None) -> Response:
+        """Refresh the cluster's inventory now (asynchronously)."""
+        cluster = self.get_object()
+        from tenants.services import require
+
+        require(actor_of(request), "change", cluster)
+        from ..tasks import cluster_inventory_sync
+
+        cluster_inventory_sync.delay_on_commit(cluster.pk)
+        return Response(status=status.HTTP_202_ACCEPTED)
+
+
+class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, CampViewSet):
+    """Nodes and their GPUs, with what is allocated and whether they are quarantined."""
+
+    model = Node
+    serializer_class = NodeSerializer
+    filterset_fields = ["cluster", "pool", "quarantined", "ready", "present"]
+    search_fields = ["name"]
+    ordering_fields = ["name"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().select_related("cluster").prefetch_related(
+            Prefetch("gpus", queryset=GpuDevice.objects.order_by("index")))
+
+    @extend_schema(request=QuarantineSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def quarantine(self, request: Request, pk: str | None = None) -> Response:
+        """Take a node out of service (its jobs are rescheduled), or back in."""
+        node = self.get_object()
+        data = QuarantineSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.node_quarantine(actor=actor_of(request), node=node,
+                                        quarantined=data.validated_data["quarantined"],
+                                        reason=data.validated_data["reason"])
+        return Response(NodeSerializer(node, context={"request": request}).data)
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                 mixins.CreateModelMixin, CampViewSet):
+    """Jobs: submit, follow (state, reason, queue position, decisions) and cancel."""
+
+    model = Job
+    serializer_class = JobSerializer
+    filterset_fields = ["project", "cluster", "state", "priority_class", "tenant"]
+    search_fields = ["name"]
+    ordering_fields = ["submitted_at", "priority", "state", "queue_position"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().select_related(
+            "tenant", "project", "cluster", "owner").prefetch_related(
+            "groups",
+            Prefetch("allocations", queryset=Allocation.objects.select_related("node", "group")
+                     .prefetch_related(Prefetch("slices", queryset=GpuSlice.objects.select_related("gpu")))),
+        ).order_by("-submitted_at", "-id")
+
+    def perform_create(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        data["groups"] = [dict(g) for g in data["groups"]]
+        serializer.instance = services.job_submit(actor=actor_of(self.request), **data)
+
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        """Cancel the job (its pods are stopped, its resources released)."""
+        job = services.job_cancel(actor=actor_of(request), job=self.get_object())
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk),
+                                      context={"request": request}).data)
+
+    @extend_schema(responses=DecisionSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def decisions(self, request: Request, pk: str | None = None) -> Response:
+        """The job's scheduling history: admitted with placement, waiting with reason and
+        queue position, preempted with the preemptor named."""
+        job = self.get_object()
+        page = self.paginate_queryset(job.decisions.order_by("-id"))
+        data = DecisionSerializer(page, many=True).data
+        return self.get_paginated_response(data)
