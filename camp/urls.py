@@ -12,5 +12,6 @@ urlpatterns = [
     path("api/v1/", include("camp.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("scheduling/", include("scheduling.urls")),
     path("", include("tenants.urls")),
 ]

@@ -1,0 +1,16 @@
+from django.urls import path
+
+from . import views
+
+app_name = "scheduling"
+
+urlpatterns = [
+    path("clusters/", views.cluster_list, name="clusters"),
+    path("clusters/new/", views.cluster_edit, name="cluster-new"),
+    path("clusters/<slug:cluster_name>/edit/", views.cluster_edit, name="cluster-edit"),
+    path("clusters/<slug:cluster_name>/nodes/", views.node_list, name="nodes"),
+    path("nodes/<int:pk>/quarantine/", views.node_quarantine, name="node-quarantine"),
+    path("jobs/", views.job_list, name="jobs"),
+    path("jobs/<int:pk>/", views.job_detail, name="job"),
+    path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+]

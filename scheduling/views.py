@@ -1,0 +1,128 @@
+"""Console pages for scheduling: clusters, nodes and GPUs, jobs. Same services and
+permissions as the API; objects outside a user's reach are 404."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.db.models import Prefetch
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from tenants.forms import apply_service_errors
+from tenants.permissions import CHANGE, CREATE, actor_of, can, restrict
+
+from . import selectors, services
+from .models import Cluster, GpuDevice, Job, JobState, Node
+
+
+class ClusterForm(forms.ModelForm[Cluster]):
+    api_server = forms.URLField(required=False, assume_scheme="https")
+    prometheus_url = forms.URLField(required=False, assume_scheme="https")
+    kubeconfig = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}),
+                                 help_text="Write-only: leave empty to keep the stored credentials.")
+    token = forms.CharField(required=False, widget=forms.PasswordInput,
+                            help_text="Write-only bearer token (with the CA below).")
+    ca_cert = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
+                              label="CA certificate (PEM)")
+
+    class Meta:
+        model = Cluster
+        fields = ["name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
+                  "namespace_prefix", "inventory"]
+        widgets = {"inventory": forms.Textarea(attrs={"rows": 12, "class": "mono"})}
+
+
+@login_required
+def cluster_list(request: HttpRequest) -> HttpResponse:
+    clusters = restrict(Cluster.objects.all(), request.user)
+    rows = [{"cluster": c, "usage": selectors.cluster_usage(cluster=c)} for c in clusters]
+    return render(request, "scheduling/clusters.html", {
+        "rows": rows, "can_create": can(request.user, CREATE, Cluster(name="x"))})
+
+
+@login_required
+def cluster_edit(request: HttpRequest, cluster_name: str | None = None) -> HttpResponseBase:
+    cluster = (get_object_or_404(restrict(Cluster.objects.all(), request.user), name=cluster_name)
+               if cluster_name else None)
+    if not can(request.user, CHANGE if cluster else CREATE, cluster or Cluster(name="x")):
+        raise PermissionDenied
+    form = ClusterForm(request.POST or None, instance=cluster)
+    if request.method == "POST" and form.is_valid():
+        data = {k: form.cleaned_data[k] for k in ClusterForm.Meta.fields}
+        creds = {k: form.cleaned_data[k] for k in ("kubeconfig", "token", "ca_cert")
+                 if form.cleaned_data.get(k)}
+        try:
+            if cluster is None:
+                name = data.pop("name")
+                cluster = services.cluster_create(actor=actor_of(request), name=name,
+                                                  credentials=creds or None, **data)
+            else:
+                cluster = services.cluster_update(actor=actor_of(request), cluster=cluster,
+                                                  credentials=creds or None, **data)
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"Cluster {cluster.name} saved.")
+            return redirect("scheduling:clusters")
+    return render(request, "scheduling/cluster_form.html", {"form": form, "cluster": cluster})
+
+
+@login_required
+def node_list(request: HttpRequest, cluster_name: str) -> HttpResponse:
+    cluster = get_object_or_404(restrict(Cluster.objects.all(), request.user), name=cluster_name)
+    nodes = restrict(Node.objects.filter(cluster=cluster), request.user).prefetch_related(
+        Prefetch("gpus", queryset=GpuDevice.objects.order_by("index")))
+    return render(request, "scheduling/nodes.html", {
+        "cluster": cluster, "nodes": nodes, "can_change": can(request.user, CHANGE, cluster)})
+
+
+@login_required
+@require_POST
+def node_quarantine(request: HttpRequest, pk: int) -> HttpResponseBase:
+    node = get_object_or_404(restrict(Node.objects.select_related("cluster"), request.user), pk=pk)
+    quarantined = request.POST.get("quarantined") == "1"
+    services.node_quarantine(actor=actor_of(request), node=node, quarantined=quarantined,
+                             reason=request.POST.get("reason", "")[:255])
+    messages.success(request, f"Node {node.name} {'quarantined' if quarantined else 'released'}.")
+    return redirect("scheduling:nodes", cluster_name=node.cluster.name)
+
+
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    jobs = selectors.job_list(user=request.user)
+    state = request.GET.get("state", "")
+    if state in JobState.values:
+        jobs = jobs.filter(state=state)
+    page = Paginator(jobs, 50).get_page(request.GET.get("page"))
+    return render(request, "scheduling/jobs.html", {
+        "page": page, "states": JobState.choices, "state": state})
+
+
+@login_required
+def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    job: Any = get_object_or_404(selectors.job_list(user=request.user), pk=pk)
+    allocations = job.allocations.select_related("node", "group").prefetch_related("slices__gpu")
+    return render(request, "scheduling/job.html", {
+        "job": job, "groups": job.groups.all(), "allocations": allocations,
+        "decisions": selectors.job_decisions(job=job),
+        "can_cancel": not job.is_final and can(request.user, "delete", job)})
+
+
+@login_required
+@require_POST
+def job_cancel(request: HttpRequest, pk: int) -> HttpResponseBase:
+    job = get_object_or_404(restrict(Job.objects.all(), request.user), pk=pk)
+    try:
+        services.job_cancel(actor=actor_of(request), job=job)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"Job {job.name} cancelled.")
+    return redirect("scheduling:job", pk=job.pk)
