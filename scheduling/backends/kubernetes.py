@@ -1,0 +1,385 @@
+"""The Kubernetes backend: the only module that talks to a cluster (DESIGN.md §4).
+
+Placement reaches the node the way HAMi's device plugin expects it (verified against
+HAMi's sources, pkg/util and pkg/device/nvidia): the pod is created already bound
+(``spec.nodeName``) and annotated as HAMi's scheduler would annotate it:
+
+* ``hami.io/vgpu-node``: the node; ``hami.io/vgpu-time`` / ``hami.io/bind-time``: unix time;
+* ``hami.io/bind-phase``: ``allocating`` (the device plugin turns it into success/failed);
+* ``hami.io/vgpu-devices-to-allocate``: per device ``UUID,Type,Usedmem,Usedcores:``,
+  containers joined by ``;`` (HAMi's EncodePodDevices);
+* container limits ``nvidia.com/gpu`` (devices), ``nvidia.com/gpumem`` (MiB per device),
+  ``nvidia.com/gpucores`` (% per device).
+
+Inventory comes from the nodes: ``hami.io/node-nvidia-register`` (a JSON array of
+DeviceInfo ``{id, index, count, devmem, devcore, type, numa, mode, health}``; older
+releases wrote ``id,count,devmem,devcore,type,numa,health[,index,mode]:`` entries), else
+``nvidia.com/gpu`` capacity with the GPU feature-discovery labels.
+
+Every call retries 5xx, 429 and timeouts with exponential backoff; a create answered
+409 Conflict means "already done" (names are deterministic).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import urllib3
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+from kubernetes.client.rest import ApiException
+from kubernetes.utils import parse_quantity
+
+from ..models import Cluster
+from .base import (
+    LABEL_JOB_ID,
+    MANAGED_BY,
+    BackendError,
+    GpuInfo,
+    JobObjects,
+    NamespaceSpec,
+    NodeInfo,
+    PodEvent,
+    PodSpec,
+    PodStatus,
+    ResourceVersionExpired,
+)
+from .credentials import decrypt_credentials
+from .vendors import VENDORS, template_dicts, vendor
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RETRYABLE = {429, 500, 502, 503, 504}
+QUOTA_NAME = "camp-project-quota"
+SELECTOR = f"{MANAGED_BY}=camp"
+
+
+def encode_devices(slices: Any) -> str:
+    """HAMi's pod device encoding: ``UUID,Type,mem,cores:`` per device, ``;`` per container."""
+    if not slices:
+        return ""
+    containers = max(s.container for s in slices) + 1
+    return ";".join(
+        "".join(f"{s.uuid},{s.vendor},{s.memory_mib},{s.cores_percent}:"
+                for s in slices if s.container == c)
+        for c in range(containers)
+    )
+
+
+def parse_hami_register(value: str) -> list[GpuInfo]:
+    """GPUs from ``hami.io/node-nvidia-register`` (JSON array, or the older colon format)."""
+    value = value.strip()
+    out: list[GpuInfo] = []
+    if value.startswith("["):
+        for i, d in enumerate(json.loads(value)):
+            out.append(GpuInfo(
+                index=int(d.get("index", i)), uuid=str(d["id"]), model=str(d.get("type", "")),
+                memory_mib=int(d.get("devmem", 0)), vendor="NVIDIA",
+                numa_node=int(d.get("numa", 0)), healthy=bool(d.get("health", True)),
+                max_sharers=int(d.get("count", 10)) or 1,
+            ))
+        return out
+    for i, entry in enumerate(e for e in value.split(":") if "," in e):
+        items = entry.split(",")
+        out.append(GpuInfo(
+            index=int(items[7]) if len(items) >= 9 else i, uuid=items[0], model=items[4],
+            memory_mib=int(items[2]), vendor="NVIDIA", numa_node=int(items[5] or 0),
+            healthy=items[6].lower() == "true", max_sharers=int(items[1]) or 1,
+        ))
+    return out
+
+
+def _gfd_gpus(name: str, capacity: dict[str, str], labels: dict[str, str]) -> list[GpuInfo]:
+    """GPUs from ``nvidia.com/gpu`` capacity and GPU feature discovery labels."""
+    count = int(capacity.get("nvidia.com/gpu", "0") or 0) or int(labels.get("nvidia.com/gpu.count", "0"))
+    model = labels.get("nvidia.com/gpu.product", "nvidia-gpu")
+    memory = int(labels.get("nvidia.com/gpu.memory", "0") or 0)
+    # Without HAMi there is no per-device id nor slicing: whole cards only.
+    return [GpuInfo(index=i, uuid=f"{name}-gpu{i}", model=model, memory_mib=memory,
+                    sharing="exclusive-only", max_sharers=1) for i in range(count)]
+
+
+def _mib(quantity: str | None) -> int:
+    return int(parse_quantity(quantity or "0") / (1024 * 1024))
+
+
+def _millicores(quantity: str | None) -> int:
+    return int(parse_quantity(quantity or "0") * 1000)
+
+
+class KubernetesBackend:
+    def __init__(self, api_client: k8s.ApiClient, *, retries: int = 4, backoff: float = 0.2,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.api = api_client
+        self.core = k8s.CoreV1Api(api_client)
+        self.retries = retries
+        self.backoff = backoff
+        self.sleep = sleep
+        self._owner_uids: dict[tuple[str, str], str] = {}
+
+    @classmethod
+    def for_cluster(cls, cluster: Cluster) -> KubernetesBackend:
+        creds = decrypt_credentials(cluster.credentials_encrypted)
+        if creds.get("kubeconfig"):
+            api = k8s_config.new_client_from_config_dict(yaml.safe_load(creds["kubeconfig"]))
+            if cluster.api_server:
+                api.configuration.host = cluster.api_server
+            return cls(api)
+        configuration = k8s.Configuration()
+        configuration.host = cluster.api_server
+        if creds.get("token"):
+            configuration.api_key = {"authorization": f"Bearer {creds['token']}"}
+        if creds.get("ca_cert"):
+            fd, path = tempfile.mkstemp(prefix="camp-ca-", suffix=".pem")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(creds["ca_cert"])
+            configuration.ssl_ca_cert = path
+        return cls(k8s.ApiClient(configuration))
+
+    # -- retries -----------------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., T], *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> T | None:
+        """Call the API; statuses in ``ok`` return None; 5xx/429/timeouts retry with backoff."""
+        kwargs.setdefault("_request_timeout", 30)
+        for attempt in range(self.retries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except ApiException as exc:
+                if exc.status in ok:
+                    return None
+                if exc.status in RETRYABLE and attempt < self.retries:
+                    self.sleep(self.backoff * 2 ** attempt)
+                    continue
+                raise BackendError(_describe(exc), status=exc.status,
+                                   retryable=exc.status in RETRYABLE) from exc
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if attempt < self.retries:
+                    self.sleep(self.backoff * 2 ** attempt)
+                    continue
+                raise BackendError(f"Kubernetes API unreachable: {type(exc).__name__}",
+                                   retryable=True) from exc
+        raise AssertionError("unreachable")
+
+    # -- inventory ---------------------------------------------------------------------------
+
+    def list_nodes(self) -> list[NodeInfo]:
+        nodes = self._call(self.core.list_node)
+        assert nodes is not None
+        return [self._node(n) for n in nodes.items]
+
+    def _node(self, n: Any) -> NodeInfo:
+        meta, status = n.metadata, n.status
+        labels = dict(meta.labels or {})
+        annotations = dict(meta.annotations or {})
+        alloc = dict((status.allocatable if status else None) or (status.capacity if status else None) or {})
+        capacity = dict((status.capacity if status else None) or {})
+        ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions or [])) if (
+            status and status.conditions) else False
+        gpus: list[GpuInfo] = []
+        for v in VENDORS.values():
+            raw = annotations.get(v.register_annotation)
+            if raw:
+                try:
+                    found = parse_hami_register(raw)
+                except (ValueError, KeyError, IndexError):
+                    logger.warning("node %s: unreadable %s", meta.name, v.register_annotation)
+                    continue
+                gpus.extend(GpuInfo(index=g.index, uuid=g.uuid, model=g.model, memory_mib=g.memory_mib,
+                                    vendor=v.name, numa_node=g.numa_node, healthy=g.healthy,
+                                    sharing=v.sharing, templates=tuple(template_dicts(v)),
+                                    max_sharers=g.max_sharers) for g in found)
+        if not gpus:
+            gpus = _gfd_gpus(meta.name, capacity, labels)
+        taints = tuple({"key": t.key, "value": t.value or "", "effect": t.effect}
+                       for t in (n.spec.taints or [])) if n.spec else ()
+        return NodeInfo(
+            name=meta.name, cpu_millicores=_millicores(alloc.get("cpu")), ram_mib=_mib(alloc.get("memory")),
+            max_pods=int(alloc.get("pods", "110")), labels=labels, taints=taints, ready=ready,
+            cordoned=bool(n.spec and n.spec.unschedulable), gpus=tuple(gpus),
+        )
+
+    # -- namespaces and per-job objects ------------------------------------------------------
+
+    def ensure_namespace(self, spec: NamespaceSpec) -> None:
+        existing = self._call(self.core.read_namespace, spec.name, ok=(404,))
+        if existing is None:
+            self._call(self.core.create_namespace,
+                       {"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": spec.name, "labels": dict(spec.labels)}}, ok=(409,))
+        elif any((existing.metadata.labels or {}).get(k) != v for k, v in spec.labels.items()):
+            self._call(self.core.patch_namespace, spec.name, {"metadata": {"labels": dict(spec.labels)}})
+        if spec.quota:
+            body = {"apiVersion": "v1", "kind": "ResourceQuota",
+                    "metadata": {"name": QUOTA_NAME, "namespace": spec.name, "labels": dict(spec.labels)},
+                    "spec": {"hard": dict(spec.quota)}}
+            if self._call(self.core.create_namespaced_resource_quota, spec.name, body, ok=(409,)) is None:
+                self._call(self.core.patch_namespaced_resource_quota, QUOTA_NAME, spec.name,
+                           {"spec": {"hard": dict(spec.quota)}})
+
+    def ensure_job_objects(self, objs: JobObjects) -> None:
+        cm = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": objs.name, "namespace": objs.namespace, "labels": dict(objs.labels)},
+              "data": dict(objs.data)}
+        self._call(self.core.create_namespaced_config_map, objs.namespace, cm, ok=(409,))
+        if objs.headless_service:
+            svc: dict[str, Any] = {"apiVersion": "v1", "kind": "Service",
+                   "metadata": {"name": objs.name, "namespace": objs.namespace,
+                                "labels": dict(objs.labels)},
+                   "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                            "selector": {LABEL_JOB_ID: objs.labels[LABEL_JOB_ID]},
+                            "ports": [{"name": "rendezvous", "port": 29500}]}}
+            refs = self._owner_refs(objs.namespace, objs.name)
+            if refs:
+                svc["metadata"]["ownerReferences"] = refs
+            self._call(self.core.create_namespaced_service, objs.namespace, svc, ok=(409,))
+
+    def _owner_refs(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """Pods and services are owned by the job's ConfigMap: deleting it cleans up.
+        An owner reference needs the owner's uid; without one (the ConfigMap is gone) the
+        objects carry none and the reconcile task deletes them instead."""
+        key = (namespace, name)
+        uid = self._owner_uids.get(key)
+        if uid is None:
+            cm = self._call(self.core.read_namespaced_config_map, name, namespace, ok=(404,))
+            uid = (cm.metadata.uid if cm is not None else None) or ""
+            self._owner_uids[key] = uid
+        if not uid:
+            return []
+        return [{"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": uid,
+                 "controller": True, "blockOwnerDeletion": True}]
+
+    def delete_job_objects(self, namespace: str, name: str) -> None:
+        self._call(self.core.delete_namespaced_config_map, name, namespace,
+                   body=k8s.V1DeleteOptions(propagation_policy="Background"), ok=(404,))
+
+    # -- pods --------------------------------------------------------------------------------
+
+    def pod_body(self, spec: PodSpec) -> dict[str, Any]:
+        now = str(int(time.time()))
+        limits: dict[str, str] = {"cpu": f"{spec.cpu_millicores}m", "memory": f"{spec.ram_mib}Mi"}
+        annotations: dict[str, str] = {}
+        if spec.slices:
+            v = vendor(spec.slices[0].vendor)
+            first = spec.slices[0]
+            limits[v.count_resource] = str(len(spec.slices))
+            if v.memory_resource:
+                limits[v.memory_resource] = str(first.memory_mib)
+            if v.cores_resource:
+                limits[v.cores_resource] = str(first.cores_percent)
+            annotations = {
+                "hami.io/vgpu-node": spec.node,
+                "hami.io/vgpu-time": now,
+                "hami.io/bind-time": now,
+                "hami.io/bind-phase": "allocating",
+                v.allocate_annotation: encode_devices(spec.slices),
+            }
+        container: dict[str, Any] = {
+            "name": "main", "image": spec.image,
+            "env": [{"name": k, "value": v} for k, v in sorted(spec.env.items())],
+            "resources": {"requests": {"cpu": f"{spec.cpu_millicores}m", "memory": f"{spec.ram_mib}Mi"},
+                          "limits": limits},
+        }
+        if spec.command:
+            container["command"] = list(spec.command)
+        pod_spec: dict[str, Any] = {"nodeName": spec.node, "restartPolicy": "Never",
+                                    "containers": [container]}
+        if spec.subdomain:
+            pod_spec["hostname"] = spec.name
+            pod_spec["subdomain"] = spec.subdomain
+        metadata: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace,
+                                    "labels": dict(spec.labels), "annotations": annotations}
+        if spec.owner:
+            refs = self._owner_refs(spec.namespace, spec.owner)
+            if refs:
+                metadata["ownerReferences"] = refs
+            pod_spec["volumes"] = [{"name": "camp", "configMap": {"name": spec.owner}}]
+            container["volumeMounts"] = [{"name": "camp", "mountPath": "/etc/camp", "readOnly": True}]
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+    def create_pod(self, spec: PodSpec) -> bool:
+        created = self._call(self.core.create_namespaced_pod, spec.namespace, self.pod_body(spec), ok=(409,))
+        return created is not None
+
+    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None:
+        self._call(self.core.delete_namespaced_pod, name, namespace,
+                   grace_period_seconds=grace_seconds, ok=(404,))
+
+    def _pods(self) -> tuple[list[PodStatus], str]:
+        result = self._call(self.core.list_pod_for_all_namespaces, label_selector=SELECTOR)
+        assert result is not None
+        pods = [_pod_status(p) for p in result.items]
+        # Filter again client-side: label selectors are a server convenience, not a guarantee.
+        return [p for p in pods if p.labels.get(MANAGED_BY) == "camp"], (
+            result.metadata.resource_version or "")
+
+    def list_pods(self) -> list[PodStatus]:
+        return self._pods()[0]
+
+    def watch_pods(self, *, timeout_seconds: int) -> Iterator[PodEvent]:
+        """List, then watch from the list's resourceVersion; reconnect on a dropped stream
+        and relist on 410 Gone (the relist is reported as MODIFIED events)."""
+        deadline = time.monotonic() + timeout_seconds
+        pods, rv = self._pods()
+        for p in pods:
+            yield PodEvent("MODIFIED", p)
+        while time.monotonic() < deadline:
+            w = k8s_watch.Watch()
+            try:
+                kwargs: dict[str, Any] = {"label_selector": SELECTOR,
+                                          "timeout_seconds": max(1, int(deadline - time.monotonic())),
+                                          "_request_timeout": timeout_seconds + 5}
+                if rv and rv.isdigit():
+                    kwargs["resource_version"] = rv
+                for event in w.stream(self.core.list_pod_for_all_namespaces, **kwargs):
+                    obj = event["object"]
+                    if event["type"] == "ERROR":
+                        code = obj.get("code") if isinstance(obj, dict) else None
+                        if code == 410:
+                            raise ResourceVersionExpired("resourceVersion expired", status=410)
+                        continue
+                    new_rv = getattr(obj.metadata, "resource_version", None)
+                    if new_rv:
+                        rv = new_rv
+                    status = _pod_status(obj)
+                    if status.labels.get(MANAGED_BY) == "camp":
+                        yield PodEvent(event["type"], status)
+                    if time.monotonic() >= deadline:
+                        w.stop()
+                        return
+            except (ResourceVersionExpired, ApiException) as exc:
+                if isinstance(exc, ApiException) and exc.status != 410:
+                    if exc.status not in RETRYABLE:
+                        raise BackendError(_describe(exc), status=exc.status) from exc
+                    self.sleep(self.backoff)
+                    continue
+                pods, rv = self._pods()  # 410 Gone: our resourceVersion is too old — relist
+                for p in pods:
+                    yield PodEvent("MODIFIED", p)
+            except (urllib3.exceptions.HTTPError, OSError):
+                self.sleep(self.backoff)  # dropped stream: reconnect from the last rv
+
+
+def _pod_status(p: Any) -> PodStatus:
+    meta = p.metadata
+    phase = (p.status.phase if p.status else None) or "Pending"
+    message = (p.status.message if p.status else None) or ""
+    return PodStatus(name=meta.name, namespace=meta.namespace or "", phase=phase,
+                     labels=dict(meta.labels or {}), message=message,
+                     deleting=bool(meta.deletion_timestamp))
+
+
+def _describe(exc: ApiException) -> str:
+    try:
+        message = json.loads(exc.body or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        message = ""
+    return f"Kubernetes API answered {exc.status} {exc.reason or ''}: {message}".strip(": ")[:400]
