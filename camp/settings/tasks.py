@@ -27,6 +27,8 @@ else:
         "data_folder_in": str(_queue_dir / "queue"),
         "data_folder_out": str(_queue_dir / "queue"),
         "processed_folder": str(_queue_dir / "processed"),
+        # broadcast (remote control) exchanges; kombu defaults to ./control
+        "control_folder": str(_queue_dir / "control"),
         "store_processed": False,
     }
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
