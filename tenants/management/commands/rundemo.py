@@ -19,7 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (settings.BASE_DIR / "var" / "celery" / sub).mkdir(parents=True, exist_ok=True)
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo")
