@@ -110,7 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[42, 43, 44])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS / "placement_quality.json")
+    ap.add_argument("--markdown", type=Path, help="print the Markdown tables of a saved JSON")
     a = ap.parse_args(argv)
+    if a.markdown:
+        saved = json.loads(a.markdown.read_text())
+        pols = [p for p in POLICIES if f"{p}_unalloc100" in saved["rows"][0]]
+        print(markdown(saved["rows"], pols))
+        return 0
 
     tasks = [(wl, pol, s) for wl in a.lists for pol in a.policies for s in a.seeds]
     # Longest first (FGD/Camp), so the two workers finish together.
@@ -172,6 +178,45 @@ def print_table(rows: list[dict[str, object]], policies: list[str]) -> None:
         if "camp" in sums and "fgd" in sums:
             line += f"{100 * (sums['camp'] - sums['fgd']) / sums['fgd']:>+12.1f}%"
         print(line)
+
+
+def markdown(rows: list[dict[str, object]], policies: list[str]) -> str:
+    """The two tables as Markdown: ours ± sd (published), and Camp vs FGD."""
+    out = []
+    for k, label in (("unalloc100", "100 %"), ("unalloc130", "130 %")):
+        out.append(f"\n**Unallocated GPU % when arrived GPU requests reach {label} of capacity**\n")
+        out.append(
+            "| pod list | "
+            + " | ".join(f"{p} (published)" if p in PUBLISHED_NAME else p for p in policies)
+            + " | Camp vs FGD |"
+        )
+        out.append("|---" * (len(policies) + 2) + "|")
+        sums = dict.fromkeys(policies, 0.0)
+        pub_sums = dict.fromkeys(policies, 0.0)
+        for r in rows:
+            cells = []
+            for p in policies:
+                v = float(r[f"{p}_{k}"])  # type: ignore[arg-type]
+                sd = float(r[f"{p}_{k}_sd"])  # type: ignore[arg-type]
+                sums[p] += v
+                pub = r.get(f"{p}_pub_{k}")
+                if pub is not None:
+                    pub_sums[p] += float(pub)  # type: ignore[arg-type]
+                cell = f"{v:.2f} ± {sd:.2f}" + (f" ({pub:.2f})" if pub is not None else "")
+                cells.append(f"**{cell}**" if p == "camp" else cell)
+            c, f = float(r[f"camp_{k}"]), float(r[f"fgd_{k}"])  # type: ignore[arg-type]
+            cells.append(f"{100 * (c - f) / f:+.1f} %")
+            out.append(f"| {r['pod_list']} | " + " | ".join(cells) + " |")
+        n = len(rows)
+        cells = []
+        for p in policies:
+            cell = f"{sums[p] / n:.2f}"
+            if p in PUBLISHED_NAME:
+                cell += f" ({pub_sums[p] / n:.2f})"
+            cells.append(f"**{cell}**" if p == "camp" else cell)
+        cells.append(f"{100 * (sums['camp'] - sums['fgd']) / sums['fgd']:+.1f} %")
+        out.append("| **mean** | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

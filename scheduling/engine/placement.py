@@ -285,19 +285,23 @@ class Placer:
         )
 
     def why_not(self, pod: PodRequest, *, exclude: Collection[str] = ()) -> str:
-        """Why ``pod`` fits nowhere now, kube-scheduler style: reasons counted over nodes."""
+        """Why ``pod`` fits nowhere now, kube-scheduler style: reasons counted over nodes.
+
+        Nodes in one state share one verdict, so this costs one check per distinct state."""
         reasons: Counter[str] = Counter()
-        for ns in self.state.nodes.values():
-            if ns.name in exclude:
-                reasons["used by another pod of the job"] += 1
+        cache = self._shape_cache(pod) if self.scorer.cacheable else None
+        for sid, names in self.state.groups.items():
+            allowed = [n for n in names if n not in exclude] if exclude else names
+            if len(allowed) < len(names):
+                reasons["used by another pod of the job"] += len(names) - len(allowed)
+            if not allowed:
                 continue
+            ns = self.state.nodes[allowed[0]]
             r = node_filter(ns, pod)
-            if r is None and not enumerate_takes(
-                ns, pod, strict_topology=self.scorer.strict_topology, max_takes=1
-            ):
+            if r is None and self._group_result(sid, names, pod, cache) is None:
                 r = "insufficient free GPU capacity"
             if r is not None:
-                reasons[r] += 1
+                reasons[r] += len(allowed)
         total = len(self.state.nodes)
         detail = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
         return f"0/{total} nodes can run {describe_gpu_ask(pod)} now: {detail}"
