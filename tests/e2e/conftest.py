@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +12,17 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-results" / "screenshots"
 
-# Playwright's sync API keeps an event loop in this thread; Django's ORM refuses
-# to run inside one unless told it is safe (here it is: one thread, no coroutines).
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+@pytest.fixture(scope="module", autouse=True)
+def _orm_beside_playwright() -> Iterator[None]:
+    """Playwright's sync API keeps an event loop in this thread; Django's ORM refuses
+    to run inside one unless told it is safe (it is: one thread, no coroutines).
+    Set for the e2e modules only (including database teardown), never beyond."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        yield
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not shutil.which(CHROMIUM):
         pytest.fail("Chromium is missing: apt-get install chromium (.ci/run installs it)")
