@@ -1,0 +1,172 @@
+"""Concurrency and crash safety with a real Celery worker (prefork, 2 processes) on real
+PostgreSQL and Redis. Nothing is mocked: submits and cancels come from threads in this
+process, cycles, dispatches and stops run in the worker on the simulated backend."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection, connections
+
+from scheduling import services
+from scheduling.models import Allocation, GpuDevice, GpuSlice, Job, JobState
+
+from .conftest import SMALL_INVENTORY, gpu_group
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextmanager
+def celery_worker() -> Iterator[subprocess.Popen[bytes]]:
+    """A real worker in its own process group, always killed in ``finally``."""
+    from camp.celery import app
+
+    app.control.purge()
+    db = settings.DATABASES["default"]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "camp.settings.test",
+           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "camp", "worker", "--pool=prefork", "--concurrency=2",
+         "--loglevel=WARNING", "--without-gossip", "--without-mingle", "-n", f"test-{os.getpid()}@%h"],
+        env=env, start_new_session=True, cwd=settings.BASE_DIR,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not app.control.ping(timeout=0.5):
+            assert proc.poll() is None, "the worker died at start"
+            assert time.monotonic() < deadline, "the worker did not start"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def _wait_quiet(cluster: Any, timeout: float = 60) -> None:
+    """Until every job is settled: admitted, waiting with a reason, or final and released."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        unsettled = (
+            Job.objects.filter(cluster=cluster, state=JobState.QUEUED, reason_kind="").count()
+            + Job.objects.filter(cluster=cluster, state__in=["cancelled", "preempting"],
+                                 allocations__isnull=False).distinct().count()
+            + Job.objects.filter(cluster=cluster, state="starting",
+                                 allocations__phase="pending").distinct().count()
+        )
+        if unsettled == 0:
+            return
+        services.request_cycle(cluster.pk)
+        time.sleep(0.5)
+    raise AssertionError(f"not settled after {timeout}s")
+
+
+def assert_consistent(cluster: Any, *, settled: bool = True) -> None:
+    """No GPU over-allocated; totals equal the slice rows; holders are exactly the admitted."""
+    used: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for s in GpuSlice.objects.filter(allocation__cluster=cluster):
+        used[s.gpu_id][0] += s.memory_mib
+        used[s.gpu_id][1] += s.cores_percent
+        used[s.gpu_id][2] += 1
+    for gpu in GpuDevice.objects.filter(node__cluster=cluster):
+        mem, cores, n = used.get(gpu.pk, [0, 0, 0])
+        assert (gpu.memory_allocated_mib, gpu.cores_allocated, gpu.sharers) == (mem, cores, n), gpu
+        assert mem <= gpu.memory_mib and cores <= 100
+    holders = set(Allocation.objects.filter(cluster=cluster).values_list("job__state", flat=True))
+    assert holders <= {JobState.STARTING, JobState.RUNNING}
+    for job in Job.objects.filter(cluster=cluster, state__in=[JobState.STARTING, JobState.RUNNING]):
+        expected = sum(g.replicas for g in job.groups.all())
+        assert job.allocations.count() == expected, job
+    if settled:
+        assert not Job.objects.filter(cluster=cluster, state=JobState.QUEUED, reason="").exists()
+
+
+def _submit_many(world: Any, cluster: Any, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+
+    def one(i: int) -> int:
+        try:
+            job = services.job_submit(
+                actor=world.a.member, project=world.a.project, cluster=cluster, name=f"j{seed}-{i}",
+                priority_class=rng.choice(["batch", "normal", "high"]),
+                groups=[gpu_group(gpu_count=rng.choice([1, 1, 2]),
+                                  gpu_memory_mib=rng.choice([5000, 10000, 20000, 40000]),
+                                  gpu_cores_percent=rng.choice([10, 25, 50]))])
+            if i % 3 == 0:
+                time.sleep(rng.random() * 0.05)
+                services.job_cancel(actor=world.a.member, job=job)
+            return job.pk
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_hundreds_of_concurrent_submits_and_cancels(world: Any) -> None:
+    cluster = services.cluster_create(actor=world.admin, name="sim", inventory=SMALL_INVENTORY)
+    services.inventory_sync(cluster=cluster)
+    with celery_worker():
+        ids = _submit_many(world, cluster, 240, seed=1)
+        _wait_quiet(cluster)
+        assert_consistent(cluster)
+    assert len(ids) == len(set(ids)) == Job.objects.filter(cluster=cluster).count() == 240
+    states = dict.fromkeys(JobState.values, 0)
+    for s in Job.objects.filter(cluster=cluster).values_list("state", flat=True):
+        states[s] += 1
+    assert states["cancelled"] == 80
+    assert states["starting"] + states["running"] > 0 and states["queued"] > 0
+
+
+def _cycle_in_progress() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
+                       [services._CYCLE_LOCK_CLASS])
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def test_worker_killed_mid_cycle_recovers_consistently(world: Any) -> None:
+    cluster = services.cluster_create(actor=world.admin, name="sim", inventory=SMALL_INVENTORY)
+    services.inventory_sync(cluster=cluster)
+    from django.core.cache import cache
+
+    for i in range(150):  # queued while no worker runs
+        services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
+                            name=f"c{i}", groups=[gpu_group(gpu_memory_mib=10000, gpu_cores_percent=10)])
+    killed_mid_cycle = False
+    with celery_worker() as proc:
+        cache.delete(f"camp:cycle-queued:{cluster.pk}")
+        services.request_cycle(cluster.pk)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if _cycle_in_progress():
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed_mid_cycle = True
+                break
+            time.sleep(0.005)
+    assert killed_mid_cycle, "no cycle was seen running"
+    # The killed cycle's transaction rolled back with its connection: all or nothing.
+    time.sleep(0.5)
+    assert not _cycle_in_progress()
+    assert_consistent(cluster, settled=False)
+    with celery_worker():
+        from scheduling.tasks import scheduler_tick
+
+        cache.delete(f"camp:cycle-queued:{cluster.pk}")
+        scheduler_tick.delay()
+        _wait_quiet(cluster)
+        assert_consistent(cluster)
+    assert Job.objects.filter(cluster=cluster).count() == 150
+    assert Job.objects.filter(cluster=cluster, state=JobState.STARTING).exists()
