@@ -126,7 +126,9 @@ def tree_for(sim: Sim) -> QueueTree:
     )
 
 
-def replay(snap: ClusterSnapshot, sim: Sim, scheduler: str, min_runtime: float) -> dict[str, object]:
+def replay(
+    snap: ClusterSnapshot, sim: Sim, scheduler: str, min_runtime: float, heads: int | None = 4
+) -> dict[str, object]:
     profile = WorkloadProfile.from_pods([j.groups[0].template for j in sim.jobs.values()])
     state = ClusterState(snap)
     policy = BestFitPolicy() if scheduler == "fifo" else FragmentationPolicy(profile)
@@ -136,6 +138,7 @@ def replay(snap: ClusterSnapshot, sim: Sim, scheduler: str, min_runtime: float) 
     config = CycleConfig(
         aging=Aging(max_wait_s=6 * 3600),
         preemption=PreemptionConfig(min_runtime_s=min_runtime),
+        heads_per_queue=heads,
     )
     events: list[tuple[float, int, str, str]] = []  # (time, kind 0=end 1=arrive, job, token)
     for name, c in sim.created.items():
@@ -262,13 +265,14 @@ def main() -> None:
     ap.add_argument("--stride", type=int, default=130)
     ap.add_argument("--min-runtime", type=float, default=600.0)
     ap.add_argument("--schedulers", nargs="+", default=["fifo", "camp"])
+    ap.add_argument("--heads", type=int, default=4, help="Camp: jobs tried per project queue and cycle")
     args = ap.parse_args()
     rows = []
     gpus = 0
     for s in args.schedulers:
         snap, sim = load(args.stride)
         gpus = sim.capacity
-        rows.append(replay(snap, sim, s, args.min_runtime))
+        rows.append(replay(snap, sim, s, args.min_runtime, args.heads))
     print(f"openb default, {len(snap.nodes)} nodes / {gpus} GPUs (every {args.stride}th openb node)")
     hdr = (f"{'scheduler':<14} {'started':>8} {'never':>6} {'GPU alloc %':>11} {'median s':>9} "
            f"{'p95 s':>9} {'preempt':>8} {'below-guar. proj-h':>18} {'wall s':>7}")
