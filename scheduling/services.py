@@ -19,6 +19,7 @@ import datetime as dt
 import fcntl
 import logging
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from tenants import permissions
 from tenants.audit import audit_record, snapshot
 from tenants.models import Project, Quota, QuotaScope, User
 
-from . import selectors
+from . import selectors, signals
 from .backends import backend_for
 from .backends.base import (
     LABEL_JOB,
@@ -500,6 +501,7 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
 
     The snapshot, the engine's decisions and their persistence happen in one transaction
     under the cluster's lock; pods are created after commit (``job_dispatch``)."""
+    started = time.perf_counter()
     with transaction.atomic(), cycle_lock(cluster.pk) as got:
         if not got:
             return None
@@ -514,6 +516,11 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
             for name, status in result.statuses.items():
                 _apply_status(inputs, inputs.jobs[name], status, summary)
         Cluster.objects.filter(pk=cluster.pk).update(last_cycle_at=timezone.now())
+    signals.cycle_finished.send_robust(
+        sender=Cluster, cluster_id=cluster.pk, seconds=time.perf_counter() - started,
+        admitted=len(summary.admitted), waiting=len(summary.waiting),
+        rejected=len(summary.rejected), preempting=len(summary.preempting),
+    )
     return summary
 
 
@@ -796,6 +803,8 @@ def _dispatch_failed(job_id: int, message: str) -> None:
             return
         _release(job)
         reason = f"Could not create its pods: {message}"[:500]
+        signals.dispatch_failed.send_robust(sender=Job, cluster_id=job.cluster_id, job_id=job.pk,
+                                            message=message)
         if job.attempts >= MAX_ATTEMPTS:
             _finish(job, JobState.FAILED, reason)
             _record(job, DecisionKind.FAILED, reason)
