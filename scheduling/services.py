@@ -59,6 +59,7 @@ from .backends.base import (
 from .backends.credentials import encrypt_credentials
 from .backends.naming import job_object_name, namespace_name, pod_name
 from .backends.simulated import InventoryError, parse_inventory
+from .extensions import apply_job_spec_hooks
 from .models import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -762,6 +763,8 @@ def job_specs(job: Job, cluster: Cluster) -> tuple[NamespaceSpec, JobObjects, li
         data["hostfile"] = "\n".join(hostfile) + "\n"
     objs = JobObjects(name=owner, namespace=ns.name, labels=base_labels, data=data,
                       headless_service=distributed)
+    # Workloads (workspaces/) add ports, volumes, pull secrets and objects (scheduling/extensions.py).
+    objs, pods = apply_job_spec_hooks(job, ns, objs, pods)
     return ns, objs, pods
 
 

@@ -91,6 +91,25 @@ class PodSpec:
     subdomain: str = ""
     duration_seconds: int | None = None
     """Only the simulated backend uses it: how long the pod runs."""
+    # Workload extras (scheduling/extensions.py), in Kubernetes' own shapes:
+    ports: tuple[Mapping[str, Any], ...] = ()
+    """Container ports, e.g. ``{"name": "http", "containerPort": 8888}``."""
+    volumes: tuple[Mapping[str, Any], ...] = ()
+    """Pod volumes, e.g. ``{"name": "home", "persistentVolumeClaim": {"claimName": ...}}``."""
+    volume_mounts: tuple[Mapping[str, Any], ...] = ()
+    image_pull_secrets: tuple[str, ...] = ()
+    """Names of Secrets (type ``kubernetes.io/dockerconfigjson``) in the pod's namespace."""
+
+
+@dataclass(frozen=True)
+class ExtraObject:
+    """A namespaced object created with a job's objects (a Service, Ingress, PVC, Secret or
+    ConfigMap) — the workload extension point (scheduling/extensions.py)."""
+
+    manifest: Mapping[str, Any]
+    owned: bool = True
+    """Owned by the job's ConfigMap, so deleted with the job. False for objects that outlive
+    one run (a home volume, a registry pull secret shared by the project's jobs)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,7 @@ class JobObjects:
     labels: Mapping[str, str]
     data: Mapping[str, str]
     headless_service: bool = False
+    extra: tuple[ExtraObject, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,4 +170,12 @@ class ClusterBackend(Protocol):
 
     def watch_pods(self, *, timeout_seconds: int) -> Iterator[PodEvent]:
         """Pod events for up to ``timeout_seconds`` (relisting on 410 Gone)."""
+        ...
+
+    def pod_logs(self, namespace: str, name: str, *, tail_lines: int = 200) -> str:
+        """The last ``tail_lines`` lines of the pod's main container ("" if it is gone)."""
+        ...
+
+    def delete_object(self, namespace: str, kind: str, name: str) -> None:
+        """Delete one extra object (e.g. a home PVC when its environment is deleted)."""
         ...

@@ -43,6 +43,7 @@ from .base import (
     LABEL_JOB_ID,
     MANAGED_BY,
     BackendError,
+    ExtraObject,
     GpuInfo,
     JobObjects,
     NamespaceSpec,
@@ -121,6 +122,7 @@ class KubernetesBackend:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.api = api_client
         self.core = k8s.CoreV1Api(api_client)
+        self.networking = k8s.NetworkingV1Api(api_client)
         self.retries = retries
         self.backoff = backoff
         self.sleep = sleep
@@ -241,6 +243,40 @@ class KubernetesBackend:
             if refs:
                 svc["metadata"]["ownerReferences"] = refs
             self._call(self.core.create_namespaced_service, objs.namespace, svc, ok=(409,))
+        for extra in objs.extra:
+            self._ensure_extra(objs, extra)
+
+    # Extra objects of workloads (scheduling/extensions.py): kind → (API, method suffix).
+    _EXTRA_KINDS = {"Service": ("core", "service"), "Secret": ("core", "secret"),
+                    "ConfigMap": ("core", "config_map"),
+                    "PersistentVolumeClaim": ("core", "persistent_volume_claim"),
+                    "Ingress": ("networking", "ingress")}
+
+    def _extra_api(self, kind: str) -> tuple[Any, str]:
+        if kind not in self._EXTRA_KINDS:
+            raise BackendError(f"Camp does not create {kind} objects")
+        api, suffix = self._EXTRA_KINDS[kind]
+        return getattr(self, api), suffix
+
+    def _ensure_extra(self, objs: JobObjects, extra: ExtraObject) -> None:
+        body = json.loads(json.dumps(dict(extra.manifest)))
+        meta = body.setdefault("metadata", {})
+        meta["namespace"] = objs.namespace
+        meta.setdefault("labels", {}).update({MANAGED_BY: "camp"})
+        if extra.owned:
+            refs = self._owner_refs(objs.namespace, objs.name)
+            if refs:
+                meta["ownerReferences"] = refs
+        api, suffix = self._extra_api(body["kind"])
+        created = self._call(getattr(api, f"create_namespaced_{suffix}"), objs.namespace, body, ok=(409,))
+        if created is None and body["kind"] == "Secret":
+            # Registry credentials may have been rotated since the secret was made.
+            self._call(self.core.patch_namespaced_secret, meta["name"], objs.namespace,
+                       {"data": body.get("data", {}), "type": body.get("type")})
+
+    def delete_object(self, namespace: str, kind: str, name: str) -> None:
+        api, suffix = self._extra_api(kind)
+        self._call(getattr(api, f"delete_namespaced_{suffix}"), name, namespace, ok=(404,))
 
     def _owner_refs(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """Pods and services are owned by the job's ConfigMap: deleting it cleans up.
@@ -290,8 +326,12 @@ class KubernetesBackend:
         }
         if spec.command:
             container["command"] = list(spec.command)
+        if spec.ports:
+            container["ports"] = [dict(p) for p in spec.ports]
         pod_spec: dict[str, Any] = {"nodeName": spec.node, "restartPolicy": "Never",
                                     "containers": [container]}
+        if spec.image_pull_secrets:
+            pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
         if spec.subdomain:
             pod_spec["hostname"] = spec.name
             pod_spec["subdomain"] = spec.subdomain
@@ -303,6 +343,10 @@ class KubernetesBackend:
                 metadata["ownerReferences"] = refs
             pod_spec["volumes"] = [{"name": "camp", "configMap": {"name": spec.owner}}]
             container["volumeMounts"] = [{"name": "camp", "mountPath": "/etc/camp", "readOnly": True}]
+        if spec.volumes:
+            pod_spec.setdefault("volumes", []).extend(dict(v) for v in spec.volumes)
+        if spec.volume_mounts:
+            container.setdefault("volumeMounts", []).extend(dict(m) for m in spec.volume_mounts)
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
     def create_pod(self, spec: PodSpec) -> bool:
@@ -312,6 +356,11 @@ class KubernetesBackend:
     def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None:
         self._call(self.core.delete_namespaced_pod, name, namespace,
                    grace_period_seconds=grace_seconds, ok=(404,))
+
+    def pod_logs(self, namespace: str, name: str, *, tail_lines: int = 200) -> str:
+        text = self._call(self.core.read_namespaced_pod_log, name, namespace, container="main",
+                          tail_lines=tail_lines, timestamps=True, ok=(400, 404))
+        return str(text or "")
 
     def _pods(self) -> tuple[list[PodStatus], str]:
         result = self._call(self.core.list_pod_for_all_namespaces, label_selector=SELECTOR)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -165,6 +167,68 @@ class SimulatedBackend:
     def watch_pods(self, *, timeout_seconds: int) -> Iterator[PodEvent]:
         for status in self.list_pods():
             yield PodEvent("MODIFIED", status)
+
+    def pod_logs(self, namespace: str, name: str, *, tail_lines: int = 200) -> str:
+        pod = SimulatedPod.objects.filter(cluster=self.cluster, namespace=namespace, name=name,
+                                          deleted_at__isnull=True).first()
+        if pod is None:
+            return ""
+        return "\n".join(synthetic_logs(pod, timezone.now())[-tail_lines:])
+
+    def delete_object(self, namespace: str, kind: str, name: str) -> None:
+        return None  # extra objects are implicit in the simulation
+
+
+STEP_SECONDS = 1.0  # one simulated training step per second of running time
+_STEP_IN_PATH = re.compile(r"step-(\d+)")
+
+
+def synthetic_logs(pod: SimulatedPod, now: dt.datetime) -> list[str]:
+    """What the pod would have printed by ``now``, derived from its env and its clock.
+
+    Training pods (``CAMP_WORKLOAD=training``) print a step line every 10 steps and, on
+    rank 0, ``CAMP_CHECKPOINT step=<n> path=<dir>/step-<n>`` every ``CAMP_CHECKPOINT_EVERY``
+    steps (the convention real training images follow too, docs/WORKLOADS.md); a pod given
+    ``CAMP_RESUME_FROM`` continues from that checkpoint's step. Dev environments print
+    their server's start-up lines."""
+    env = dict((pod.annotations or {}).get("camp.io/env") or {})
+    if now < pod.start_at:
+        return []
+    end = min(now, pod.finish_at) if pod.finish_at else now
+
+    def ts(t: dt.datetime) -> str:
+        return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    lines = [f"{ts(pod.start_at)} camp-sim: pod {pod.name} started on node {pod.node}"]
+    workload = env.get("CAMP_WORKLOAD", "")
+    if workload in ("jupyter", "vscode", "ssh"):
+        what = {"jupyter": f"Jupyter Server is running at http://0.0.0.0:8888{env.get('CAMP_BASE_URL', '/')}",
+                "vscode": "HTTP server listening on http://0.0.0.0:8080/",
+                "ssh": "Server listening on 0.0.0.0 port 22."}[workload]
+        lines.append(f"{ts(pod.start_at)} {what}")
+    elif workload == "training":
+        rank = env.get("RANK", "0")
+        lines.append(f"{ts(pod.start_at)} rank {rank} of {env.get('WORLD_SIZE', '1')}, "
+                     f"master {env.get('MASTER_ADDR', 'localhost')}:{env.get('MASTER_PORT', '29500')}")
+        first = 0
+        resume = env.get("CAMP_RESUME_FROM", "")
+        if resume:
+            m = _STEP_IN_PATH.search(resume)
+            first = int(m.group(1)) if m else 0
+            lines.append(f"{ts(pod.start_at)} resuming from checkpoint {resume} at step {first}")
+        every = int(env.get("CAMP_CHECKPOINT_EVERY", "0") or 0)
+        ckpt_dir = env.get("CAMP_CHECKPOINT_DIR", "")
+        done = int((end - pod.start_at).total_seconds() / STEP_SECONDS)
+        for k in range(max(1, done - 2000), done + 1):
+            step = first + k
+            at = pod.start_at + dt.timedelta(seconds=k * STEP_SECONDS)
+            if step % 10 == 0:
+                lines.append(f"{ts(at)} step {step} loss {2.5 * math.exp(-step / 500):.4f}")
+            if rank == "0" and every and ckpt_dir and step % every == 0:
+                lines.append(f"{ts(at)} CAMP_CHECKPOINT step={step} path={ckpt_dir.rstrip('/')}/step-{step}")
+    if pod.finish_at and now >= pod.finish_at:
+        lines.append(f"{ts(pod.finish_at)} " + ("error: simulated failure" if pod.fail else "done"))
+    return lines
 
 
 def _status(p: SimulatedPod, now: dt.datetime) -> PodStatus:
