@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from portal import views as portal_views
 from tenants.sso.views import LoginView
 
 urlpatterns = [
@@ -13,5 +14,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("scheduling/", include("scheduling.urls")),
+    path("metrics", portal_views.metrics, name="metrics"),
+    path("", include("portal.urls")),
     path("", include("tenants.urls")),
 ]

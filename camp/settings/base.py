@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "scheduling",
     "workspaces",
     "registry",
+    "portal",
 ]
 
 MIDDLEWARE = [

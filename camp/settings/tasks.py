@@ -57,3 +57,12 @@ CELERY_BEAT_SCHEDULE.update({
 # Fernet keys for cluster credentials at rest (first encrypts, all decrypt); empty: a key
 # derived from SECRET_KEY (scheduling/backends/credentials.py).
 CAMP_ENCRYPTION_KEYS = env_list("CAMP_ENCRYPTION_KEY", [])
+
+# --- Portal (portal/tasks.py): usage samples for charts, showback and /metrics ---------------
+USAGE_SAMPLE_SECONDS = env_int("USAGE_SAMPLE_SECONDS", 60)
+USAGE_RETENTION_DAYS = env_int("USAGE_RETENTION_DAYS", 400)
+# When set, /metrics requires `Authorization: Bearer <METRICS_TOKEN>`.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+CELERY_BEAT_SCHEDULE["usage-sample"] = {
+    "task": "portal.tasks.usage_sample_all", "schedule": float(USAGE_SAMPLE_SECONDS),
+}

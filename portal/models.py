@@ -1,0 +1,64 @@
+"""Observations for dashboards, showback and /metrics (append-only time series)."""
+
+from django.conf import settings
+from django.db import models
+
+
+class ClusterSample(models.Model):
+    """The state of one cluster at one moment (taken every USAGE_SAMPLE_SECONDS)."""
+
+    cluster = models.ForeignKey("scheduling.Cluster", on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField(db_index=True)
+    interval_seconds = models.PositiveIntegerField()
+    gpus_total = models.PositiveIntegerField()
+    gpus_in_use = models.PositiveIntegerField(help_text="Cards holding at least one slice")
+    gpu_share_allocated = models.FloatField(help_text="GPU-equivalents allocated (slices count their share)")
+    gpu_memory_total_mib = models.PositiveBigIntegerField()
+    gpu_memory_allocated_mib = models.PositiveBigIntegerField()
+    utilization_percent = models.FloatField(null=True, blank=True, help_text="Mean measured GPU utilization")
+    jobs_queued = models.PositiveIntegerField()
+    jobs_running = models.PositiveIntegerField()
+    wait_p50_seconds = models.FloatField(null=True, blank=True)
+    wait_p95_seconds = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["at"]
+        indexes = [models.Index(fields=["cluster", "at"], name="clustersample_cluster_at")]
+
+
+class UsageSample(models.Model):
+    """What one user's jobs in one project held at one moment: the basis of showback."""
+
+    sample = models.ForeignKey(ClusterSample, on_delete=models.CASCADE, related_name="usage")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                             related_name="+")
+    gpu_share = models.FloatField()
+    gpu_memory_mib = models.PositiveBigIntegerField()
+    cpu_millicores = models.PositiveBigIntegerField()
+    ram_mib = models.PositiveBigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "project"], name="usagesample_tenant_project")]
+
+
+class CycleStat(models.Model):
+    """One completed scheduling cycle (from scheduling.signals.cycle_finished)."""
+
+    cluster = models.ForeignKey("scheduling.Cluster", on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    seconds = models.FloatField()
+    admitted = models.PositiveIntegerField(default=0)
+    waiting = models.PositiveIntegerField(default=0)
+    rejected = models.PositiveIntegerField(default=0)
+    preempting = models.PositiveIntegerField(default=0)
+
+
+class DispatchError(models.Model):
+    """A failed attempt to create a job's pods (from scheduling.signals.dispatch_failed)."""
+
+    cluster = models.ForeignKey("scheduling.Cluster", on_delete=models.CASCADE, related_name="+")
+    job_id = models.BigIntegerField()
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    message = models.CharField(max_length=500)

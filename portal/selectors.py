@@ -1,0 +1,267 @@
+"""Reads for dashboards, quota bars, showback and metrics."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet, Sum
+from django.utils import timezone
+
+from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, GpuSlice, Job, JobState
+from tenants.models import RESOURCE_LABELS, Project, Quota, QuotaScope, Tenant
+
+from .models import ClusterSample, UsageSample
+
+
+def slice_share(memory_mib: int, cores_percent: int, exclusive: bool, card_memory_mib: int) -> float:
+    """GPU-equivalents of one slice: a whole card is 1; a slice counts the larger of its compute
+    share and its memory share of the card (the engine's quota rule, queueing.grant_gpu_milli)."""
+    if exclusive:
+        return 1.0
+    mem = memory_mib / card_memory_mib if card_memory_mib else 0.0
+    return min(1.0, max(cores_percent / 100, mem))
+
+
+@dataclass
+class Held:
+    """Resources held by running jobs, in the units of the quota model."""
+
+    gpus: float = 0.0
+    gpu_memory_mib: int = 0
+    cpu_cores: float = 0.0
+    ram_mib: int = 0
+
+    def add(self, other: Held) -> None:
+        self.gpus += other.gpus
+        self.gpu_memory_mib += other.gpu_memory_mib
+        self.cpu_cores += other.cpu_cores
+        self.ram_mib += other.ram_mib
+
+    def get(self, resource: str) -> float:
+        return float(getattr(self, resource))
+
+
+def held_by(allocations: QuerySet[Allocation]) -> dict[tuple[int, int, int | None], Held]:
+    """Held resources keyed by (tenant id, project id, owner id) for the given allocations."""
+    out: dict[tuple[int, int, int | None], Held] = defaultdict(Held)
+    rows = allocations.select_related("job").values_list(
+        "pk", "job__tenant_id", "job__project_id", "job__owner_id", "cpu_millicores", "ram_mib")
+    keys: dict[int, tuple[int, int, int | None]] = {}
+    for pk, tenant_id, project_id, owner_id, cpu, ram in rows:
+        key = (tenant_id, project_id, owner_id)
+        keys[pk] = key
+        out[key].cpu_cores += cpu / 1000
+        out[key].ram_mib += ram
+    slices = GpuSlice.objects.filter(allocation_id__in=keys).values_list(
+        "allocation_id", "memory_mib", "cores_percent", "exclusive", "gpu__memory_mib")
+    for alloc_id, mem, cores, exclusive, card_mem in slices:
+        held = out[keys[alloc_id]]
+        held.gpus += slice_share(mem, cores, exclusive, card_mem)
+        held.gpu_memory_mib += card_mem if exclusive else mem
+    return dict(out)
+
+
+def project_usage(projects: Iterable[int] | None = None) -> dict[int, Held]:
+    allocations = Allocation.objects.all()
+    if projects is not None:
+        allocations = allocations.filter(job__project_id__in=list(projects))
+    per: dict[int, Held] = defaultdict(Held)
+    for (_t, project_id, _u), held in held_by(allocations).items():
+        per[project_id].add(held)
+    return dict(per)
+
+
+@dataclass
+class QuotaBar:
+    """One resource of one queue: used, guaranteed and limit, with percentages for a bar."""
+
+    resource: str
+    label: str
+    used: float
+    guaranteed: float
+    limit: float | None
+    borrowed: float = field(init=False)
+    scale: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.borrowed = max(0.0, self.used - self.guaranteed)
+        top = max(self.limit or 0.0, self.guaranteed, self.used, 1e-9)
+        self.scale = top
+
+    @property
+    def within_pct(self) -> float:
+        return round(100 * min(self.used, self.guaranteed) / self.scale, 1)
+
+    @property
+    def borrowed_pct(self) -> float:
+        return round(100 * self.borrowed / self.scale, 1)
+
+    @property
+    def guaranteed_pct(self) -> float:
+        return round(100 * self.guaranteed / self.scale, 1)
+
+
+def _num(value: Decimal | int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def quota_bars(quota: Quota | None, held: Held) -> list[QuotaBar]:
+    bars = []
+    for resource, attr in (("gpus", "gpus"), ("gpu_memory_mib", "gpu_memory_mib"),
+                           ("cpu_cores", "cpu_cores"), ("ram_mib", "ram_mib")):
+        g = _num(getattr(quota, f"{resource}_guaranteed")) if quota else 0.0
+        lim = _num(getattr(quota, f"{resource}_limit")) if quota else None
+        bars.append(QuotaBar(resource, RESOURCE_LABELS[resource], round(held.get(attr), 2), g or 0.0, lim))
+    return bars
+
+
+def tenant_quota_bars(tenant: Tenant) -> tuple[list[QuotaBar], dict[int, list[QuotaBar]]]:
+    """Bars for the tenant and each of its projects, from current allocations."""
+    projects = list(Project.objects.filter(tenant=tenant))
+    usage = project_usage([p.pk for p in projects])
+    total = Held()
+    for held in usage.values():
+        total.add(held)
+    quotas = {q.project_id: q for q in Quota.objects.filter(scope=QuotaScope.PROJECT, tenant=tenant)}
+    tenant_quota = Quota.objects.filter(scope=QuotaScope.TENANT, tenant=tenant).first()
+    per_project = {p.pk: quota_bars(quotas.get(p.pk), usage.get(p.pk, Held())) for p in projects}
+    return quota_bars(tenant_quota, total), per_project
+
+
+# --- cluster state ---------------------------------------------------------------------
+
+
+@dataclass
+class ClusterNow:
+    cluster: Cluster
+    gpus_total: int
+    gpus_in_use: int
+    gpu_share_allocated: float
+    gpu_memory_total_mib: int
+    gpu_memory_allocated_mib: int
+    cores_allocated_percent: int
+    utilization_percent: float | None
+    jobs_by_state: dict[str, int]
+    wait_seconds: list[float]
+
+
+def cluster_now(cluster: Cluster, *, wait_window: dt.timedelta = dt.timedelta(hours=1)) -> ClusterNow:
+    gpus = list(GpuDevice.objects.filter(node__cluster=cluster, node__present=True).values_list(
+        "memory_mib", "memory_allocated_mib", "cores_allocated", "sharers", "utilization_percent"))
+    share = sum(
+        slice_share(mem, cores, exclusive, card)
+        for mem, cores, exclusive, card in GpuSlice.objects.filter(allocation__cluster=cluster)
+        .values_list("memory_mib", "cores_percent", "exclusive", "gpu__memory_mib")
+    )
+    utils = [u for *_rest, u in gpus if u is not None]
+    states = dict.fromkeys(JobState.values, 0)
+    for state, n in (Job.objects.filter(cluster=cluster).order_by().values_list("state")
+                     .annotate(n=Count("id"))):
+        states[state] = n
+    since = timezone.now() - wait_window
+    waits = [
+        (admitted - submitted).total_seconds()
+        for submitted, admitted in Job.objects.filter(cluster=cluster, admitted_at__gte=since)
+        .values_list("submitted_at", "admitted_at")
+        if admitted is not None
+    ]
+    return ClusterNow(
+        cluster=cluster,
+        gpus_total=len(gpus),
+        gpus_in_use=sum(1 for g in gpus if g[3] > 0 or g[1] > 0),
+        gpu_share_allocated=round(share, 3),
+        gpu_memory_total_mib=sum(g[0] for g in gpus),
+        gpu_memory_allocated_mib=sum(g[1] for g in gpus),
+        cores_allocated_percent=sum(g[2] for g in gpus),
+        utilization_percent=round(sum(utils) / len(utils), 1) if utils else None,
+        jobs_by_state=states,
+        wait_seconds=waits,
+    )
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    """Nearest-rank percentile (the value at rank ceil(p·n))."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+# --- time series and showback ------------------------------------------------------------
+
+
+def cluster_series(cluster: Cluster, since: dt.datetime) -> dict[str, list[Any]]:
+    rows = ClusterSample.objects.filter(cluster=cluster, at__gte=since).order_by("at")
+    series: dict[str, list[Any]] = defaultdict(list)
+    for s in rows:
+        series["at"].append(s.at.isoformat())
+        series["allocated"].append(
+            round(100 * s.gpu_share_allocated / s.gpus_total, 1) if s.gpus_total else 0)
+        series["utilization"].append(s.utilization_percent)
+        series["queued"].append(s.jobs_queued)
+        series["running"].append(s.jobs_running)
+        series["wait_p50"].append(s.wait_p50_seconds)
+        series["wait_p95"].append(s.wait_p95_seconds)
+    return dict(series)
+
+
+def tenant_series(tenants: Iterable[Tenant], since: dt.datetime) -> dict[str, Any]:
+    """GPU-equivalents held per tenant at each sample time."""
+    names = {t.pk: t.name for t in tenants}
+    rows = (UsageSample.objects.filter(tenant_id__in=names, sample__at__gte=since)
+            .values_list("sample__at", "tenant_id").annotate(g=Sum("gpu_share")).order_by("sample__at"))
+    times: list[str] = []
+    per: dict[str, dict[str, float]] = defaultdict(dict)
+    for at, tenant_id, g in rows:
+        key = at.isoformat()
+        if not times or times[-1] != key:
+            times.append(key)
+        per[names[tenant_id]][key] = round(g or 0.0, 2)
+    return {"at": times, "tenants": {n: [per[n].get(t, 0) for t in times] for n in per}}
+
+
+@dataclass
+class ShowbackRow:
+    tenant: str
+    project: str
+    user: str
+    gpu_hours: float
+    gpu_memory_gib_hours: float
+    cpu_core_hours: float
+
+
+def showback(*, tenants: Iterable[int], since: dt.datetime, until: dt.datetime,
+             by: str = "project") -> list[ShowbackRow]:
+    """GPU-hours (and memory/CPU hours) per project or per user over [since, until).
+
+    Each sample stands for the interval before it, so usage × interval summed over the
+    samples in the period is the area under the usage curve."""
+    if by not in ("project", "user"):
+        raise ValueError("by must be 'project' or 'user'")
+    q = Q(tenant_id__in=list(tenants), sample__at__gte=since, sample__at__lt=until)
+    rows = UsageSample.objects.filter(q).values_list(
+        "tenant__name", "project__name", "user__username", "gpu_share", "gpu_memory_mib",
+        "cpu_millicores", "sample__interval_seconds")
+    acc: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for tenant, project, user, share, mem, cpu, interval in rows:
+        key = (tenant, project, user or "—") if by == "user" else (tenant, project, "")
+        hours = interval / 3600
+        acc[key][0] += share * hours
+        acc[key][1] += mem / 1024 * hours
+        acc[key][2] += cpu / 1000 * hours
+    return sorted(
+        (ShowbackRow(t, p, u, round(v[0], 3), round(v[1], 3), round(v[2], 3))
+         for (t, p, u), v in acc.items()),
+        key=lambda r: (-r.gpu_hours, r.tenant, r.project, r.user),
+    )
+
+
+def active_jobs(cluster: Cluster) -> QuerySet[Job]:
+    return Job.objects.filter(cluster=cluster, state__in=ACTIVE_STATES)

@@ -1,0 +1,137 @@
+"""Dashboards, showback and /metrics."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hmac
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
+from django.utils.dateparse import parse_date
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from scheduling.models import Cluster
+from tenants.models import AuditEvent, Project, Tenant
+from tenants.permissions import can, restrict, scope_of
+
+from . import selectors
+from .metrics import CampCollector
+
+PERIODS = {"24h": dt.timedelta(hours=24), "7d": dt.timedelta(days=7), "30d": dt.timedelta(days=30)}
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus exposition. With METRICS_TOKEN set, a matching bearer token is required."""
+    token = settings.METRICS_TOKEN
+    if token:
+        supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(supplied.encode(), token.encode()):
+            return HttpResponse("metrics token required\n", status=401, content_type="text/plain")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CampCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    """Charts: clusters (platform admins) and per-tenant usage (owners see their tenants)."""
+    scope = scope_of(request.user)
+    if not scope.platform_admin and not scope.owner_tenants:
+        raise PermissionDenied("Dashboards are for tenant owners and platform admins.")
+    period = request.GET.get("period", "24h")
+    since = timezone.now() - PERIODS.get(period, PERIODS["24h"])
+    clusters: list[dict[str, Any]] = []
+    if scope.platform_admin:
+        for cluster in Cluster.objects.filter(enabled=True):
+            now = selectors.cluster_now(cluster)
+            clusters.append({
+                "cluster": cluster,
+                "now": now,
+                "alloc_pct": (round(100 * now.gpu_share_allocated / now.gpus_total, 1)
+                              if now.gpus_total else 0),
+                "series": selectors.cluster_series(cluster, since),
+            })
+    tenants = restrict(Tenant.objects.all(), request.user)
+    if not scope.platform_admin:
+        tenants = tenants.filter(pk__in=scope.owner_tenants)
+    return render(request, "portal/dashboard.html", {
+        "clusters": clusters,
+        "chart_data": {
+            "clusters": [{"name": c["cluster"].name, **c["series"]} for c in clusters],
+            "tenants": selectors.tenant_series(tenants, since),
+        },
+        "period": period,
+        "periods": list(PERIODS),
+    })
+
+
+def _period(request: HttpRequest) -> tuple[dt.datetime, dt.datetime, dict[str, str]]:
+    """[since, until) from ?since=YYYY-MM-DD&until=YYYY-MM-DD (default: the last 30 days)."""
+    errors: dict[str, str] = {}
+    today = timezone.localdate()
+    since_d, until_d = today - dt.timedelta(days=30), today
+    for name in ("since", "until"):
+        raw = request.GET.get(name)
+        if raw:
+            try:
+                parsed = parse_date(raw) if len(raw) <= 10 else None
+            except ValueError:  # well-formed but impossible, e.g. 2026-13-45
+                parsed = None
+            if parsed is None:
+                errors[name] = "Use a date like 2026-01-31."
+            elif name == "since":
+                since_d = parsed
+            else:
+                until_d = parsed
+    if not errors and since_d > until_d:
+        errors["until"] = "The end is before the start."
+    tz = timezone.get_current_timezone()
+    since = dt.datetime.combine(since_d, dt.time.min, tzinfo=tz)
+    until = dt.datetime.combine(until_d + dt.timedelta(days=1), dt.time.min, tzinfo=tz)
+    return since, until, errors
+
+
+@login_required
+def tenant_usage(request: HttpRequest, tenant_name: str) -> HttpResponse:
+    """Showback: GPU-hours per project or per user over a period, with CSV export."""
+    tenant = get_object_or_404(restrict(Tenant.objects.all(), request.user), name=tenant_name)
+    if not can(request.user, "view", AuditEvent(tenant=tenant)):
+        # Usage is the owners' (and platform admins') view, like the audit log.
+        raise PermissionDenied("Usage reports are for tenant owners.")
+    by = request.GET.get("by", "project")
+    errors: dict[str, str] = {}
+    if by not in ("project", "user"):
+        errors["by"] = "Group by project or user."
+        by = "project"
+    since, until, period_errors = _period(request)
+    errors.update(period_errors)
+    rows = [] if errors else selectors.showback(tenants=[tenant.pk], since=since, until=until, by=by)
+    if request.GET.get("format") == "csv" and not errors:
+        response = HttpResponse(content_type="text/csv")
+        response["Content-Disposition"] = f'attachment; filename="camp-usage-{tenant.name}.csv"'
+        writer = csv.writer(response)
+        writer.writerow(["tenant", "project", "user", "gpu_hours", "gpu_memory_gib_hours",
+                         "cpu_core_hours", "since", "until"])
+        for r in rows:
+            writer.writerow([r.tenant, r.project, r.user, r.gpu_hours, r.gpu_memory_gib_hours,
+                             r.cpu_core_hours, since.date().isoformat(),
+                             (until - dt.timedelta(days=1)).date().isoformat()])
+        return response
+    bars, project_bars = selectors.tenant_quota_bars(tenant)
+    query = request.GET.copy()
+    query["format"] = "csv"
+    ctx: dict[str, Any] = {
+        "tenant": tenant, "rows": rows, "by": by, "errors": errors,
+        "since": since.date().isoformat(), "until": (until - dt.timedelta(days=1)).date().isoformat(),
+        "total": round(sum(r.gpu_hours for r in rows), 3), "csv_query": query.urlencode(),
+        "bars": bars,
+        "project_bars": [(p, project_bars[p.pk]) for p in restrict(
+            Project.objects.filter(tenant=tenant), request.user) if p.pk in project_bars],
+    }
+    return render(request, "portal/usage.html", ctx, status=400 if errors else 200)

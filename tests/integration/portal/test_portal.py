@@ -1,0 +1,156 @@
+"""Dashboards, quota bars, showback and Prometheus metrics over real scheduler state."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.test.utils import override_settings
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from portal import services as portal_services
+from portal.models import CycleStat, UsageSample
+from scheduling import services
+from tenants import services as tenant_services
+from tests.conftest import World
+from tests.integration.scheduling.conftest import SMALL_INVENTORY, submit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def cluster(world: World) -> Any:
+    c = services.cluster_create(actor=world.admin, name="sim", backend="simulated",
+                                inventory=SMALL_INVENTORY)
+    services.inventory_sync(cluster=c)
+    return c
+
+
+def _running(world: World, cluster: Any) -> None:
+    """acme-member holds 2 whole A100s and a half L4 slice; globex-member holds 1 A100."""
+    submit(world, cluster, "two-cards", group={"gpu_count": 2, "cpu_millicores": 4000})
+    submit(world, cluster, "half-l4", group={"gpu_count": 1, "gpu_memory_mib": 11517,
+                                             "gpu_cores_percent": 50, "gpu_models": ["L4"]})
+    submit(world, cluster, "globex-one", side="b")
+    summary = services.cycle_run(cluster=cluster)
+    assert summary is not None and len(summary.admitted) == 3, summary
+
+
+def _metrics(client: Client, **headers: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    response = client.get("/metrics", **headers)
+    assert response.status_code == 200
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_metrics_report_allocation_jobs_waits_and_cycles(world: World, cluster: Any) -> None:
+    _running(world, cluster)
+    submit(world, cluster, "too-many", group={"gpu_count": 8})  # never fits: rejected
+    services.cycle_run(cluster=cluster)
+    m = _metrics(Client())
+    sim = (("cluster", "sim"),)
+    assert m["camp_gpus"][(("cluster", "sim"), ("state", "in_use"))] == 4
+    assert m["camp_gpus"][(("cluster", "sim"), ("state", "free"))] == 6
+    assert m["camp_gpu_share_allocated"][sim] == pytest.approx(3.5, abs=0.01)
+    assert m["camp_jobs"][(("cluster", "sim"), ("state", "rejected"))] == 1
+    assert m["camp_queue_wait_seconds_count"][sim] == 3
+    assert m["camp_cycle_duration_seconds_count"][sim] == CycleStat.objects.count() == 2
+    assert m["camp_dispatch_errors_total"][sim] == 0
+
+
+@override_settings(METRICS_TOKEN="s3cret-scrape-token")
+def test_metrics_token_is_enforced(world: World, cluster: Any) -> None:
+    assert Client().get("/metrics").status_code == 401
+    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    assert "camp_gpus" in _metrics(Client(), HTTP_AUTHORIZATION="Bearer s3cret-scrape-token")
+
+
+def test_showback_sums_gpu_hours_per_project_and_user(world: World, cluster: Any) -> None:
+    _running(world, cluster)
+    start = timezone.now() - dt.timedelta(hours=2)
+    for i in range(4):  # four 30-minute samples = 2 hours of the same usage
+        portal_services.usage_sample_record(cluster=cluster, now=start + dt.timedelta(minutes=30 * i),
+                                            interval_seconds=1800)
+    client = Client()
+    client.force_login(world.a.owner)
+    page = client.get("/t/acme/usage/", {"by": "project"})
+    assert page.status_code == 200
+    rows = {r.project: r for r in page.context["rows"]}
+    # 2 cards + a half L4 for two hours = 5 GPU-hours in acme-p1; globex is not in acme's report
+    assert rows["acme-p1"].gpu_hours == pytest.approx(5.0, abs=0.01)
+    assert set(rows) == {"acme-p1"}
+    by_user = client.get("/t/acme/usage/", {"by": "user"}).context["rows"]
+    assert [(r.user, r.gpu_hours) for r in by_user] == [("acme-member", pytest.approx(5.0, abs=0.01))]
+    csv = client.get("/t/acme/usage/", {"by": "project", "format": "csv"})
+    lines = csv.content.decode().strip().splitlines()
+    assert lines[0].startswith("tenant,project,user,gpu_hours")
+    assert lines[1].startswith("acme,acme-p1,,5.0")
+
+
+def test_showback_period_is_validated(world: World) -> None:
+    client = Client()
+    client.force_login(world.a.owner)
+    bad = client.get("/t/acme/usage/", {"since": "2026-13-45"})
+    assert bad.status_code == 400 and b"since" in bad.content
+    reversed_ = client.get("/t/acme/usage/", {"since": "2026-02-01", "until": "2026-01-01"})
+    assert reversed_.status_code == 400
+
+
+def test_usage_pages_are_for_owners_only(world: World) -> None:
+    for user, tenant, want in [(world.a.member, "acme", 403), (world.a.project_admin, "acme", 403),
+                               (world.a.owner, "globex", 404), (world.outsider, "acme", 404),
+                               (world.admin, "globex", 200)]:
+        client = Client()
+        client.force_login(user)
+        assert client.get(f"/t/{tenant}/usage/").status_code == want, (user, tenant)
+    member = Client()
+    member.force_login(world.a.member)
+    assert member.get("/dashboard/").status_code == 403
+
+
+def test_quota_bars_show_borrowing(world: World, cluster: Any) -> None:
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed": Decimal(4), "gpus_limit": Decimal(8)})
+    tenant_services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal(1), "gpus_limit": Decimal(4)})
+    _running(world, cluster)
+    client = Client()
+    client.force_login(world.a.owner)
+    page = client.get("/t/acme/usage/")
+    (project, bars), = page.context["project_bars"][:1]
+    gpu = next(b for b in bars if b.resource == "gpus")
+    assert (gpu.used, gpu.guaranteed, gpu.limit, gpu.borrowed) == (2.5, 1.0, 4.0, 1.5)
+    assert b"1.5 borrowed" in page.content
+
+
+def test_dashboard_charts_for_admin(world: World, cluster: Any) -> None:
+    _running(world, cluster)
+    portal_services.usage_sample_record(cluster=cluster)
+    client = Client()
+    client.force_login(world.admin)
+    page = client.get("/dashboard/")
+    assert page.status_code == 200
+    data = page.context["chart_data"]
+    assert data["clusters"][0]["name"] == "sim" and data["clusters"][0]["allocated"] == [35.0]
+    assert set(data["tenants"]["tenants"]) == {"acme", "globex"}
+    assert b"vendor/chartjs/chart.umd.min.js" in page.content
+    owner = Client()
+    owner.force_login(world.a.owner)
+    owner_data = owner.get("/dashboard/").context["chart_data"]
+    assert owner_data["clusters"] == [] and set(owner_data["tenants"]["tenants"]) == {"acme"}
+
+
+def test_samples_record_who_holds_what(world: World, cluster: Any) -> None:
+    _running(world, cluster)
+    sample = portal_services.usage_sample_record(cluster=cluster)
+    assert (sample.gpus_total, sample.gpus_in_use) == (10, 4)
+    assert sample.gpu_share_allocated == pytest.approx(3.5, abs=0.01)
+    per = {(u.project.name, u.user.username): round(u.gpu_share, 2) for u in UsageSample.objects.all()}
+    assert per == {("acme-p1", "acme-member"): 2.5, ("globex-p1", "globex-member"): 1.0}
