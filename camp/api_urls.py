@@ -15,6 +15,7 @@ router.register("tokens", tenant_views.ApiTokenViewSet, basename="token")
 router.register("audit-events", tenant_views.AuditEventViewSet, basename="auditevent")
 router.register("clusters", scheduling_views.ClusterViewSet, basename="cluster")
 router.register("nodes", scheduling_views.NodeViewSet, basename="node")
+router.register("pools", scheduling_views.NodePoolViewSet, basename="nodepool")
 router.register("jobs", scheduling_views.JobViewSet, basename="job")
 
 urlpatterns = router.urls

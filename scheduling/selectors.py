@@ -35,9 +35,13 @@ from .models import (
     Job,
     JobState,
     Node,
+    NodePool,
     PodGroup,
     SchedulingDecision,
 )
+
+POOL_LABEL = "camp.io/pool"
+"""Without a matching NodePool row, this node label names a shared pool (display only)."""
 
 
 def queue_name(tenant_name: str, project_name: str) -> str:
@@ -49,10 +53,91 @@ def pod_key(job_id: int, group: str, replica: int) -> str:
     return f"{job_id}-{group}-{replica}"
 
 
+# --- node pools --------------------------------------------------------------------------
+
+
+def pools_in_order(cluster: Cluster) -> list[NodePool]:
+    """A node belongs to the first pool whose selector it matches: dedicated pools first
+    (so dedicating a subset of a shared pool works), then by name."""
+    return sorted(NodePool.objects.filter(cluster=cluster), key=lambda p: (not p.dedicated, p.name))
+
+
+def pool_of(labels: dict[str, str], pools: list[NodePool]) -> str:
+    """The pool a node with ``labels`` belongs to (all selector labels must match; an empty
+    selector matches every node), else the ``camp.io/pool`` label, else none."""
+    for p in pools:
+        if all(labels.get(str(k)) == str(v) for k, v in (p.selector or {}).items()):
+            return p.name
+    return str(labels.get(POOL_LABEL, ""))
+
+
+def pool_model(model: str, pool: str) -> str:
+    """The GPU model the engine sees for a card of a dedicated pool.
+
+    The engine (pure, owned elsewhere) has no per-job node selector, but every pod carries
+    GPU-model allow/deny lists. Cards of a dedicated pool therefore appear under their own
+    model name, and each job's lists admit exactly the dedicated pools its tenant may use."""
+    return f"{model}@{pool}"
+
+
+def plain_model(model: str) -> str:
+    return model.split("@", 1)[0]
+
+
+@dataclass(frozen=True)
+class PoolAccess:
+    """Dedicated pools of one cluster: who may use them and which GPU models they hold."""
+
+    tenants: dict[str, frozenset[int]]
+    """Dedicated pool name → the tenant ids it serves."""
+    models: dict[str, frozenset[str]]
+    """Dedicated pool name → the (plain) GPU models of its nodes."""
+    node_pool: dict[str, str]
+    """Node name → dedicated pool name (nodes of shared pools are absent)."""
+
+    def closed_to(self, tenant_id: int) -> list[str]:
+        return sorted(p for p, ts in self.tenants.items() if tenant_id not in ts)
+
+    def open_to(self, tenant_id: int) -> list[str]:
+        return sorted(p for p, ts in self.tenants.items() if tenant_id in ts)
+
+    def forbidden_nodes(self, tenant_id: int) -> set[str]:
+        closed = set(self.closed_to(tenant_id))
+        return {n for n, p in self.node_pool.items() if p in closed}
+
+    def model_lists(self, tenant_id: int, allowed: frozenset[str]
+                    ) -> tuple[frozenset[str], frozenset[str]]:
+        """(allowlist, denylist) of engine GPU models for a pod of this tenant."""
+        deny = frozenset(pool_model(m, p) for p in self.closed_to(tenant_id) for m in self.models[p])
+        if not allowed:
+            return allowed, deny
+        extra = {pool_model(m, p) for p in self.open_to(tenant_id) for m in allowed}
+        return allowed | extra, deny
+
+
+NO_POOLS = PoolAccess({}, {}, {})
+
+
+def pool_access(cluster: Cluster, nodes: dict[str, Node] | None = None) -> PoolAccess:
+    dedicated = {p.name: frozenset(t.pk for t in p.tenants.all())
+                 for p in NodePool.objects.filter(cluster=cluster, dedicated=True)
+                 .prefetch_related("tenants")}
+    if not dedicated:
+        return NO_POOLS
+    if nodes is None:
+        nodes = {n.name: n for n in Node.objects.filter(cluster=cluster, present=True)
+                 .prefetch_related("gpus")}
+    node_pool = {name: n.pool for name, n in nodes.items() if n.pool in dedicated}
+    models: dict[str, set[str]] = {p: set() for p in dedicated}
+    for name, p in node_pool.items():
+        models[p].update(g.model for g in nodes[name].gpus.all())
+    return PoolAccess(dedicated, {p: frozenset(m) for p, m in models.items()}, node_pool)
+
+
 # --- inventory ---------------------------------------------------------------------------
 
 
-def _engine_gpu(g: GpuDevice, node_usable: bool) -> E.GpuDevice:
+def _engine_gpu(g: GpuDevice, node_usable: bool, pool: str = "") -> E.GpuDevice:
     templates = tuple(
         E.SliceTemplate(int(t["memory_mib"]), int(t["cores"]), str(t.get("name", "")))
         for t in (g.templates or [])
@@ -60,7 +145,8 @@ def _engine_gpu(g: GpuDevice, node_usable: bool) -> E.GpuDevice:
     sharing = E.SharingMode(g.sharing) if g.sharing in E.SharingMode._value2member_map_ else (
         E.SharingMode.SHAREABLE)
     return E.GpuDevice(
-        index=g.index, uuid=g.uuid, model=g.model, memory_mib=g.memory_mib, vendor=g.vendor,
+        index=g.index, uuid=g.uuid, model=pool_model(g.model, pool) if pool else g.model,
+        memory_mib=g.memory_mib, vendor=g.vendor,
         # On a quarantined node the node itself is unschedulable; its GPUs still count as
         # present so that jobs needing them wait for the repair instead of being rejected
         # as "never fits" (the engine treats an unhealthy GPU as gone for good).
@@ -69,8 +155,9 @@ def _engine_gpu(g: GpuDevice, node_usable: bool) -> E.GpuDevice:
     )
 
 
-def _engine_node(n: Node) -> E.Node:
-    gpus = tuple(_engine_gpu(g, n.schedulable) for g in n.gpus.all())
+def _engine_node(n: Node, access: PoolAccess = NO_POOLS) -> E.Node:
+    pool = access.node_pool.get(n.name, "")
+    gpus = tuple(_engine_gpu(g, n.schedulable, pool) for g in n.gpus.all())
     islands = tuple(frozenset(int(i) for i in isl) for isl in (n.nvlink_islands or []))
     return E.Node(
         name=n.name, cpu_millicores=n.cpu_millicores, ram_mib=n.ram_mib, gpus=gpus,
@@ -80,10 +167,13 @@ def _engine_node(n: Node) -> E.Node:
     )
 
 
-def pod_placement(a: Allocation) -> E.PodPlacement:
+def pod_placement(a: Allocation, access: PoolAccess = NO_POOLS) -> E.PodPlacement:
+    pool = access.node_pool.get(a.node.name, "")
     gpus = tuple(
         E.GpuGrant(
-            index=s.gpu.index, uuid=s.gpu.uuid, gpu_model=s.gpu.model, gpu_memory_mib=s.memory_mib,
+            index=s.gpu.index, uuid=s.gpu.uuid,
+            gpu_model=pool_model(s.gpu.model, pool) if pool else s.gpu.model,
+            gpu_memory_mib=s.memory_mib,
             gpu_cores_percent=s.cores_percent, exclusive=s.exclusive, container=s.container,
             vendor=s.gpu.vendor,
         )
@@ -98,22 +188,22 @@ def pod_placement(a: Allocation) -> E.PodPlacement:
 # --- jobs --------------------------------------------------------------------------------
 
 
-def engine_job(job: Job, groups: list[PodGroup]) -> E.Job:
-    egroups = tuple(
-        E.PodGroup(
+def engine_job(job: Job, groups: list[PodGroup], access: PoolAccess = NO_POOLS) -> E.Job:
+    egroups = []
+    for g in groups:
+        allow, deny = access.model_lists(job.tenant_id, frozenset(g.gpu_models or ()))
+        egroups.append(E.PodGroup(
             name=g.name,
             template=E.pod(
                 f"{job.pk}-{g.name}", gpu_count=g.gpu_count, gpu_memory_mib=g.gpu_memory_mib,
                 gpu_cores_percent=g.gpu_cores_percent, exclusive=g.exclusive,
                 cpu_millicores=g.cpu_millicores, ram_mib=g.ram_mib,
-                gpu_models=frozenset(g.gpu_models or ()),
+                gpu_models=allow, excluded_gpu_models=deny,
             ),
             replicas=g.replicas,
-        )
-        for g in groups
-    )
+        ))
     return E.Job(
-        name=str(job.pk), groups=egroups, gang=job.gang, priority=job.priority,
+        name=str(job.pk), groups=tuple(egroups), gang=job.gang, priority=job.priority,
         priority_class=job.priority_class, queue=queue_name(job.tenant.name, job.project.name),
         preemptible=job.preemptible, submit_time=job.submitted_at.timestamp(),
         runtime_estimate_s=float(job.duration_seconds) if job.duration_seconds else None,
@@ -167,6 +257,7 @@ class CycleInputs:
     nodes: dict[str, Node]
     gpus: dict[tuple[str, int], GpuDevice]
     groups: dict[int, dict[str, PodGroup]]
+    pools: PoolAccess = NO_POOLS
 
 
 def _groups_prefetch() -> Prefetch[Any]:
@@ -181,6 +272,7 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
         )
     }
     gpus = {(n.name, g.index): g for n in nodes.values() for g in n.gpus.all()}
+    access = pool_access(cluster, nodes)
     allocations = list(
         Allocation.objects.filter(cluster=cluster)
         .select_related("job__tenant", "job__project", "group", "node")
@@ -194,12 +286,12 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
         job = a.job
         jobs[str(job.pk)] = job
         eallocs.append(E.Allocation(
-            job=str(job.pk), placement=pod_placement(a),
+            job=str(job.pk), placement=pod_placement(a, access),
             queue=queue_name(job.tenant.name, job.project.name), priority=job.priority,
             preemptible=job.preemptible and job.state != JobState.PREEMPTING,
             start_time=(job.started_at or job.admitted_at or job.submitted_at).timestamp(),
         ))
-    snapshot = E.ClusterSnapshot(nodes=tuple(_engine_node(n) for n in nodes.values()),
+    snapshot = E.ClusterSnapshot(nodes=tuple(_engine_node(n, access) for n in nodes.values()),
                                  allocations=tuple(eallocs))
     running = running_jobs(
         snapshot,
@@ -224,8 +316,9 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
         groups[job.pk] = {g.name: g for g in gs}
         jobs[str(job.pk)] = job
         if job.pk not in waiting_for_victims:
-            pending.append(engine_job(job, gs))
-    return CycleInputs(snapshot, queue_tree(cluster), pending, running, jobs, nodes, gpus, groups)
+            pending.append(engine_job(job, gs, access))
+    return CycleInputs(snapshot, queue_tree(cluster), pending, running, jobs, nodes, gpus, groups,
+                       access)
 
 
 # --- reads for views ---------------------------------------------------------------------

@@ -74,6 +74,7 @@ from .models import (
     Job,
     JobState,
     Node,
+    NodePool,
     PodGroup,
     PodPhase,
     PriorityClass,
@@ -233,13 +234,14 @@ def inventory_sync(*, cluster: Cluster) -> InventoryResult:
     problem is gone leaves quarantine automatically unless an admin put it there."""
     infos = backend_for(cluster).list_nodes()
     result = InventoryResult()
+    pools = selectors.pools_in_order(cluster)
     with transaction.atomic():
         seen: set[str] = set()
         for info in infos:
             seen.add(info.name)
             result.nodes += 1
             result.gpus += len(info.gpus)
-            _upsert_node(cluster, info, result)
+            _upsert_node(cluster, info, result, pools)
         Node.objects.filter(cluster=cluster).exclude(name__in=seen).update(present=False)
         Cluster.objects.filter(pk=cluster.pk).update(last_inventory_at=timezone.now(), last_error="")
     # Jobs on nodes that vanished or broke are rescheduled.
@@ -260,14 +262,15 @@ def inventory_sync(*, cluster: Cluster) -> InventoryResult:
     return result
 
 
-def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult) -> None:
+def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult,
+                 pools: list[NodePool]) -> None:
     node, _ = Node.objects.select_for_update().get_or_create(cluster=cluster, name=info.name)
     node.cpu_millicores = info.cpu_millicores
     node.ram_mib = info.ram_mib
     node.max_pods = info.max_pods
     node.labels = dict(info.labels)
     node.taints = [dict(t) for t in info.taints]
-    node.pool = info.labels.get("camp.io/pool", "")
+    node.pool = selectors.pool_of(dict(info.labels), pools)
     node.nvlink_islands = [list(i) for i in info.nvlink_islands]
     node.ready = info.ready
     node.cordoned = info.cordoned
@@ -327,6 +330,100 @@ def node_quarantine(*, actor: User, node: Node, quarantined: bool, reason: str =
             job_evict(job_id=job_id, reason=f"node {node.name} was quarantined")
     request_cycle(node.cluster_id)
     return node
+
+
+# --- node pools ----------------------------------------------------------------------------
+
+POOL_FIELDS = ("name", "selector", "dedicated")
+
+
+def _pool_snapshot(pool: NodePool) -> dict[str, Any]:
+    data = snapshot(pool, POOL_FIELDS)
+    data["cluster"] = pool.cluster.name
+    data["tenants"] = sorted(t.name for t in pool.tenants.all()) if pool.pk else []
+    return data
+
+
+def _validate_pool(pool: NodePool, tenants: list[Any]) -> None:
+    sel = pool.selector
+    if not isinstance(sel, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k for k, v in sel.items()):
+        raise ValidationError({"selector": ["A mapping of node label names to values."]})
+    if pool.dedicated and not tenants:
+        raise ValidationError({"tenants": ["A dedicated pool needs at least one tenant."]})
+    if not pool.dedicated and tenants:
+        raise ValidationError({"tenants": ["Only dedicated pools name tenants."]})
+    try:
+        pool.full_clean(exclude=["cluster"], validate_constraints=False)
+    except ValidationError as exc:
+        raise ValidationError(exc.message_dict) from exc
+
+
+def pools_assign(*, cluster: Cluster) -> int:
+    """Recompute which pool every node of ``cluster`` belongs to (after pools change).
+    Dedication applies to new placements; jobs already running stay where they are."""
+    pools = selectors.pools_in_order(cluster)
+    changed = 0
+    for node in Node.objects.filter(cluster=cluster).only("pk", "labels", "pool"):
+        pool = selectors.pool_of(dict(node.labels), pools)
+        if pool != node.pool:
+            Node.objects.filter(pk=node.pk).update(pool=pool)
+            changed += 1
+    return changed
+
+
+def _save_pool(pool: NodePool, tenants: list[Any]) -> None:
+    try:
+        with transaction.atomic():
+            pool.save()
+    except IntegrityError as exc:
+        raise ValidationError({"name": ["This cluster already has a pool with this name."]}) from exc
+    pool.tenants.set(tenants)
+    pools_assign(cluster=pool.cluster)
+    request_cycle(pool.cluster_id)
+
+
+@transaction.atomic
+def nodepool_create(*, actor: User, cluster: Cluster, name: str, selector: dict[str, str],
+                    dedicated: bool = False, tenants: list[Any] | None = None) -> NodePool:
+    """A pool of the nodes whose labels match ``selector``; a dedicated one places only the
+    jobs of ``tenants``, a shared one everyone's."""
+    pool = NodePool(cluster=cluster, name=name, selector=selector, dedicated=dedicated)
+    _require(actor, permissions.CREATE, pool)
+    tenants = list(tenants or [])
+    _validate_pool(pool, tenants)
+    _save_pool(pool, tenants)
+    audit_record(actor=actor, action="nodepool.created", target=pool, after=_pool_snapshot(pool))
+    return pool
+
+
+@transaction.atomic
+def nodepool_update(*, actor: User, pool: NodePool, tenants: list[Any] | None = None,
+                    **changes: Any) -> NodePool:
+    _require(actor, permissions.CHANGE, pool)
+    before = _pool_snapshot(pool)
+    for key, value in changes.items():
+        if key not in POOL_FIELDS:
+            raise ValidationError({key: ["This field cannot be changed."]})
+        setattr(pool, key, value)
+    new_tenants = list(tenants) if tenants is not None else list(pool.tenants.all())
+    if not pool.dedicated and tenants is None:
+        new_tenants = []
+    _validate_pool(pool, new_tenants)
+    _save_pool(pool, new_tenants)
+    audit_record(actor=actor, action="nodepool.updated", target=pool, before=before,
+                 after=_pool_snapshot(pool))
+    return pool
+
+
+@transaction.atomic
+def nodepool_delete(*, actor: User, pool: NodePool) -> None:
+    _require(actor, permissions.DELETE, pool)
+    audit_record(actor=actor, action="nodepool.deleted", target=pool, before=_pool_snapshot(pool))
+    cluster = pool.cluster
+    pool.delete()
+    pools_assign(cluster=cluster)
+    request_cycle(cluster.pk)
 
 
 # --- jobs ----------------------------------------------------------------------------------
@@ -528,6 +625,8 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
 def _apply_status(inputs: selectors.CycleInputs, job: Job, status: JobStatus,
                   summary: CycleSummary) -> None:
     d = status.decision
+    if isinstance(d, (E.Admit, E.Preempt)) and _outside_pools(inputs, job, d.placement):
+        return
     if isinstance(d, E.Admit):
         if _admit(inputs, job, d.placement, status):
             summary.admitted.append(job.pk)
@@ -552,6 +651,20 @@ def _apply_status(inputs: selectors.CycleInputs, job: Job, status: JobStatus,
         summary.waiting.append(job.pk)
 
 
+def _outside_pools(inputs: selectors.CycleInputs, job: Job, placement: E.Placement) -> bool:
+    """Backstop for dedicated pools: GPU pods are kept out by their model lists (see
+    ``selectors.pool_model``); a pod without GPUs has no such list, so a placement that
+    puts one on a pool closed to the job's tenant is not persisted (the job waits)."""
+    forbidden = inputs.pools.forbidden_nodes(job.tenant_id)
+    bad = sorted({pp.node for pp in placement.pods if pp.node in forbidden})
+    if not bad:
+        return False
+    pools = sorted({inputs.pools.node_pool[n] for n in bad})
+    _wait(job, f"The free room is in pool(s) dedicated to other tenants ({', '.join(pools)})",
+          "capacity", None, None)
+    return True
+
+
 def _wait(job: Job, reason: str, kind: str, position: int | None, length: int | None) -> None:
     reason = reason[:500]
     if (job.reason, job.reason_kind, job.queue_position, job.queue_length) == (
@@ -571,7 +684,7 @@ def _wait(job: Job, reason: str, kind: str, position: int | None, length: int | 
 def _placement_json(placement: E.Placement) -> list[dict[str, Any]]:
     return [
         {"pod": pp.pod, "node": pp.node, "cpu_millicores": pp.cpu_millicores, "ram_mib": pp.ram_mib,
-         "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.gpu_model,
+         "gpus": [{"index": g.index, "uuid": g.uuid, "model": selectors.plain_model(g.gpu_model),
                    "memory_mib": g.gpu_memory_mib, "cores_percent": g.gpu_cores_percent,
                    "exclusive": g.exclusive, "container": g.container} for g in pp.gpus]}
         for pp in placement.pods

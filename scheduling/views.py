@@ -19,7 +19,7 @@ from tenants.forms import apply_service_errors
 from tenants.permissions import CHANGE, CREATE, actor_of, can, restrict
 
 from . import selectors, services
-from .models import Cluster, GpuDevice, Job, JobState, Node
+from .models import Cluster, GpuDevice, Job, JobState, Node, NodePool
 
 
 class ClusterForm(forms.ModelForm[Cluster]):
@@ -79,8 +79,22 @@ def node_list(request: HttpRequest, cluster_name: str) -> HttpResponse:
     cluster = get_object_or_404(restrict(Cluster.objects.all(), request.user), name=cluster_name)
     nodes = restrict(Node.objects.filter(cluster=cluster), request.user).prefetch_related(
         Prefetch("gpus", queryset=GpuDevice.objects.order_by("index")))
+    from tenants.models import Tenant
+
+    visible_tenants = set(restrict(Tenant.objects.all(), request.user).values_list("pk", flat=True))
+    pools: list[dict[str, Any]] = []
+    for p in restrict(NodePool.objects.filter(cluster=cluster), request.user).prefetch_related(
+            "tenants"):
+        pools.append({"pool": p, "tenants": [t.name for t in p.tenants.all()
+                                             if t.pk in visible_tenants]})
+    dedicated = {row["pool"].name for row in pools if row["pool"].dedicated}
+    # Dedicated pools of other tenants are not named (a pool's existence names who it serves).
+    hidden = set(NodePool.objects.filter(cluster=cluster, dedicated=True)
+                 .values_list("name", flat=True)) - dedicated
     return render(request, "scheduling/nodes.html", {
-        "cluster": cluster, "nodes": nodes, "can_change": can(request.user, CHANGE, cluster)})
+        "cluster": cluster, "nodes": nodes, "pools": pools, "dedicated": dedicated,
+        "hidden": hidden,
+        "can_change": can(request.user, CHANGE, cluster)})
 
 
 @login_required

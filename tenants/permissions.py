@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import AnonymousUser
 from django.db.models import Model, Q, QuerySet
 
-from scheduling.models import Cluster, GpuDevice, Job, Node, SchedulingDecision
+from scheduling.models import Cluster, GpuDevice, Job, Node, NodePool, SchedulingDecision
 
 from .models import (
     PROJECT_ROLES,
@@ -205,6 +205,15 @@ def _infrastructure_rule(user: User, scope: Scope, action: str, obj: Model) -> b
     return action == VIEW and bool(scope.tenants)
 
 
+def _pool_rule(user: User, scope: Scope, action: str, obj: NodePool) -> bool:
+    # Shared pools are infrastructure every tenant member reads; a dedicated pool is seen
+    # only by its tenants (its existence names who it serves). Platform admins manage them.
+    if action != VIEW or not scope.tenants:
+        return False
+    return not obj.dedicated or (
+        obj.pk is not None and obj.tenants.filter(pk__in=scope.tenants).exists())
+
+
 def _job_rule(user: User, scope: Scope, action: str, obj: Job) -> bool:
     reader = obj.tenant_id in scope.owner_tenants or obj.project_id in scope.projects
     if action in (VIEW, CREATE):
@@ -229,6 +238,7 @@ _RULES: dict[type[Model], Any] = {
     Cluster: _infrastructure_rule,
     Node: _infrastructure_rule,
     GpuDevice: _infrastructure_rule,
+    NodePool: _pool_rule,
     Job: _job_rule,
     SchedulingDecision: _decision_rule,
 }
@@ -275,6 +285,10 @@ def _visible_q(model: type[Model], scope: Scope, user: User) -> Q | None:
         return Q(tenant_id__in=owner)
     if model in (Cluster, Node, GpuDevice):
         return Q() if tenants else None
+    if model is NodePool:
+        if not tenants:
+            return None
+        return Q(dedicated=False) | Q(tenants__in=tenants)
     if model is Job:
         return Q(tenant_id__in=owner) | Q(project_id__in=projects)
     if model is SchedulingDecision:

@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from tenants.api.serializers import VisiblePKField
-from tenants.models import Project
+from tenants.models import Project, Tenant
 
 from ..models import (
     Allocation,
@@ -16,6 +16,7 @@ from ..models import (
     GpuDevice,
     Job,
     Node,
+    NodePool,
     PodGroup,
     PriorityClass,
     SchedulingDecision,
@@ -65,6 +66,40 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
                   "pool", "nvlink_islands", "ready", "cordoned", "present", "quarantined",
                   "quarantine_reason", "schedulable", "gpus", "updated_at"]
         read_only_fields = fields
+
+
+class NodePoolSerializer(serializers.ModelSerializer[NodePool]):
+    """A pool: the nodes whose labels match ``selector``. A dedicated pool places only its
+    tenants' jobs; a shared one everyone's."""
+
+    cluster = serializers.SlugRelatedField(slug_field="name", queryset=Cluster.objects.all())
+    selector = serializers.DictField(child=serializers.CharField(max_length=63), required=False,
+                                     default=dict)
+    tenants = serializers.SlugRelatedField(slug_field="name", many=True, required=False,
+                                           queryset=Tenant.objects.all())
+    nodes = serializers.SerializerMethodField()
+
+    class Meta:
+        model = NodePool
+        fields = ["id", "cluster", "name", "selector", "dedicated", "tenants", "nodes"]
+        read_only_fields = ["id", "nodes"]
+        validators: list[Any] = []
+
+    def get_nodes(self, pool: NodePool) -> list[str]:
+        """Names of the nodes currently in the pool."""
+        return list(Node.objects.filter(cluster_id=pool.cluster_id, pool=pool.name, present=True)
+                    .order_by("name").values_list("name", flat=True))
+
+    def to_representation(self, instance: NodePool) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        from tenants.permissions import restrict
+
+        request = self.context.get("request")
+        # Only the tenants the reader may see: a pool never names its other tenants.
+        visible = set(restrict(Tenant.objects.all(), request.user if request else None)
+                      .values_list("name", flat=True))
+        data["tenants"] = [t for t in data["tenants"] if t in visible]
+        return data
 
 
 class QuarantineSerializer(serializers.Serializer[Any]):

@@ -16,11 +16,12 @@ from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import actor_of
 
 from .. import services
-from ..models import Allocation, Cluster, GpuDevice, GpuSlice, Job, Node
+from ..models import Allocation, Cluster, GpuDevice, GpuSlice, Job, Node, NodePool
 from .serializers import (
     ClusterSerializer,
     DecisionSerializer,
     JobSerializer,
+    NodePoolSerializer,
     NodeSerializer,
     QuarantineSerializer,
 )
@@ -98,6 +99,39 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, CampViewSet)
                                         quarantined=data.validated_data["quarantined"],
                                         reason=data.validated_data["reason"])
         return Response(NodeSerializer(node, context={"request": request}).data)
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class NodePoolViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                      mixins.CreateModelMixin, mixins.UpdateModelMixin, mixins.DestroyModelMixin,
+                      CampViewSet):
+    """Node pools selected by node labels. Shared pools serve every tenant; a dedicated
+    pool places only its tenants' jobs (and only they see it). Platform admins manage them."""
+
+    model = NodePool
+    serializer_class = NodePoolSerializer
+    filterset_fields = ["cluster", "dedicated"]
+    ordering_fields = ["name"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().select_related("cluster").prefetch_related("tenants")
+
+    def perform_create(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = services.nodepool_create(actor=actor_of(self.request), **data)
+
+    def perform_update(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        if "cluster" in data and data["cluster"] != serializer.instance.cluster:
+            from django.core.exceptions import ValidationError
+
+            raise ValidationError({"cluster": ["A pool cannot move to another cluster."]})
+        data.pop("cluster", None)
+        serializer.instance = services.nodepool_update(
+            actor=actor_of(self.request), pool=serializer.instance, **data)
+
+    def perform_destroy(self, instance: NodePool) -> None:
+        services.nodepool_delete(actor=actor_of(self.request), pool=instance)
 
 
 @extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))

@@ -39,6 +39,16 @@ EXPECT: dict[tuple[str, str], dict[str, Any]] = {
                                 outsider=404),
     ("nodes", "quarantine"): dict(platform_admin=200, owner=403, project_admin=403, member=403,
                                   outsider=404),
+    # Pools: "own" is dedicated to acme, "foreign" to globex (only its tenants see it).
+    ("pools", "list"): MEMBERS,
+    ("pools", "retrieve"): dict(platform_admin=200, owner=200, project_admin=200, member=200,
+                                outsider=404),
+    ("pools", "create"): dict(platform_admin=201, owner=403, project_admin=403, member=403,
+                              outsider=403),
+    ("pools", "update"): dict(platform_admin=200, owner=403, project_admin=403, member=403,
+                              outsider=404),
+    ("pools", "delete"): dict(platform_admin=204, owner=403, project_admin=403, member=403,
+                              outsider=404),
     ("jobs", "list"): MEMBERS,
     ("jobs", "retrieve"): dict(platform_admin=200, owner=200, project_admin=200, member=200,
                                outsider=404),
@@ -52,7 +62,8 @@ EXPECT: dict[tuple[str, str], dict[str, Any]] = {
 }
 TENANTLESS = {"clusters", "nodes"}
 CASES = [(r, op, role, side) for (r, op) in EXPECT for role in ROLES
-         for side in (["own"] if r in TENANTLESS else ["own", "foreign"])]
+         for side in (["own"] if r in TENANTLESS or (r, op) == ("pools", "create")
+                      else ["own", "foreign"])]
 
 
 def expected(resource: str, op: str, role: str, side: str) -> Any:
@@ -75,7 +86,12 @@ def _setup(world: World) -> dict[str, Any]:
     for side, tw in (("own", world.a), ("foreign", world.b)):
         jobs[side] = services.job_submit(actor=tw.project_admin, project=tw.project, cluster=cluster,
                                          name=f"job-{side}", groups=[gpu_group()])
-    return {"cluster": cluster, "node": cluster.nodes.first(), "jobs": jobs, "world": world}
+    pools = {side: services.nodepool_create(actor=world.admin, cluster=cluster, name=f"pool-{side}",
+                                            selector={"team": side}, dedicated=True,
+                                            tenants=[tw.tenant])
+             for side, tw in (("own", world.a), ("foreign", world.b))}
+    return {"cluster": cluster, "node": cluster.nodes.first(), "jobs": jobs, "pools": pools,
+            "world": world}
 
 
 def _call(client: Any, ctx: dict[str, Any], resource: str, op: str, side: str) -> Any:
@@ -84,6 +100,8 @@ def _call(client: Any, ctx: dict[str, Any], resource: str, op: str, side: str) -
         base, obj_id = "/api/v1/clusters/", ctx["cluster"].pk
     elif resource == "nodes":
         base, obj_id = "/api/v1/nodes/", ctx["node"].pk
+    elif resource == "pools":
+        base, obj_id = "/api/v1/pools/", ctx["pools"][side].pk
     else:
         base, obj_id = "/api/v1/jobs/", ctx["jobs"][side].pk
     if op == "list":
@@ -93,13 +111,16 @@ def _call(client: Any, ctx: dict[str, Any], resource: str, op: str, side: str) -
     if op == "create":
         if resource == "clusters":
             body: dict[str, Any] = {"name": "new-sim", "inventory": SMALL_INVENTORY}
+        elif resource == "pools":
+            body = {"cluster": "sim", "name": "new-pool", "selector": {"gpu": "l4"}}
         else:
             tw = world.a if side == "own" else world.b
             body = {"name": "new-job", "project": tw.project.pk, "cluster": "sim",
                     "groups": [gpu_group()]}
         return client.post(base, body, format="json"), obj_id
     if op == "update":
-        return client.patch(f"{base}{obj_id}/", {"display_name": "Renamed"}, format="json"), obj_id
+        change = {"name": "renamed"} if resource == "pools" else {"display_name": "Renamed"}
+        return client.patch(f"{base}{obj_id}/", change, format="json"), obj_id
     if op == "delete":
         services.job_cancel(actor=world.admin, job=ctx["jobs"]["own"])
         services.job_cancel(actor=world.admin, job=ctx["jobs"]["foreign"])
