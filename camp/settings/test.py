@@ -13,20 +13,22 @@ from camp.env import env_str
 from . import *  # noqa: F403
 
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/camp")
+# Each test run owns its database, Celery queue and cache keys, so concurrent runs on one
+# machine never share them. A worker subprocess joins its run with CAMP_TEST_RUN_ID.
+TEST_RUN_ID = env_str("CAMP_TEST_RUN_ID", str(os.getpid()))
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
-# One test database per pytest process, so concurrent runs on one machine never
-# drop each other's database (pytest-xdist adds its own worker suffix).
-DATABASES["default"]["TEST"] = {"NAME": env_str("CAMP_TEST_DB", f"test_camp_{os.getpid()}")}
+DATABASES["default"]["TEST"] = {"NAME": f"test_camp_{TEST_RUN_ID}"}
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/15")
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "camp-test",
+        "KEY_PREFIX": f"camp-test-{TEST_RUN_ID}",
     }
 }
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_BROKER_TRANSPORT_OPTIONS = {}
+CELERY_TASK_DEFAULT_QUEUE = f"camp-test-{TEST_RUN_ID}"
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",

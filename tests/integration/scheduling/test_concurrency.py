@@ -36,15 +36,18 @@ def celery_worker() -> Iterator[subprocess.Popen[bytes]]:
     app.control.purge()
     db = settings.DATABASES["default"]
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "camp.settings.test",
-           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
+           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+           # this run's queue and cache keys (camp/settings/test.py)
+           "CAMP_TEST_RUN_ID": settings.TEST_RUN_ID}
+    name = f"test-{os.getpid()}@localhost"
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "camp", "worker", "--pool=prefork", "--concurrency=2",
-         "--loglevel=WARNING", "--without-gossip", "--without-mingle", "-n", f"test-{os.getpid()}@%h"],
+         "--loglevel=WARNING", "--without-gossip", "--without-mingle", "-n", name],
         env=env, start_new_session=True, cwd=settings.BASE_DIR,
     )
     try:
         deadline = time.monotonic() + 30
-        while not app.control.ping(timeout=0.5):
+        while not app.control.ping(destination=[name], timeout=0.5):
             assert proc.poll() is None, "the worker died at start"
             assert time.monotonic() < deadline, "the worker did not start"
         yield proc
@@ -131,8 +134,10 @@ def test_hundreds_of_concurrent_submits_and_cancels(world: Any) -> None:
 
 def _cycle_in_progress() -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
-                       [services._CYCLE_LOCK_CLASS])
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            [services._CYCLE_LOCK_CLASS])
         row = cursor.fetchone()
     return bool(row and row[0])
 
