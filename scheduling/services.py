@@ -521,6 +521,27 @@ def job_cancel(*, actor: User, job: Job) -> Job:
     return locked
 
 
+def job_terminate(*, job_id: int, reason: str, by: str = SCHEDULER) -> bool:
+    """Cancel a job on the platform's behalf — idle culling, a maximum runtime, a failed
+    dependency (workspaces/) — with ``reason`` recorded as given and ``by`` as the audit
+    actor name. Like ``job_cancel`` but without a user; False if it had already ended."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        if job.is_final:
+            return False
+        before = job.state
+        _finish(job, JobState.CANCELLED, reason)
+        _record(job, DecisionKind.CANCELLED, job.reason)
+        audit_record(actor=None, actor_username=by, action="job.cancelled", target=job,
+                     tenant=job.tenant, project=job.project, before={"state": before},
+                     after={"state": job.state, "reason": job.reason})
+        if before in ACTIVE_STATES:
+            _stop_after_commit(job.pk)
+        else:
+            request_cycle(job.cluster_id)
+    return True
+
+
 def _finish(job: Job, state: str, reason: str) -> None:
     job.state = state
     job.reason = reason[:500]
