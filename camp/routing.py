@@ -1,5 +1,11 @@
-"""WebSocket routes (live pages are added by the portal issue)."""
+"""WebSocket routes."""
 
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from django.urls import path
+
+from portal.consumers import LiveConsumer
+
+websocket_urlpatterns: list[Any] = [
+    path("ws/live/", LiveConsumer.as_asgi()),
+]

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 from scheduling import signals
+from scheduling.models import Job, SchedulingDecision
 
+from .live import job_changed
 from .models import CycleStat, DispatchError
+
+
+@receiver(post_save, sender=Job)
+def _job_saved(sender: Any, instance: Job, **kwargs: Any) -> None:
+    job_changed(instance.pk)
+
+
+@receiver(post_save, sender=SchedulingDecision)
+def _decision_recorded(sender: Any, instance: SchedulingDecision, created: bool, **kwargs: Any) -> None:
+    # Every state transition records a decision, including those made with
+    # queryset.update() (which sends no post_save for the Job itself).
+    if created:
+        job_changed(instance.job_id)
 
 
 @receiver(signals.cycle_finished)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
 
 from .models import Project, Tenant
@@ -17,7 +18,10 @@ def console(request: HttpRequest) -> dict[str, Any]:
     scope = scope_of(user)
     tenants = list(restrict(Tenant.objects.all(), user))
     projects = list(restrict(Project.objects.select_related("tenant"), user))
+    # Without Redis the channel layer cannot reach the worker: poll more often (static/live.js).
+    in_memory = "InMemory" in settings.CHANNEL_LAYERS["default"]["BACKEND"]
     return {
+        "live_poll_ms": 3000 if in_memory else 15000,
         "nav_tenants": tenants,
         "nav_projects": projects,
         "nav_scope": scope,

@@ -1,0 +1,45 @@
+"""The WebSocket behind live pages: /ws/live/."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from tenants.models import Project
+from tenants.permissions import restrict, scope_of
+
+from .live import ALL_GROUP, project_group
+
+
+@database_sync_to_async
+def _groups_for(user: Any) -> list[str]:
+    """The groups a user may listen to: every project they can see (all, for platform admins)."""
+    if scope_of(user).platform_admin:
+        return [ALL_GROUP]
+    return [project_group(pk) for pk in restrict(Project.objects.all(), user).values_list("pk", flat=True)]
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+    groups_joined: list[str]
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        self.groups_joined = await _groups_for(user)
+        for group in self.groups_joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """Clients only listen."""
+
+    async def job_update(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "job", "job": event["job"]})

@@ -1,0 +1,61 @@
+"""Live pages: job changes pushed to open browsers over Channels (DESIGN.md §2 step 6).
+
+After a Job row changes and the transaction commits, its new state is sent to the
+channel-layer group of its project (and the platform-wide group). A browser's
+WebSocket joins the groups of the projects its user may see. Without Redis (the
+demo) the layer is in-memory and cannot cross from the worker to the web process,
+so pages also refresh by polling the REST API (static/live.js).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+ALL_GROUP = "live.all"
+
+
+def project_group(project_id: int) -> str:
+    return f"live.project.{project_id}"
+
+
+def job_payload(job: Any) -> dict[str, Any]:
+    return {
+        "id": job.pk,
+        "state": job.state,
+        "state_display": job.get_state_display(),
+        "reason": job.reason,
+        "queue_position": job.queue_position,
+        "queue_length": job.queue_length,
+    }
+
+
+def _send(project_id: int, payload: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    message = {"type": "job.update", "job": payload}
+    try:
+        for group in (project_group(project_id), ALL_GROUP):
+            async_to_sync(layer.group_send)(group, message)
+    except Exception:  # a live page is a convenience: never fail the write that caused it
+        logger.warning("could not push a job update to live pages", exc_info=True)
+
+
+def job_changed(job_id: int) -> None:
+    """Push ``job``'s committed state to live pages once the current transaction commits."""
+
+    def push() -> None:
+        from scheduling.models import Job
+
+        job = Job.objects.filter(pk=job_id).first()
+        if job is not None:
+            _send(job.project_id, job_payload(job))
+
+    transaction.on_commit(push)

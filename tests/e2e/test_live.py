@@ -1,0 +1,92 @@
+"""Live pages in a real browser: a job page changes state without a reload.
+
+Camp runs under uvicorn (the ASGI server of production, so WebSockets work) in a
+thread, against the test database; Chromium opens a job page; the scheduler moves
+the job on; the page must show it through the /ws/live/ WebSocket, well before its
+polling fallback (15 s with Redis) would.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from scheduling import services
+from tests.conftest import PASSWORD, World
+from tests.e2e.conftest import shot
+from tests.integration.scheduling.conftest import SMALL_INVENTORY, submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def asgi_server(transactional_db: Any) -> Iterator[str]:
+    import uvicorn
+
+    from camp.asgi import application
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        # Connections opened by the server's worker threads outlive them; end them so
+        # the test database can be dropped.
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                           " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+def test_job_page_turns_starting_without_reload(world: World, asgi_server: str, page: Any) -> None:
+    cluster = services.cluster_create(actor=world.admin, name="sim", backend="simulated",
+                                      inventory=SMALL_INVENTORY)
+    services.inventory_sync(cluster=cluster)
+    job = submit(world, cluster, "live-one", group={"gpu_count": 1})
+    page.goto(f"{asgi_server}/login/")
+    page.fill("#id_username", "acme-member")
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{asgi_server}/")
+    page.goto(f"{asgi_server}/scheduling/jobs/{job.pk}/")
+    state = page.locator("h1 [data-live-field=state]")
+    assert state.inner_text() == "Queued"
+    page.evaluate("window.__sameDocument = true")
+    page.wait_for_timeout(500)  # let the WebSocket connect
+    # The scheduler acts in another thread (as the worker would in another process).
+    with ThreadPoolExecutor(1) as pool:
+        summary = pool.submit(lambda: services.cycle_run(cluster=cluster)).result()
+    assert summary is not None and summary.admitted
+    page.wait_for_function(
+        "document.querySelector('h1 [data-live-field=state]').textContent === 'Starting'", timeout=8000)
+    assert page.evaluate("window.__sameDocument") is True  # no reload happened
+    assert page.locator("[data-live-field=reason]").inner_text() != ""
+    shot(page, "job-live")
+
+
+def test_websocket_refuses_anonymous(asgi_server: str, page: Any) -> None:
+    page.goto(f"{asgi_server}/login/")
+    closed = page.evaluate("""() => new Promise(resolve => {
+        const ws = new WebSocket(location.origin.replace('http', 'ws') + '/ws/live/');
+        ws.onopen = () => resolve('open');
+        ws.onclose = (e) => resolve('closed');
+    })""")
+    assert closed == "closed"
