@@ -29,7 +29,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from scheduling import engine as E
@@ -244,22 +244,33 @@ def inventory_sync(*, cluster: Cluster) -> InventoryResult:
             _upsert_node(cluster, info, result, pools)
         Node.objects.filter(cluster=cluster).exclude(name__in=seen).update(present=False)
         Cluster.objects.filter(pk=cluster.pk).update(last_inventory_at=timezone.now(), last_error="")
-    # Jobs on nodes that vanished or broke are rescheduled.
-    broken = set(Allocation.objects.filter(
-        cluster=cluster, node__present=False, job__state__in=ACTIVE_STATES
-    ).values_list("job_id", flat=True))
-    broken |= set(Allocation.objects.filter(
-        cluster=cluster, node__quarantined=True, job__state__in=ACTIVE_STATES
-    ).values_list("job_id", flat=True))
-    broken |= set(GpuSlice.objects.filter(
-        allocation__cluster=cluster, gpu__healthy=False,
-        allocation__job__state__in=ACTIVE_STATES,
-    ).values_list("allocation__job_id", flat=True))
-    for job_id in sorted(broken):
-        if job_evict(job_id=job_id, reason="its node or GPU became unhealthy"):
+    # Jobs on nodes that vanished or broke, or on unhealthy GPUs, are rescheduled.
+    for job_id, why in sorted(broken_jobs(cluster=cluster).items()):
+        if job_evict(job_id=job_id, reason=why):
             result.evicted_jobs.append(job_id)
     request_cycle(cluster.pk)
     return result
+
+
+def broken_jobs(*, cluster: Cluster) -> dict[int, str]:
+    """Active jobs on a node that left the cluster or is NotReady, or holding a slice of an
+    unhealthy GPU, each with the first problem found (as its users will read it). Jobs on
+    the healthy GPUs of a quarantined node keep running (an admin's quarantine evicts
+    explicitly, ``node_quarantine``)."""
+    out: dict[int, str] = {}
+    for a in Allocation.objects.filter(cluster=cluster, job__state__in=ACTIVE_STATES).select_related(
+            "node").order_by("job_id", "pk"):
+        n = a.node
+        if not n.present:
+            out.setdefault(a.job_id, f"node {n.name} left the cluster")
+        elif not n.ready:
+            out.setdefault(a.job_id, f"node {n.name} is NotReady")
+    for s in GpuSlice.objects.filter(
+            allocation__cluster=cluster, allocation__job__state__in=ACTIVE_STATES).filter(
+            Q(gpu__healthy=False) | Q(gpu__quarantined=True)).select_related(
+            "gpu__node", "allocation").order_by("allocation__job_id", "pk"):
+        out.setdefault(s.allocation.job_id, f"GPU {s.gpu.index} of node {s.gpu.node.name} is unhealthy")
+    return out
 
 
 def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult,
@@ -276,6 +287,10 @@ def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult,
     node.cordoned = info.cordoned
     node.present = True
     auto = node.quarantine_reason.startswith("auto:") or not node.quarantined
+    # No new placements on a node that is NotReady or reports an unhealthy GPU (a GPU
+    # fault often means a node problem: XID errors, a fallen-off bus). Its GPUs still count
+    # as present, so jobs that need them wait for the repair rather than being rejected.
+    # Only the jobs on the broken GPU itself are rescheduled (``broken_jobs``).
     problems = []
     if not info.ready:
         problems.append("node NotReady")
@@ -574,6 +589,28 @@ def job_evict(*, job_id: int, reason: str) -> bool:
         _audit_job("job.evicted", job, after={"reason": reason})
         _stop_after_commit(job.pk)
     return True
+
+
+def job_checkpoint_record(*, job: Job, path: str, actor: User | None = None) -> Job:
+    """Remember a checkpoint-capable job's latest checkpoint: when the job is preempted or
+    rescheduled off broken hardware, its next pods get ``CAMP_RESUME_FROM=<path>``.
+    Workloads (or the job itself) report checkpoints; ``actor`` None means the platform."""
+    path = path.strip()
+    if not path or len(path) > 500:
+        raise ValidationError({"path": ["A checkpoint path of 1 to 500 characters."]})
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job.pk)
+        if actor is not None:
+            _require(actor, permissions.CHANGE, locked)
+        if not locked.checkpoint_capable:
+            raise ValidationError({"path": ["This job is not checkpoint-capable."]})
+        before = locked.last_checkpoint
+        if before != path:
+            locked.last_checkpoint = path
+            locked.save(update_fields=["last_checkpoint", "updated_at"])
+            _audit_job("job.checkpointed", locked, actor=actor, before={"checkpoint": before},
+                       after={"checkpoint": path})
+    return locked
 
 
 # --- the scheduling cycle ------------------------------------------------------------------
@@ -959,17 +996,26 @@ def job_stop(*, job_id: int) -> str:
     """Delete a job's pods (with a grace period) and release its resources once gone."""
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
     backend = backend_for(job.cluster)
-    names = list(job.allocations.values_list("pod_name", flat=True))
+    allocs = list(job.allocations.select_related("node"))
+    names = [a.pod_name for a in allocs]
     if not names:
         return "nothing"
     ns = namespace_spec(job, job.cluster).name
+    dead = _on_dead_nodes(allocs)
     for name in names:
-        backend.delete_pod(ns, name, grace_seconds=30)
-    remaining = {p.name for p in backend.list_pods()} & set(names)
+        backend.delete_pod(ns, name, grace_seconds=0 if name in dead else 30)
+    remaining = ({p.name for p in backend.list_pods()} & set(names)) - dead
     if remaining:
         return "waiting"  # the reconcile task releases once the pods are gone
     _pods_gone(job_id)
     return "released"
+
+
+def _on_dead_nodes(allocs: list[Allocation]) -> set[str]:
+    """Pods on a node that is NotReady or gone: its kubelet cannot confirm their end, so they
+    are force-deleted and count as gone (Kubernetes' pod garbage collector makes the same
+    call for lost nodes); waiting for them would leave the job stuck."""
+    return {a.pod_name for a in allocs if not a.node.ready or not a.node.present}
 
 
 def _pods_gone(job_id: int) -> None:
@@ -1032,7 +1078,7 @@ def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None) 
     by_name = {p.name: p for p in pods}
     result = ReconcileResult()
     allocs: dict[int, list[Allocation]] = defaultdict(list)
-    for a in Allocation.objects.filter(cluster=cluster).select_related("job"):
+    for a in Allocation.objects.filter(cluster=cluster).select_related("job", "node"):
         allocs[a.job_id].append(a)
     known = {a.pod_name for rows in allocs.values() for a in rows}
     for job_id, rows in allocs.items():
@@ -1051,6 +1097,12 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
     present = [pods[a.pod_name] for a in rows if a.pod_name in pods]
     phases = [p.phase for p in present]
     if job.state in FINAL_STATES or job.state == JobState.PREEMPTING:
+        dead = _on_dead_nodes(rows)
+        for p in present:
+            if p.name in dead:
+                with contextlib.suppress(BackendError):
+                    backend.delete_pod(p.namespace, p.name, grace_seconds=0)
+        present = [p for p in present if p.name not in dead]
         live = [p for p in present if p.phase in ("Pending", "Running")]
         if not present or (job.state in FINAL_STATES and not live):
             # Finished pods hold nothing; clean them up and give the resources back.

@@ -140,12 +140,16 @@ class SimulatedBackend:
                     fail=spec.env.get("CAMP_SIMULATE_FAILURE") == "1",
                 )
         except IntegrityError:
-            # Already there (a retried dispatch): a live pod means done; a deleted one is recreated.
+            # Already there (a retried dispatch): a live pod means done; a deleted one is
+            # recreated from this spec (a requeued job's new attempt: new node, new env).
             updated = SimulatedPod.objects.filter(
                 cluster=self.cluster, namespace=spec.namespace, name=spec.name,
                 deleted_at__isnull=False,
             ).update(deleted_at=None, node=spec.node, start_at=start,
-                     finish_at=start + dt.timedelta(seconds=float(duration)))
+                     finish_at=start + dt.timedelta(seconds=float(duration)),
+                     labels={**spec.labels, MANAGED_BY: "camp"},
+                     annotations={"camp.io/env": dict(spec.env)},
+                     fail=spec.env.get("CAMP_SIMULATE_FAILURE") == "1")
             return bool(updated)
         return True
 

@@ -1,0 +1,245 @@
+"""Faulty hardware end to end: a node that goes NotReady or a GPU reported unhealthy is
+quarantined (no new placements, shown in the API and console) and the workloads on it are
+rescheduled; checkpoint-capable ones resume from their latest checkpoint.
+
+Both backends: the simulated one (faults come from its YAML inventory, edited as an admin
+would) and Kubernetes through the official client against kmock over HTTP (faults come
+from the node's Ready condition and HAMi's device registration annotation).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from scheduling import services
+from scheduling.models import GpuDevice, Job, JobState, Node, SimulatedPod
+from tests.conftest import client_for
+
+from .conftest import gpu_group, submit
+from .test_kubernetes import HAMI_GPUS, _serve_namespace, _serve_owner_uid
+
+pytestmark = pytest.mark.django_db
+
+INVENTORY = """
+start_delay_seconds: 0
+default_duration_seconds: 3600
+nodes:
+  - name: a100-0
+    cpu_cores: 64
+    ram_gib: 512
+    ready: {ready0}
+    gpus: {{model: A100-80G, count: 2, memory_mib: 81920, unhealthy: {bad0}}}
+  - name: a100-1
+    cpu_cores: 64
+    ram_gib: 512
+    gpus: {{model: A100-80G, count: 2, memory_mib: 81920}}
+"""
+
+
+def _inventory(*, ready0: bool = True, bad0: tuple[int, ...] = ()) -> str:
+    return INVENTORY.format(ready0=str(ready0).lower(), bad0=list(bad0))
+
+
+@pytest.fixture
+def cluster(world: Any) -> Any:
+    c = services.cluster_create(actor=world.admin, name="sim", inventory=_inventory())
+    services.inventory_sync(cluster=c)
+    return c
+
+
+def _run(cluster: Any, job: Job) -> Job:
+    services.cycle_run(cluster=cluster)
+    services.job_dispatch(job_id=job.pk)
+    services.cluster_reconcile(cluster=cluster)
+    job.refresh_from_db()
+    return job
+
+
+def _node(job: Job) -> str:
+    (name,) = set(job.allocations.values_list("node__name", flat=True))
+    return name
+
+
+def _env(job: Job) -> dict[str, str]:
+    pod = SimulatedPod.objects.get(name=job.allocations.get().pod_name, deleted_at__isnull=True)
+    return dict(pod.annotations["camp.io/env"])
+
+
+def test_not_ready_node_reschedules_its_jobs_and_checkpointed_ones_resume(
+        world: Any, cluster: Any) -> None:
+    ck = submit(world, cluster, "ck", checkpoint_capable=True, group={"gpu_count": 2})
+    ck = _run(cluster, ck)
+    assert ck.state == JobState.RUNNING
+    node = _node(ck)
+    services.job_checkpoint_record(job=ck, path="s3://ckpt/ck/step-300")
+    # the admin's copy of the inventory now says the node is NotReady
+    inv = _inventory(ready0=False)
+    if node == "a100-1":
+        inv = inv.replace("a100-0", "tmp").replace("a100-1", "a100-0").replace("tmp", "a100-1")
+    services.cluster_update(actor=world.admin, cluster=cluster, inventory=inv)
+    result = services.inventory_sync(cluster=cluster)
+    assert result.quarantined == [node] and result.evicted_jobs == [ck.pk]
+
+    # the API and the console show the quarantine and why
+    rows = client_for(world.a.member).get("/api/v1/nodes/?quarantined=true").json()["results"]
+    assert [(r["name"], r["quarantine_reason"], r["schedulable"]) for r in rows] == [
+        (node, "auto: node NotReady", False)]
+    page = client_for(world.a.member).get("/scheduling/clusters/sim/nodes/").content.decode()
+    assert "quarantined" in page and "NotReady" in page
+
+    ck.refresh_from_db()
+    assert ck.state == JobState.PREEMPTING and f"node {node} is NotReady" in ck.reason
+    assert services.job_stop(job_id=ck.pk) == "released"
+    ck.refresh_from_db()
+    assert ck.state == JobState.QUEUED and "resumes from its latest checkpoint" in ck.reason
+    ck = _run(cluster, ck)
+    other = "a100-1" if node == "a100-0" else "a100-0"
+    assert ck.state == JobState.RUNNING and _node(ck) == other and ck.attempts == 2
+    assert _env(ck)["CAMP_RESUME_FROM"] == "s3://ckpt/ck/step-300"
+    history = list(ck.decisions.order_by("id").values_list("kind", flat=True))
+    assert history[-4:] == ["preempted", "requeued", "admitted", "started"]
+
+    # repaired: the node leaves its automatic quarantine and takes work again
+    services.cluster_update(actor=world.admin, cluster=cluster, inventory=_inventory())
+    services.inventory_sync(cluster=cluster)
+    assert not Node.objects.filter(quarantined=True).exists()
+
+
+def test_unhealthy_gpu_reschedules_only_the_jobs_on_it(world: Any, cluster: Any) -> None:
+    jobs = [_run(cluster, submit(world, cluster, f"j{i}", group={"gpu_count": 1}))
+            for i in range(4)]
+    on_a0 = sorted((j.allocations.get().slices.get().gpu.index, j) for j in jobs
+                   if _node(j) == "a100-0")
+    assert len(on_a0) == 2
+    (bad_index, hit), (_, spared) = on_a0
+    plain = submit(world, cluster, "plain", group={"gpu_count": 1})  # not checkpoint-capable
+    services.cluster_update(actor=world.admin, cluster=cluster, inventory=_inventory(bad0=(bad_index,)))
+    result = services.inventory_sync(cluster=cluster)
+    assert result.evicted_jobs == [hit.pk]
+    gpu = GpuDevice.objects.get(node__name="a100-0", index=bad_index)
+    assert gpu.quarantined and not gpu.healthy
+    node = Node.objects.get(name="a100-0")
+    assert node.quarantined and node.quarantine_reason == f"auto: unhealthy GPU {bad_index}"
+    services.job_stop(job_id=hit.pk)
+    hit.refresh_from_db()
+    spared.refresh_from_db()
+    assert spared.state == JobState.RUNNING  # the healthy neighbour keeps its GPU
+    # a job that is not checkpoint-capable is requeued too, and starts from scratch
+    assert hit.state == JobState.QUEUED and "checkpoint" not in hit.reason
+    assert f"GPU {bad_index} of node a100-0 is unhealthy" in hit.decisions.get(kind="preempted").reason
+    # no new placements on the quarantined node: with a100-1 full, the requeued job waits
+    services.cycle_run(cluster=cluster)
+    hit.refresh_from_db()
+    plain.refresh_from_db()
+    assert hit.state == plain.state == JobState.QUEUED
+    assert _node(spared) == "a100-0" and spared.attempts == 1
+
+
+# --- Kubernetes (kmock) -------------------------------------------------------------------
+
+
+def _ready(core: Any, name: str, ready: bool) -> None:
+    core.patch_node_status(name, {"status": {"conditions": [
+        {"type": "Ready", "status": "True" if ready else "False"}]}})
+
+
+def _pod_env(core: Any, ns: str, name: str) -> dict[str, str]:
+    pod = core.read_namespaced_pod(name, ns)
+    return {e.name: e.value for e in pod.spec.containers[0].env}
+
+
+def test_kubernetes_not_ready_node_force_deletes_and_resumes_elsewhere(world: Any) -> None:
+    """A NotReady node's kubelet never confirms a graceful delete (stood in for by a kmock
+    reaction that answers graceful deletes without removing the pod): Camp force-deletes
+    pods there, so the job is requeued instead of waiting forever."""
+    from .kmockserver import kmock_server
+    from .test_kubernetes import _node as kube_node
+
+    with kmock_server() as k:
+        from kubernetes import client as k8s
+
+        url = str(k.url).rstrip("/")
+        cfg = k8s.Configuration()
+        cfg.host = url
+        core = k8s.CoreV1Api(k8s.ApiClient(cfg))
+        for name in ("gpu-a", "gpu-b"):
+            core.create_node(kube_node(name, annotations={
+                "hami.io/node-nvidia-register": json.dumps(HAMI_GPUS)}))
+        cluster = services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
+                                          api_server=url, credentials={"token": "t"})
+        services.inventory_sync(cluster=cluster)
+        ns = "camp-acme-acme-p1"
+        _serve_namespace(k, ns)
+        job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
+                                  name="train", checkpoint_capable=True,
+                                  groups=[gpu_group(gpu_memory_mib=20000, gpu_cores_percent=50)])
+        _serve_owner_uid(k, ns, f"train-{job.pk}")
+        services.cycle_run(cluster=cluster)
+        assert services.job_dispatch(job_id=job.pk) == "created"
+        pod = job.allocations.get().pod_name
+        first = job.allocations.get().node.name
+        core.patch_namespaced_pod_status(pod, ns, {"status": {"phase": "Running"}})
+        services.cluster_reconcile(cluster=cluster)
+        services.job_checkpoint_record(job=job, path="/ckpt/train/step-1200")
+
+        k[f"delete /api/v1/namespaces/{ns}/pods/{pod}?gracePeriodSeconds=30"] << {
+            "kind": "Status", "apiVersion": "v1", "status": "Success"}
+        _ready(core, first, False)
+        result = services.inventory_sync(cluster=cluster)
+        assert result.quarantined == [first] and result.evicted_jobs == [job.pk]
+        assert services.job_stop(job_id=job.pk) == "released"
+        deletes = [r for r in k[f"delete /api/v1/namespaces/{ns}/pods/{pod}"]]
+        assert deletes and all(r.params.get("gracePeriodSeconds") == "0" for r in deletes)
+        job.refresh_from_db()
+        assert job.state == JobState.QUEUED
+
+        services.cycle_run(cluster=cluster)
+        assert services.job_dispatch(job_id=job.pk) == "created"
+        second = job.allocations.get().node.name
+        assert second != first
+        body = core.read_namespaced_pod(pod, ns)
+        assert body.spec.node_name == second
+        assert body.metadata.annotations["hami.io/vgpu-node"] == second
+        assert _pod_env(core, ns, pod)["CAMP_RESUME_FROM"] == "/ckpt/train/step-1200"
+        assert _pod_env(core, ns, pod)["CAMP_ATTEMPT"] == "2"
+
+
+def test_kubernetes_unhealthy_gpu_from_hami_registration(world: Any) -> None:
+    from .kmockserver import kmock_server
+    from .test_kubernetes import _node as kube_node
+
+    with kmock_server() as k:
+        from kubernetes import client as k8s
+
+        url = str(k.url).rstrip("/")
+        cfg = k8s.Configuration()
+        cfg.host = url
+        core = k8s.CoreV1Api(k8s.ApiClient(cfg))
+        core.create_node(kube_node("gpu-a", annotations={
+            "hami.io/node-nvidia-register": json.dumps(HAMI_GPUS)}))
+        cluster = services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
+                                          api_server=url, credentials={"token": "t"})
+        services.inventory_sync(cluster=cluster)
+        ns = "camp-acme-acme-p1"
+        _serve_namespace(k, ns)
+        job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
+                                  name="inf", groups=[gpu_group(gpu_memory_mib=20000)])
+        _serve_owner_uid(k, ns, f"inf-{job.pk}")
+        services.cycle_run(cluster=cluster)
+        services.job_dispatch(job_id=job.pk)
+        index = job.allocations.get().slices.get().gpu.index
+        devices = [dict(d, health=d["index"] != index) for d in HAMI_GPUS]
+        core.patch_node("gpu-a", {"metadata": {"annotations": {
+            "hami.io/node-nvidia-register": json.dumps(devices)}}})
+        result = services.inventory_sync(cluster=cluster)
+        assert result.evicted_jobs == [job.pk]
+        assert list(GpuDevice.objects.filter(quarantined=True).values_list("index", flat=True)) == [index]
+        services.job_stop(job_id=job.pk)
+        job.refresh_from_db()
+        assert job.state == JobState.QUEUED
+        assert core.list_namespaced_pod(ns).items == []
+        node = client_for(world.a.member).get("/api/v1/nodes/").json()["results"][0]
+        assert [g["healthy"] for g in node["gpus"]] == [i != index for i in range(4)]
