@@ -265,3 +265,124 @@ def showback(*, tenants: Iterable[int], since: dt.datetime, until: dt.datetime,
 
 def active_jobs(cluster: Cluster) -> QuerySet[Job]:
     return Job.objects.filter(cluster=cluster, state__in=ACTIVE_STATES)
+
+
+# --- platform admin views ----------------------------------------------------------------
+
+
+@dataclass
+class SliceView:
+    job_id: int
+    job: str
+    user: str
+    tenant: str
+    memory_mib: int
+    cores_percent: int
+    exclusive: bool
+    width_pct: float
+    color: int
+
+
+@dataclass
+class CardView:
+    index: int
+    model: str
+    memory_mib: int
+    healthy: bool
+    quarantined: bool
+    utilization_percent: float | None
+    slices: list[SliceView]
+    free_mib: int
+    free_cores: int
+
+
+def gpu_map(cluster: Cluster) -> list[dict[str, Any]]:
+    """Per node, per card: which slices are given to whom, and each card's health."""
+    tenant_colors: dict[str, int] = {}
+    slices_by_gpu: dict[int, list[SliceView]] = defaultdict(list)
+    for s in GpuSlice.objects.filter(allocation__cluster=cluster).select_related(
+        "allocation__job__tenant", "allocation__job__project", "allocation__job__owner", "gpu"
+    ):
+        job = s.allocation.job
+        tenant = job.tenant.name
+        color = tenant_colors.setdefault(tenant, len(tenant_colors) % 7)
+        card_mem = s.gpu.memory_mib
+        used = card_mem if s.exclusive else s.memory_mib
+        slices_by_gpu[s.gpu_id].append(SliceView(
+            job_id=job.pk, job=f"{job.project.name}/{job.name}",
+            user=job.owner.username if job.owner else "—", tenant=tenant,
+            memory_mib=used, cores_percent=100 if s.exclusive else s.cores_percent,
+            exclusive=s.exclusive, width_pct=round(100 * used / card_mem, 1) if card_mem else 0,
+            color=color,
+        ))
+    nodes = []
+    for node in cluster.nodes.filter(present=True).prefetch_related("gpus").order_by("name"):
+        cards = [
+            CardView(
+                index=g.index, model=g.model, memory_mib=g.memory_mib, healthy=g.healthy,
+                quarantined=g.quarantined, utilization_percent=g.utilization_percent,
+                slices=slices_by_gpu.get(g.pk, []),
+                free_mib=max(0, g.memory_mib - g.memory_allocated_mib),
+                free_cores=max(0, 100 - g.cores_allocated),
+            )
+            for g in node.gpus.all()
+        ]
+        nodes.append({"node": node, "cards": cards})
+    return nodes
+
+
+@dataclass
+class QueueRow:
+    level: str
+    name: str
+    depth: int
+    bars: list[QuotaBar]
+    fair_share: float | None
+    queued: int
+    running: int
+
+
+def queue_tree(cluster: Cluster) -> list[QueueRow]:
+    """cluster → tenant → project with quota, usage, borrowing and fair-share state.
+
+    Fair share is the dominant share (DRF): the largest of used/guaranteed over the
+    resources the queue is guaranteed; above 1 the queue is borrowing."""
+    jobs: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for project_id, state in Job.objects.filter(cluster=cluster, state__in=[
+        JobState.QUEUED, JobState.RUNNING, JobState.STARTING]).values_list("project_id", "state"):
+        jobs[project_id][0 if state == JobState.QUEUED else 1] += 1
+    usage = project_usage()
+    quotas = {(q.scope, q.tenant_id, q.project_id): q for q in Quota.objects.all()}
+    rows: list[QueueRow] = []
+    total = Held()
+    for held in usage.values():
+        total.add(held)
+    cluster_quota = Quota.objects.filter(scope=QuotaScope.CLUSTER, cluster=cluster).first()
+    all_jobs = [sum(v[0] for v in jobs.values()), sum(v[1] for v in jobs.values())]
+    rows.append(QueueRow("cluster", cluster.name, 0, quota_bars(cluster_quota, total),
+                         _fair(cluster_quota, total), *all_jobs))
+    for tenant in Tenant.objects.prefetch_related("projects").order_by("name"):
+        projects = list(tenant.projects.all())
+        t_held = Held()
+        for p in projects:
+            t_held.add(usage.get(p.pk, Held()))
+        tq = quotas.get((QuotaScope.TENANT, tenant.pk, None))
+        t_jobs = [sum(jobs[p.pk][0] for p in projects), sum(jobs[p.pk][1] for p in projects)]
+        rows.append(QueueRow("tenant", tenant.name, 1, quota_bars(tq, t_held), _fair(tq, t_held), *t_jobs))
+        for p in projects:
+            pq = quotas.get((QuotaScope.PROJECT, tenant.pk, p.pk))
+            held = usage.get(p.pk, Held())
+            rows.append(QueueRow("project", f"{tenant.name}/{p.name}", 2, quota_bars(pq, held),
+                                 _fair(pq, held), *jobs[p.pk]))
+    return rows
+
+
+def _fair(quota: Quota | None, held: Held) -> float | None:
+    if quota is None:
+        return None
+    shares = []
+    for resource in ("gpus", "gpu_memory_mib", "cpu_cores", "ram_mib"):
+        g = float(getattr(quota, f"{resource}_guaranteed") or 0)
+        if g > 0:
+            shares.append(held.get(resource) / g)
+    return round(max(shares), 2) if shares else None

@@ -135,3 +135,41 @@ def tenant_usage(request: HttpRequest, tenant_name: str) -> HttpResponse:
             Project.objects.filter(tenant=tenant), request.user) if p.pk in project_bars],
     }
     return render(request, "portal/usage.html", ctx, status=400 if errors else 200)
+
+
+def _platform_admin(request: HttpRequest) -> None:
+    if not scope_of(request.user).platform_admin:
+        from django.http import Http404
+
+        raise Http404
+
+
+@login_required
+def gpu_map(request: HttpRequest, cluster_name: str) -> HttpResponse:
+    """A card-level map of every node: slices, owners, health."""
+    _platform_admin(request)
+    cluster = get_object_or_404(Cluster, name=cluster_name)
+    return render(request, "portal/gpu_map.html", {"cluster": cluster, "nodes": selectors.gpu_map(cluster)})
+
+
+@login_required
+def queues(request: HttpRequest, cluster_name: str) -> HttpResponse:
+    """The queue tree with quotas, usage, borrowing and fair-share state."""
+    _platform_admin(request)
+    cluster = get_object_or_404(Cluster, name=cluster_name)
+    return render(request, "portal/queues.html", {"cluster": cluster, "rows": selectors.queue_tree(cluster)})
+
+
+@login_required
+def preemptions(request: HttpRequest) -> HttpResponse:
+    """Who preempted whom, newest first."""
+    _platform_admin(request)
+    from django.core.paginator import Paginator
+
+    from scheduling.models import DecisionKind, SchedulingDecision
+
+    events = (SchedulingDecision.objects.filter(kind=DecisionKind.PREEMPTED)
+              .select_related("job__project", "job__tenant", "preemptor__project", "cluster")
+              .order_by("-created_at"))
+    page = Paginator(events, 50).get_page(request.GET.get("page"))
+    return render(request, "portal/preemptions.html", {"page": page})

@@ -154,3 +154,47 @@ def test_samples_record_who_holds_what(world: World, cluster: Any) -> None:
     assert sample.gpu_share_allocated == pytest.approx(3.5, abs=0.01)
     per = {(u.project.name, u.user.username): round(u.gpu_share, 2) for u in UsageSample.objects.all()}
     assert per == {("acme-p1", "acme-member"): 2.5, ("globex-p1", "globex-member"): 1.0}
+
+
+def test_gpu_map_shows_slices_owners_and_health(world: World, cluster: Any) -> None:
+    _running(world, cluster)
+    from scheduling.models import GpuDevice
+
+    GpuDevice.objects.filter(node__name="a100-1", index=3).update(healthy=False)
+    client = Client()
+    client.force_login(world.admin)
+    page = client.get("/admin/clusters/sim/gpus/")
+    assert page.status_code == 200
+    nodes = {n["node"].name: n["cards"] for n in page.context["nodes"]}
+    l4 = nodes["l4-0"]
+    half = [s for c in l4 for s in c.slices]
+    assert len(half) == 1 and half[0].user == "acme-member" and half[0].width_pct == pytest.approx(50, abs=0.1)
+    assert not nodes["a100-1"][3].healthy
+    assert b"unhealthy" in page.content and b"acme-p1/half-l4" in page.content
+    owner = Client()
+    owner.force_login(world.a.owner)
+    assert owner.get("/admin/clusters/sim/gpus/").status_code == 404
+
+
+def test_queue_tree_shows_borrowing_and_fair_share(world: World, cluster: Any) -> None:
+    tenant_services.quota_set(actor=world.admin, scope="tenant",
+                              tenant=world.a.tenant, values={"gpus_guaranteed": Decimal(2)})
+    tenant_services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal(1)})
+    _running(world, cluster)
+    submit(world, cluster, "waits", group={"gpu_count": 8})  # never fits; not queued
+    client = Client()
+    client.force_login(world.admin)
+    rows = {r.name: r for r in client.get("/admin/clusters/sim/queues/").context["rows"]}
+    assert rows["acme/acme-p1"].fair_share == 2.5  # 2.5 GPUs used on 1 guaranteed: borrowing
+    assert rows["acme"].fair_share == 1.25
+    assert rows["globex/globex-p1"].fair_share is None  # no quota row
+    assert rows["acme/acme-p1"].running == 2
+
+
+def test_preemption_log_is_for_platform_admins(world: World) -> None:
+    client = Client()
+    client.force_login(world.admin)
+    assert client.get("/admin/preemptions/").status_code == 200
+    client.force_login(world.a.owner)
+    assert client.get("/admin/preemptions/").status_code == 404
