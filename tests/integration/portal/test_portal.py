@@ -168,7 +168,8 @@ def test_gpu_map_shows_slices_owners_and_health(world: World, cluster: Any) -> N
     nodes = {n["node"].name: n["cards"] for n in page.context["nodes"]}
     l4 = nodes["l4-0"]
     half = [s for c in l4 for s in c.slices]
-    assert len(half) == 1 and half[0].user == "acme-member" and half[0].width_pct == pytest.approx(50, abs=0.1)
+    assert len(half) == 1 and half[0].user == "acme-member"
+    assert half[0].width_pct == pytest.approx(50, abs=0.1)
     assert not nodes["a100-1"][3].healthy
     assert b"unhealthy" in page.content and b"acme-p1/half-l4" in page.content
     owner = Client()
