@@ -21,6 +21,8 @@ from django.contrib.auth.models import AnonymousUser
 from django.db.models import Model, Q, QuerySet
 
 from scheduling.models import Cluster, GpuDevice, Job, Node, NodePool, SchedulingDecision
+from registry.models import ExternalRegistry, Image
+from workspaces.models import DevEnvironment, Profile, TrainingCheckpoint, TrainingJob, WorkspacePolicy
 
 from .models import (
     PROJECT_ROLES,
@@ -227,6 +229,36 @@ def _decision_rule(user: User, scope: Scope, action: str, obj: SchedulingDecisio
     return action == VIEW and _job_rule(user, scope, VIEW, obj.job)
 
 
+def _catalog_rule(user: User, scope: Scope, action: str, obj: Image | ExternalRegistry) -> bool:
+    # Images and registries belong to the platform (admins manage, every tenant member reads),
+    # a tenant (its owners manage) or a project (its admins manage, its members read).
+    if obj.scope == "platform":
+        return action == VIEW and bool(scope.tenants)
+    if obj.scope == "tenant":
+        return obj.tenant_id in (scope.tenants if action == VIEW else scope.owner_tenants)
+    if obj.tenant_id in scope.owner_tenants:
+        return True
+    return obj.project_id in (scope.projects if action == VIEW else scope.admin_projects)
+
+
+def _profile_rule(user: User, scope: Scope, action: str, obj: Profile) -> bool:
+    # Profiles are the platform's; an unrestricted one is for everyone, a restricted one only
+    # for the tenants and projects it names (and the owners of those projects' tenants).
+    if action != VIEW or not scope.tenants or obj.pk is None:
+        return False
+    return restrict(Profile.objects.filter(pk=obj.pk), user).exists()
+
+
+def _workspace_policy_rule(user: User, scope: Scope, action: str, obj: WorkspacePolicy) -> bool:
+    if action == VIEW:
+        return obj.tenant_id in scope.owner_tenants or obj.project_id in scope.projects
+    return obj.tenant_id in scope.owner_tenants or obj.project_id in scope.admin_projects
+
+
+def _checkpoint_rule(user: User, scope: Scope, action: str, obj: TrainingCheckpoint) -> bool:
+    return action == VIEW and _job_rule(user, scope, VIEW, obj.training)  # type: ignore[arg-type]
+
+
 _RULES: dict[type[Model], Any] = {
     Tenant: _tenant_rule,
     Project: _project_rule,
@@ -241,6 +273,15 @@ _RULES: dict[type[Model], Any] = {
     NodePool: _pool_rule,
     Job: _job_rule,
     SchedulingDecision: _decision_rule,
+    Image: _catalog_rule,
+    ExternalRegistry: _catalog_rule,
+    Profile: _profile_rule,
+    WorkspacePolicy: _workspace_policy_rule,
+    # Workloads follow the job rule: project members see and launch; the owner or a
+    # project admin stops and deletes.
+    DevEnvironment: _job_rule,
+    TrainingJob: _job_rule,
+    TrainingCheckpoint: _checkpoint_rule,
 }
 
 
@@ -293,6 +334,26 @@ def _visible_q(model: type[Model], scope: Scope, user: User) -> Q | None:
         return Q(tenant_id__in=owner) | Q(project_id__in=projects)
     if model is SchedulingDecision:
         return Q(job__tenant_id__in=owner) | Q(job__project_id__in=projects)
+    if model in (Image, ExternalRegistry):
+        return (
+            (Q(scope="platform") if tenants else Q(pk__in=[]))
+            | Q(scope="tenant", tenant_id__in=tenants)
+            | Q(scope="project", tenant_id__in=owner)
+            | Q(scope="project", project_id__in=projects)
+        )
+    if model is Profile:
+        if not tenants:
+            return None
+        return (
+            Q(tenants__isnull=True, projects__isnull=True)
+            | Q(tenants__in=tenants)
+            | Q(projects__in=projects)
+            | Q(projects__tenant_id__in=owner)
+        )
+    if model in (WorkspacePolicy, DevEnvironment, TrainingJob):
+        return Q(tenant_id__in=owner) | Q(project_id__in=projects)
+    if model is TrainingCheckpoint:
+        return Q(training__tenant_id__in=owner) | Q(training__project_id__in=projects)
     if model is User:
         return (
             Q(pk=user.pk)

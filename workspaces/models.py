@@ -1,1 +1,251 @@
-"""Dev environments and training jobs arrive with the workloads issue."""
+"""Workloads built on the generic scheduling Job (DESIGN.md §1): dev environments
+(JupyterLab, VS Code, SSH) and distributed training jobs, admin-defined profiles, and the
+per-project workspace policy (idle culling, lifetime, storage).
+
+Each run of a workload is one ``scheduling.Job`` (with its pod groups); the workload row
+links its current run. The scheduler decides where and when; this app decides what the
+pods look like (scheduling/extensions.py) and what happens around them.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from scheduling.models import JobState, PriorityClass, slug_validator
+
+
+class EnvKind(models.TextChoices):
+    JUPYTER = "jupyter", "JupyterLab"
+    VSCODE = "vscode", "VS Code (code-server)"
+    SSH = "ssh", "SSH"
+
+
+class TrainingFramework(models.TextChoices):
+    PYTORCH = "pytorch", "PyTorch DDP (torchrun)"
+    DEEPSPEED = "deepspeed", "DeepSpeed"
+    MPI = "mpi", "MPI (mpirun / Horovod)"
+    TENSORFLOW = "tensorflow", "TensorFlow (TF_CONFIG)"
+
+
+# Frameworks started by a launcher pod that reaches the workers (hostfile + ssh/mpirun).
+LAUNCHER_FRAMEWORKS = frozenset({TrainingFramework.DEEPSPEED, TrainingFramework.MPI})
+
+
+def _state_of(job_state: str | None) -> str:
+    states: dict[str | None, str] = {
+        None: "stopped",
+        JobState.QUEUED: "queued",
+        JobState.STARTING: "starting",
+        JobState.PREEMPTING: "starting",
+        JobState.RUNNING: "running",
+        JobState.SUCCEEDED: "succeeded",
+        JobState.CANCELLED: "stopped",
+        JobState.FAILED: "failed",
+        JobState.REJECTED: "failed",
+    }
+    return states.get(job_state, "stopped")
+
+
+class WorkspacePolicy(models.Model):
+    """Per-project rules for dev environments (no row: the defaults in settings)."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    project = models.OneToOneField("tenants.Project", on_delete=models.CASCADE,
+                                   related_name="workspace_policy")
+    idle_minutes = models.PositiveIntegerField(
+        null=True, blank=True, default=60, validators=[MinValueValidator(5)],
+        help_text="Stop an environment after this long without activity (empty: never).")
+    max_lifetime_hours = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Stop an environment this long after it started, active or not (empty: no limit).")
+    warning_minutes = models.PositiveIntegerField(
+        default=10, validators=[MinValueValidator(1), MaxValueValidator(24 * 60)],
+        help_text="How long before stopping the owner is warned.")
+    storage_gib_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Home and checkpoint volumes of the project, GiB (empty: no limit).")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"workspace policy of {self.project}"
+
+
+class Profile(models.Model):
+    """An admin-defined shape (and optionally image) users launch environments with.
+    Limited to chosen tenants and/or projects; with neither, everyone may use it."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    display_name = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    image = models.ForeignKey("registry.Image", on_delete=models.SET_NULL, null=True, blank=True,
+                              related_name="profiles")
+    gpu_count = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(16)])
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
+    gpu_cores_percent = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)])
+    exclusive = models.BooleanField(default=False)
+    cpu_millicores = models.PositiveIntegerField(default=2000, validators=[MinValueValidator(100)])
+    ram_mib = models.PositiveIntegerField(default=8192, validators=[MinValueValidator(128)])
+    home_gib = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
+    tenants = models.ManyToManyField("tenants.Tenant", blank=True, related_name="+")
+    projects = models.ManyToManyField("tenants.Project", blank=True, related_name="+")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.display_name or self.name
+
+
+class DevEnvironment(models.Model):
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="environments")
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="environments")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="environments")
+    cluster = models.ForeignKey("scheduling.Cluster", on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=40, validators=[slug_validator])
+    kind = models.CharField(max_length=10, choices=EnvKind.choices)
+    profile = models.ForeignKey(Profile, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    image = models.ForeignKey("registry.Image", on_delete=models.SET_NULL, null=True, blank=True,
+                              related_name="+")
+    image_reference = models.CharField(max_length=512)
+    gpu_count = models.PositiveSmallIntegerField(default=0)
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
+    gpu_cores_percent = models.PositiveSmallIntegerField(default=0)
+    exclusive = models.BooleanField(default=False)
+    cpu_millicores = models.PositiveIntegerField(default=2000)
+    ram_mib = models.PositiveIntegerField(default=8192)
+    home_gib = models.PositiveIntegerField(default=10)
+    env = models.JSONField(default=dict, blank=True)
+    ssh_public_keys = models.TextField(blank=True)
+    job = models.ForeignKey("scheduling.Job", on_delete=models.SET_NULL, null=True, blank=True,
+                            related_name="+", help_text="The current (or last) run.")
+    runs = models.PositiveIntegerField(default=0)
+    access_token_hash = models.CharField(max_length=64, blank=True)
+    last_activity_at = models.DateTimeField(null=True, blank=True)
+    cull_warning = models.CharField(max_length=300, blank=True)
+    cull_at = models.DateTimeField(null=True, blank=True)
+    stop_reason = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="devenv_unique_name_in_project",
+                                    violation_error_message="This project already has an environment "
+                                                            "with this name."),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.name}" if self.project_id else self.name
+
+    @property
+    def state(self) -> str:
+        """queued → starting → running → stopped / failed (from the current run)."""
+        state = _state_of(self.job.state if self.job_id and self.job else None)
+        return "stopped" if state == "succeeded" else state
+
+    @property
+    def slug(self) -> str:
+        return f"{self.pk}-{self.name}"
+
+    @property
+    def service_name(self) -> str:
+        return f"ws-{self.pk}"
+
+    @property
+    def home_claim(self) -> str:
+        return f"ws-{self.pk}-home"
+
+
+class TrainingJob(models.Model):
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="trainings")
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="trainings")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                              related_name="trainings")
+    cluster = models.ForeignKey("scheduling.Cluster", on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=32, validators=[slug_validator])
+    framework = models.CharField(max_length=12, choices=TrainingFramework.choices)
+    image = models.ForeignKey("registry.Image", on_delete=models.SET_NULL, null=True, blank=True,
+                              related_name="+")
+    image_reference = models.CharField(max_length=512)
+    workers = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1),
+                                                                      MaxValueValidator(128)])
+    gpu_count = models.PositiveSmallIntegerField(default=1, help_text="GPUs per worker")
+    gpu_memory_mib = models.PositiveIntegerField(default=0, help_text="Per GPU; 0: whole cards")
+    gpu_cores_percent = models.PositiveSmallIntegerField(default=0)
+    exclusive = models.BooleanField(default=False)
+    gpu_models = models.JSONField(default=list, blank=True)
+    cpu_millicores = models.PositiveIntegerField(default=4000, help_text="Per worker")
+    ram_mib = models.PositiveIntegerField(default=16384, help_text="Per worker")
+    command = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    data_volume = models.CharField(max_length=253, blank=True,
+                                   help_text="An existing PVC with the data set, mounted read-only at /data.")
+    checkpoint_dir = models.CharField(max_length=255, blank=True,
+                                      help_text="Where the job writes checkpoints; empty: none.")
+    checkpoint_every = models.PositiveIntegerField(default=100,
+                                                   help_text="Steps between checkpoints (a hint).")
+    checkpoint_volume_gib = models.PositiveIntegerField(default=0,
+                                                        help_text="A PVC for checkpoint_dir; 0: none.")
+    log_dir = models.CharField(max_length=255, blank=True, help_text="TensorBoard log directory.")
+    max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True)
+    retry_limit = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(10)])
+    priority_class = models.CharField(max_length=20, choices=PriorityClass.choices,
+                                      default=PriorityClass.NORMAL)
+    preemptible = models.BooleanField(default=True)
+    duration_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Expected run time (the simulated backend runs this long).")
+    depends_on = models.ManyToManyField("self", symmetrical=False, blank=True, related_name="dependants")
+    job = models.ForeignKey("scheduling.Job", on_delete=models.SET_NULL, null=True, blank=True,
+                            related_name="+", help_text="The current (or last) run.")
+    blocked_reason = models.CharField(max_length=300, blank=True)
+    failed_dependency = models.BooleanField(default=False)
+    retries = models.PositiveSmallIntegerField(default=0)
+    restarts = models.PositiveIntegerField(default=0, help_text="Requeues after preemption or node loss")
+    lost_gpu_seconds = models.FloatField(default=0)
+    seen_decision_id = models.BigIntegerField(default=0)
+    stop_reason = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="training_unique_name_in_project",
+                                    violation_error_message="This project already has a training job "
+                                                            "with this name."),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.name}" if self.project_id else self.name
+
+    @property
+    def state(self) -> str:
+        if self.job_id is None:
+            return "failed" if self.failed_dependency else "waiting"
+        return _state_of(self.job.state if self.job else None)
+
+    @property
+    def has_launcher(self) -> bool:
+        return self.framework in LAUNCHER_FRAMEWORKS
+
+
+class TrainingCheckpoint(models.Model):
+    """A checkpoint the job reported (a ``CAMP_CHECKPOINT`` log line of rank 0, or the API)."""
+
+    training = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveBigIntegerField()
+    path = models.CharField(max_length=500)
+    written_at = models.DateTimeField()
+    attempt = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-step", "-id"]
+        constraints = [models.UniqueConstraint(fields=["training", "path"], name="checkpoint_unique_path")]
+
+    def __str__(self) -> str:
+        return self.path

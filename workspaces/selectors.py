@@ -1,0 +1,129 @@
+"""Reads for workloads: policies, lists for views, logs and "why is it waiting"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db.models import QuerySet
+
+from scheduling.backends import backend_for
+from scheduling.backends.base import BackendError
+from scheduling.models import Job
+from scheduling.services import namespace_spec
+from tenants.models import Project
+from tenants.permissions import restrict
+
+from .models import DevEnvironment, EnvKind, TrainingJob, WorkspacePolicy
+
+
+def policy_for(project: Project) -> WorkspacePolicy:
+    """The project's policy, or an unsaved one with the defaults."""
+    policy = WorkspacePolicy.objects.filter(project=project).first()
+    if policy is None:
+        policy = WorkspacePolicy(project=project, tenant_id=project.tenant_id,
+                                 idle_minutes=getattr(settings, "WORKSPACES_IDLE_MINUTES", 60))
+    return policy
+
+
+def environment_list(*, user: Any) -> QuerySet[DevEnvironment]:
+    return restrict(DevEnvironment.objects.all(), user).select_related(
+        "tenant", "project", "owner", "cluster", "job", "image", "profile")
+
+
+def training_list(*, user: Any) -> QuerySet[TrainingJob]:
+    return restrict(TrainingJob.objects.all(), user).select_related(
+        "tenant", "project", "owner", "cluster", "job", "image")
+
+
+# --- how to open ------------------------------------------------------------------------
+
+
+def workspace_base_url() -> str:
+    return getattr(settings, "WORKSPACES_URL", "https://workspaces.camp.local").rstrip("/")
+
+
+def environment_path(env: DevEnvironment) -> str:
+    return f"/ws/{env.slug}/"
+
+
+def environment_url(env: DevEnvironment) -> str:
+    return workspace_base_url() + environment_path(env)
+
+
+def ssh_command(env: DevEnvironment) -> str:
+    """SSH goes through the platform's bastion (ProxyJump) to the environment's Service."""
+    gateway = getattr(settings, "WORKSPACES_SSH_GATEWAY", "ssh.camp.local")
+    ns = namespace_spec_for(env)
+    return f"ssh -J {env.owner.get_username()}@{gateway} camp@{env.service_name}.{ns}.svc.cluster.local"
+
+
+def namespace_spec_for(env: DevEnvironment | TrainingJob) -> str:
+    from scheduling.backends.naming import namespace_name
+
+    return namespace_name(env.cluster.namespace_prefix, env.tenant.name, env.project.name)
+
+
+def how_to_open(env: DevEnvironment) -> dict[str, str]:
+    if env.kind == EnvKind.SSH:
+        return {"ssh": ssh_command(env)}
+    return {"url": environment_url(env),
+            "note": "Open it from the portal or ask the API for a fresh link (POST …/open/): "
+                    "each link carries a new one-time token."}
+
+
+# --- logs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodLog:
+    pod: str
+    role: str
+    text: str
+
+
+def job_logs(job: Job | None, *, tail: int = 200, pod: str = "") -> list[PodLog]:
+    """The last ``tail`` lines of each pod of the job's current run (empty once it ended)."""
+    if job is None:
+        return []
+    allocs = list(job.allocations.select_related("group").order_by("group_id", "replica"))
+    if pod:
+        allocs = [a for a in allocs if a.pod_name == pod]
+    if not allocs:
+        return []
+    backend = backend_for(job.cluster)
+    ns = namespace_spec(job, job.cluster).name
+    out = []
+    for a in allocs:
+        try:
+            text = backend.pod_logs(ns, a.pod_name, tail_lines=tail)
+        except BackendError as exc:
+            text = f"(logs unavailable: {exc})"
+        out.append(PodLog(pod=a.pod_name, role=a.group.name, text=text))
+    return out
+
+
+# --- why --------------------------------------------------------------------------------
+
+_HINTS = {
+    "quota": "It starts when the project's (or tenant's) usage drops below its limit — when "
+             "another of its jobs ends — or when an admin raises the limit.",
+    "capacity": "It starts when enough GPUs free up (running jobs end), or sooner with a smaller "
+                "request (fewer GPUs, a fractional slice, fewer workers).",
+    "behind": "Jobs ahead of it in its project's queue go first; it moves up as they start.",
+    "preempting": "Lower-priority jobs are being stopped for it; it starts once their GPUs are released.",
+    "never-fits": "It can never run as asked: no node is large enough. Ask for less per pod.",
+    "over-limit": "It asks more than a quota limit allows: ask for less or ask an admin for more.",
+    "unknown-queue": "Its project has no queue on this cluster.",
+}
+
+
+def job_why(job: Job | None) -> dict[str, Any]:
+    """Why a job waits, where it stands in its queue and what would let it start."""
+    if job is None:
+        return {"state": "waiting", "reason": "Not submitted yet (waiting for its dependencies).",
+                "queue_position": None, "queue_length": None, "hint": ""}
+    hint = _HINTS.get(job.reason_kind, "") if job.state == "queued" else ""
+    return {"job": job.pk, "state": job.state, "reason": job.reason, "reason_kind": job.reason_kind,
+            "queue_position": job.queue_position, "queue_length": job.queue_length, "hint": hint}

@@ -1,0 +1,57 @@
+"""Celery entry points for workloads: thin, take ids, idempotent (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.db import OperationalError
+from django.db.models import F, Q
+
+from scheduling.backends import backend_for
+from scheduling.backends.base import BackendError
+from scheduling.models import FINAL_STATES, Cluster
+
+from . import services
+from .models import TrainingJob
+
+logger = logging.getLogger(__name__)
+_OPTS = {"acks_late": True, "reject_on_worker_lost": True}
+
+
+@shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
+def workspaces_tick() -> dict[str, int]:
+    """Beat: idle culling, then every unfinished training job (dependencies, checkpoints,
+    restarts and lost GPU time, maximum runtime, retries)."""
+    culled = services.environments_cull()
+    unfinished = TrainingJob.objects.filter(
+        Q(job__isnull=True, failed_dependency=False, stop_reason="")
+        | (Q(job__isnull=False) & ~Q(job__state__in=FINAL_STATES))
+        | Q(job__state="failed", retries__lt=F("retry_limit")))
+    synced = 0
+    for pk in unfinished.values_list("pk", flat=True):
+        training_sync.delay(pk)
+        synced += 1
+    return {"warned": len(culled["warned"]), "culled": len(culled["culled"]), "trainings": synced}
+
+
+@shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
+def training_sync(training_id: int) -> str:
+    t = TrainingJob.objects.filter(pk=training_id).first()
+    if t is None:
+        return "gone"
+    return services.training_sync(training=t)
+
+
+@shared_task(**_OPTS, autoretry_for=(BackendError,), retry_backoff=2, max_retries=5)
+def delete_objects(cluster_id: int, namespace: str, objects: list[list[str] | tuple[str, str]]) -> int:
+    """Remove what a deleted environment left in the cluster (its home volume included)."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return 0
+    backend = backend_for(cluster)
+    n = 0
+    for kind, name in objects:
+        backend.delete_object(namespace, kind, name)  # 404 counts as done; errors retry
+        n += 1
+    return n
