@@ -125,8 +125,10 @@ class GpuDevice(models.Model):
     cores_allocated = models.IntegerField(default=0)
     sharers = models.IntegerField(default=0)
     exclusive_held = models.BooleanField(default=False)
+    # The optional utilisation feed (Prometheus: DCGM exporter or HAMi's monitor).
     utilization_percent = models.FloatField(null=True, blank=True)
     memory_used_mib = models.IntegerField(null=True, blank=True)
+    utilization_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["node__name", "index"]

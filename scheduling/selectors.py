@@ -8,11 +8,14 @@ decisions map back to rows without ambiguity.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
 
 from scheduling import engine as E
 from scheduling.engine.queueing import (
@@ -137,6 +140,14 @@ def pool_access(cluster: Cluster, nodes: dict[str, Node] | None = None) -> PoolA
 # --- inventory ---------------------------------------------------------------------------
 
 
+def _fresh_utilization(g: GpuDevice) -> float | None:
+    """A utilisation reading steers placement only while it is recent."""
+    if g.utilization_percent is None or g.utilization_at is None:
+        return None
+    max_age = dt.timedelta(seconds=getattr(settings, "SCHEDULER_UTILIZATION_MAX_AGE_SECONDS", 120))
+    return g.utilization_percent if timezone.now() - g.utilization_at <= max_age else None
+
+
 def _engine_gpu(g: GpuDevice, node_usable: bool, pool: str = "") -> E.GpuDevice:
     templates = tuple(
         E.SliceTemplate(int(t["memory_mib"]), int(t["cores"]), str(t.get("name", "")))
@@ -151,7 +162,7 @@ def _engine_gpu(g: GpuDevice, node_usable: bool, pool: str = "") -> E.GpuDevice:
         # present so that jobs needing them wait for the repair instead of being rejected
         # as "never fits" (the engine treats an unhealthy GPU as gone for good).
         numa_node=g.numa_node, healthy=g.usable or not node_usable, sharing=sharing, templates=templates,
-        max_sharers=g.max_sharers, utilization_percent=g.utilization_percent,
+        max_sharers=g.max_sharers, utilization_percent=_fresh_utilization(g),
     )
 
 

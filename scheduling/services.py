@@ -347,6 +347,51 @@ def node_quarantine(*, actor: User, node: Node, quarantined: bool, reason: str =
     return node
 
 
+# --- utilisation feed ----------------------------------------------------------------------
+
+
+@dataclass
+class UtilizationResult:
+    matched: int = 0
+    cleared: int = 0
+    unmatched: int = 0
+
+
+def utilization_sync(*, cluster: Cluster) -> UtilizationResult:
+    """Read per-GPU utilisation and used memory from the cluster's Prometheus into the GPU
+    rows (``selectors`` put fresh values into the snapshot for load-aware placement).
+
+    GPUs are matched by UUID, else by node name and index. A GPU without a sample loses its
+    old values, so stale load never steers placement. Telemetry, not a decision: no audit
+    event (it changes every few seconds and grants nothing)."""
+    from .backends.metrics import gpu_samples
+
+    if not cluster.prometheus_url:
+        return UtilizationResult()
+    samples = gpu_samples(cluster.prometheus_url)
+    by_uuid = {s.uuid: s for s in samples if s.uuid}
+    by_place = {(s.node, s.index): s for s in samples if s.node and s.index is not None}
+    now = timezone.now()
+    result = UtilizationResult()
+    used: set[int] = set()
+    with transaction.atomic():
+        for gpu in GpuDevice.objects.filter(node__cluster=cluster).select_related("node"):
+            sample = by_uuid.get(gpu.uuid) or by_place.get((gpu.node.name, gpu.index))
+            if sample is None:
+                if gpu.utilization_at is not None:
+                    GpuDevice.objects.filter(pk=gpu.pk).update(
+                        utilization_percent=None, memory_used_mib=None, utilization_at=None)
+                    result.cleared += 1
+                continue
+            used.add(id(sample))
+            GpuDevice.objects.filter(pk=gpu.pk).update(
+                utilization_percent=sample.utilization_percent,
+                memory_used_mib=sample.memory_used_mib, utilization_at=now)
+            result.matched += 1
+    result.unmatched = sum(1 for s in samples if id(s) not in used)
+    return result
+
+
 # --- node pools ----------------------------------------------------------------------------
 
 POOL_FIELDS = ("name", "selector", "dedicated")

@@ -63,6 +63,31 @@ def cluster_inventory_sync(cluster_id: int) -> dict[str, int] | str:
     return {"nodes": result.nodes, "gpus": result.gpus, "evicted": len(result.evicted_jobs)}
 
 
+@shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=2, max_retries=3)
+def cluster_utilization_sync(cluster_id: int) -> dict[str, int] | str:
+    """Per-GPU utilisation and used memory from the cluster's Prometheus (if configured)."""
+    cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).exclude(prometheus_url="").first()
+    if cluster is None:
+        return "off"
+    try:
+        result = services.utilization_sync(cluster=cluster)
+    except BackendError as exc:
+        Cluster.objects.filter(pk=cluster_id).update(last_error=str(exc)[:500])
+        return "error"
+    return {"matched": result.matched, "cleared": result.cleared, "unmatched": result.unmatched}
+
+
+@shared_task(**_OPTS)
+def utilization_tick() -> int:
+    """Beat: read the utilisation feed of every enabled cluster that has one."""
+    n = 0
+    for cluster_id in Cluster.objects.filter(enabled=True).exclude(prometheus_url="").values_list(
+            "pk", flat=True):
+        cluster_utilization_sync.delay(cluster_id)
+        n += 1
+    return n
+
+
 @shared_task(bind=True, **_OPTS, max_retries=5)
 def job_dispatch(self, job_id: int) -> str:  # type: ignore[no-untyped-def]
     """Create an admitted job's pods; retryable cluster errors back off exponentially."""

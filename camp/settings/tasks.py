@@ -54,6 +54,13 @@ CELERY_BEAT_SCHEDULE.update({
     "inventory-tick": {"task": "scheduling.tasks.inventory_tick",
                        "schedule": float(SCHEDULER_INVENTORY_SECONDS)},
 })
+# The optional utilisation feed (clusters with a Prometheus URL), and how old a reading may
+# be before the scheduler ignores it (scheduling/selectors.py).
+SCHEDULER_UTILIZATION_SECONDS = env_int("SCHEDULER_UTILIZATION_SECONDS", 30)
+SCHEDULER_UTILIZATION_MAX_AGE_SECONDS = env_int("SCHEDULER_UTILIZATION_MAX_AGE_SECONDS", 120)
+CELERY_BEAT_SCHEDULE["utilization-tick"] = {
+    "task": "scheduling.tasks.utilization_tick", "schedule": float(SCHEDULER_UTILIZATION_SECONDS),
+}
 # Fernet keys for cluster credentials at rest (first encrypts, all decrypt); empty: a key
 # derived from SECRET_KEY (scheduling/backends/credentials.py).
 CAMP_ENCRYPTION_KEYS = env_list("CAMP_ENCRYPTION_KEY", [])

@@ -50,7 +50,8 @@ class GpuSerializer(serializers.ModelSerializer[GpuDevice]):
         model = GpuDevice
         fields = ["index", "uuid", "model", "vendor", "memory_mib", "numa_node", "healthy",
                   "quarantined", "sharing", "max_sharers", "memory_allocated_mib", "cores_allocated",
-                  "sharers", "exclusive_held", "utilization_percent"]
+                  "sharers", "exclusive_held", "utilization_percent", "memory_used_mib",
+                  "utilization_at"]
         read_only_fields = fields
 
 
