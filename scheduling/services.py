@@ -966,7 +966,8 @@ def job_specs(job: Job, cluster: Cluster) -> tuple[NamespaceSpec, JobObjects, li
                       memory_mib=s.memory_mib, cores_percent=s.cores_percent, container=s.container)
             for s in sorted(a.slices.all(), key=lambda s: (s.container, s.gpu.index))
         )
-        hostfile.append(f"{a.pod_name}.{owner}.{ns.name}.svc slots={max(1, g.gpu_count)}")
+        if g.name != MPI_LAUNCHER:  # mpirun runs on the launcher; ranks go to the workers
+            hostfile.append(f"{a.pod_name}.{owner}.{ns.name}.svc slots={max(1, g.gpu_count)}")
         pods.append(PodSpec(
             name=a.pod_name, namespace=ns.name, node=a.node.name, image=g.image,
             command=tuple(str(c) for c in (g.command or [])), env=env,
@@ -982,6 +983,10 @@ def job_specs(job: Job, cluster: Cluster) -> tuple[NamespaceSpec, JobObjects, li
     # Workloads (workspaces/) add ports, volumes, pull secrets and objects (scheduling/extensions.py).
     objs, pods = apply_job_spec_hooks(job, ns, objs, pods)
     return ns, objs, pods
+
+
+MPI_LAUNCHER = "launcher"
+"""The pod group of an MPI job that runs ``mpirun`` (left out of the hostfile)."""
 
 
 def job_dispatch(*, job_id: int, final_attempt: bool = True) -> str:
@@ -1200,6 +1205,31 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
                 fresh = Job.objects.get(pk=job_id)
                 _record(fresh, DecisionKind.STARTED, "All pods are running")
                 result.started.append(job_id)
+
+
+def pod_event_apply(*, cluster: Cluster, pod_name: str, pods: dict[str, PodStatus]) -> str:
+    """Apply one watched pod event: the reconcile rules, for the one job the pod belongs to.
+
+    ``pods`` is the watcher's current view of the cluster's managed pods (by name) with the
+    event already applied. A pod that belongs to no allocation is an orphan and deleted
+    (the same rule as ``cluster_reconcile``). Returns what was done, for logging."""
+    rows = list(Allocation.objects.filter(cluster=cluster, pod_name=pod_name).values_list(
+        "job_id", flat=True)[:1])
+    if not rows:
+        pod = pods.get(pod_name)
+        if pod is None or pod.deleting or pod.labels.get(MANAGED_BY) != "camp":
+            return "ignored"
+        with contextlib.suppress(BackendError):
+            backend_for(cluster).delete_pod(pod.namespace, pod.name, grace_seconds=30)
+        return "orphan-deleted"
+    job_id = rows[0]
+    allocs = list(Allocation.objects.filter(job_id=job_id).select_related("job", "node"))
+    result = ReconcileResult()
+    _reconcile_job(backend_for(cluster), job_id, allocs, pods, result)
+    for name in ("started", "finished", "released", "redispatched"):
+        if job_id in getattr(result, name):
+            return name
+    return "observed"
 
 
 def _update_phases(rows: list[Allocation], pods: dict[str, PodStatus]) -> None:

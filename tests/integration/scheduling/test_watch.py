@@ -1,0 +1,101 @@
+"""The watch consumer (``manage.py camp_watch``), 422 answers and the MPI hostfile — the
+Kubernetes backend through the official client against kmock over real HTTP.
+
+Stand-ins (see test_kubernetes.py): kmock 0.8 streams watches only for ``watch=true``
+while the official client sends ``watch=True``, so each watch request is answered by a
+kmock reaction carrying the events (first an expired-resourceVersion 410, then the pod's
+MODIFIED event built from the pod kmock stores); the namespace and the owner ConfigMap's
+uid are canned. Lists, creates, status patches and deletes are kmock's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from scheduling import services
+from scheduling.models import Job, JobState
+
+from .conftest import gpu_group
+from .kmockserver import stored
+from .test_kubernetes import _serve_namespace, _serve_owner_uid, kube  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.django_db
+NS = "camp-acme-acme-p1"
+
+
+def _admit(world: Any, kube: Any, name: str, kind: str, groups: list[dict[str, Any]]) -> Job:
+    k, _, cluster = kube
+    services.inventory_sync(cluster=cluster)
+    _serve_namespace(k, NS)
+    job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
+                              name=name, kind=kind, groups=groups)
+    _serve_owner_uid(k, NS, f"{name}-{job.pk}")
+    summary = services.cycle_run(cluster=cluster)
+    assert summary is not None and summary.admitted == [job.pk]
+    return job
+
+
+def test_watch_consumer_applies_phases_and_relists_on_410(world: Any, kube: Any) -> None:
+    k, core, cluster = kube
+    job = _admit(world, kube, "train", "pytorch", [gpu_group(gpu_count=1)])
+    assert services.job_dispatch(job_id=job.pk) == "created"
+    pod = job.allocations.get().pod_name
+    core.patch_namespaced_pod_status(pod, NS, {"status": {"phase": "Running"}})
+    finished = stored(k, "pods", NS, pod)
+    finished["status"] = {"phase": "Succeeded"}
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
+                                        "message": "too old resource version"}}
+    k["get /api/v1/pods?watch=True"][:1] << (gone,)
+    k["get /api/v1/pods?watch=True"] << ({"type": "MODIFIED", "object": finished},)
+
+    # 1: the initial list (Running) starts the job; 2: the relist after 410 Gone;
+    # 3: the streamed MODIFIED event (Succeeded) finishes it.
+    call_command("camp_watch", cluster="kube", max_events=3, window=5)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED and job.reason == "All pods succeeded"
+    kinds = list(job.decisions.order_by("id").values_list("kind", flat=True))
+    assert kinds[-2:] == ["started", "finished"]
+    lists = [r for r in k["get /api/v1/pods"] if "watch" not in r.params]
+    assert len(lists) == 2  # listed, then relisted after the 410
+
+
+def test_watch_consumer_deletes_orphans(world: Any, kube: Any) -> None:
+    k, core, _ = kube
+    _serve_namespace(k, NS)
+    core.create_namespaced_pod(NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "stray", "namespace": NS, "labels": {"app.kubernetes.io/managed-by": "camp"}},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    k["get /api/v1/pods?watch=True"] << ()
+    call_command("camp_watch", cluster="kube", max_events=1, window=2)
+    assert core.list_namespaced_pod(NS).items == []
+
+
+def test_422_is_a_clear_job_error_without_retries(world: Any, kube: Any) -> None:
+    k, core, _ = kube
+    job = _admit(world, kube, "bad", "batch", [gpu_group(gpu_count=1)])
+    k[f"post /api/v1/namespaces/{NS}/pods"] << 422  # e.g. an admission webhook refuses it
+    assert services.job_dispatch(job_id=job.pk, final_attempt=False) == "failed"
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+    assert job.reason.startswith("Could not create its pods: Kubernetes API answered 422")
+    assert len(list(k[f"post /api/v1/namespaces/{NS}/pods"])) == 1  # not retried
+    assert not job.allocations.exists() and core.list_namespaced_pod(NS).items == []
+
+
+def test_mpi_job_gets_a_hostfile_of_its_workers(world: Any, kube: Any) -> None:
+    k, core, _ = kube
+    job = _admit(world, kube, "mpi", "mpi", [
+        gpu_group(name="launcher", gpu_count=0), gpu_group(name="worker", replicas=2, gpu_count=2,
+                                                            gpu_memory_mib=10000)])
+    assert services.job_dispatch(job_id=job.pk) == "created"
+    owner = f"mpi-{job.pk}"
+    hostfile = stored(k, "configmaps", NS, owner)["data"]["hostfile"]
+    assert hostfile == (f"mpi-{job.pk}-worker-0.{owner}.{NS}.svc slots=2\n"
+                        f"mpi-{job.pk}-worker-1.{owner}.{NS}.svc slots=2\n")
+    launcher = core.read_namespaced_pod(f"mpi-{job.pk}-launcher-0", NS)
+    mounts = {m.name: m.mount_path for m in launcher.spec.containers[0].volume_mounts}
+    assert mounts["camp"] == "/etc/camp"  # the hostfile is at /etc/camp/hostfile
+    assert stored(k, "services", NS, owner)["spec"]["clusterIP"] == "None"
