@@ -2,8 +2,10 @@
 
 from rest_framework.routers import DefaultRouter
 
+from registry.api import views as registry_views
 from scheduling.api import views as scheduling_views
 from tenants.api import views as tenant_views
+from workspaces.api import views as workspace_views
 
 router = DefaultRouter()
 router.register("tenants", tenant_views.TenantViewSet, basename="tenant")
@@ -17,5 +19,11 @@ router.register("clusters", scheduling_views.ClusterViewSet, basename="cluster")
 router.register("nodes", scheduling_views.NodeViewSet, basename="node")
 router.register("pools", scheduling_views.NodePoolViewSet, basename="nodepool")
 router.register("jobs", scheduling_views.JobViewSet, basename="job")
+router.register("environments", workspace_views.EnvironmentViewSet, basename="environment")
+router.register("training-jobs", workspace_views.TrainingViewSet, basename="trainingjob")
+router.register("profiles", workspace_views.ProfileViewSet, basename="profile")
+router.register("workspace-policies", workspace_views.PolicyViewSet, basename="workspacepolicy")
+router.register("images", registry_views.ImageViewSet, basename="image")
+router.register("registries", registry_views.RegistryViewSet, basename="registry")
 
 urlpatterns = router.urls

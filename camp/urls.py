@@ -14,6 +14,8 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("scheduling/", include("scheduling.urls")),
+    path("workspaces/", include("workspaces.urls")),
+    path("registry/", include("registry.urls")),
     path("metrics", portal_views.metrics, name="metrics"),
     path("", include("portal.urls")),
     path("", include("tenants.urls")),

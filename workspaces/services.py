@@ -43,16 +43,45 @@ from .quota import refuse_if_never_within_limits, refuse_if_over_storage
 from .selectors import environment_url, policy_for
 
 CULLER = "culler"  # actor_username of the platform's own workspace actions
-ENV_FIELDS = ("name", "kind", "image_reference", "profile", "gpu_count", "gpu_memory_mib",
-              "gpu_cores_percent", "exclusive", "cpu_millicores", "ram_mib", "home_gib", "cluster")
-TRAINING_FIELDS = ("name", "framework", "image_reference", "workers", "gpu_count", "gpu_memory_mib",
-                   "gpu_cores_percent", "exclusive", "cpu_millicores", "ram_mib", "checkpoint_dir",
-                   "log_dir", "max_runtime_seconds", "retry_limit", "priority_class", "preemptible",
-                   "cluster")
+ENV_FIELDS = (
+    "name",
+    "kind",
+    "image_reference",
+    "profile",
+    "gpu_count",
+    "gpu_memory_mib",
+    "gpu_cores_percent",
+    "exclusive",
+    "cpu_millicores",
+    "ram_mib",
+    "home_gib",
+    "cluster",
+)
+TRAINING_FIELDS = (
+    "name",
+    "framework",
+    "image_reference",
+    "workers",
+    "gpu_count",
+    "gpu_memory_mib",
+    "gpu_cores_percent",
+    "exclusive",
+    "cpu_millicores",
+    "ram_mib",
+    "checkpoint_dir",
+    "log_dir",
+    "max_runtime_seconds",
+    "retry_limit",
+    "priority_class",
+    "preemptible",
+    "cluster",
+)
 POLICY_FIELDS = ("idle_minutes", "max_lifetime_hours", "warning_minutes", "storage_gib_limit")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SSH_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com"
-                     r"|sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( \S.*)?$")
+SSH_KEY = re.compile(
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com"
+    r"|sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( \S.*)?$"
+)
 # Dev environments run until stopped; the simulated backend needs a finite duration.
 ENV_DURATION_SECONDS = 30 * 24 * 3600
 LAUNCHER = {"cpu_millicores": 1000, "ram_mib": 2048}
@@ -63,10 +92,18 @@ def _require(actor: Any, action: str, obj: Model) -> None:
         raise PermissionDenied(f"You may not {action} this {obj._meta.verbose_name}.")
 
 
-def _audit(action: str, obj: DevEnvironment | TrainingJob, *, actor: User | None = None,
-           **extra: Any) -> None:
-    audit_record(actor=actor, actor_username=None if actor is not None else CULLER, action=action,
-                 target=obj, tenant=obj.tenant, project=obj.project, **extra)
+def _audit(
+    action: str, obj: DevEnvironment | TrainingJob, *, actor: User | None = None, **extra: Any
+) -> None:
+    audit_record(
+        actor=actor,
+        actor_username=None if actor is not None else CULLER,
+        action=action,
+        target=obj,
+        tenant=obj.tenant,
+        project=obj.project,
+        **extra,
+    )
 
 
 def hash_token(token: str) -> str:
@@ -95,15 +132,17 @@ def _clean_env(env: Any, field: str = "env") -> dict[str, str]:
     return out
 
 
-def _resolve_image(*, project: Project, image: Image | None, image_reference: str, variant: str,
-                   variant_label: str) -> tuple[Image | None, str]:
+def _resolve_image(
+    *, project: Project, image: Image | None, image_reference: str, variant: str, variant_label: str
+) -> tuple[Image | None, str]:
     """A catalog image the project may use, of the right variant; or a raw, valid reference."""
     if image is not None:
         if not images_for_project(project).filter(pk=image.pk).exists():
             raise ValidationError({"image": ["This image is not available to this project."]})
         if image.variant != variant:
-            raise ValidationError({"image": [f"Choose a {variant_label} image "
-                                             f"(this one is {image.get_variant_display()})."]})
+            raise ValidationError(
+                {"image": [f"Choose a {variant_label} image (this one is {image.get_variant_display()})."]}
+            )
         return image, image.reference
     if not image_reference:
         raise ValidationError({"image": ["Choose an image from the catalog or give an image reference."]})
@@ -137,8 +176,11 @@ def _clean_cluster(cluster: Cluster, actor: User) -> None:
 
 def _save(obj: DevEnvironment | TrainingJob, message: str) -> None:
     try:
-        obj.full_clean(exclude=["tenant", "project", "owner", "cluster", "job", "image", "profile"],
-                       validate_unique=False, validate_constraints=False)
+        obj.full_clean(
+            exclude=["tenant", "project", "owner", "cluster", "job", "image", "profile"],
+            validate_unique=False,
+            validate_constraints=False,
+        )
     except ValidationError as exc:
         raise ValidationError(exc.message_dict) from exc
     try:
@@ -148,12 +190,21 @@ def _save(obj: DevEnvironment | TrainingJob, message: str) -> None:
         raise ValidationError({"name": [message]}) from exc
 
 
-def _submit_run(*, actor: User, project: Project, cluster: Cluster, name: str, kind: str,
-                groups: list[dict[str, Any]], **job: Any) -> Job:
+def _submit_run(
+    *,
+    actor: User,
+    project: Project,
+    cluster: Cluster,
+    name: str,
+    kind: str,
+    groups: list[dict[str, Any]],
+    **job: Any,
+) -> Job:
     """One run = one scheduling Job; its name errors are the workload's name errors."""
     try:
-        return scheduling.job_submit(actor=actor, project=project, cluster=cluster, name=name,
-                                     kind=kind, groups=groups, **job)
+        return scheduling.job_submit(
+            actor=actor, project=project, cluster=cluster, name=name, kind=kind, groups=groups, **job
+        )
     except ValidationError as exc:
         errors = dict(getattr(exc, "message_dict", {"__all__": exc.messages}))
         if "name" in errors:
@@ -178,20 +229,45 @@ def workspace_policy_set(*, actor: User, project: Project, **values: Any) -> Wor
     except ValidationError as exc:
         raise ValidationError(exc.message_dict) from exc
     policy.save()
-    audit_record(actor=actor, action="workspace_policy.updated", target=policy, tenant=project.tenant,
-                 project=project, before=before, after=snapshot(policy, POLICY_FIELDS))
+    audit_record(
+        actor=actor,
+        action="workspace_policy.updated",
+        target=policy,
+        tenant=project.tenant,
+        project=project,
+        before=before,
+        after=snapshot(policy, POLICY_FIELDS),
+    )
     return policy
 
 
 # --- profiles -------------------------------------------------------------------------------
 
-PROFILE_FIELDS = ("name", "display_name", "description", "image", "gpu_count", "gpu_memory_mib",
-                  "gpu_cores_percent", "exclusive", "cpu_millicores", "ram_mib", "home_gib", "enabled")
+PROFILE_FIELDS = (
+    "name",
+    "display_name",
+    "description",
+    "image",
+    "gpu_count",
+    "gpu_memory_mib",
+    "gpu_cores_percent",
+    "exclusive",
+    "cpu_millicores",
+    "ram_mib",
+    "home_gib",
+    "enabled",
+)
 
 
 @transaction.atomic
-def profile_create(*, actor: User, name: str, tenants: list[Any] | None = None,
-                   projects: list[Any] | None = None, **fields: Any) -> Profile:
+def profile_create(
+    *,
+    actor: User,
+    name: str,
+    tenants: list[Any] | None = None,
+    projects: list[Any] | None = None,
+    **fields: Any,
+) -> Profile:
     profile = Profile(name=name, **fields)
     if not actor.platform_admin:
         raise PermissionDenied("Only platform admins define profiles.")
@@ -199,8 +275,14 @@ def profile_create(*, actor: User, name: str, tenants: list[Any] | None = None,
 
 
 @transaction.atomic
-def profile_update(*, actor: User, profile: Profile, tenants: list[Any] | None = None,
-                   projects: list[Any] | None = None, **changes: Any) -> Profile:
+def profile_update(
+    *,
+    actor: User,
+    profile: Profile,
+    tenants: list[Any] | None = None,
+    projects: list[Any] | None = None,
+    **changes: Any,
+) -> Profile:
     _require(actor, permissions.CHANGE, profile)
     before = _profile_snapshot(profile)
     for key, value in changes.items():
@@ -218,10 +300,27 @@ def _profile_snapshot(p: Profile) -> dict[str, Any]:
     return data
 
 
-def _profile_save(actor: User, profile: Profile, tenants: list[Any] | None, projects: list[Any] | None,
-                  action: str, before: dict[str, Any] | None) -> Profile:
-    _clean_shape({k: getattr(profile, k) for k in ("gpu_count", "gpu_memory_mib", "gpu_cores_percent",
-                                                   "exclusive", "cpu_millicores", "ram_mib")})
+def _profile_save(
+    actor: User,
+    profile: Profile,
+    tenants: list[Any] | None,
+    projects: list[Any] | None,
+    action: str,
+    before: dict[str, Any] | None,
+) -> Profile:
+    _clean_shape(
+        {
+            k: getattr(profile, k)
+            for k in (
+                "gpu_count",
+                "gpu_memory_mib",
+                "gpu_cores_percent",
+                "exclusive",
+                "cpu_millicores",
+                "ram_mib",
+            )
+        }
+    )
     if profile.image is not None and profile.image.scope != "platform":
         raise ValidationError({"image": ["A profile uses a platform image (profiles serve many tenants)."]})
     try:
@@ -264,20 +363,35 @@ def _clean_ssh_keys(text: str) -> str:
 
 
 def _env_group(env: DevEnvironment) -> dict[str, Any]:
-    return {"name": env.kind, "replicas": 1, "gpu_count": env.gpu_count,
-            "gpu_memory_mib": env.gpu_memory_mib, "gpu_cores_percent": env.gpu_cores_percent,
-            "exclusive": env.exclusive, "cpu_millicores": env.cpu_millicores, "ram_mib": env.ram_mib,
-            "image": env.image_reference, "env": dict(env.env)}
+    return {
+        "name": env.kind,
+        "replicas": 1,
+        "gpu_count": env.gpu_count,
+        "gpu_memory_mib": env.gpu_memory_mib,
+        "gpu_cores_percent": env.gpu_cores_percent,
+        "exclusive": env.exclusive,
+        "cpu_millicores": env.cpu_millicores,
+        "ram_mib": env.ram_mib,
+        "image": env.image_reference,
+        "env": dict(env.env),
+    }
 
 
 def _start_run(actor: User, env: DevEnvironment) -> Job:
     env.runs += 1
     policy = policy_for(env.project)
     lifetime = policy.max_lifetime_hours * 3600 if policy.max_lifetime_hours else ENV_DURATION_SECONDS
-    job = _submit_run(actor=actor, project=env.project, cluster=env.cluster,
-                      name=f"{env.name[:34]}-{env.runs}", kind=env.kind, groups=[_env_group(env)],
-                      priority_class=PriorityClass.NORMAL, preemptible=False,
-                      duration_seconds=min(lifetime, ENV_DURATION_SECONDS))
+    job = _submit_run(
+        actor=actor,
+        project=env.project,
+        cluster=env.cluster,
+        name=f"{env.name[:34]}-{env.runs}",
+        kind=env.kind,
+        groups=[_env_group(env)],
+        priority_class=PriorityClass.NORMAL,
+        preemptible=False,
+        duration_seconds=min(lifetime, ENV_DURATION_SECONDS),
+    )
     env.job = job
     env.stop_reason = ""
     env.cull_warning = ""
@@ -289,26 +403,49 @@ def _start_run(actor: User, env: DevEnvironment) -> Job:
 
 @transaction.atomic
 def environment_launch(
-    *, actor: User, project: Project, cluster: Cluster, name: str, kind: str,
-    image: Image | None = None, image_reference: str = "", profile: Profile | None = None,
-    gpu_count: int = 0, gpu_memory_mib: int = 0, gpu_cores_percent: int = 0, exclusive: bool = False,
-    cpu_millicores: int = 2000, ram_mib: int = 8192, home_gib: int = 10,
-    env: dict[str, Any] | None = None, ssh_public_keys: str = "",
+    *,
+    actor: User,
+    project: Project,
+    cluster: Cluster,
+    name: str,
+    kind: str,
+    image: Image | None = None,
+    image_reference: str = "",
+    profile: Profile | None = None,
+    gpu_count: int = 0,
+    gpu_memory_mib: int = 0,
+    gpu_cores_percent: int = 0,
+    exclusive: bool = False,
+    cpu_millicores: int = 2000,
+    ram_mib: int = 8192,
+    home_gib: int = 10,
+    env: dict[str, Any] | None = None,
+    ssh_public_keys: str = "",
 ) -> tuple[DevEnvironment, str]:
     """Create an environment and queue its first run. Returns it and its access token
     (shown once; only its hash is kept)."""
     if kind not in EnvKind.values:
         raise ValidationError({"kind": [f"Choose one of: {', '.join(EnvKind.values)}."]})
-    row = DevEnvironment(tenant=project.tenant, project=project, owner=actor, cluster=cluster,
-                         name=name, kind=kind)
+    row = DevEnvironment(
+        tenant=project.tenant, project=project, owner=actor, cluster=cluster, name=name, kind=kind
+    )
     _require(actor, permissions.CREATE, row)
     _clean_cluster(cluster, actor)
-    shape = {"gpu_count": gpu_count, "gpu_memory_mib": gpu_memory_mib,
-             "gpu_cores_percent": gpu_cores_percent, "exclusive": exclusive,
-             "cpu_millicores": cpu_millicores, "ram_mib": ram_mib, "home_gib": home_gib}
+    shape = {
+        "gpu_count": gpu_count,
+        "gpu_memory_mib": gpu_memory_mib,
+        "gpu_cores_percent": gpu_cores_percent,
+        "exclusive": exclusive,
+        "cpu_millicores": cpu_millicores,
+        "ram_mib": ram_mib,
+        "home_gib": home_gib,
+    }
     if profile is not None:
-        if not profile.enabled or not permissions.can(actor, permissions.VIEW, profile) or not (
-                permissions.restrict(Profile.objects.filter(pk=profile.pk), actor).exists()):
+        if (
+            not profile.enabled
+            or not permissions.can(actor, permissions.VIEW, profile)
+            or not (permissions.restrict(Profile.objects.filter(pk=profile.pk), actor).exists())
+        ):
             raise ValidationError({"profile": ["This profile does not exist or is not offered to you."]})
         if not _profile_allows(profile, project):
             raise ValidationError({"profile": ["This profile is not offered to this project."]})
@@ -319,9 +456,13 @@ def environment_launch(
     if shape["home_gib"] < 1 or shape["home_gib"] > 10240:
         raise ValidationError({"home_gib": ["Between 1 and 10240 GiB."]})
     label = EnvKind(kind).label
-    row.image, row.image_reference = _resolve_image(project=project, image=image,
-                                                    image_reference=image_reference,
-                                                    variant=VARIANT_OF[EnvKind(kind)], variant_label=label)
+    row.image, row.image_reference = _resolve_image(
+        project=project,
+        image=image,
+        image_reference=image_reference,
+        variant=VARIANT_OF[EnvKind(kind)],
+        variant_label=label,
+    )
     row.profile = profile
     for k, v in shape.items():
         setattr(row, k, v)
@@ -352,12 +493,17 @@ ACTIVE = ("queued", "starting", "running")
 
 @transaction.atomic
 def environment_stop(*, actor: User, env: DevEnvironment) -> DevEnvironment:
-    env = DevEnvironment.objects.select_for_update(of=("self",)).select_related("job", "tenant", "project").get(pk=env.pk)
+    env = (
+        DevEnvironment.objects.select_for_update(of=("self",))
+        .select_related("job", "tenant", "project")
+        .get(pk=env.pk)
+    )
     _require(actor, permissions.CHANGE, env)
     if env.state not in ACTIVE or env.job is None:
         raise ValidationError({"state": [f"The environment is already {env.state}."]})
-    scheduling.job_terminate(job_id=env.job.pk, reason=f"Stopped by {actor.get_username()}",
-                             by=actor.get_username())
+    scheduling.job_terminate(
+        job_id=env.job.pk, reason=f"Stopped by {actor.get_username()}", by=actor.get_username()
+    )
     env.stop_reason = f"Stopped by {actor.get_username()}"
     env.cull_warning, env.cull_at = "", None
     env.save(update_fields=["stop_reason", "cull_warning", "cull_at", "updated_at"])
@@ -369,8 +515,11 @@ def environment_stop(*, actor: User, env: DevEnvironment) -> DevEnvironment:
 @transaction.atomic
 def environment_start(*, actor: User, env: DevEnvironment) -> DevEnvironment:
     """Start a stopped (or failed) environment again, on the same home volume."""
-    env = DevEnvironment.objects.select_for_update(of=("self",)).select_related("job", "tenant", "project",
-                                                                      "cluster").get(pk=env.pk)
+    env = (
+        DevEnvironment.objects.select_for_update(of=("self",))
+        .select_related("job", "tenant", "project", "cluster")
+        .get(pk=env.pk)
+    )
     _require(actor, permissions.CHANGE, env)
     if env.state in ACTIVE:
         raise ValidationError({"state": [f"The environment is already {env.state}."]})
@@ -384,12 +533,16 @@ def environment_start(*, actor: User, env: DevEnvironment) -> DevEnvironment:
 @transaction.atomic
 def environment_delete(*, actor: User, env: DevEnvironment) -> None:
     """Stop it if needed, then remove it and its objects, home volume included."""
-    env = DevEnvironment.objects.select_for_update(of=("self",)).select_related("job", "tenant", "project",
-                                                                      "cluster").get(pk=env.pk)
+    env = (
+        DevEnvironment.objects.select_for_update(of=("self",))
+        .select_related("job", "tenant", "project", "cluster")
+        .get(pk=env.pk)
+    )
     _require(actor, permissions.DELETE, env)
     if env.job is not None and not env.job.is_final:
-        scheduling.job_terminate(job_id=env.job.pk, reason=f"Deleted by {actor.get_username()}",
-                                 by=actor.get_username())
+        scheduling.job_terminate(
+            job_id=env.job.pk, reason=f"Deleted by {actor.get_username()}", by=actor.get_username()
+        )
     from .pods import environment_objects
     from .tasks import delete_objects
 
@@ -404,7 +557,11 @@ def environment_delete(*, actor: User, env: DevEnvironment) -> None:
 def environment_open(*, actor: User, env: DevEnvironment) -> str:
     """A fresh link with a new one-time token (the previous link stops working). Only the
     owner opens an environment: the link acts as them inside it."""
-    env = DevEnvironment.objects.select_for_update(of=("self",)).select_related("tenant", "project", "job").get(pk=env.pk)
+    env = (
+        DevEnvironment.objects.select_for_update(of=("self",))
+        .select_related("tenant", "project", "job")
+        .get(pk=env.pk)
+    )
     if not permissions.can(actor, permissions.VIEW, env) or env.owner_id != actor.pk:
         raise PermissionDenied("Only its owner opens an environment.")
     if env.kind == EnvKind.SSH:
@@ -422,7 +579,8 @@ def environment_touch(*, env_id: int, at: dt.datetime | None = None) -> None:
     """Activity seen (a request through the proxy, or the in-pod agent's report): push the
     idle deadline back and withdraw a pending culling warning."""
     DevEnvironment.objects.filter(pk=env_id).update(
-        last_activity_at=at or timezone.now(), cull_warning="", cull_at=None)
+        last_activity_at=at or timezone.now(), cull_warning="", cull_at=None
+    )
 
 
 def token_matches(env: DevEnvironment, token: str) -> bool:
@@ -439,11 +597,19 @@ def _cull_deadline(env: DevEnvironment, policy: WorkspacePolicy) -> tuple[dt.dat
     deadlines: list[tuple[dt.datetime, str]] = []
     if policy.idle_minutes:
         since = max(filter(None, [env.last_activity_at, started]))
-        deadlines.append((since + dt.timedelta(minutes=policy.idle_minutes),
-                          f"no activity for {policy.idle_minutes} minutes"))
+        deadlines.append(
+            (
+                since + dt.timedelta(minutes=policy.idle_minutes),
+                f"no activity for {policy.idle_minutes} minutes",
+            )
+        )
     if policy.max_lifetime_hours:
-        deadlines.append((started + dt.timedelta(hours=policy.max_lifetime_hours),
-                          f"its maximum lifetime of {policy.max_lifetime_hours} h"))
+        deadlines.append(
+            (
+                started + dt.timedelta(hours=policy.max_lifetime_hours),
+                f"its maximum lifetime of {policy.max_lifetime_hours} h",
+            )
+        )
     if not deadlines:
         return None, ""
     return min(deadlines)
@@ -457,7 +623,8 @@ def environments_cull(*, now: dt.datetime | None = None) -> dict[str, list[int]]
     warned: list[int] = []
     culled: list[int] = []
     running = DevEnvironment.objects.filter(job__state=JobState.RUNNING).select_related(
-        "job", "tenant", "project")
+        "job", "tenant", "project"
+    )
     for env in running:
         policy = policy_for(env.project)
         due, why = _cull_deadline(env, policy)
@@ -469,16 +636,21 @@ def environments_cull(*, now: dt.datetime | None = None) -> dict[str, list[int]]
                 DevEnvironment.objects.filter(pk=env.pk).update(cull_warning="", cull_at=None)
             continue
         with transaction.atomic():
-            env = DevEnvironment.objects.select_for_update(of=("self",)).select_related("job", "tenant", "project").get(
-                pk=env.pk)
+            env = (
+                DevEnvironment.objects.select_for_update(of=("self",))
+                .select_related("job", "tenant", "project")
+                .get(pk=env.pk)
+            )
             if env.job is None or env.job.state != JobState.RUNNING:
                 continue
             if not env.cull_warning or env.cull_at is None:
                 # Warn first; never stop sooner than warning_minutes after the warning.
                 cull_at = max(due, now + dt.timedelta(minutes=policy.warning_minutes))
                 env.cull_at = cull_at
-                env.cull_warning = (f"This environment will be stopped at {cull_at:%Y-%m-%d %H:%M} UTC "
-                                    f"({why}) unless it is used. Its home volume is kept.")
+                env.cull_warning = (
+                    f"This environment will be stopped at {cull_at:%Y-%m-%d %H:%M} UTC "
+                    f"({why}) unless it is used. Its home volume is kept."
+                )
                 env.save(update_fields=["cull_at", "cull_warning", "updated_at"])
                 _audit("environment.cull_warned", env, after={"cull_at": cull_at.isoformat(), "why": why})
                 warned.append(env.pk)
@@ -497,24 +669,49 @@ def environments_cull(*, now: dt.datetime | None = None) -> dict[str, list[int]]
 
 
 def _training_groups(t: TrainingJob) -> list[dict[str, Any]]:
-    worker = {"name": "worker", "replicas": t.workers, "gpu_count": t.gpu_count,
-              "gpu_memory_mib": t.gpu_memory_mib, "gpu_cores_percent": t.gpu_cores_percent,
-              "exclusive": t.exclusive, "gpu_models": list(t.gpu_models or []),
-              "cpu_millicores": t.cpu_millicores, "ram_mib": t.ram_mib, "image": t.image_reference,
-              "command": [str(c) for c in t.command or []], "env": dict(t.env)}
+    worker = {
+        "name": "worker",
+        "replicas": t.workers,
+        "gpu_count": t.gpu_count,
+        "gpu_memory_mib": t.gpu_memory_mib,
+        "gpu_cores_percent": t.gpu_cores_percent,
+        "exclusive": t.exclusive,
+        "gpu_models": list(t.gpu_models or []),
+        "cpu_millicores": t.cpu_millicores,
+        "ram_mib": t.ram_mib,
+        "image": t.image_reference,
+        "command": [str(c) for c in t.command or []],
+        "env": dict(t.env),
+    }
     if not t.has_launcher:
         return [worker]
-    launcher = {"name": "launcher", "replicas": 1, "gpu_count": 0, "image": t.image_reference,
-                "command": [str(c) for c in t.command or []], "env": dict(t.env), **LAUNCHER}
+    launcher = {
+        "name": "launcher",
+        "replicas": 1,
+        "gpu_count": 0,
+        "image": t.image_reference,
+        "command": [str(c) for c in t.command or []],
+        "env": dict(t.env),
+        **LAUNCHER,
+    }
     worker["command"] = []  # workers wait for the launcher (sshd / the MPI daemon)
     return [launcher, worker]
 
 
 def _training_run(actor: User, t: TrainingJob, name: str) -> Job:
-    job = _submit_run(actor=actor, project=t.project, cluster=t.cluster, name=name, kind=t.framework,
-                      groups=_training_groups(t), priority_class=t.priority_class,
-                      preemptible=t.preemptible, checkpoint_capable=bool(t.checkpoint_dir), gang=True,
-                      duration_seconds=t.duration_seconds)
+    job = _submit_run(
+        actor=actor,
+        project=t.project,
+        cluster=t.cluster,
+        name=name,
+        kind=t.framework,
+        groups=_training_groups(t),
+        priority_class=t.priority_class,
+        preemptible=t.preemptible,
+        checkpoint_capable=bool(t.checkpoint_dir),
+        gang=True,
+        duration_seconds=t.duration_seconds,
+    )
     latest = t.checkpoints.order_by("-step", "-id").first() if t.pk else None
     if latest is not None:  # a retry resumes from the latest checkpoint too
         Job.objects.filter(pk=job.pk).update(last_checkpoint=latest.path)
@@ -526,15 +723,35 @@ def _training_run(actor: User, t: TrainingJob, name: str) -> Job:
 
 @transaction.atomic
 def training_submit(
-    *, actor: User, project: Project, cluster: Cluster, name: str, framework: str,
-    image: Image | None = None, image_reference: str = "", workers: int = 1, gpu_count: int = 1,
-    gpu_memory_mib: int = 0, gpu_cores_percent: int = 0, exclusive: bool = False,
-    gpu_models: list[str] | None = None, cpu_millicores: int = 4000, ram_mib: int = 16384,
-    command: list[str] | None = None, env: dict[str, Any] | None = None, data_volume: str = "",
-    checkpoint_dir: str = "", checkpoint_every: int = 100, checkpoint_volume_gib: int = 0,
-    log_dir: str = "", max_runtime_seconds: int | None = None, retry_limit: int = 0,
-    priority_class: str = PriorityClass.NORMAL, preemptible: bool | None = None,
-    duration_seconds: int | None = None, depends_on: list[TrainingJob] | None = None,
+    *,
+    actor: User,
+    project: Project,
+    cluster: Cluster,
+    name: str,
+    framework: str,
+    image: Image | None = None,
+    image_reference: str = "",
+    workers: int = 1,
+    gpu_count: int = 1,
+    gpu_memory_mib: int = 0,
+    gpu_cores_percent: int = 0,
+    exclusive: bool = False,
+    gpu_models: list[str] | None = None,
+    cpu_millicores: int = 4000,
+    ram_mib: int = 16384,
+    command: list[str] | None = None,
+    env: dict[str, Any] | None = None,
+    data_volume: str = "",
+    checkpoint_dir: str = "",
+    checkpoint_every: int = 100,
+    checkpoint_volume_gib: int = 0,
+    log_dir: str = "",
+    max_runtime_seconds: int | None = None,
+    retry_limit: int = 0,
+    priority_class: str = PriorityClass.NORMAL,
+    preemptible: bool | None = None,
+    duration_seconds: int | None = None,
+    depends_on: list[TrainingJob] | None = None,
 ) -> TrainingJob:
     """Create a training job: a gang of ``workers`` (plus a launcher for DeepSpeed and MPI),
     submitted now, or once every job it depends on has succeeded."""
@@ -544,23 +761,47 @@ def training_submit(
         raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PriorityClass.values)}."]})
     if preemptible is None:
         preemptible = priority_class in (PriorityClass.NORMAL, PriorityClass.BATCH)
-    t = TrainingJob(tenant=project.tenant, project=project, owner=actor, cluster=cluster, name=name,
-                    framework=framework, workers=workers, gpu_count=gpu_count,
-                    gpu_memory_mib=gpu_memory_mib, gpu_cores_percent=gpu_cores_percent,
-                    exclusive=exclusive, gpu_models=list(gpu_models or []),
-                    cpu_millicores=cpu_millicores, ram_mib=ram_mib, command=list(command or []),
-                    data_volume=data_volume, checkpoint_dir=checkpoint_dir,
-                    checkpoint_every=checkpoint_every, checkpoint_volume_gib=checkpoint_volume_gib,
-                    log_dir=log_dir, max_runtime_seconds=max_runtime_seconds, retry_limit=retry_limit,
-                    priority_class=priority_class, preemptible=preemptible,
-                    duration_seconds=duration_seconds)
+    t = TrainingJob(
+        tenant=project.tenant,
+        project=project,
+        owner=actor,
+        cluster=cluster,
+        name=name,
+        framework=framework,
+        workers=workers,
+        gpu_count=gpu_count,
+        gpu_memory_mib=gpu_memory_mib,
+        gpu_cores_percent=gpu_cores_percent,
+        exclusive=exclusive,
+        gpu_models=list(gpu_models or []),
+        cpu_millicores=cpu_millicores,
+        ram_mib=ram_mib,
+        command=list(command or []),
+        data_volume=data_volume,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        checkpoint_volume_gib=checkpoint_volume_gib,
+        log_dir=log_dir,
+        max_runtime_seconds=max_runtime_seconds,
+        retry_limit=retry_limit,
+        priority_class=priority_class,
+        preemptible=preemptible,
+        duration_seconds=duration_seconds,
+    )
     _require(actor, permissions.CREATE, t)
     _clean_cluster(cluster, actor)
     if not 1 <= workers <= 128:
         raise ValidationError({"workers": ["Between 1 and 128 workers."]})
-    _clean_shape({"gpu_count": gpu_count, "gpu_memory_mib": gpu_memory_mib,
-                  "gpu_cores_percent": gpu_cores_percent, "exclusive": exclusive,
-                  "cpu_millicores": cpu_millicores, "ram_mib": ram_mib})
+    _clean_shape(
+        {
+            "gpu_count": gpu_count,
+            "gpu_memory_mib": gpu_memory_mib,
+            "gpu_cores_percent": gpu_cores_percent,
+            "exclusive": exclusive,
+            "cpu_millicores": cpu_millicores,
+            "ram_mib": ram_mib,
+        }
+    )
     if checkpoint_dir and not checkpoint_dir.startswith("/"):
         raise ValidationError({"checkpoint_dir": ["An absolute path inside the container."]})
     if log_dir and not log_dir.startswith("/"):
@@ -574,9 +815,13 @@ def training_submit(
             slug_validator(data_volume)
         except ValidationError as exc:
             raise ValidationError({"data_volume": ["The name of a PVC in the project's namespace."]}) from exc
-    t.image, t.image_reference = _resolve_image(project=project, image=image,
-                                                image_reference=image_reference,
-                                                variant=Variant.TRAINING, variant_label="training")
+    t.image, t.image_reference = _resolve_image(
+        project=project,
+        image=image,
+        image_reference=image_reference,
+        variant=Variant.TRAINING,
+        variant_label="training",
+    )
     t.env = _clean_env(env)
     deps = list(depends_on or [])
     for d in deps:
@@ -595,14 +840,22 @@ def training_submit(
         t.save(update_fields=["blocked_reason"])
     else:
         _training_run(actor, t, t.name)
-    _audit("training.submitted", t, actor=actor, after={
-        **snapshot(t, TRAINING_FIELDS), "depends_on": [d.pk for d in deps]})
+    _audit(
+        "training.submitted",
+        t,
+        actor=actor,
+        after={**snapshot(t, TRAINING_FIELDS), "depends_on": [d.pk for d in deps]},
+    )
     return t
 
 
 @transaction.atomic
 def training_stop(*, actor: User, training: TrainingJob) -> TrainingJob:
-    t = TrainingJob.objects.select_for_update(of=("self",)).select_related("job", "tenant", "project").get(pk=training.pk)
+    t = (
+        TrainingJob.objects.select_for_update(of=("self",))
+        .select_related("job", "tenant", "project")
+        .get(pk=training.pk)
+    )
     _require(actor, permissions.CHANGE, t)
     if t.state not in ("waiting", "queued", "starting", "running"):
         raise ValidationError({"state": [f"The training job is already {t.state}."]})
@@ -619,8 +872,9 @@ def training_stop(*, actor: User, training: TrainingJob) -> TrainingJob:
 CHECKPOINT_LINE = re.compile(r"^(?:(\S+Z) )?CAMP_CHECKPOINT step=(\d+) path=(\S+)\s*$")
 
 
-def training_report_checkpoint(*, training: TrainingJob, step: int, path: str,
-                               at: dt.datetime | None = None, actor: User | None = None) -> bool:
+def training_report_checkpoint(
+    *, training: TrainingJob, step: int, path: str, at: dt.datetime | None = None, actor: User | None = None
+) -> bool:
     """Record a checkpoint (idempotent per path); the next run resumes from the latest."""
     if actor is not None:
         _require(actor, permissions.CHANGE, training)
@@ -628,8 +882,10 @@ def training_report_checkpoint(*, training: TrainingJob, step: int, path: str,
         raise ValidationError({"path": ["An absolute path of at most 500 characters."]})
     job = training.job
     _, made = TrainingCheckpoint.objects.get_or_create(
-        training=training, path=path,
-        defaults={"step": step, "written_at": at or timezone.now(), "attempt": job.attempts if job else 0})
+        training=training,
+        path=path,
+        defaults={"step": step, "written_at": at or timezone.now(), "attempt": job.attempts if job else 0},
+    )
     latest = training.checkpoints.order_by("-step", "-id").first()
     if job is not None and latest is not None and job.last_checkpoint != latest.path:
         Job.objects.filter(pk=job.pk).update(last_checkpoint=latest.path)
@@ -648,8 +904,11 @@ def _scan_checkpoints(t: TrainingJob) -> None:
         for line in log.text.splitlines():
             m = CHECKPOINT_LINE.match(line.strip())
             if m:
-                at = dt.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-                    tzinfo=dt.UTC) if m.group(1) else None
+                at = (
+                    dt.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+                    if m.group(1)
+                    else None
+                )
                 training_report_checkpoint(training=t, step=int(m.group(2)), path=m.group(3), at=at)
 
 
@@ -713,8 +972,11 @@ def training_sync(*, training: TrainingJob, now: dt.datetime | None = None) -> s
     job = t.job
     if job.state == JobState.RUNNING:
         _scan_checkpoints(t)
-        if t.max_runtime_seconds and job.started_at and (
-                now - job.started_at).total_seconds() > t.max_runtime_seconds:
+        if (
+            t.max_runtime_seconds
+            and job.started_at
+            and (now - job.started_at).total_seconds() > t.max_runtime_seconds
+        ):
             with transaction.atomic():
                 reason = f"Exceeded its maximum runtime of {t.max_runtime_seconds} s"
                 scheduling.job_terminate(job_id=job.pk, reason=reason, by=CULLER)

@@ -1,0 +1,44 @@
+"""Registry API serializers: shape only; rules live in services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from tenants.api.serializers import VisiblePKField
+from tenants.models import Project, Tenant
+
+from ..models import ExternalRegistry, Framework, Image, Variant
+
+
+class RegistrySerializer(serializers.ModelSerializer[ExternalRegistry]):
+    """The password is write-only: encrypted at rest and never returned."""
+
+    tenant = VisiblePKField(queryset=Tenant.objects.all(), required=False, allow_null=True)
+    project = VisiblePKField(queryset=Project.objects.all(), required=False, allow_null=True)
+    password = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=4096,
+                                     style={"input_type": "password"})
+    has_credentials = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = ExternalRegistry
+        fields = ["id", "scope", "tenant", "project", "name", "server", "username", "password",
+                  "has_credentials", "created_at", "updated_at"]
+        read_only_fields = ["id", "scope", "has_credentials", "created_at", "updated_at"]
+        validators: list[Any] = []
+
+
+class ImageSerializer(serializers.ModelSerializer[Image]):
+    tenant = VisiblePKField(queryset=Tenant.objects.all(), required=False, allow_null=True)
+    project = VisiblePKField(queryset=Project.objects.all(), required=False, allow_null=True)
+    registry = VisiblePKField(queryset=ExternalRegistry.objects.all(), required=False, allow_null=True)
+    variant = serializers.ChoiceField(choices=Variant.choices)
+    framework = serializers.ChoiceField(choices=Framework.choices, default=Framework.OTHER)
+
+    class Meta:
+        model = Image
+        fields = ["id", "scope", "tenant", "project", "name", "display_name", "reference", "variant",
+                  "framework", "description", "registry", "enabled", "created_at"]
+        read_only_fields = ["id", "scope", "created_at"]
+        validators: list[Any] = []

@@ -1,0 +1,176 @@
+"""Workload API serializers: shape and type checks only; rules live in services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from registry.models import Image
+from scheduling.models import Cluster, PriorityClass
+from tenants.api.serializers import VisiblePKField
+from tenants.models import Project, Tenant
+
+from .. import selectors
+from ..models import DevEnvironment, EnvKind, Profile, TrainingCheckpoint, TrainingFramework, TrainingJob
+from ..models import WorkspacePolicy as Policy
+
+
+class ClusterNameField(serializers.SlugRelatedField):  # type: ignore[type-arg]
+    """A cluster by name, among the enabled clusters the user may see."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(slug_field="name", queryset=Cluster.objects.filter(enabled=True), **kwargs)
+
+    def get_queryset(self) -> Any:
+        from tenants.permissions import restrict
+
+        request = self.context.get("request")
+        return restrict(Cluster.objects.filter(enabled=True), request.user if request else None)
+
+
+class RunSerializer(serializers.Serializer[Any]):
+    """The workload's current run: its scheduling job, and why it waits."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    state = serializers.CharField()
+    reason = serializers.CharField()
+    queue_position = serializers.IntegerField(allow_null=True)
+    queue_length = serializers.IntegerField(allow_null=True)
+    attempts = serializers.IntegerField()
+    started_at = serializers.DateTimeField(allow_null=True)
+
+
+class EnvironmentSerializer(serializers.ModelSerializer[DevEnvironment]):
+    project = VisiblePKField(queryset=Project.objects.all())
+    cluster = ClusterNameField()
+    tenant = serializers.CharField(source="tenant.name", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    kind = serializers.ChoiceField(choices=EnvKind.choices)
+    image = VisiblePKField(queryset=Image.objects.all(), required=False, allow_null=True)
+    profile = VisiblePKField(queryset=Profile.objects.all(), required=False, allow_null=True)
+    env = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True),
+                                required=False)
+    ssh_public_keys = serializers.CharField(required=False, allow_blank=True, max_length=65536)
+    state = serializers.CharField(read_only=True)
+    run = RunSerializer(source="job", read_only=True, allow_null=True)
+    how_to_open = serializers.SerializerMethodField()
+    access_url = serializers.SerializerMethodField(
+        help_text="Only in the response that created the environment: a link with its one-time token.")
+
+    class Meta:
+        model = DevEnvironment
+        fields = ["id", "name", "tenant", "project", "cluster", "owner", "kind", "profile", "image",
+                  "image_reference", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
+                  "cpu_millicores", "ram_mib", "home_gib", "env", "ssh_public_keys", "state", "run",
+                  "runs", "last_activity_at", "cull_warning", "cull_at", "stop_reason", "how_to_open",
+                  "access_url", "created_at"]
+        read_only_fields = ["id", "runs", "last_activity_at", "cull_warning", "cull_at", "stop_reason",
+                            "created_at"]
+        extra_kwargs = {"image_reference": {"required": False, "allow_blank": True}}
+        validators: list[Any] = []
+
+    def get_how_to_open(self, env: DevEnvironment) -> dict[str, str]:
+        return selectors.how_to_open(env)
+
+    def get_access_url(self, env: DevEnvironment) -> str | None:
+        token = self.context.get("access_token")
+        return f"{selectors.environment_url(env)}?camp_token={token}" if token else None
+
+
+class TrainingSerializer(serializers.ModelSerializer[TrainingJob]):
+    project = VisiblePKField(queryset=Project.objects.all())
+    cluster = ClusterNameField()
+    tenant = serializers.CharField(source="tenant.name", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    framework = serializers.ChoiceField(choices=TrainingFramework.choices)
+    image = VisiblePKField(queryset=Image.objects.all(), required=False, allow_null=True)
+    priority_class = serializers.ChoiceField(choices=PriorityClass.choices, default="normal")
+    preemptible = serializers.BooleanField(required=False, allow_null=True, default=None)
+    command = serializers.ListField(child=serializers.CharField(max_length=4096), required=False,
+                                    max_length=100)
+    env = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True),
+                                required=False)
+    gpu_models = serializers.ListField(child=serializers.CharField(max_length=100), required=False,
+                                       max_length=20)
+    depends_on = VisiblePKField(queryset=TrainingJob.objects.all(), many=True, required=False)
+    state = serializers.CharField(read_only=True)
+    run = RunSerializer(source="job", read_only=True, allow_null=True)
+    last_checkpoint = serializers.SerializerMethodField()
+    tensorboard_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TrainingJob
+        fields = ["id", "name", "tenant", "project", "cluster", "owner", "framework", "image",
+                  "image_reference", "workers", "gpu_count", "gpu_memory_mib", "gpu_cores_percent",
+                  "exclusive", "gpu_models", "cpu_millicores", "ram_mib", "command", "env", "data_volume",
+                  "checkpoint_dir", "checkpoint_every", "checkpoint_volume_gib", "log_dir",
+                  "max_runtime_seconds", "retry_limit", "priority_class", "preemptible",
+                  "duration_seconds", "depends_on", "state", "run", "blocked_reason", "retries",
+                  "restarts", "lost_gpu_seconds", "last_checkpoint", "tensorboard_url", "stop_reason",
+                  "created_at"]
+        read_only_fields = ["id", "blocked_reason", "retries", "restarts", "lost_gpu_seconds",
+                            "stop_reason", "created_at"]
+        extra_kwargs = {"image_reference": {"required": False, "allow_blank": True}}
+        validators: list[Any] = []
+
+    def get_last_checkpoint(self, t: TrainingJob) -> dict[str, Any] | None:
+        c = t.checkpoints.order_by("-step", "-id").first()
+        return {"step": c.step, "path": c.path, "written_at": c.written_at} if c else None
+
+    def get_tensorboard_url(self, t: TrainingJob) -> str | None:
+        from ..pods import tensorboard_path
+
+        return selectors.workspace_base_url() + tensorboard_path(t) if t.log_dir else None
+
+
+class CheckpointSerializer(serializers.ModelSerializer[TrainingCheckpoint]):
+    class Meta:
+        model = TrainingCheckpoint
+        fields = ["step", "path", "written_at", "attempt"]
+        read_only_fields = ["written_at", "attempt"]
+
+
+class LogSerializer(serializers.Serializer[Any]):
+    pod = serializers.CharField()
+    role = serializers.CharField()
+    text = serializers.CharField()
+
+
+class WhySerializer(serializers.Serializer[Any]):
+    state = serializers.CharField()
+    reason = serializers.CharField()
+    reason_kind = serializers.CharField(required=False)
+    queue_position = serializers.IntegerField(allow_null=True)
+    queue_length = serializers.IntegerField(allow_null=True)
+    hint = serializers.CharField()
+
+
+class OpenSerializer(serializers.Serializer[Any]):
+    url = serializers.CharField()
+
+
+class ProfileSerializer(serializers.ModelSerializer[Profile]):
+    image = VisiblePKField(queryset=Image.objects.all(), required=False, allow_null=True)
+    tenants = VisiblePKField(queryset=Tenant.objects.all(), many=True, required=False)
+    projects = VisiblePKField(queryset=Project.objects.all(), many=True, required=False)
+
+    class Meta:
+        model = Profile
+        fields = ["id", "name", "display_name", "description", "image", "gpu_count", "gpu_memory_mib",
+                  "gpu_cores_percent", "exclusive", "cpu_millicores", "ram_mib", "home_gib", "tenants",
+                  "projects", "enabled", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        validators: list[Any] = []
+
+
+class PolicySerializer(serializers.ModelSerializer[Policy]):
+    project = VisiblePKField(queryset=Project.objects.all())
+
+    class Meta:
+        model = Policy
+        fields = ["id", "project", "idle_minutes", "max_lifetime_hours", "warning_minutes",
+                  "storage_gib_limit", "updated_at"]
+        read_only_fields = ["id", "updated_at"]
+        validators: list[Any] = []

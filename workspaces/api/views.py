@@ -1,0 +1,262 @@
+"""Workload REST API. Thin: look up through ``restrict``, write through services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from tenants.api.idempotency import IdempotentCreateMixin
+from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
+from tenants.permissions import actor_of
+
+from .. import selectors, services
+from ..models import DevEnvironment, Profile, TrainingJob, WorkspacePolicy
+from .serializers import (
+    CheckpointSerializer,
+    EnvironmentSerializer,
+    LogSerializer,
+    OpenSerializer,
+    PolicySerializer,
+    ProfileSerializer,
+    TrainingSerializer,
+    WhySerializer,
+)
+
+LOG_PARAMS = [
+    OpenApiParameter("tail", OpenApiTypes.INT, description="Lines per pod (1–5000, default 200)"),
+    OpenApiParameter("pod", OpenApiTypes.STR, description="Only this pod"),
+]
+
+
+def _tail(request: Request) -> int:
+    try:
+        return max(1, min(5000, int(request.query_params.get("tail", 200))))
+    except ValueError:
+        return 200
+
+
+def _logs(request: Request, job: Any) -> Response:
+    logs = selectors.job_logs(job, tail=_tail(request), pod=request.query_params.get("pod", "")[:63])
+    return Response(
+        LogSerializer([{"pod": x.pod, "role": x.role, "text": x.text} for x in logs], many=True).data
+    )
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class EnvironmentViewSet(
+    IdempotentCreateMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    CampViewSet,
+):
+    """Dev environments (JupyterLab, VS Code, SSH): launch, open, stop, start, delete, logs.
+    The create response carries ``access_url`` with a one-time token; later links come from
+    ``open`` (only the owner), and only the token's SHA-256 is stored."""
+
+    model = DevEnvironment
+    serializer_class = EnvironmentSerializer
+    filterset_fields = ["project", "cluster", "kind", "name", "tenant"]
+    search_fields = ["name"]
+    ordering_fields = ["created_at", "name"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return (
+            super()
+            .get_queryset()
+            .select_related("tenant", "project", "cluster", "owner", "job", "image", "profile")
+            .order_by("-created_at", "-id")
+        )
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        env, token = services.environment_launch(actor=actor_of(request), **data)
+        body = EnvironmentSerializer(
+            self.get_queryset().get(pk=env.pk),
+            context={**self.get_serializer_context(), "access_token": token},
+        ).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance: DevEnvironment) -> None:
+        services.environment_delete(actor=actor_of(self.request), env=instance)
+
+    def _fresh(self, request: Request, env: DevEnvironment) -> Response:
+        return Response(
+            EnvironmentSerializer(
+                self.get_queryset().get(pk=env.pk), context=self.get_serializer_context()
+            ).data
+        )
+
+    @extend_schema(request=None, responses=EnvironmentSerializer)
+    @action(detail=True, methods=["post"])
+    def stop(self, request: Request, pk: str | None = None) -> Response:
+        """Stop it; its home volume is kept."""
+        return self._fresh(request, services.environment_stop(actor=actor_of(request), env=self.get_object()))
+
+    @extend_schema(request=None, responses=EnvironmentSerializer)
+    @action(detail=True, methods=["post"])
+    def start(self, request: Request, pk: str | None = None) -> Response:
+        """Start a stopped environment again, on the same home volume."""
+        return self._fresh(
+            request, services.environment_start(actor=actor_of(request), env=self.get_object())
+        )
+
+    @extend_schema(request=None, responses=OpenSerializer)
+    @action(detail=True, methods=["post"])
+    def open(self, request: Request, pk: str | None = None) -> Response:
+        """A fresh link with a new one-time token (the owner only; older links stop working)."""
+        url = services.environment_open(actor=actor_of(request), env=self.get_object())
+        response = Response({"url": url})
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @extend_schema(request=None, responses={204: None})
+    @action(detail=True, methods=["post"])
+    def activity(self, request: Request, pk: str | None = None) -> Response:
+        """Report activity (the in-pod agent does this for running kernels and terminals)."""
+        env = self.get_object()
+        if env.owner_id != actor_of(request).pk:
+            return Response({"detail": "Only the owner reports activity."}, status=status.HTTP_403_FORBIDDEN)
+        services.environment_touch(env_id=env.pk)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(parameters=LOG_PARAMS, responses=LogSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str | None = None) -> Response:
+        return _logs(request, self.get_object().job)
+
+    @extend_schema(responses=WhySerializer)
+    @action(detail=True, methods=["get"])
+    def why(self, request: Request, pk: str | None = None) -> Response:
+        """Why it waits, its queue position and what would let it start."""
+        return Response(selectors.job_why(self.get_object().job))
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class TrainingViewSet(
+    IdempotentCreateMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    CampViewSet,
+):
+    """Distributed training jobs (PyTorch DDP, DeepSpeed, MPI, TensorFlow): submit, follow
+    (state, why, restarts, lost GPU time, checkpoints), logs, stop."""
+
+    model = TrainingJob
+    serializer_class = TrainingSerializer
+    filterset_fields = ["project", "cluster", "framework", "name", "tenant"]
+    search_fields = ["name"]
+    ordering_fields = ["created_at", "name"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return (
+            super()
+            .get_queryset()
+            .select_related("tenant", "project", "cluster", "owner", "job", "image")
+            .prefetch_related("depends_on")
+            .order_by("-created_at", "-id")
+        )
+
+    def perform_create(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = services.training_submit(actor=actor_of(self.request), **data)
+
+    @extend_schema(request=None, responses=TrainingSerializer)
+    @action(detail=True, methods=["post"])
+    def stop(self, request: Request, pk: str | None = None) -> Response:
+        t = services.training_stop(actor=actor_of(request), training=self.get_object())
+        return Response(
+            TrainingSerializer(self.get_queryset().get(pk=t.pk), context=self.get_serializer_context()).data
+        )
+
+    @extend_schema(parameters=LOG_PARAMS, responses=LogSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str | None = None) -> Response:
+        """The pods' logs (synthetic on the simulated backend)."""
+        return _logs(request, self.get_object().job)
+
+    @extend_schema(responses=WhySerializer)
+    @action(detail=True, methods=["get"])
+    def why(self, request: Request, pk: str | None = None) -> Response:
+        t = self.get_object()
+        why = selectors.job_why(t.job)
+        if t.job is None and t.blocked_reason:
+            why["reason"] = t.blocked_reason
+        return Response(why)
+
+    @extend_schema(methods=["GET"], responses=CheckpointSerializer(many=True))
+    @extend_schema(methods=["POST"], request=CheckpointSerializer, responses=CheckpointSerializer(many=True))
+    @action(detail=True, methods=["get", "post"])
+    def checkpoints(self, request: Request, pk: str | None = None) -> Response:
+        """Checkpoints seen so far, newest first; a training script may POST one (the next
+        run gets ``CAMP_RESUME_FROM`` pointing to the latest)."""
+        t = self.get_object()
+        if request.method == "POST":
+            body = CheckpointSerializer(data=request.data)
+            body.is_valid(raise_exception=True)
+            services.training_report_checkpoint(
+                training=t,
+                actor=actor_of(request),
+                step=body.validated_data["step"],
+                path=body.validated_data["path"],
+            )
+        return Response(CheckpointSerializer(t.checkpoints.all()[:100], many=True).data)
+
+
+class ProfileViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    CampViewSet,
+):
+    """Launch profiles (shape + image). Platform admins define them and may limit each to
+    chosen tenants or projects; users see the ones offered to them."""
+
+    model = Profile
+    serializer_class = ProfileSerializer
+    filterset_fields = ["name", "enabled"]
+    ordering_fields = ["name"]
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.instance = services.profile_create(
+            actor=actor_of(self.request), **serializer.validated_data
+        )
+
+    def perform_update(self, serializer: Any) -> None:
+        serializer.instance = services.profile_update(
+            actor=actor_of(self.request), profile=serializer.instance, **serializer.validated_data
+        )
+
+    def perform_destroy(self, instance: Profile) -> None:
+        services.profile_delete(actor=actor_of(self.request), profile=instance)
+
+
+class PolicyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, CampViewSet):
+    """Per-project workspace policy: idle culling, maximum lifetime, warning, storage limit.
+    POST sets it (creating or replacing); project admins and tenant owners may."""
+
+    model = WorkspacePolicy
+    serializer_class = PolicySerializer
+    filterset_fields = ["project"]
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        policy = services.workspace_policy_set(actor=actor_of(request), **data)
+        return Response(
+            PolicySerializer(policy, context=self.get_serializer_context()).data, status=status.HTTP_200_OK
+        )

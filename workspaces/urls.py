@@ -1,0 +1,20 @@
+from django.urls import path
+
+from . import views
+
+app_name = "workspaces"
+
+urlpatterns = [
+    path("environments/", views.environment_list, name="environments"),
+    path("environments/new/", views.environment_new, name="environment-new"),
+    path("environments/<int:pk>/", views.environment_detail, name="environment"),
+    path("environments/<int:pk>/<str:op>/", views.environment_action, name="environment-action"),
+    path("training/", views.training_list, name="trainings"),
+    path("training/new/", views.training_new, name="training-new"),
+    path("training/<int:pk>/", views.training_detail, name="training"),
+    path("training/<int:pk>/stop/", views.training_stop, name="training-stop"),
+    path("policy/<int:project_id>/", views.policy_edit, name="policy"),
+    path("profiles/", views.profile_list, name="profiles"),
+    # ingress-nginx external auth for environment URLs (no login redirect: 200 or 401)
+    path("auth/<int:pk>/", views.environment_auth, name="auth"),
+]

@@ -1,0 +1,229 @@
+"""Console pages for workloads (same services and permissions as the API; objects
+outside a user's reach are 404), and the auth endpoint the ingress asks before every
+request to an environment URL."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core import signing
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from tenants.forms import apply_service_errors
+from tenants.permissions import CHANGE, DELETE, actor_of, can, restrict
+
+from . import selectors, services
+from .forms import EnvironmentForm, PolicyForm, TrainingForm
+from .models import DevEnvironment, Profile, TrainingJob
+from .pods import tensorboard_path
+
+COOKIE_MAX_AGE = 12 * 3600
+
+
+@login_required
+def environment_list(request: HttpRequest) -> HttpResponse:
+    page = Paginator(selectors.environment_list(user=request.user), 50).get_page(request.GET.get("page"))
+    return render(request, "workspaces/environments.html", {"page": page})
+
+
+@login_required
+def environment_new(request: HttpRequest) -> HttpResponseBase:
+    form = EnvironmentForm(request.POST or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        data = dict(form.cleaned_data)
+        try:
+            env, token = services.environment_launch(actor=actor_of(request), **data)
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"Environment {env.name} queued.")
+            return redirect("workspaces:environment", pk=env.pk)
+    return render(request, "workspaces/environment_form.html", {"form": form})
+
+
+@login_required
+def environment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    env = get_object_or_404(selectors.environment_list(user=request.user), pk=pk)
+    return render(
+        request,
+        "workspaces/environment.html",
+        {
+            "env": env,
+            "open": selectors.how_to_open(env),
+            "why": selectors.job_why(env.job),
+            "logs": selectors.job_logs(env.job, tail=100),
+            "is_owner": env.owner_id == request.user.pk,
+            "can_change": can(request.user, CHANGE, env),
+            "can_delete": can(request.user, DELETE, env),
+        },
+    )
+
+
+@login_required
+@require_POST
+def environment_action(request: HttpRequest, pk: int, op: str) -> HttpResponseBase:
+    env = get_object_or_404(restrict(DevEnvironment.objects.all(), request.user), pk=pk)
+    actor = actor_of(request)
+    try:
+        if op == "open":
+            return redirect(services.environment_open(actor=actor, env=env))
+        if op == "stop":
+            services.environment_stop(actor=actor, env=env)
+        elif op == "start":
+            services.environment_start(actor=actor, env=env)
+        elif op == "delete":
+            services.environment_delete(actor=actor, env=env)
+            messages.success(request, f"Environment {env.name} deleted with its home volume.")
+            return redirect("workspaces:environments")
+        else:
+            raise PermissionDenied
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"Environment {env.name}: {op} requested.")
+    return redirect("workspaces:environment", pk=env.pk)
+
+
+@never_cache
+def environment_auth(request: HttpRequest, pk: int) -> HttpResponse:
+    """200 lets the request through to the environment, 401 refuses it. Accepted: the link's
+    one-time token (then a signed cookie for the rest of the session, bound to that token),
+    the cookie, or a portal session of the owner. Each accepted request counts as activity."""
+    env = DevEnvironment.objects.filter(pk=pk).first()
+    if env is None:
+        return HttpResponse(status=401)
+    cookie_name = f"camp_ws_{env.pk}"
+    original = request.headers.get("X-Original-URI", "")
+    token = (parse_qs(urlsplit(original).query).get("camp_token") or [""])[0]
+    response = HttpResponse(status=200)
+    ok = False
+    if token and services.token_matches(env, token):
+        ok = True
+        value = signing.dumps({"env": env.pk, "gen": env.access_token_hash[:16]}, salt="camp-workspace")
+        response.set_cookie(
+            cookie_name,
+            value,
+            max_age=COOKIE_MAX_AGE,
+            path=selectors.environment_path(env),
+            secure=request.is_secure(),
+            httponly=True,
+            samesite="Lax",
+        )
+    elif request.COOKIES.get(cookie_name):
+        try:
+            data = signing.loads(request.COOKIES[cookie_name], salt="camp-workspace", max_age=COOKIE_MAX_AGE)
+        except signing.BadSignature:
+            data = {}
+        ok = data.get("env") == env.pk and data.get("gen") == env.access_token_hash[:16]
+    elif request.user.is_authenticated and request.user.pk == env.owner_id:
+        ok = True
+    if not ok:
+        return HttpResponse(status=401)
+    if env.last_activity_at is None or (timezone.now() - env.last_activity_at).total_seconds() > 60:
+        services.environment_touch(env_id=env.pk)
+    return response
+
+
+@login_required
+def training_list(request: HttpRequest) -> HttpResponse:
+    page = Paginator(selectors.training_list(user=request.user), 50).get_page(request.GET.get("page"))
+    return render(request, "workspaces/trainings.html", {"page": page})
+
+
+@login_required
+def training_new(request: HttpRequest) -> HttpResponseBase:
+    form = TrainingForm(request.POST or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        data = dict(form.cleaned_data)
+        try:
+            t = services.training_submit(actor=actor_of(request), **data)
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"Training job {t.name} submitted.")
+            return redirect("workspaces:training", pk=t.pk)
+    return render(request, "workspaces/training_form.html", {"form": form})
+
+
+@login_required
+def training_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    t = get_object_or_404(selectors.training_list(user=request.user), pk=pk)
+    why = selectors.job_why(t.job)
+    if t.job is None and t.blocked_reason:
+        why["reason"] = t.blocked_reason
+    pods: Any = (
+        t.job.allocations.select_related("node", "group").order_by("group_id", "replica") if t.job else []
+    )
+    return render(
+        request,
+        "workspaces/training.html",
+        {
+            "t": t,
+            "why": why,
+            "pods": pods,
+            "logs": selectors.job_logs(t.job, tail=100),
+            "checkpoints": t.checkpoints.all()[:20],
+            "depends_on": t.depends_on.all(),
+            "tensorboard": selectors.workspace_base_url() + tensorboard_path(t) if t.log_dir else "",
+            "can_stop": t.state in ("waiting", "queued", "starting", "running")
+            and can(request.user, CHANGE, t),
+        },
+    )
+
+
+@login_required
+@require_POST
+def training_stop(request: HttpRequest, pk: int) -> HttpResponseBase:
+    t = get_object_or_404(restrict(TrainingJob.objects.all(), request.user), pk=pk)
+    try:
+        services.training_stop(actor=actor_of(request), training=t)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"Training job {t.name} stopped.")
+    return redirect("workspaces:training", pk=t.pk)
+
+
+@login_required
+def policy_edit(request: HttpRequest, project_id: int) -> HttpResponseBase:
+    from tenants.models import Project
+
+    project = get_object_or_404(
+        restrict(Project.objects.select_related("tenant"), request.user), pk=project_id
+    )
+    policy = selectors.policy_for(project)
+    form = PolicyForm(request.POST or None, instance=policy)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.workspace_policy_set(
+                actor=actor_of(request),
+                project=project,
+                **{k: form.cleaned_data[k] for k in PolicyForm.Meta.fields},
+            )
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"Workspace policy of {project} saved.")
+            return redirect("workspaces:policy", project_id=project.pk)
+    return render(
+        request,
+        "workspaces/policy.html",
+        {"form": form, "project": project, "can_change": can(request.user, CHANGE, policy)},
+    )
+
+
+@login_required
+def profile_list(request: HttpRequest) -> HttpResponse:
+    profiles = restrict(
+        Profile.objects.select_related("image").prefetch_related("tenants", "projects"), request.user
+    )
+    return render(request, "workspaces/profiles.html", {"profiles": profiles})
