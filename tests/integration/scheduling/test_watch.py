@@ -18,11 +18,13 @@ from django.core.management import call_command
 from scheduling import services
 from scheduling.models import Job, JobState
 
+from . import test_kubernetes
 from .conftest import gpu_group
 from .kmockserver import stored
-from .test_kubernetes import _serve_namespace, _serve_owner_uid, kube  # noqa: F401 (fixture)
+from .test_kubernetes import _serve_namespace, _serve_owner_uid
 
 pytestmark = pytest.mark.django_db
+kube = test_kubernetes.kube  # the same kmock-backed cluster fixture
 NS = "camp-acme-acme-p1"
 
 
