@@ -70,7 +70,7 @@ def encode_devices(slices: Any) -> str:
         return ""
     containers = max(s.container for s in slices) + 1
     return ";".join(
-        "".join(f"{s.uuid},{s.vendor},{s.memory_mib},{s.cores_percent}:"
+        "".join(f"{s.uuid},{vendor(s.vendor).hami_type},{s.memory_mib},{s.cores_percent}:"
                 for s in slices if s.container == c)
         for c in range(containers)
     )

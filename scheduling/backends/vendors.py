@@ -1,10 +1,19 @@
 """The one vendor table: resource names, HAMi annotations and slice templates per vendor.
 
-NVIDIA's entries are verified against HAMi's sources (pkg/device/nvidia and
-pkg/util: ``hami.io/node-nvidia-register`` as a JSON array of DeviceInfo, and the
-container device encoding ``UUID,Type,Usedmem,Usedcores:`` with containers joined
-by ``;``). The other vendors follow the same scheme with their own resource names
-and fixed slice templates (MIG-like), which the engine aligns requests to.
+Verified against HAMi's sources:
+
+* NVIDIA (pkg/device/nvidia, pkg/util): ``hami.io/node-nvidia-register`` as a JSON array
+  of DeviceInfo; the container device encoding ``UUID,Type,Usedmem,Usedcores:`` with
+  containers joined by ``;``.
+* Ascend (pkg/device/ascend and Project-HAMi/ascend-device-plugin): per chip "common
+  word" (910B3 → ``Ascend910B``), node annotation ``hami.io/node-register-<word>``, pod
+  annotations ``hami.io/<word>-devices-to-allocate`` / ``-devices-allocated``, resources
+  ``huawei.com/<word>`` and ``huawei.com/<word>-memory`` (MiB; compute follows memory, no
+  cores resource), fixed templates from HAMi's default device config (910B3: 64 GiB, 20 AI
+  cores; vir05_1c_16g = 5 cores, vir10_3c_32g = 10 cores).
+
+Cambricon MLU and Kunlunxin XPU follow the same naming scheme but are NOT verified
+against a HAMi release yet (docs/ARCHITECTURE.md, "Scheduler service").
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Vendor:
     name: str
-    """The ``type`` HAMi writes in device annotations (NVIDIA, Ascend, ...)."""
+    """Camp's vendor name (``GpuDevice.vendor``)."""
     count_resource: str
     memory_resource: str
     cores_resource: str
@@ -25,6 +34,14 @@ class Vendor:
     sharing: str = "shareable"
     templates: tuple[tuple[str, int, int], ...] = ()
     """(name, memory MiB, cores %) for vendors that only hand out fixed slices."""
+    device_type: str = ""
+    """The ``Type`` HAMi writes in the pod device encoding (default: ``name``)."""
+    verified: bool = False
+    """Checked against HAMi's sources (see the module docstring)."""
+
+    @property
+    def hami_type(self) -> str:
+        return self.device_type or self.name
 
 
 VENDORS: dict[str, Vendor] = {
@@ -36,6 +53,7 @@ VENDORS: dict[str, Vendor] = {
         register_annotation="hami.io/node-nvidia-register",
         allocate_annotation="hami.io/vgpu-devices-to-allocate",
         allocated_annotation="hami.io/vgpu-devices-allocated",
+        verified=True,
     ),
     "Ascend": Vendor(
         name="Ascend",
@@ -46,7 +64,10 @@ VENDORS: dict[str, Vendor] = {
         allocate_annotation="hami.io/Ascend910B-devices-to-allocate",
         allocated_annotation="hami.io/Ascend910B-devices-allocated",
         sharing="templates",
-        templates=(("vir05", 16384, 25), ("vir10", 32768, 50), ("full", 65536, 100)),
+        # 910B3 in HAMi's default device config: 20 AI cores, so 5 cores = 25 %.
+        templates=(("vir05_1c_16g", 16384, 25), ("vir10_3c_32g", 32768, 50), ("full", 65536, 100)),
+        device_type="Ascend910B",
+        verified=True,
     ),
     "MLU": Vendor(
         name="MLU",
