@@ -46,6 +46,7 @@ class EnvironmentSerializer(serializers.ModelSerializer[DevEnvironment]):
     project = VisiblePKField(queryset=Project.objects.all())
     cluster = ClusterNameField()
     tenant = serializers.CharField(source="tenant.name", read_only=True)
+    project_name = serializers.CharField(source="project.name", read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True)
     kind = serializers.ChoiceField(choices=EnvKind.choices)
     image = VisiblePKField(queryset=Image.objects.all(), required=False, allow_null=True)
@@ -61,8 +62,8 @@ class EnvironmentSerializer(serializers.ModelSerializer[DevEnvironment]):
 
     class Meta:
         model = DevEnvironment
-        fields = ["id", "name", "tenant", "project", "cluster", "owner", "kind", "profile", "image",
-                  "image_reference", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
+        fields = ["id", "name", "tenant", "project", "project_name", "cluster", "owner", "kind", "profile",
+                  "image", "image_reference", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
                   "cpu_millicores", "ram_mib", "home_gib", "env", "ssh_public_keys", "state", "run",
                   "runs", "last_activity_at", "cull_warning", "cull_at", "stop_reason", "how_to_open",
                   "access_url", "created_at"]
@@ -83,6 +84,7 @@ class TrainingSerializer(serializers.ModelSerializer[TrainingJob]):
     project = VisiblePKField(queryset=Project.objects.all())
     cluster = ClusterNameField()
     tenant = serializers.CharField(source="tenant.name", read_only=True)
+    project_name = serializers.CharField(source="project.name", read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True, default=None)
     framework = serializers.ChoiceField(choices=TrainingFramework.choices)
     image = VisiblePKField(queryset=Image.objects.all(), required=False, allow_null=True)
@@ -102,7 +104,7 @@ class TrainingSerializer(serializers.ModelSerializer[TrainingJob]):
 
     class Meta:
         model = TrainingJob
-        fields = ["id", "name", "tenant", "project", "cluster", "owner", "framework", "image",
+        fields = ["id", "name", "tenant", "project", "project_name", "cluster", "owner", "framework", "image",
                   "image_reference", "workers", "gpu_count", "gpu_memory_mib", "gpu_cores_percent",
                   "exclusive", "gpu_models", "cpu_millicores", "ram_mib", "command", "env", "data_volume",
                   "checkpoint_dir", "checkpoint_every", "checkpoint_volume_gib", "log_dir",

@@ -1,0 +1,3 @@
+from camp_cli.main import main
+
+main()

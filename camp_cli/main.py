@@ -1,0 +1,258 @@
+"""``camp`` — submit and follow training jobs and dev environments from a terminal.
+
+Authentication: an API token (``camp_…``, made on the portal's API tokens page), given
+by ``--token`` / ``CAMP_TOKEN`` or saved by ``camp login``; the server by ``--url`` /
+``CAMP_URL``. Every command is one or two calls to ``/api/v1/``; errors from the server
+are printed field by field and exit with status 1.
+
+    camp login --url https://camp.example.com --token camp_…
+    camp submit -f job.yaml          # kind: TrainingJob (default) or DevEnvironment
+    camp ls
+    camp logs JOB [--tail 100]
+    camp why JOB
+    camp stop JOB
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import requests
+import yaml
+
+CONFIG = Path(os.environ.get("CAMP_CONFIG", Path.home() / ".config" / "camp" / "config.json"))
+TIMEOUT = 30
+
+
+class Api:
+    def __init__(self, url: str, token: str) -> None:
+        if not url or not token:
+            raise click.UsageError("Set the server and token: camp login --url URL --token TOKEN "
+                                   "(or CAMP_URL and CAMP_TOKEN).")
+        self.base = url.rstrip("/") + "/api/v1/"
+        self.session = requests.Session()
+        self.session.headers.update({"Authorization": f"Bearer {token}", "Accept": "application/json",
+                                     "User-Agent": "camp-cli"})
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            r = self.session.request(method, self.base + path.lstrip("/"), timeout=TIMEOUT, **kwargs)
+        except requests.RequestException as exc:
+            raise click.ClickException(f"Cannot reach {self.base}: {type(exc).__name__}") from exc
+        if r.status_code >= 400:
+            raise click.ClickException(_describe(r))
+        return r.json() if r.content else None
+
+    def items(self, path: str, **params: Any) -> list[dict[str, Any]]:
+        data = self.call("GET", path, params=params)
+        return list(data["results"] if isinstance(data, dict) and "results" in data else data)
+
+
+def _describe(r: requests.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return f"HTTP {r.status_code}"
+    if isinstance(body, dict):
+        if set(body) == {"detail"}:
+            return f"{r.status_code}: {body['detail']}"
+        lines = []
+        for field, errors in body.items():
+            msgs = errors if isinstance(errors, list) else [errors]
+            lines.append(f"{field}: {' '.join(str(m) for m in msgs)}")
+        return f"{r.status_code}:\n  " + "\n  ".join(lines)
+    return f"{r.status_code}: {body}"
+
+
+def _load_config() -> dict[str, str]:
+    try:
+        return dict(json.loads(CONFIG.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+@click.group()
+@click.option("--url", envvar="CAMP_URL", help="Camp server, e.g. https://camp.example.com")
+@click.option("--token", envvar="CAMP_TOKEN", help="API token (camp_…)")
+@click.pass_context
+def cli(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """Camp: GPU training jobs and dev environments."""
+    saved = _load_config()
+    ctx.obj = {"url": url or saved.get("url", ""), "token": token or saved.get("token", "")}
+
+
+def _api(ctx: click.Context) -> Api:
+    return Api(ctx.obj["url"], ctx.obj["token"])
+
+
+@cli.command()
+@click.option("--url", "server", required=True)
+@click.option("--token", "token", prompt=True, hide_input=True)
+def login(server: str, token: str) -> None:
+    """Save the server and token (file readable by you only)."""
+    Api(server, token).call("GET", "training-jobs/", params={"page_size": 1})
+    CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(CONFIG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"url": server, "token": token}, fh)
+    click.echo(f"Saved to {CONFIG}.")
+
+
+def _project_id(api: Api, ref: Any) -> int:
+    """``tenant/project`` (or a project id) → the project id."""
+    if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+        return int(ref)
+    if not isinstance(ref, str) or "/" not in ref:
+        raise click.ClickException("project: write it as tenant/project.")
+    tenant, name = ref.split("/", 1)
+    for p in api.items("projects/", name=name):
+        if p.get("tenant_name") == tenant:
+            return int(p["id"])
+    raise click.ClickException(f"project: {ref} does not exist or is not yours.")
+
+
+def _image_id(api: Api, name: str) -> int:
+    found = api.items("images/", name=name)
+    if not found:
+        raise click.ClickException(f"image: no catalog image named {name}.")
+    return int(found[0]["id"])
+
+
+@cli.command()
+@click.option("-f", "--file", "path", required=True, type=click.File("r"), help="A job.yaml ('-': stdin)")
+@click.pass_context
+def submit(ctx: click.Context, path: Any) -> None:
+    """Submit a training job or launch a dev environment from a YAML file."""
+    try:
+        spec = yaml.safe_load(path)
+    except yaml.YAMLError as exc:
+        raise click.ClickException(f"{path.name} is not valid YAML: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise click.ClickException(f"{path.name}: a mapping of fields is expected.")
+    api = _api(ctx)
+    kind = str(spec.pop("kind", "TrainingJob"))
+    body = dict(spec)
+    if "project" in body:
+        body["project"] = _project_id(api, body["project"])
+    if isinstance(body.get("image"), str):
+        body["image"] = _image_id(api, body["image"])
+    if kind == "DevEnvironment":
+        env = api.call("POST", "environments/", json=body)
+        click.echo(f"environment {env['name']} (#{env['id']}) {env['state']}")
+        if env.get("access_url"):
+            click.echo(f"open: {env['access_url']}")
+        for k, v in (env.get("how_to_open") or {}).items():
+            if k == "ssh":
+                click.echo(f"ssh: {v}")
+        return
+    if kind != "TrainingJob":
+        raise click.ClickException("kind: TrainingJob or DevEnvironment.")
+    t = api.call("POST", "training-jobs/", json=body)
+    click.echo(f"training job {t['name']} (#{t['id']}) {t['state']}")
+
+
+def _row(kind: str, x: dict[str, Any]) -> list[str]:
+    run = x.get("run") or {}
+    why = run.get("reason") or x.get("blocked_reason") or x.get("stop_reason") or ""
+    if x.get("cull_warning"):
+        why = x["cull_warning"]
+    return [kind, str(x["id"]), x["name"], f"{x['tenant']}/{_project_name(x)}", x["state"], why[:70]]
+
+
+def _project_name(x: dict[str, Any]) -> str:
+    return str(x.get("project_name") or x["project"])
+
+
+@cli.command(name="ls")
+@click.pass_context
+def ls(ctx: click.Context) -> None:
+    """List your projects' training jobs and dev environments."""
+    api = _api(ctx)
+    rows = [_row("training", t) for t in api.items("training-jobs/")]
+    rows += [_row("env", e) for e in api.items("environments/")]
+    header = ["KIND", "ID", "NAME", "PROJECT", "STATE", "WHY"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _find(api: Api, ref: str) -> tuple[str, dict[str, Any]]:
+    """A training job or environment by id (``12``, ``env/12``) or by name."""
+    kinds = [("training-jobs", "training"), ("environments", "env")]
+    if "/" in ref:
+        prefix, ref = ref.split("/", 1)
+        kinds = [k for k in kinds if k[1] == prefix or k[0] == prefix] or kinds
+    for path, label in kinds:
+        if ref.isdigit():
+            try:
+                return path, api.call("GET", f"{path}/{ref}/")
+            except click.ClickException:
+                continue
+        found = api.items(f"{path}/", name=ref)
+        if len(found) > 1:
+            raise click.ClickException(f"{ref} names several {label}s; use its id (camp ls).")
+        if found:
+            return path, found[0]
+    raise click.ClickException(f"No training job or environment {ref} (see camp ls).")
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--tail", default=200, show_default=True, help="Lines per pod")
+@click.option("--pod", default="", help="Only this pod")
+@click.pass_context
+def logs(ctx: click.Context, job: str, tail: int, pod: str) -> None:
+    """Print the logs of a job's (or environment's) pods."""
+    api = _api(ctx)
+    path, obj = _find(api, job)
+    entries = api.call("GET", f"{path}/{obj['id']}/logs/", params={"tail": tail, "pod": pod})
+    if not entries:
+        click.echo(f"{obj['name']} has no running pods ({obj['state']}).", err=True)
+    for e in entries:
+        click.echo(f"==> {e['pod']} ({e['role']}) <==")
+        click.echo(e["text"])
+
+
+@cli.command()
+@click.argument("job")
+@click.pass_context
+def why(ctx: click.Context, job: str) -> None:
+    """Why a job waits, its place in the queue and what would let it start."""
+    api = _api(ctx)
+    path, obj = _find(api, job)
+    w = api.call("GET", f"{path}/{obj['id']}/why/")
+    click.echo(f"{obj['name']}: {w['state']}")
+    if w.get("reason"):
+        click.echo(f"why: {w['reason']}")
+    if w.get("queue_position"):
+        click.echo(f"queue position: {w['queue_position']} of {w['queue_length']}")
+    if w.get("hint"):
+        click.echo(f"would start: {w['hint']}")
+
+
+@cli.command()
+@click.argument("job")
+@click.pass_context
+def stop(ctx: click.Context, job: str) -> None:
+    """Stop a training job or dev environment (an environment keeps its volume)."""
+    api = _api(ctx)
+    path, obj = _find(api, job)
+    done = api.call("POST", f"{path}/{obj['id']}/stop/")
+    click.echo(f"{done['name']}: {done['state']} ({done.get('stop_reason') or 'stopping'})")
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
