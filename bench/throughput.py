@@ -19,9 +19,11 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from bench.openb import load_nodes, load_pods
+from bench.placement_quality import workload
 from scheduling.engine import (
     Admit,
     ClusterSnapshot,
@@ -68,8 +70,12 @@ def synthetic_cluster(nodes: int = 10_000, gpus_per_node: int = 8) -> ClusterSna
     return ClusterSnapshot(nodes=tuple(out))
 
 
-def streams(n: int, seed: int) -> dict[str, list[Job]]:
-    """Job streams: each fractional or single-GPU pod is its own job; gangs are 2 × 8 GPUs."""
+def streams(n: int, seed: int, snapshot: ClusterSnapshot, mix: int) -> dict[str, list[Job]]:
+    """Job streams: each fractional or single-GPU pod is its own job; gangs are 2 × 8 GPUs.
+
+    ``trace mix`` is the openb ``default`` list as the quality benchmark replays it (shuffled and
+    inflated to 130 % of the openb cluster's GPUs, so the cluster ends full and pods fail), or, on
+    another cluster, ``mix`` pods sampled from it with model constraints dropped."""
     trace = load_pods("default")
     rng = random.Random(seed)
     frac = [p.request for p in trace if 0 < p.gpus < 1]
@@ -80,7 +86,17 @@ def streams(n: int, seed: int) -> dict[str, list[Job]]:
 
     gang_pod = pod("w", gpu_count=8, cpu_millicores=32_000, ram_mib=65_536)
     gangs = [Job(f"gang{i}", (PodGroup("w", gang_pod, 2),), gang=True) for i in range(n // 2)]
-    return {"fractional": one("f", frac), "single-GPU": one("s", single), "8-GPU gang": gangs}
+    if any(n.name.startswith("openb") for n in snapshot.nodes[:1]):
+        cap = float(sum(len(nd.gpus) for nd in snapshot.nodes))
+        mixed = [p.request for p in workload(trace, cap, seed)]
+    else:
+        mixed = [replace(rng.choice(trace).request, gpu_models=frozenset()) for _ in range(mix)]
+    return {
+        "fractional": one("f", frac),
+        "single-GPU": one("s", single),
+        "8-GPU gang": gangs,
+        "trace mix": [Job(f"m{i}", (PodGroup("p", r),), gang=False) for i, r in enumerate(mixed)],
+    }
 
 
 def run(snapshot: ClusterSnapshot, policy: Policy, jobs: list[Job]) -> dict[str, float]:
@@ -105,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--pods", type=int, default=2000, help="pods per stream")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mix", type=int, default=30_000, help="trace-mix pods on the large cluster")
     ap.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
     a = ap.parse_args(argv)
 
@@ -120,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         ClusterState(snap)
         build = time.perf_counter() - t0
-        for sname, jobs in streams(a.pods, seed=1).items():
+        for sname, jobs in streams(a.pods, 42, snap, a.mix).items():
             res: dict[str, list[dict[str, float]]] = {"camp": [], "binpack": []}
             for _ in range(a.repeats):
                 res["camp"].append(run(snap, camp, jobs))
@@ -141,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             r = rows[-1]
             print(
-                f"{cname:<26} {sname:<12} pods {r['pods']:>5} placed {r['placed_camp']:>5}  "
+                f"{cname:<26} {sname:<11} pods {r['pods']:>5} placed {r['placed_camp']:>5}  "
                 f"camp {r['camp_pods_per_s']:>8.0f}/s  binpack {r['binpack_pods_per_s']:>8.0f}/s"
                 f"  ratio {r['ratio']:.2f}  (state build {build:.2f} s)",
                 flush=True,
