@@ -107,9 +107,7 @@ def load_pods(pod_list: str) -> list[TracePod]:
                     if milli % 10:
                         raise ValueError(f"gpu_milli {milli} is not a whole percent")
                     pct = milli // 10
-                    containers = (
-                        GpuRequest(num_gpu, gpu_memory_percent=pct, gpu_cores_percent=pct),
-                    )
+                    containers = (GpuRequest(num_gpu, gpu_memory_percent=pct, gpu_cores_percent=pct),)
             req = PodRequest(
                 name=row["name"],
                 cpu_millicores=int(row["cpu_milli"]),

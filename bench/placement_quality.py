@@ -51,9 +51,7 @@ def make_policy(name: str, profile: WorkloadProfile, seed: int) -> Policy:
     raise ValueError(name)
 
 
-def workload(
-    pods: list[TracePod], capacity: float, seed: int, ratio: float = 1.3
-) -> list[TracePod]:
+def workload(pods: list[TracePod], capacity: float, seed: int, ratio: float = 1.3) -> list[TracePod]:
     """Shuffle, then append resampled pods until requested GPUs reach ``ratio`` × capacity."""
     rng = random.Random(seed)
     out = list(pods)

@@ -62,8 +62,7 @@ def _order_key(p: PodRequest) -> tuple[object, ...]:
         p.cpu_millicores,
         p.ram_mib,
         tuple(
-            (c.gpu_count, c.gpu_memory_mib, c.gpu_memory_percent, c.gpu_cores_percent)
-            for c in p.containers
+            (c.gpu_count, c.gpu_memory_mib, c.gpu_memory_percent, c.gpu_cores_percent) for c in p.containers
         ),
         tuple(sorted(p.gpu_models)),
         tuple(sorted(p.excluded_gpu_models)),
@@ -151,9 +150,9 @@ def fragmentation(
         mem_free[i] = mf
         cores_free[i] = cf
         usable[i] = True
-        free[i] = memory_weight * min(1.0, max(0, mf) / gs.memory_capacity_mib) + (
-            1.0 - memory_weight
-        ) * min(1.0, max(0, cf) / gs.cores_capacity)
+        free[i] = memory_weight * min(1.0, max(0, mf) / gs.memory_capacity_mib) + (1.0 - memory_weight) * min(
+            1.0, max(0, cf) / gs.cores_capacity
+        )
     total = sum(free)
     if total <= 0.0:
         return 0.0, 0.0
@@ -182,11 +181,7 @@ def fragmentation(
             if cpu_only_counts:
                 result += s.weight * total
             continue
-        if (
-            s.demand_vector < 0
-            or cpu_free < s.cpu_millicores
-            or (check_ram and ram_free < s.ram_mib)
-        ):
+        if s.demand_vector < 0 or cpu_free < s.cpu_millicores or (check_ram and ram_free < s.ram_mib):
             result += s.weight * total
             continue
         cnt, frag = per_vec[s.demand_vector]

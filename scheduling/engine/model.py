@@ -118,9 +118,7 @@ class GpuRequest:
     def whole_cards(self) -> bool:
         """True when the request asks for entire cards."""
         return self.exclusive or (
-            self.gpu_memory_mib == 0
-            and self.gpu_memory_percent == 0
-            and self.gpu_cores_percent == 0
+            self.gpu_memory_mib == 0 and self.gpu_memory_percent == 0 and self.gpu_cores_percent == 0
         )
 
 

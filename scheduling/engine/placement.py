@@ -84,9 +84,7 @@ def _static_fits(static: NodeStatic, pod: PodRequest, strict_topology: bool) -> 
         return False
     if not pod.containers:
         return True
-    return bool(
-        enumerate_takes(NodeState(static), pod, strict_topology=strict_topology, max_takes=1)
-    )
+    return bool(enumerate_takes(NodeState(static), pod, strict_topology=strict_topology, max_takes=1))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -143,9 +141,7 @@ class Placer:
 
     # -- select step ---------------------------------------------------------------------------
 
-    def ranked(
-        self, pod: PodRequest, *, exclude: Collection[str] = ()
-    ) -> list[tuple[float, str, Take]]:
+    def ranked(self, pod: PodRequest, *, exclude: Collection[str] = ()) -> list[tuple[float, str, Take]]:
         """Every feasible node state as (score, first node name, take), best first."""
         out: list[tuple[float, str, Take]] = []
         cache = self._shape_cache(pod) if self.scorer.cacheable else None
@@ -348,10 +344,7 @@ class Placer:
                     for done in reversed(placed):
                         self.state.unreserve(done)
                     if len(pods) > 1:
-                        why = (
-                            f"gang of {len(pods)} pods: {len(placed)} placed, "
-                            f"{p.name} does not fit ({why})"
-                        )
+                        why = f"gang of {len(pods)} pods: {len(placed)} placed, {p.name} does not fit ({why})"
                     return Wait(job.name, why)
                 continue
             self.state.reserve(pp, check=False)
@@ -393,8 +386,7 @@ class Placer:
             hosts = 0
             for ns in self.state.nodes.values():
                 if all(
-                    _static_fits(ns.static, p, self.scorer.strict_topology)
-                    for p in _distinct_shapes(pods)
+                    _static_fits(ns.static, p, self.scorer.strict_topology) for p in _distinct_shapes(pods)
                 ):
                     hosts += 1
             if hosts < len(pods):

@@ -383,11 +383,7 @@ class _CampScorer(_FragScorerBase):
         if take and self.p.card_weight:
             mem, cores, _, _ = after_usage(ns, take)
             chosen = {i for _, i, _ in take}
-            s += (
-                self.p.card_weight
-                * sum(used_share(ns, mem, cores, i) for i in chosen)
-                / len(chosen)
-            )
+            s += self.p.card_weight * sum(used_share(ns, mem, cores, i) for i in chosen) / len(chosen)
         if take:
             s += self.p.topology_weight * topology_term(ns, take)
             s -= self.p.load_weight * load_term(ns, take)

@@ -159,9 +159,7 @@ def test_alignment(case: str) -> None:
 
 def test_alignment_is_reported_in_the_grant() -> None:
     snap = cluster(node("n", 1, sharing=SharingMode.TEMPLATES, templates=HALVES))
-    [d] = schedule(
-        snap, [job("j", pod("p", gpu_count=1, gpu_memory_mib=9000, gpu_cores_percent=20))]
-    )
+    [d] = schedule(snap, [job("j", pod("p", gpu_count=1, gpu_memory_mib=9000, gpu_cores_percent=20))])
     assert isinstance(d, Admit)
     [g] = d.placement.pods[0].gpus
     assert (g.gpu_memory_mib, g.gpu_cores_percent) == (10_240, 25)
@@ -179,10 +177,7 @@ def _fill(snap: ClusterSnapshot, p: PodRequest, n: int) -> int:
     placer = Placer(ClusterState(snap), ResourcePolicy())
     placed = 0
     for i in range(n):
-        if (
-            placer.place_pod(PodRequest(f"{p.name}{i}", p.cpu_millicores, p.ram_mib, p.containers))
-            is None
-        ):
+        if placer.place_pod(PodRequest(f"{p.name}{i}", p.cpu_millicores, p.ram_mib, p.containers)) is None:
             break
         placed += 1
     return placed
@@ -263,9 +258,7 @@ def test_reserve_checks_and_unreserve_restores() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _placed_on(
-    snap: ClusterSnapshot, policy: Policy, first: list[PodRequest], p: PodRequest
-) -> PodPlacement:
+def _placed_on(snap: ClusterSnapshot, policy: Policy, first: list[PodRequest], p: PodRequest) -> PodPlacement:
     placer = Placer(ClusterState(snap), policy)
     for q in first:
         assert placer.place_pod(q) is not None
@@ -278,9 +271,7 @@ SMALL = pod("s", gpu_count=1, gpu_memory_mib=4096, gpu_cores_percent=10)
 TWO = [node("a", 2), node("b", 2)]
 ISLANDS = Topology(nvlink_islands=(frozenset({0, 1}), frozenset({2, 3})))
 
-SCORE_CASES: dict[
-    str, tuple[ClusterSnapshot, Policy, list[PodRequest], PodRequest, str, tuple[int, ...]]
-] = {
+SCORE_CASES: dict[str, tuple[ClusterSnapshot, Policy, list[PodRequest], PodRequest, str, tuple[int, ...]]] = {
     "node binpack picks the used node": (
         cluster(*TWO),
         ResourcePolicy("binpack", "binpack"),
