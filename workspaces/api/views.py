@@ -252,6 +252,9 @@ class PolicyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
     serializer_class = PolicySerializer
     filterset_fields = ["project"]
 
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().order_by("project_id")
+
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
