@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import AnonymousUser
 from django.db.models import Model, Q, QuerySet
 
-from scheduling.models import Cluster, GpuDevice, Job, Node, NodePool, SchedulingDecision
 from registry.models import ExternalRegistry, Image
+from scheduling.models import Cluster, GpuDevice, Job, Node, NodePool, SchedulingDecision
 from workspaces.models import DevEnvironment, Profile, TrainingCheckpoint, TrainingJob, WorkspacePolicy
 
 from .models import (

@@ -310,7 +310,9 @@ def grant_gpu_milli(g: GpuGrant, card_memory_mib: int) -> int:
     return min(1000, max(g.gpu_cores_percent * 10, mem))
 
 
-def placement_usage(pods: Iterable[PodPlacement], card_memory: Mapping[str, Sequence[int]]) -> list[int]:
+def placement_usage(
+    pods: Iterable[PodPlacement], card_memory: Mapping[str, Sequence[int]]
+) -> list[int]:
     """Exact resources held by placed pods (the granted, aligned slices), as a vector."""
     v = [0, 0, 0, 0]
     for pp in pods:
