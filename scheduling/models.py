@@ -24,6 +24,16 @@ class Backend(models.TextChoices):
     KUBERNETES = "kubernetes", "Kubernetes"
 
 
+class PlacementPolicy(models.TextChoices):
+    """Scheduler policy per cluster; the engine's policies (scheduling/engine/policies.py)."""
+
+    FRAGMENTATION = "fragmentation", "Fragmentation-aware (default, densest)"
+    BINPACK = "binpack", "Binpack nodes and cards"
+    SPREAD = "spread", "Spread over nodes and cards"
+    BINPACK_SPREAD = "binpack-spread", "Binpack nodes, spread over cards"
+    SPREAD_BINPACK = "spread-binpack", "Spread over nodes, binpack cards"
+
+
 class Cluster(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     display_name = models.CharField(max_length=200, blank=True)
@@ -39,6 +49,10 @@ class Cluster(models.Model):
     )
     prometheus_url = models.URLField(blank=True, help_text="Optional utilisation feed (DCGM / HAMi).")
     namespace_prefix = models.CharField(max_length=20, default="camp", validators=[slug_validator])
+    placement_policy = models.CharField(
+        max_length=20, choices=PlacementPolicy.choices, default=PlacementPolicy.FRAGMENTATION,
+        help_text="How the scheduler chooses nodes and cards on this cluster.",
+    )
     last_inventory_at = models.DateTimeField(null=True, blank=True)
     last_cycle_at = models.DateTimeField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True)

@@ -85,7 +85,7 @@ logger = logging.getLogger(__name__)
 
 SCHEDULER = "scheduler"  # actor_username of the scheduler's own audit events
 CLUSTER_FIELDS = ("name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
-                  "namespace_prefix")
+                  "namespace_prefix", "placement_policy")
 JOB_FIELDS = ("name", "kind", "priority_class", "priority", "preemptible", "checkpoint_capable",
               "gang", "duration_seconds", "state", "reason")
 GROUP_FIELDS = ("name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
@@ -697,6 +697,17 @@ class CycleSummary:
     conflicts: list[int] = field(default_factory=list)
 
 
+def engine_policy(name: str) -> E.Policy | None:
+    """The engine policy for a cluster's ``placement_policy``; None is the engine's default
+    (fragmentation-aware, profiled on the pending workload)."""
+    shapes = {"binpack": ("binpack", "binpack"), "spread": ("spread", "spread"),
+              "binpack-spread": ("binpack", "spread"), "spread-binpack": ("spread", "binpack")}
+    if name in shapes:
+        node, card = shapes[name]
+        return E.ResourcePolicy(node=node, card=card, name=name)  # type: ignore[arg-type]
+    return None
+
+
 def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | None:
     """One scheduling cycle of ``cluster``; None when another cycle holds the lock.
 
@@ -713,6 +724,7 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
                 inputs.snapshot, inputs.pending, inputs.tree,
                 now=now if now is not None else timezone.now().timestamp(),
                 running=inputs.running, config=CycleConfig(),
+                policy=engine_policy(cluster.placement_policy),
             )
             for name, status in result.statuses.items():
                 _apply_status(inputs, inputs.jobs[name], status, summary)

@@ -34,8 +34,8 @@ class ClusterForm(forms.ModelForm[Cluster]):
 
     class Meta:
         model = Cluster
-        fields = ["name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
-                  "namespace_prefix", "inventory"]
+        fields = ["name", "display_name", "enabled", "backend", "placement_policy", "api_server",
+                  "prometheus_url", "namespace_prefix", "inventory"]
         widgets = {"inventory": forms.Textarea(attrs={"rows": 12, "class": "mono"})}
 
 

@@ -37,8 +37,8 @@ class ClusterSerializer(serializers.ModelSerializer[Cluster]):
 
     class Meta:
         model = Cluster
-        fields = ["id", "name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
-                  "namespace_prefix", "inventory", "kubeconfig", "token", "ca_cert",
+        fields = ["id", "name", "display_name", "enabled", "backend", "placement_policy", "api_server",
+                  "prometheus_url", "namespace_prefix", "inventory", "kubeconfig", "token", "ca_cert",
                   "has_credentials", "last_inventory_at", "last_cycle_at", "last_error", "created_at"]
         read_only_fields = ["id", "has_credentials", "last_inventory_at", "last_cycle_at",
                             "last_error", "created_at"]
