@@ -42,6 +42,19 @@ def _scope_constraint(prefix: str) -> models.CheckConstraint:
     )
 
 
+def _unique_names(prefix: str) -> list[models.UniqueConstraint]:
+    """Names are unique per owner: among the platform's, a tenant's, or a project's entries
+    (partial indexes, since NULL owners never compare equal)."""
+    return [
+        models.UniqueConstraint(fields=["name"], condition=Q(scope="platform"),
+                                name=f"{prefix}_unique_platform_name"),
+        models.UniqueConstraint(fields=["tenant", "name"], condition=Q(scope="tenant"),
+                                name=f"{prefix}_unique_tenant_name"),
+        models.UniqueConstraint(fields=["project", "name"], condition=Q(scope="project"),
+                                name=f"{prefix}_unique_project_name"),
+    ]
+
+
 class ExternalRegistry(models.Model):
     """A registry that needs credentials. They become an imagePullSecret (type
     ``kubernetes.io/dockerconfigjson``) in each project namespace that pulls from it."""
@@ -65,8 +78,7 @@ class ExternalRegistry(models.Model):
         verbose_name_plural = "external registries"
         constraints = [
             _scope_constraint("registry"),
-            models.UniqueConstraint(fields=["scope", "tenant", "project", "name"],
-                                    name="registry_unique_name_in_scope", nulls_distinct=False),
+            *_unique_names("registry"),
         ]
 
     def __str__(self) -> str:
@@ -106,8 +118,7 @@ class Image(models.Model):
         ordering = ["scope", "framework", "name"]
         constraints = [
             _scope_constraint("image"),
-            models.UniqueConstraint(fields=["scope", "tenant", "project", "name"],
-                                    name="image_unique_name_in_scope", nulls_distinct=False),
+            *_unique_names("image"),
         ]
 
     def __str__(self) -> str:

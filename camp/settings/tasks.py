@@ -73,3 +73,16 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 CELERY_BEAT_SCHEDULE["usage-sample"] = {
     "task": "portal.tasks.usage_sample_all", "schedule": float(USAGE_SAMPLE_SECONDS),
 }
+
+# --- Workspaces (workspaces/tasks.py, docs/WORKLOADS.md) ------------------------------------
+# Idle culling and training jobs' progress (dependencies, checkpoints, max runtime, retries).
+WORKSPACES_TICK_SECONDS = env_int("WORKSPACES_TICK_SECONDS", 30)
+CELERY_BEAT_SCHEDULE["workspaces-tick"] = {
+    "task": "workspaces.tasks.workspaces_tick", "schedule": float(WORKSPACES_TICK_SECONDS),
+}
+CAMP_URL = env_str("CAMP_URL", "http://localhost:8000")  # this portal, for the ingress auth hook
+WORKSPACES_URL = env_str("WORKSPACES_URL", "https://workspaces.camp.local")  # environment URLs
+WORKSPACES_SSH_GATEWAY = env_str("WORKSPACES_SSH_GATEWAY", "ssh.camp.local")
+WORKSPACES_INGRESS_CLASS = env_str("WORKSPACES_INGRESS_CLASS", "nginx")
+WORKSPACES_STORAGE_CLASS = env_str("WORKSPACES_STORAGE_CLASS", "")
+WORKSPACES_IDLE_MINUTES = env_int("WORKSPACES_IDLE_MINUTES", 60)

@@ -20,6 +20,7 @@ class RegistrySerializer(serializers.ModelSerializer[ExternalRegistry]):
     password = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=4096,
                                      style={"input_type": "password"})
     has_credentials = serializers.BooleanField(read_only=True)
+    scope = serializers.CharField(read_only=True, help_text="platform, tenant or project (from the owner)")
 
     class Meta:
         model = ExternalRegistry
@@ -30,6 +31,7 @@ class RegistrySerializer(serializers.ModelSerializer[ExternalRegistry]):
 
 
 class ImageSerializer(serializers.ModelSerializer[Image]):
+    scope = serializers.CharField(read_only=True, help_text="platform, tenant or project (from the owner)")
     tenant = VisiblePKField(queryset=Tenant.objects.all(), required=False, allow_null=True)
     project = VisiblePKField(queryset=Project.objects.all(), required=False, allow_null=True)
     registry = VisiblePKField(queryset=ExternalRegistry.objects.all(), required=False, allow_null=True)

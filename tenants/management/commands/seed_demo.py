@@ -76,6 +76,7 @@ class Command(BaseCommand):
             for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
                 self._tenant(admin, tenant_name, projects, owner, padmin, member)
         self._jobs(cluster)
+        self._workloads(cluster, admin)
         self.stdout.write(f"Demo logins (password for all: {DEMO_PASSWORD}):")
         self.stdout.write("  admin            platform admin")
         for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
@@ -100,6 +101,47 @@ class Command(BaseCommand):
                     checkpoint_capable=cls == "batch", gang=True,
                     kind="pytorch" if len(groups) > 1 or groups[0]["replicas"] > 1 else "batch",
                 )
+
+    def _workloads(self, cluster: Cluster, admin: User) -> None:
+        """Workloads (workspaces/, registry/): a tenant image, two profiles, a notebook and a
+        checkpointing DDP training job (idempotent: each is made once)."""
+        from registry import services as registry_services
+        from registry.models import Image
+        from workspaces import services as workspace_services
+        from workspaces.models import DevEnvironment, Profile, TrainingJob
+
+        vision = Tenant.objects.get(name="vision")
+        detection = Project.objects.get(tenant=vision, name="detection")
+        vera = User.objects.get(username="vera")
+        vince = User.objects.get(username="vince")
+        with transaction.atomic():
+            if not Image.objects.filter(tenant=vision, name="yolo-train").exists():
+                registry_services.image_create(
+                    actor=vera, tenant=vision, name="yolo-train", display_name="YOLO trainer",
+                    reference="ghcr.io/ultralytics/ultralytics:8.3.0", variant="training",
+                    framework="pytorch")
+            jupyter = Image.objects.get(scope="platform", name="pytorch-jupyter")
+            if not Profile.objects.filter(name="small-notebook").exists():
+                workspace_services.profile_create(
+                    actor=admin, name="small-notebook", display_name="Small notebook (¼ A100)",
+                    image=jupyter, gpu_count=1, gpu_memory_mib=20480, gpu_cores_percent=25,
+                    cpu_millicores=4000, ram_mib=16384, home_gib=20)
+            if not Profile.objects.filter(name="vision-full-gpu").exists():
+                workspace_services.profile_create(
+                    actor=admin, name="vision-full-gpu", display_name="Full GPU (vision only)",
+                    image=jupyter, gpu_count=1, cpu_millicores=8000, ram_mib=65536, home_gib=50,
+                    tenants=[vision])
+            if not DevEnvironment.objects.filter(project=detection, name="explore").exists():
+                workspace_services.environment_launch(
+                    actor=vince, project=detection, cluster=cluster, name="explore", kind="jupyter",
+                    profile=Profile.objects.get(name="small-notebook"))
+            if not TrainingJob.objects.filter(project=detection, name="resnet-ddp").exists():
+                workspace_services.training_submit(
+                    actor=vince, project=detection, cluster=cluster, name="resnet-ddp",
+                    framework="pytorch", image=Image.objects.get(name="pytorch-training"),
+                    workers=2, gpu_count=2, cpu_millicores=8000, ram_mib=32768,
+                    command=["torchrun", "train.py"], checkpoint_dir="/ckpt", checkpoint_every=30,
+                    priority_class="batch", duration_seconds=240, log_dir="/logs")
 
     def _user(self, username: str) -> User:
         user = User.objects.filter(username=username).first()
