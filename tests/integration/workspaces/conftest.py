@@ -16,8 +16,9 @@ __all__ = ["SMALL_INVENTORY", "advance", "sim_cluster"]
 def sim_cluster(world: Any) -> Any:
     from scheduling import services
 
-    cluster = services.cluster_create(actor=world.admin, name="sim", backend="simulated",
-                                      inventory=SMALL_INVENTORY)
+    cluster = services.cluster_create(
+        actor=world.admin, name="sim", backend="simulated", inventory=SMALL_INVENTORY
+    )
     services.inventory_sync(cluster=cluster)
     return cluster
 
@@ -30,10 +31,17 @@ def advance(cluster: Any, rounds: int = 3) -> None:
 
     for _ in range(rounds):
         services.cycle_run(cluster=cluster)
-        for job_id in Job.objects.filter(cluster=cluster, state=JobState.STARTING,
-                                         allocations__phase="pending").values_list("pk", flat=True).distinct():
+        for job_id in (
+            Job.objects.filter(cluster=cluster, state=JobState.STARTING, allocations__phase="pending")
+            .values_list("pk", flat=True)
+            .distinct()
+        ):
             services.job_dispatch(job_id=job_id)
-        for job_id in Job.objects.filter(cluster=cluster, allocations__isnull=False).exclude(
-                state__in=[JobState.STARTING, JobState.RUNNING]).values_list("pk", flat=True).distinct():
+        for job_id in (
+            Job.objects.filter(cluster=cluster, allocations__isnull=False)
+            .exclude(state__in=[JobState.STARTING, JobState.RUNNING])
+            .values_list("pk", flat=True)
+            .distinct()
+        ):
             services.job_stop(job_id=job_id)
         services.cluster_reconcile(cluster=cluster)
