@@ -11,6 +11,9 @@
   function apply(job) {
     document.querySelectorAll('[data-live-job="' + job.id + '"]').forEach(function (el) {
       el.dataset.state = job.state;
+      el.querySelectorAll("[data-live-show]").forEach(function (s) {
+        s.hidden = s.dataset.liveShow.split(" ").indexOf(job.state) < 0;
+      });
       el.querySelectorAll("[data-live-field]").forEach(function (f) {
         var key = f.dataset.liveField, value;
         if (key === "state") { value = job.state_display || (job.state.charAt(0).toUpperCase() + job.state.slice(1)); f.className = f.className.replace(/\bstate-\S+/g, "") + " state-" + job.state; }

@@ -1,0 +1,40 @@
+"""Template tags: the quota left in each of the user's projects, for launch forms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from tenants.models import Project, Quota, QuotaScope
+from tenants.permissions import restrict
+
+from .. import selectors
+
+register = template.Library()
+
+
+@register.inclusion_tag("portal/quota_remaining.html", takes_context=True)
+def quota_remaining(context: dict[str, Any]) -> dict[str, Any]:
+    """Per visible project: GPUs in use, left within the guarantee, and left under the limit."""
+    request = context.get("request")
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return {"rows": []}
+    projects = list(restrict(Project.objects.select_related("tenant"), user))
+    usage = selectors.project_usage([p.pk for p in projects])
+    quotas = {q.project_id: q for q in Quota.objects.filter(scope=QuotaScope.PROJECT,
+                                                              project__in=projects)}
+    rows = []
+    for p in projects:
+        held = usage.get(p.pk, selectors.Held())
+        q = quotas.get(p.pk)
+        guaranteed = float(q.gpus_guaranteed) if q else 0.0
+        limit = float(q.gpus_limit) if q and q.gpus_limit is not None else None
+        rows.append({
+            "project": p,
+            "used": round(held.gpus, 2),
+            "guaranteed_left": round(max(0.0, guaranteed - held.gpus), 2),
+            "limit_left": None if limit is None else round(max(0.0, limit - held.gpus), 2),
+        })
+    return {"rows": rows}
