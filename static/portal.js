@@ -5,7 +5,16 @@
   if (!el || typeof Chart === "undefined") { return; }
   var data = JSON.parse(el.textContent);
   var palette = ["#2f6fde", "#e07a1f", "#2a9d5b", "#b23a48", "#7b5ea7", "#1b998b", "#c9a227"];
-  function labels(times) { return (times || []).map(function (t) { return new Date(t).toLocaleString(); }); }
+  function labels(times) {
+    times = times || [];
+    var span = times.length ? new Date(times[times.length - 1]) - new Date(times[0]) : 0;
+    return times.map(function (t) {
+      var d = new Date(t);
+      return span < 864e5 ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+                          : d.toLocaleDateString([], { month: "short", day: "numeric" }) + " " +
+                            d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+    });
+  }
   function line(canvas, times, sets, yTitle) {
     new Chart(canvas, {
       type: "line",
