@@ -386,3 +386,66 @@ def _fair(quota: Quota | None, held: Held) -> float | None:
         if g > 0:
             shares.append(held.get(resource) / g)
     return round(max(shares), 2) if shares else None
+
+
+# --- estimated start ---------------------------------------------------------------------
+
+
+@dataclass
+class StartEstimate:
+    at: dt.datetime | None
+    note: str
+
+
+def _job_demand(job: Job, largest_card_mib: int) -> float:
+    """GPU-equivalents a job asks for (whole cards count 1; slices their larger share)."""
+    total = 0.0
+    for g in job.groups.all():
+        if not g.gpu_count:
+            continue
+        if g.exclusive or (not g.gpu_memory_mib and not g.gpu_cores_percent):
+            per = 1.0
+        else:
+            mem = g.gpu_memory_mib / largest_card_mib if largest_card_mib else 0.0
+            per = min(1.0, max(g.gpu_cores_percent / 100, mem))
+        total += g.replicas * g.gpu_count * per
+    return total
+
+
+def estimate_start(job: Job, *, now: dt.datetime | None = None) -> StartEstimate:
+    """When a job waiting for capacity could start, from the running jobs' expected ends.
+
+    Rule: walk the running jobs in order of expected end (start + declared duration); the
+    estimate is the first end at which the cluster's free GPU-equivalents cover the job's
+    ask. It assumes nothing ahead in the queue takes that capacity first and ignores
+    fragmentation, so it is a lower bound; without durations there is no estimate."""
+    now = now or timezone.now()
+    if job.state != JobState.QUEUED:
+        return StartEstimate(None, "")
+    if job.reason_kind in ("quota", "over-limit"):
+        return StartEstimate(None, "Waits for its project's quota, not for free GPUs.")
+    if job.reason_kind in ("never-fits", "unknown-queue"):
+        return StartEstimate(None, "Cannot start as it is.")
+    state = cluster_now(job.cluster)
+    largest = max(GpuDevice.objects.filter(node__cluster=job.cluster).values_list(
+        "memory_mib", flat=True), default=0)
+    demand = _job_demand(job, largest)
+    free = state.gpus_total - state.gpu_share_allocated
+    if demand <= free + 1e-9:
+        return StartEstimate(now, "GPUs are free now; it starts at a coming cycle.")
+    # GPU-equivalents held by each running job
+    shares: dict[int, float] = defaultdict(float)
+    for s_job, mem, cores, exclusive, card in GpuSlice.objects.filter(
+        allocation__cluster=job.cluster
+    ).values_list("allocation__job_id", "memory_mib", "cores_percent", "exclusive", "gpu__memory_mib"):
+        shares[s_job] += slice_share(mem, cores, exclusive, card)
+    ends = []
+    for running in Job.objects.filter(pk__in=list(shares)).only("pk", "started_at", "duration_seconds"):
+        if running.started_at is None or not running.duration_seconds:
+            continue
+        ends.append((running.started_at + dt.timedelta(seconds=running.duration_seconds), running.pk))
+    for end, job_id in sorted(ends):
+        free += shares.get(job_id, 0.0)
+        if demand <= free + 1e-9:
+            return StartEstimate(max(end, now), "If nothing ahead of it takes the GPUs first.")
+    return StartEstimate(None, "Unknown: running jobs do not say how long they run.")

@@ -38,3 +38,11 @@ def quota_remaining(context: dict[str, Any]) -> dict[str, Any]:
             "limit_left": None if limit is None else round(max(0.0, limit - held.gpus), 2),
         })
     return {"rows": rows}
+
+
+@register.inclusion_tag("portal/estimated_start.html")
+def estimated_start(job: Any) -> dict[str, Any]:
+    """The estimated start of a queued job (portal.selectors.estimate_start)."""
+    if job is None:
+        return {"estimate": None}
+    return {"estimate": selectors.estimate_start(job)}

@@ -199,3 +199,41 @@ def test_preemption_log_is_for_platform_admins(world: World) -> None:
     assert client.get("/admin/preemptions/").status_code == 200
     client.force_login(world.a.owner)
     assert client.get("/admin/preemptions/").status_code == 404
+
+
+def test_estimated_start_from_running_jobs_durations(world: World, cluster: Any) -> None:
+    from portal.selectors import estimate_start
+    from scheduling.models import Job
+    from tests.integration.workspaces.conftest import advance
+
+    for i in range(2):  # both A100 nodes busy for an hour
+        submit(world, cluster, f"hour-{i}", side="b", duration_seconds=3600,
+               group={"gpu_count": 4, "gpu_models": ["A100-80G"]})
+        advance(cluster, rounds=1)
+    running = list(Job.objects.filter(state="running"))
+    assert len(running) == 2
+    waiting = submit(world, cluster, "waits", group={"gpu_count": 4, "gpu_models": ["A100-80G"]})
+    services.cycle_run(cluster=cluster)
+    waiting.refresh_from_db()
+    assert waiting.state == "queued" and waiting.reason_kind == "capacity", waiting.reason
+    est = estimate_start(waiting)
+    first_end = min(j.started_at for j in running) + dt.timedelta(seconds=3600)
+    assert est.at is not None and abs((est.at - first_end).total_seconds()) < 1
+    client = Client()
+    client.force_login(world.a.member)
+    assert b"Estimated start:" in client.get(f"/scheduling/jobs/{waiting.pk}/").content
+
+
+def test_no_estimate_when_waiting_for_quota(world: World, cluster: Any) -> None:
+    from portal.selectors import estimate_start
+
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed": Decimal(1), "gpus_limit": Decimal(2)})
+    submit(world, cluster, "first", group={"gpu_count": 2})
+    services.cycle_run(cluster=cluster)
+    job = submit(world, cluster, "second", group={"gpu_count": 1})
+    services.cycle_run(cluster=cluster)
+    job.refresh_from_db()
+    assert job.reason_kind == "quota", job.reason
+    est = estimate_start(job)
+    assert est.at is None and "quota" in est.note
