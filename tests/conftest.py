@@ -70,6 +70,12 @@ def _tenant_world(admin: Any, name: str) -> TenantWorld:
 
 @pytest.fixture
 def world(db: Any) -> World:
+    # Transactional tests flush the database, which also removes the base images that a
+    # migration seeds; put them back (idempotent) so every test sees the real catalog.
+    from registry.catalog import seed_base_images
+    from registry.models import Image
+
+    seed_base_images(Image)
     admin = make_user("root-admin", is_platform_admin=True)
     a = _tenant_world(admin, "acme")
     b = _tenant_world(admin, "globex")

@@ -34,6 +34,14 @@ def asgi_server(transactional_db: Any) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    from django.db import connection
+
+    def backends() -> set[int]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            return {row[0] for row in cursor.fetchall()}
+
+    before = backends()
     server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -47,13 +55,13 @@ def asgi_server(transactional_db: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-        # Connections opened by the server's worker threads outlive them; end them so
-        # the test database can be dropped.
-        from django.db import connection
-
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                           " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        # Connections the server's worker threads opened outlive them; end exactly those,
+        # so the test database can be dropped (other fixtures' connections are untouched).
+        opened = backends() - before
+        if opened:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                               " WHERE pid = ANY(%s)", [list(opened)])
 
 
 def test_job_page_turns_starting_without_reload(world: World, asgi_server: str, page: Any) -> None:

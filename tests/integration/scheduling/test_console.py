@@ -58,6 +58,7 @@ def test_admin_registers_cluster_and_quarantines_node(world: Any) -> None:
     admin = _client(world.admin)
     response = admin.post("/scheduling/clusters/new/", {
         "name": "lab", "display_name": "Lab", "enabled": "on", "backend": "simulated",
+        "placement_policy": "fragmentation",
         "namespace_prefix": "camp", "inventory": SMALL_INVENTORY, "token": "hidden-token"})
     assert response.status_code == 302, response.content.decode()[:2000]
     lab = Cluster.objects.get(name="lab")
