@@ -8,10 +8,10 @@ such equivalence classes instead of raw index combinations (symmetry pruning) an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
-from scheduling.engine.model import PodRequest
-from scheduling.engine.state import Demand, NodeState
+from scheduling.engine.model import PodPlacement, PodRequest
+from scheduling.engine.state import Demand, NodeState, align_demand
 
 Take = tuple[tuple[int, int, Demand], ...]
 
@@ -54,19 +54,42 @@ class _Work:
             self.cores[i] += sign * d.gpu_cores_percent
 
 
-def container_demands(ns: NodeState, pod: PodRequest) -> list[list[Demand | None]]:
+def container_demands(ns: NodeState, pod: PodRequest) -> tuple[tuple[Demand | None, ...], ...]:
     """Rule (model filter): per container and card, the aligned slice, or None where the card's
-    model is not allowed, is excluded, or the slice can never fit that card."""
-    from scheduling.engine.state import align_demand
+    model is not allowed, is excluded, or the slice can never fit that card.
 
-    out: list[list[Demand | None]] = []
-    for c in pod.containers:
-        row: list[Demand | None] = []
-        for gs in ns.static.gpus:
-            dev = gs.device
-            row.append(align_demand(dev, c) if pod.allows_model(dev.model) else None)
-        out.append(row)
+    Cached per node class and pod shape (the answer depends on nothing else)."""
+    static = ns.static
+    key = (pod.containers, pod.gpu_models, pod.excluded_gpu_models)
+    hit = static.demands.get(key)
+    if hit is not None:
+        return hit
+    out = tuple(
+        tuple(
+            align_demand(gs.device, c) if pod.allows_model(gs.device.model) else None
+            for gs in static.gpus
+        )
+        for c in pod.containers
+    )
+    static.demands[key] = out
     return out
+
+
+def enough_cards(ns: NodeState, pod: PodRequest, demands: tuple[tuple[Demand | None, ...], ...]) -> bool:
+    """Necessary condition (quick reject): each container alone finds ``gpu_count`` cards that
+    take its slice in the node's current state."""
+    gpu_fits = ns.gpu_fits
+    for c, row in zip(pod.containers, demands, strict=True):
+        k = c.gpu_count
+        n = 0
+        for i, d in enumerate(row):
+            if d is not None and gpu_fits(i, d):
+                n += 1
+                if n >= k:
+                    break
+        if n < k:
+            return False
+    return True
 
 
 def _multisets(sizes: list[int], k: int, start: int = 0) -> Iterator[list[int]]:
@@ -105,6 +128,8 @@ def enumerate_takes(
     if not pod.containers:
         return [()]
     demands = container_demands(ns, pod)
+    if not enough_cards(ns, pod, demands):
+        return []
     work = _Work(ns)
     out: list[Take] = []
     chosen: list[tuple[int, int, Demand]] = []
@@ -168,3 +193,37 @@ def after_usage(ns: NodeState, take: Take) -> tuple[list[int], list[int], list[i
     for _, i, d in take:
         w.apply(i, d, 1)
     return w.mem, w.cores, w.sharers, w.excl
+
+
+def fits_without(ns: NodeState, pod: PodRequest, removed: Sequence[PodPlacement]) -> bool:
+    """Necessary condition (preemption pre-check): with the pods ``removed`` gone from ``ns``, the
+    node has a pod slot, CPU and RAM for ``pod``, and each container alone finds ``gpu_count``
+    cards that take its slice. Nothing is changed."""
+    node = ns.static.node
+    if not (node.schedulable and node.healthy):
+        return False
+    cpu, ram, slots = ns.cpu_free, ns.ram_free, ns.pods_free
+    w = _Work(ns)
+    gpus = ns.static.gpus
+    for pp in removed:
+        if pp.node != ns.name:
+            continue
+        cpu += pp.cpu_millicores
+        ram += pp.ram_mib
+        slots += 1
+        for g in pp.gpus:
+            w.sharers[g.index] -= 1
+            if g.exclusive:
+                w.excl[g.index] = False
+                w.mem[g.index] -= gpus[g.index].memory_capacity_mib
+                w.cores[g.index] -= gpus[g.index].cores_capacity
+            else:
+                w.mem[g.index] -= g.gpu_memory_mib
+                w.cores[g.index] -= g.gpu_cores_percent
+    if slots < 1 or pod.cpu_millicores > cpu or pod.ram_mib > ram:
+        return False
+    for c, row in zip(pod.containers, container_demands(ns, pod), strict=True):
+        n = sum(1 for i, d in enumerate(row) if d is not None and w.fits(i, d))
+        if n < c.gpu_count:
+            return False
+    return True

@@ -17,10 +17,10 @@ are the first victims when the owner of that capacity reclaims it. The cycle per
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from scheduling.engine.candidates import enumerate_takes
+from scheduling.engine.candidates import enumerate_takes, fits_without
 from scheduling.engine.fragmentation import shape_key
 from scheduling.engine.model import (
     Admit,
@@ -61,7 +61,6 @@ from scheduling.engine.queueing import (
     job_ask,
     ordinal,
     placement_usage,
-    queue_order_key,
     running_jobs,
 )
 from scheduling.engine.state import ClusterState, Demand, NodeState, align_demand
@@ -180,6 +179,9 @@ class QueueCycle:
         self.borrowing: set[str] = borrowing_jobs(self.tree, self.usage_of, running)
         self.reservations: list[_Reservation] = []
         self._fail_memo: dict[tuple[object, ...], int] = {}
+        self._sorted: dict[str, list[Job]] | None = None
+        self._never_memo: dict[tuple[object, ...], tuple[str | None, tuple[int, ...]]] = {}
+        self._limit_memo: dict[tuple[object, ...], str | None] = {}
         self._preempt_memo: dict[tuple[object, ...], int] = {}
         self._host_cache: dict[tuple[int, PodRequest], bool] = {}
         self._shapes: dict[str, tuple[PodRequest, ...]] = {}
@@ -189,6 +191,9 @@ class QueueCycle:
         self._reserved_count: dict[str, int] = {}
         self._demand_cache: dict[tuple[object, ...], list[tuple[int, Demand]]] = {}
         self._pool: list[RunningJob] | None = None
+        self._victims_memo: dict[tuple[object, ...], tuple[int, list[RunningJob]]] = {}
+        self._running_version = 0
+        self._released_borrowing: set[str] = set()
         self.admitted_now: set[str] = set()
         """Jobs admitted in this cycle; never victims in the same cycle."""
 
@@ -235,44 +240,90 @@ class QueueCycle:
         k = self.config.heads_per_queue
         if k is None:
             return list(pending), []
-        by_queue: dict[str, list[Job]] = {}
-        for j in pending:
-            by_queue.setdefault(j.queue, []).append(j)
         heads: list[Job] = []
         rest: list[Job] = []
-        for jobs in by_queue.values():
-            jobs.sort(key=lambda j: queue_order_key(j, is_aged(j, self.now, self.config.aging)))
+        for jobs in self._queue_order(pending).values():
             heads.extend(jobs[:k])
             rest.extend(jobs[k:])
         return heads, rest
 
+    def _queue_order(self, jobs: Iterable[Job]) -> dict[str, list[Job]]:
+        """Jobs grouped by project queue, each queue in its own order (:func:`queue_order_key`).
+        The pending jobs' order is computed once per cycle and reused for positions."""
+        if self._sorted is not None:
+            return self._sorted
+        wait = self.config.aging.max_wait_s
+        now = self.now
+        by_queue: dict[str, list[tuple[tuple[int, float, float, str], Job]]] = {}
+        for j in jobs:
+            aged = wait is not None and now - j.submit_time >= wait  # is_aged, inlined
+            key = (0, 0.0, j.submit_time, j.name) if aged else (1, -float(j.priority), j.submit_time, j.name)
+            by_queue.setdefault(j.queue, []).append((key, j))
+        out: dict[str, list[Job]] = {}
+        for q, items in by_queue.items():
+            items.sort(key=_first)
+            out[q] = [j for _, j in items]
+        self._sorted = out
+        return out
+
     def check_never(self, job: Job) -> tuple[Decision | None, str]:
         """Rule (reject): no pods, an unknown queue, a shape no node can ever hold, or an ask
-        above a limit on the job's path can never run."""
-        pods = self._pods(job)
+        above a limit on the job's path can never run.
+
+        The verdicts depend only on the job's shape (and, for limits, its queue), so each is
+        computed once per distinct shape or (ask, queue) in a cycle; pending jobs have few."""
         tree = self.tree
-        if not pods:
-            return Reject(job.name, "The job has no pods"), Kind.NEVER_FITS
+        shape = job_shape(job)
+        hit = self._never_memo.get(shape)
+        if hit is None:
+            hit = self._shape_verdict(job)
+            self._never_memo[shape] = hit
+        msg, ask = hit
+        if msg is not None:
+            return Reject(job.name, msg), Kind.NEVER_FITS
         if tree.project_index and job.queue not in tree.project_index:
             return (
                 Reject(job.name, f"Queue {job.queue or '(none)'} does not exist on this cluster"),
                 Kind.UNKNOWN_QUEUE,
             )
-        never = self.never_fits(job, pods)
-        if never is not None:
-            return Reject(job.name, never), Kind.NEVER_FITS
-        ask = job_ask(job, self.smallest_card)
-        over = tree.never_within_limit(job.queue, ask)
-        if over is not None:
-            n, r = over
-            lim = tree.limit[n][r]
-            assert lim is not None
-            msg = (
-                f"The job asks {format_amount(r, ask[r])} {RESOURCE_NAMES[r]}, more than "
-                f"{tree.label(n)}'s {RESOURCE_NAMES[r]} limit of {format_amount(r, lim)}"
-            )
-            return Reject(job.name, msg), Kind.OVER_LIMIT
+        key = (ask, job.queue)
+        over_msg = self._limit_memo.get(key, _MISSING)
+        if over_msg is _MISSING:
+            over_msg = self._over_limit(job.queue, ask)
+            self._limit_memo[key] = over_msg
+        if over_msg is not None:
+            return Reject(job.name, over_msg), Kind.OVER_LIMIT
         return None, ""
+
+    def _shape_verdict(self, job: Job) -> tuple[str | None, tuple[int, ...]]:
+        """(why the job's shape can never run or None, its charge lower bound)."""
+        pods = self._pods(job)
+        ask = tuple(job_ask(job, self.smallest_card))
+        if not pods:
+            return "The job has no pods", ask
+        return self.never_fits(job, pods), ask
+
+    def _over_limit(self, queue: str, ask: Sequence[int]) -> str | None:
+        tree = self.tree
+        over = tree.never_within_limit(queue, ask)
+        if over is None:
+            return None
+        n, r = over
+        lim = tree.limit[n][r]
+        assert lim is not None
+        return (
+            f"The job asks {format_amount(r, ask[r])} {RESOURCE_NAMES[r]}, more than "
+            f"{tree.label(n)}'s {RESOURCE_NAMES[r]} limit of {format_amount(r, lim)}"
+        )
+
+    def ask(self, job: Job) -> tuple[int, ...]:
+        """The job's charge lower bound (:func:`job_ask`), cached per job shape."""
+        shape = job_shape(job)
+        hit = self._never_memo.get(shape)
+        if hit is None:
+            hit = self._shape_verdict(job)
+            self._never_memo[shape] = hit
+        return hit[1]
 
     def decide(self, job: Job) -> tuple[Decision, str, bool, bool, tuple[object, ...] | None]:
         """One job: reject → quota → place → preempt → reserve."""
@@ -280,7 +331,7 @@ class QueueCycle:
         if never is not None:
             return never, kind, False, False, None
         pods = self._pods(job)
-        ask = job_ask(job, self.smallest_card)
+        ask = self.ask(job)
         q = self.quota_reason(job, ask)
         if q is not None:
             return Wait(job.name, q), Kind.QUOTA, False, False, None
@@ -481,26 +532,9 @@ class QueueCycle:
         )
         if self._preempt_memo.get(memo_key) == self.state.version:
             return None
-        if self._pool is None:
-            self._pool = sorted(
-                (v for v in self.running.values() if v.preemptible),
-                key=lambda v: victim_key(v, v.name in self.borrowing),
-            )
-        cands = [
-            v
-            for v in self._pool
-            if v.name in self.running
-            and may_preempt(
-                job,
-                v,
-                now=self.now,
-                reclaiming=reclaiming,
-                victim_borrowing=v.name in self.borrowing,
-                min_runtime_s=cfg.min_runtime_s,
-            )
-            and v.name not in self.admitted_now
-            and not (exclude and all(pp.node in exclude for pp in v.pods))
-        ]
+        cands = self.eligible_victims(job, reclaiming)
+        if exclude:
+            cands = [v for v in cands if not all(pp.node in exclude for pp in v.pods)]
         if not cands:
             self._preempt_memo[memo_key] = self.state.version
             return None
@@ -520,12 +554,19 @@ class QueueCycle:
             def fits_on(node: str) -> bool:
                 return node not in exclude and self.placer.find(pod, only=(node,)) is not None
 
+            def could_fit(node: str, victims: list[RunningJob]) -> bool:
+                if node in exclude:
+                    return False
+                gone = [pp for v in victims for pp in v.pods]
+                return fits_without(self.state.nodes[node], pod, gone)
+
             victims = fewest_victims_one_pod(
                 self.evictor,
                 cands,
                 lambda v: {pp.node for pp in v.pods},
                 fits_on,
                 cfg.max_node_trials,
+                could_fit,
             )
         else:
             victims = minimal_victims(self.evictor, cands, fits)
@@ -551,16 +592,57 @@ class QueueCycle:
         self.admit(job, placement, u)
         return Preempt(job.name, tuple(v.name for v in victims), placement)
 
+    def eligible_victims(self, job: Job, reclaiming: bool) -> list[RunningJob]:
+        """The running jobs ``job`` may evict (:func:`may_preempt`), in preference order
+        (:func:`victim_key`). Eligibility depends only on the preemptor's priority, queue and
+        whether it reclaims, so the list is kept per such key until a job is evicted or restored."""
+        key = (job.priority, reclaiming, job.queue if reclaiming else "")
+        hit = self._victims_memo.get(key)
+        if hit is not None:
+            if hit[0] != self._running_version:  # jobs were evicted since: drop them
+                hit = (self._running_version, [v for v in hit[1] if v.name in self.running])
+                self._victims_memo[key] = hit
+            return hit[1]
+        if self._pool is None:
+            self._pool = sorted(
+                (v for v in self.running.values() if v.preemptible),
+                key=lambda v: victim_key(v, v.name in self.borrowing),
+            )
+        cfg = self.config.preemption
+        cands = [
+            v
+            for v in self._pool
+            if v.name in self.running
+            and v.name not in self.admitted_now
+            and may_preempt(
+                job,
+                v,
+                now=self.now,
+                reclaiming=reclaiming,
+                victim_borrowing=v.name in self.borrowing,
+                min_runtime_s=cfg.min_runtime_s,
+            )
+        ]
+        self._victims_memo[key] = (self._running_version, cands)
+        return cands
+
     def _release(self, v: RunningJob) -> None:
+        self._running_version += 1
         self.tree.charge(v.queue, self.usage_of[v.name], -1)
         del self.running[v.name]
-        self.borrowing.discard(v.name)
+        if v.name in self.borrowing:
+            self.borrowing.discard(v.name)
+            self._released_borrowing.add(v.name)
         self.evicted.append(v.name)
         self._evicted_queue[v.name] = v.queue
 
     def _unrelease(self, v: RunningJob) -> None:
+        self._running_version += 1
+        self._victims_memo.clear()  # a restored job may be a candidate again
         self.tree.charge(v.queue, self.usage_of[v.name])
         self.running[v.name] = v
+        if v.name in self._released_borrowing:
+            self.borrowing.add(v.name)  # it borrows again, as before its trial release
         self.evicted.remove(v.name)
         self.evictor.restore(v)
 
@@ -738,14 +820,13 @@ class QueueCycle:
     ) -> dict[str, JobStatus]:
         """Rule (position): a waiting job's position is its rank among the jobs still waiting in
         its project queue, in that queue's order (aged, priority, submit time)."""
-        by_queue: dict[str, list[Job]] = {}
-        for job, _, _ in waiting:
-            by_queue.setdefault(job.queue, []).append(job)
+        waiting_names = {job.name for job, _, _ in waiting}
         pos: dict[str, tuple[int, int]] = {}
-        for jobs in by_queue.values():
-            jobs.sort(key=lambda j: queue_order_key(j, is_aged(j, self.now, self.config.aging)))
-            for i, j in enumerate(jobs):
-                pos[j.name] = (i + 1, len(jobs))
+        for jobs in self._queue_order(job for job, _, _ in waiting).values():
+            queue = [j for j in jobs if j.name in waiting_names]
+            n = len(queue)
+            for i, j in enumerate(queue):
+                pos[j.name] = (i + 1, n)
         reasons: dict[tuple[object, ...], str] = {}
         ctx_of = {job.name: ctx for job, _, ctx in waiting}
         reserved = self._reserved_count
@@ -767,11 +848,7 @@ class QueueCycle:
                     if name in reserved:
                         reason += f"; {_nodes(reserved[name])} held for it"
                 elif kind == Kind.BEHIND:
-                    ahead = p - 1
-                    reason = (
-                        f"Waiting for {ahead} earlier job{'s' if ahead != 1 else ''} in its queue "
-                        f"to start first"
-                    )
+                    reason = _behind(p - 1)
                 qname = job.queue or "the default queue"
                 d = Wait(name, f"{reason} — {ordinal(p)} of {n} in {qname}")
                 out[name] = JobStatus(
@@ -782,6 +859,27 @@ class QueueCycle:
                     name, job.queue, d, kind, borrowing=borrowing, backfilled=backfilled
                 )
         return out
+
+
+_MISSING = "\0missing"
+
+
+def _first(item: tuple[tuple[int, float, float, str], Job]) -> tuple[int, float, float, str]:
+    return item[0]
+
+
+def _behind(ahead: int) -> str:
+    return f"Waiting for {ahead} earlier job{'s' if ahead != 1 else ''} in its queue to start first"
+
+
+def job_shape(job: Job) -> tuple[object, ...]:
+    """What decides whether a job can ever run and what it asks: its pod groups' shapes and
+    replica counts, gang flag and affinity (not its name, priority or times)."""
+    return (
+        tuple((shape_key(g.template), g.replicas) for g in job.groups),
+        job.gang,
+        job.affinity,
+    )
 
 
 def _nodes(n: int) -> str:

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from scheduling.engine.model import PodRequest
+from scheduling.engine.model import GpuDevice, PodRequest
 from scheduling.engine.state import Demand, NodeStatic, align_demand
 
 
@@ -97,15 +97,24 @@ def compile_profile(static: NodeStatic, profile: WorkloadProfile) -> CompiledPro
     vectors: list[tuple[Demand | None, ...]] = []
     index: dict[tuple[Demand | None, ...], int] = {}
     shapes: list[CompiledShape] = []
+    # Cards of one model, size and sharing mode align a request alike: resolve each kind once.
+    kinds: dict[tuple[object, ...], GpuDevice] = {}
+    card_kind: list[tuple[object, ...]] = []
+    for gs in static.gpus:
+        dev = gs.device
+        kk = (dev.model, dev.memory_mib, dev.sharing, dev.templates)
+        kinds.setdefault(kk, dev)
+        card_kind.append(kk)
     for shape, w in profile.shapes:
         k = shape.gpu_count
         vi = -1
         if k:
             c = shape.containers[0]
-            vec = tuple(
-                align_demand(gs.device, c) if shape.allows_model(gs.device.model) else None
-                for gs in static.gpus
-            )
+            per_kind = {
+                kk: align_demand(dev, c) if shape.allows_model(dev.model) else None
+                for kk, dev in kinds.items()
+            }
+            vec = tuple(per_kind[kk] for kk in card_kind)
             if any(d is not None for d in vec):
                 vi = index.get(vec, -1)
                 if vi < 0:

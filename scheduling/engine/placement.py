@@ -57,12 +57,22 @@ def node_filter(ns: NodeState, pod: PodRequest) -> str | None:
     if pod.ram_mib > ns.ram_free:
         return "insufficient RAM"
     if pod.containers:
-        allowed = sum(1 for gs in ns.static.gpus if pod.allows_model(gs.device.model))
+        allowed = allowed_cards(ns.static, pod)
         if allowed == 0:
             return "no allowed GPU model"
         if allowed < max(c.gpu_count for c in pod.containers):
             return "too few GPUs of an allowed model"
     return None
+
+
+def allowed_cards(static: NodeStatic, pod: PodRequest) -> int:
+    """How many of the node's cards are of a model the pod allows (cached per node class)."""
+    key = (pod.gpu_models, pod.excluded_gpu_models)
+    n = static.allowed.get(key)
+    if n is None:
+        n = sum(1 for gs in static.gpus if pod.allows_model(gs.device.model))
+        static.allowed[key] = n
+    return n
 
 
 def describe_gpu_ask(pod: PodRequest) -> str:
@@ -108,6 +118,8 @@ class Placer:
         self._shape_ids: dict[PodRequest, int] = {}
         self._cache: dict[int, dict[int, tuple[float, Take] | None]] = {}
         self._static_cache: dict[tuple[int, int], bool] = {}
+        self._fits_somewhere: set[int] = set()
+        """Shape ids that fit at least one empty node (the nodes' static shapes never change)."""
         self._cache_size = 0
 
     # -- score step ----------------------------------------------------------------------------
@@ -258,6 +270,8 @@ class Placer:
         """Rule (reject): a pod that fits no node even when that node is empty can never run."""
         shape = shape_key(pod)
         sid = self._shape_ids.setdefault(shape, len(self._shape_ids))
+        if sid in self._fits_somewhere:
+            return None
         seen: set[int] = set()
         for ns in self.state.nodes.values():
             cid = ns.static.class_id
@@ -270,6 +284,7 @@ class Placer:
                 ok = _static_fits(ns.static, pod, self.scorer.strict_topology)
                 self._static_cache[key] = ok
             if ok:
+                self._fits_somewhere.add(sid)
                 return None
         if pod.containers and not any(
             pod.allows_model(m) for ns in self.state.nodes.values() for m in ns.static.models

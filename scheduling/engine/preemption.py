@@ -147,10 +147,15 @@ def fewest_victims_one_pod(
     nodes_of: Callable[[RunningJob], set[str]],
     fits_on: Callable[[str], bool],
     max_nodes: int,
+    could_fit: Callable[[str, list[RunningJob]], bool] | None = None,
 ) -> list[RunningJob] | None:
     """Rule (victim set, one pod): for each node holding eligible jobs, the minimal victims that let
     the pod fit there; choose the node needing the fewest, then the most preferred victims
-    (compared in preference order). On success the victims stay removed from the state."""
+    (compared in preference order). On success the victims stay removed from the state.
+
+    ``could_fit(node, victims)``, when given, is a cheap necessary condition (would the pod fit
+    with all of them gone?); nodes failing it are skipped without trials and do not count
+    towards ``max_nodes``."""
     per_node: dict[str, list[RunningJob]] = {}
     for v in ordered:
         for n in sorted(nodes_of(v)):
@@ -158,7 +163,12 @@ def fewest_victims_one_pod(
     best: list[RunningJob] | None = None
     best_key: tuple[int, list[int]] | None = None
     rank = {v.name: i for i, v in enumerate(ordered)}
-    for n in list(per_node)[:max_nodes]:
+    nodes = list(per_node)
+    if could_fit is not None:
+        nodes = [n for n in nodes if could_fit(n, per_node[n])]
+    for n in nodes[:max_nodes]:
+        if best_key is not None and best_key[0] == 1 and rank[per_node[n][0].name] > best_key[1][0]:
+            break  # nodes come in order of their most preferred victim: none can do better
         vs = minimal_victims(evictor, per_node[n], lambda n=n: fits_on(n))  # type: ignore[misc]
         if vs is None:
             continue

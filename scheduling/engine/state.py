@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduling.engine.model import (
     ClusterSnapshot,
@@ -114,6 +114,16 @@ class NodeStatic:
     class_id: int
     gpus: tuple[GpuStatic, ...]
     models: frozenset[str]
+    demands: dict[tuple[object, ...], tuple[tuple[Demand | None, ...], ...]] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+    """Per pod shape, the aligned slice per container and card (see
+    :func:`scheduling.engine.candidates.container_demands`); one dict shared by every node of the
+    class, since it depends only on the class's cards."""
+    allowed: dict[tuple[frozenset[str], frozenset[str]], int] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+    """Per (allowed, excluded) GPU models, how many cards qualify (shared by the class)."""
 
 
 class NodeState:
@@ -200,6 +210,8 @@ class ClusterState:
         self._sig_ids: dict[tuple[object, ...], int] = {}
         self.groups: dict[int, list[str]] = {}
         """signature id → sorted names of the nodes in that state."""
+        self._class_demands: dict[int, dict[tuple[object, ...], tuple[tuple[Demand | None, ...], ...]]] = {}
+        self._class_allowed: dict[int, dict[tuple[frozenset[str], frozenset[str]], int]] = {}
         self.version = 0
         for node in snapshot.nodes:
             self._add_node(node)
@@ -258,6 +270,8 @@ class ClusterState:
             class_id=cid,
             gpus=tuple(gpus),
             models=frozenset(d.model for d in node.gpus),
+            demands=self._class_demands.setdefault(cid, {}),
+            allowed=self._class_allowed.setdefault(cid, {}),
         )
         ns = NodeState(static)
         self.nodes[node.name] = ns
