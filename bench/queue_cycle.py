@@ -131,13 +131,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--pending", type=int, default=20_000)
-    ap.add_argument("--heads", type=int, default=1, help="jobs tried per project queue and cycle")
+    ap.add_argument("--heads", type=int, default=1,
+                    help="jobs tried per project queue and cycle (-1: all, as CycleConfig() does)")
     args = ap.parse_args()
     snap, running, pending, tree, profile = build(7, args.pending)
     config = CycleConfig(
         aging=Aging(max_wait_s=3000),
         preemption=PreemptionConfig(min_runtime_s=600),
-        heads_per_queue=args.heads,
+        heads_per_queue=None if args.heads < 0 else args.heads,
     )
     times = []
     kinds: dict[str, int] = {}
@@ -169,7 +170,7 @@ def main() -> None:
     )
     print("runs (s):", ", ".join(f"{t:.2f}" for t in times), "| kinds:", kinds)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "queue_cycle.json").write_text(
+    (RESULTS / f"queue_cycle{'' if args.heads == 1 else f'_heads{args.heads}'}.json").write_text(
         json.dumps(
             {
                 "runs_s": times,
