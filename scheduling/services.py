@@ -723,7 +723,10 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
             result = run_cycle(
                 inputs.snapshot, inputs.pending, inputs.tree,
                 now=now if now is not None else timezone.now().timestamp(),
-                running=inputs.running, config=CycleConfig(),
+                running=inputs.running,
+                # Kueue-style heads of queues: a cycle tries the first N jobs of each project
+                # (the rest wait "behind" with their position); the task re-runs while it admits.
+                config=CycleConfig(heads_per_queue=settings.SCHEDULER_HEADS_PER_QUEUE or None),
                 policy=engine_policy(cluster.placement_policy),
             )
             for name, status in result.statuses.items():

@@ -32,6 +32,9 @@ def cluster_cycle(cluster_id: int) -> dict[str, int] | str:
     if summary is None:
         services.request_cycle(cluster_id, countdown=1)
         return "busy"
+    if summary.admitted:
+        # Jobs behind the heads that were tried may fit now: go again until nothing is admitted.
+        services.request_cycle(cluster_id)
     return {"admitted": len(summary.admitted), "waiting": len(summary.waiting),
             "preempting": len(summary.preempting), "rejected": len(summary.rejected)}
 

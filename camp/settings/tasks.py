@@ -47,6 +47,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 # A dead worker's task goes back to the queue (its cycle's transaction rolled back).
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 SCHEDULER_TICK_SECONDS = env_int("SCHEDULER_TICK_SECONDS", 3)
+# Jobs tried per project queue in one cycle (0: all). See docs/BENCHMARKS.md §queueing.
+SCHEDULER_HEADS_PER_QUEUE = env_int("SCHEDULER_HEADS_PER_QUEUE", 8)
 SCHEDULER_INVENTORY_SECONDS = env_int("SCHEDULER_INVENTORY_SECONDS", 60)
 CELERY_BEAT_SCHEDULE.update({
     "scheduler-tick": {"task": "scheduling.tasks.scheduler_tick",
