@@ -22,7 +22,14 @@ from django.db.models import Model, Q, QuerySet
 
 from registry.models import ExternalRegistry, Image
 from scheduling.models import Cluster, GpuDevice, Job, Node, NodePool, SchedulingDecision
-from workspaces.models import DevEnvironment, Profile, TrainingCheckpoint, TrainingJob, WorkspacePolicy
+from workspaces.models import (
+    DevEnvironment,
+    Profile,
+    SshKey,
+    TrainingCheckpoint,
+    TrainingJob,
+    WorkspacePolicy,
+)
 
 from .models import (
     PROJECT_ROLES,
@@ -259,6 +266,11 @@ def _checkpoint_rule(user: User, scope: Scope, action: str, obj: TrainingCheckpo
     return action == VIEW and _job_rule(user, scope, VIEW, obj.training)  # type: ignore[arg-type]
 
 
+def _ssh_key_rule(user: User, scope: Scope, action: str, obj: SshKey) -> bool:
+    # A user's SSH keys are theirs alone (platform admins, handled in can(), see all).
+    return obj.user_id == user.pk and action in (VIEW, CREATE, DELETE)
+
+
 _RULES: dict[type[Model], Any] = {
     Tenant: _tenant_rule,
     Project: _project_rule,
@@ -282,6 +294,7 @@ _RULES: dict[type[Model], Any] = {
     DevEnvironment: _job_rule,
     TrainingJob: _job_rule,
     TrainingCheckpoint: _checkpoint_rule,
+    SshKey: _ssh_key_rule,
 }
 
 
@@ -352,6 +365,8 @@ def _visible_q(model: type[Model], scope: Scope, user: User) -> Q | None:
         )
     if model in (WorkspacePolicy, DevEnvironment, TrainingJob):
         return Q(tenant_id__in=owner) | Q(project_id__in=projects)
+    if model is SshKey:
+        return Q(user_id=user.pk)
     if model is TrainingCheckpoint:
         return Q(training__tenant_id__in=owner) | Q(training__project_id__in=projects)
     if model is User:

@@ -78,7 +78,7 @@ class EnvironmentForm(_WorkloadForm):
     ssh_public_keys = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
-        help_text="SSH environments: one OpenSSH public key per line.",
+        help_text="SSH environments use your stored SSH keys; add extra ones here, one per line.",
     )
     field_order = ["project", "cluster", "name", "kind", "profile", "image", "image_reference"]
 
@@ -124,3 +124,14 @@ class PolicyForm(forms.ModelForm[WorkspacePolicy]):
     class Meta:
         model = WorkspacePolicy
         fields = ["idle_minutes", "max_lifetime_hours", "warning_minutes", "storage_gib_limit"]
+
+
+class SshKeyForm(forms.Form):
+    name = forms.CharField(required=False, max_length=100, help_text="Defaults to the key's comment.")
+    public_key = forms.CharField(
+        max_length=20000,
+        widget=forms.Textarea(attrs={"rows": 3, "class": "mono",
+                                     "placeholder": "ssh-ed25519 AAAA… you@laptop"}),
+        help_text="The contents of your .pub file: ssh-ed25519, ecdsa-sha2-*, "
+                  "or ssh-rsa of at least 2048 bits.",
+    )

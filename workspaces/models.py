@@ -249,3 +249,29 @@ class TrainingCheckpoint(models.Model):
 
     def __str__(self) -> str:
         return self.path
+
+
+class SshKey(models.Model):
+    """A user's OpenSSH public key (workspaces/sshkeys.py validates it). SSH environments
+    authorise their owner's keys, plus any given for one environment."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys")
+    name = models.CharField(max_length=100)
+    key_type = models.CharField(max_length=40)
+    public_key = models.TextField(help_text="The normalised line: type, base64 data, comment.")
+    fingerprint = models.CharField(max_length=60, help_text="OpenSSH's SHA256 fingerprint.")
+    bits = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["user_id", "name", "id"]
+        verbose_name = "SSH key"
+        constraints = [
+            models.UniqueConstraint(fields=["user", "fingerprint"], name="sshkey_unique_per_user",
+                                    violation_error_message="You already added this key."),
+            models.UniqueConstraint(fields=["user", "name"], name="sshkey_unique_name_per_user",
+                                    violation_error_message="You already have a key with this name."),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.fingerprint})"

@@ -31,7 +31,7 @@ from scheduling.backends.naming import namespace_name
 from scheduling.models import Job
 
 from .models import DevEnvironment, EnvKind, TrainingFramework, TrainingJob
-from .selectors import environment_path
+from .selectors import authorized_keys, environment_path
 
 LABEL_WORKSPACE = "camp.io/workspace"
 SERVER = {
@@ -126,7 +126,7 @@ def _environment_specs(env: DevEnvironment, objs: JobObjects,
         command = ("/usr/sbin/sshd", "-D", "-e", "-o", "AuthorizedKeysFile=/etc/camp-ssh/authorized_keys",
                    "-o", "PasswordAuthentication=no")
         keys = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{env.service_name}-ssh"},
-                "data": {"authorized_keys": env.ssh_public_keys + "\n"}}
+                "data": {"authorized_keys": authorized_keys(env)}}
         extra.append(ExtraObject(keys, owned=False))
         volumes.append({"name": "ssh-keys", "configMap": {"name": f"{env.service_name}-ssh",
                                                           "defaultMode": 0o644}})

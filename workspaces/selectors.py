@@ -15,7 +15,7 @@ from scheduling.services import namespace_spec
 from tenants.models import Project
 from tenants.permissions import restrict
 
-from .models import DevEnvironment, EnvKind, TrainingJob, WorkspacePolicy
+from .models import DevEnvironment, EnvKind, SshKey, TrainingJob, WorkspacePolicy
 
 
 def policy_for(project: Project) -> WorkspacePolicy:
@@ -63,6 +63,26 @@ def namespace_spec_for(env: DevEnvironment | TrainingJob) -> str:
     from scheduling.backends.naming import namespace_name
 
     return namespace_name(env.cluster.namespace_prefix, env.tenant.name, env.project.name)
+
+
+def authorized_keys(env: DevEnvironment) -> str:
+    """An SSH environment's ``authorized_keys``: its owner's stored keys, then the keys
+    given for this environment (each once)."""
+    stored = SshKey.objects.filter(user_id=env.owner_id).order_by("id")
+    lines = list(stored.values_list("public_key", flat=True))
+    lines += [line for line in env.ssh_public_keys.splitlines() if line.strip()]
+    seen: set[str] = set()
+    out = []
+    for line in lines:
+        key = " ".join(line.split()[:2])  # the same key with another comment is the same key
+        if key not in seen:
+            seen.add(key)
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def ssh_key_list(*, user: Any) -> QuerySet[SshKey]:
+    return restrict(SshKey.objects.select_related("user"), user).order_by("user__username", "name", "id")
 
 
 def how_to_open(env: DevEnvironment) -> dict[str, str]:

@@ -34,6 +34,7 @@ from .models import (
     DevEnvironment,
     EnvKind,
     Profile,
+    SshKey,
     TrainingCheckpoint,
     TrainingFramework,
     TrainingJob,
@@ -41,6 +42,7 @@ from .models import (
 )
 from .quota import refuse_if_never_within_limits, refuse_if_over_storage
 from .selectors import environment_url, policy_for
+from .sshkeys import SshKeyError, parse_public_key
 
 CULLER = "culler"  # actor_username of the platform's own workspace actions
 ENV_FIELDS = (
@@ -78,10 +80,6 @@ TRAINING_FIELDS = (
 )
 POLICY_FIELDS = ("idle_minutes", "max_lifetime_hours", "warning_minutes", "storage_gib_limit")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SSH_KEY = re.compile(
-    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com"
-    r"|sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( \S.*)?$"
-)
 # Dev environments run until stopped; the simulated backend needs a finite duration.
 ENV_DURATION_SECONDS = 30 * 24 * 3600
 LAUNCHER = {"cpu_millicores": 1000, "ram_mib": 2048}
@@ -353,13 +351,17 @@ VARIANT_OF = {EnvKind.JUPYTER: Variant.JUPYTER, EnvKind.VSCODE: Variant.VSCODE, 
 
 
 def _clean_ssh_keys(text: str) -> str:
+    """Keys given for one environment: the same rules as the user's key store."""
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    for n, line in enumerate(lines, 1):
-        if not SSH_KEY.match(line) or len(line) > 16384:
-            raise ValidationError({"ssh_public_keys": [f"Line {n} is not an OpenSSH public key."]})
     if len(lines) > 20:
         raise ValidationError({"ssh_public_keys": ["At most 20 keys."]})
-    return "\n".join(lines)
+    out = []
+    for n, line in enumerate(lines, 1):
+        try:
+            out.append(parse_public_key(line).line)
+        except SshKeyError as exc:
+            raise ValidationError({"ssh_public_keys": [f"Line {n}: {exc}"]}) from exc
+    return "\n".join(out)
 
 
 def _env_group(env: DevEnvironment) -> dict[str, Any]:
@@ -468,8 +470,9 @@ def environment_launch(
         setattr(row, k, v)
     row.env = _clean_env(env)
     row.ssh_public_keys = _clean_ssh_keys(ssh_public_keys)
-    if kind == EnvKind.SSH and not row.ssh_public_keys:
-        raise ValidationError({"ssh_public_keys": ["An SSH environment needs at least one public key."]})
+    if kind == EnvKind.SSH and not row.ssh_public_keys and not SshKey.objects.filter(user=actor).exists():
+        raise ValidationError({"ssh_public_keys": [
+            "An SSH environment needs a public key: add one to your SSH keys (or give one here)."]})
     refuse_if_never_within_limits(project=project, cluster=cluster, groups=[_env_group(row)])
     refuse_if_over_storage(project=project, extra_gib=row.home_gib, field="home_gib")
     token = secrets.token_urlsafe(32)
@@ -996,3 +999,42 @@ def training_sync(*, training: TrainingJob, now: dt.datetime | None = None) -> s
             _audit("training.retried", t, after={"retry": t.retries, "after": job.reason})
         return "retried"
     return job.state
+
+
+# --- SSH keys ---------------------------------------------------------------------------------
+
+MAX_SSH_KEYS = 50
+
+
+@transaction.atomic
+def ssh_key_add(*, actor: User, name: str, public_key: str) -> SshKey:
+    """Store one of ``actor``'s OpenSSH public keys (validated; fingerprint kept). SSH
+    environments of theirs authorise it from their next start."""
+    try:
+        parsed = parse_public_key(public_key)
+    except SshKeyError as exc:
+        raise ValidationError({"public_key": [str(exc)]}) from exc
+    name = (name or "").strip() or parsed.comment[:100] or parsed.key_type
+    key = SshKey(user=actor, name=name[:100], key_type=parsed.key_type, public_key=parsed.line,
+                 fingerprint=parsed.fingerprint, bits=parsed.bits)
+    _require(actor, permissions.CREATE, key)
+    User.objects.select_for_update().filter(pk=actor.pk).first()  # serialise the count check
+    if SshKey.objects.filter(user=actor).count() >= MAX_SSH_KEYS:
+        raise ValidationError({"public_key": [f"At most {MAX_SSH_KEYS} keys per user."]})
+    if SshKey.objects.filter(user=actor, fingerprint=parsed.fingerprint).exists():
+        raise ValidationError({"public_key": ["You already added this key."]})
+    if SshKey.objects.filter(user=actor, name=key.name).exists():
+        raise ValidationError({"name": ["You already have a key with this name."]})
+    key.save()
+    audit_record(actor=actor, action="ssh_key.added", target=key, after=snapshot(key, SSH_KEY_FIELDS))
+    return key
+
+
+@transaction.atomic
+def ssh_key_delete(*, actor: User, key: SshKey) -> None:
+    _require(actor, permissions.DELETE, key)
+    audit_record(actor=actor, action="ssh_key.deleted", target=key, before=snapshot(key, SSH_KEY_FIELDS))
+    key.delete()
+
+
+SSH_KEY_FIELDS = ("user", "name", "key_type", "bits", "fingerprint")

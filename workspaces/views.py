@@ -22,8 +22,8 @@ from tenants.forms import apply_service_errors
 from tenants.permissions import CHANGE, DELETE, actor_of, can, restrict
 
 from . import selectors, services
-from .forms import EnvironmentForm, PolicyForm, TrainingForm
-from .models import DevEnvironment, Profile, TrainingJob
+from .forms import EnvironmentForm, PolicyForm, SshKeyForm, TrainingForm
+from .models import DevEnvironment, Profile, SshKey, TrainingJob
 from .pods import tensorboard_path
 
 COOKIE_MAX_AGE = 12 * 3600
@@ -227,3 +227,32 @@ def profile_list(request: HttpRequest) -> HttpResponse:
         Profile.objects.select_related("image").prefetch_related("tenants", "projects"), request.user
     )
     return render(request, "workspaces/profiles.html", {"profiles": profiles})
+
+
+@login_required
+def ssh_keys(request: HttpRequest) -> HttpResponse:
+    """Your SSH public keys (platform admins also see everyone's)."""
+    form = SshKeyForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            key = services.ssh_key_add(actor=actor_of(request), **form.cleaned_data)
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"SSH key {key.name} added ({key.fingerprint}).")
+            return redirect("workspaces:ssh-keys")
+    keys = selectors.ssh_key_list(user=request.user)
+    return render(request, "workspaces/ssh_keys.html", {
+        "form": form,
+        "own": [k for k in keys if k.user_id == request.user.pk],
+        "others": [k for k in keys if k.user_id != request.user.pk],
+    })
+
+
+@login_required
+@require_POST
+def ssh_key_delete(request: HttpRequest, pk: int) -> HttpResponseBase:
+    key = get_object_or_404(restrict(SshKey.objects.all(), request.user), pk=pk)
+    services.ssh_key_delete(actor=actor_of(request), key=key)
+    messages.success(request, f"SSH key {key.name} removed.")
+    return redirect("workspaces:ssh-keys")

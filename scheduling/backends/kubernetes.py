@@ -273,6 +273,11 @@ class KubernetesBackend:
             # Registry credentials may have been rotated since the secret was made.
             self._call(self.core.patch_namespaced_secret, meta["name"], objs.namespace,
                        {"data": body.get("data", {}), "type": body.get("type")})
+        elif created is None and body["kind"] == "ConfigMap":
+            # Derived data (e.g. an SSH environment's authorized_keys) may have changed
+            # since an earlier run created it.
+            self._call(self.core.patch_namespaced_config_map, meta["name"], objs.namespace,
+                       {"data": body.get("data", {})})
 
     def delete_object(self, namespace: str, kind: str, name: str) -> None:
         api, suffix = self._extra_api(kind)

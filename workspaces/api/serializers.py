@@ -12,7 +12,15 @@ from tenants.api.serializers import VisiblePKField
 from tenants.models import Project, Tenant
 
 from .. import selectors
-from ..models import DevEnvironment, EnvKind, Profile, TrainingCheckpoint, TrainingFramework, TrainingJob
+from ..models import (
+    DevEnvironment,
+    EnvKind,
+    Profile,
+    SshKey,
+    TrainingCheckpoint,
+    TrainingFramework,
+    TrainingJob,
+)
 from ..models import WorkspacePolicy as Policy
 
 
@@ -175,4 +183,19 @@ class PolicySerializer(serializers.ModelSerializer[Policy]):
         fields = ["id", "project", "idle_minutes", "max_lifetime_hours", "warning_minutes",
                   "storage_gib_limit", "updated_at"]
         read_only_fields = ["id", "updated_at"]
+        validators: list[Any] = []
+
+
+class SshKeySerializer(serializers.ModelSerializer[SshKey]):
+    user = serializers.CharField(source="user.username", read_only=True)
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True,
+                                 help_text="Defaults to the key's comment.")
+    public_key = serializers.CharField(max_length=20000, trim_whitespace=True,
+                                       help_text="One OpenSSH public key line (ssh-ed25519, ecdsa-sha2-*, "
+                                                 "ssh-rsa of at least 2048 bits).")
+
+    class Meta:
+        model = SshKey
+        fields = ["id", "user", "name", "public_key", "key_type", "bits", "fingerprint", "created_at"]
+        read_only_fields = ["id", "key_type", "bits", "fingerprint", "created_at"]
         validators: list[Any] = []

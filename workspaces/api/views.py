@@ -17,7 +17,7 @@ from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import actor_of
 
 from .. import selectors, services
-from ..models import DevEnvironment, Profile, TrainingJob, WorkspacePolicy
+from ..models import DevEnvironment, Profile, SshKey, TrainingJob, WorkspacePolicy
 from .serializers import (
     CheckpointSerializer,
     EnvironmentSerializer,
@@ -25,6 +25,7 @@ from .serializers import (
     OpenSerializer,
     PolicySerializer,
     ProfileSerializer,
+    SshKeySerializer,
     TrainingSerializer,
     WhySerializer,
 )
@@ -263,3 +264,32 @@ class PolicyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         return Response(
             PolicySerializer(policy, context=self.get_serializer_context()).data, status=status.HTTP_200_OK
         )
+
+
+class SshKeyViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    CampViewSet,
+):
+    """Your SSH public keys (platform admins see everyone's). SSH environments authorise
+    their owner's keys from their next start. Keys are validated (ssh-ed25519,
+    ecdsa-sha2-*, ssh-rsa of at least 2048 bits) and shown with their SHA256 fingerprint."""
+
+    model = SshKey
+    serializer_class = SshKeySerializer
+    filterset_fields = ["user", "key_type", "fingerprint"]
+    ordering_fields = ["created_at", "name"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().select_related("user").order_by("user_id", "name", "id")
+
+    def perform_create(self, serializer: Any) -> None:
+        data = serializer.validated_data
+        serializer.instance = services.ssh_key_add(
+            actor=actor_of(self.request), name=data.get("name", ""), public_key=data["public_key"]
+        )
+
+    def perform_destroy(self, instance: SshKey) -> None:
+        services.ssh_key_delete(actor=actor_of(self.request), key=instance)

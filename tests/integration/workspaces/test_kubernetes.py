@@ -21,9 +21,11 @@ from workspaces import services, tasks
 from workspaces.models import DevEnvironment, TrainingJob
 from workspaces.pods import environment_objects
 
+from .test_ssh_keys import public_key
+
 pytestmark = pytest.mark.django_db
 NS = "camp-acme-acme-p1"
-KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHx5bW9ja2tleWZvcnRlc3RzMDEyMzQ1Njc4OTAx alice@laptop"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAID9iGbd4jNEsHIMHFZ0h4o7jyUuNlZ13tMfUpp8WPm6m alice@laptop"
 
 
 def _dispatch(k: Any, cluster: Any, job: Any) -> None:
@@ -146,6 +148,8 @@ def test_vscode_and_ssh_objects(world: Any, kube: Any) -> None:  # noqa: F811
     c = _container(stored(k, "pods", NS, code.job.allocations.get().pod_name))
     assert c["command"][:5] == ["code-server", "--bind-addr", "0.0.0.0:8080", "--auth", "none"]
     assert c["ports"] == [{"name": "http", "containerPort": 8080}]
+    # The owner's stored keys come first, then the ones given for this environment.
+    stored_key = services.ssh_key_add(actor=world.a.member, name="laptop", public_key=public_key("ecdsa"))
     shell = _env(
         world, cluster, "shell", "ssh", image=Image.objects.get(name="pytorch-ssh"), ssh_public_keys=KEY
     )
@@ -153,7 +157,15 @@ def test_vscode_and_ssh_objects(world: Any, kube: Any) -> None:  # noqa: F811
     pod = stored(k, "pods", NS, shell.job.allocations.get().pod_name)
     assert _container(pod)["ports"] == [{"name": "ssh", "containerPort": 22}]
     keys = stored(k, "configmaps", NS, f"ws-{shell.pk}-ssh")
-    assert keys["data"]["authorized_keys"] == KEY + "\n"
+    assert keys["data"]["authorized_keys"] == f"{stored_key.public_key}\n{KEY}\n"
+    # A key added later reaches the (already existing) ConfigMap at the next start.
+    added = services.ssh_key_add(actor=world.a.member, name="desktop", public_key=public_key("rsa"))
+    services.environment_stop(actor=world.a.member, env=shell)
+    scheduling_services.job_stop(job_id=shell.job.pk)
+    shell = services.environment_start(actor=world.a.member, env=shell)
+    _dispatch(k, cluster, shell.job)
+    keys = stored(k, "configmaps", NS, f"ws-{shell.pk}-ssh")
+    assert keys["data"]["authorized_keys"] == f"{stored_key.public_key}\n{added.public_key}\n{KEY}\n"
     assert {"name": "ssh-keys", "mountPath": "/etc/camp-ssh", "readOnly": True} in _container(pod)[
         "volumeMounts"
     ]
