@@ -3,8 +3,10 @@
 ::
 
     pending jobs ──► FairOrder (aged · priority · fair share per level · submit time)
-      per job:  reject?     shape no node can ever hold · ask above a limit · unknown queue
-                quota       usage + ask within the limit at project, tenant and cluster level
+      per job:  reject?     shape no node can ever hold · ask above a limit · unknown queue ·
+                            non-preemptible ask above a guarantee
+                quota       usage + ask within the limit at project, tenant and cluster level;
+                            a non-preemptible job also within the guarantee at each level
                 place       Placer on the shared ClusterState, avoiding nodes held for waiting
                             large jobs (backfill), then the exact charge is checked again
                 preempt     fewest eligible victims (priority, or reclaim of borrowed capacity)
@@ -12,7 +14,10 @@
       end:      every waiting job gets a reason a user can act on and its place in its queue
 
 Admitted jobs are *borrowing* when their project runs beyond its guaranteed share; borrowing jobs
-are the first victims when the owner of that capacity reclaims it. The cycle performs no I/O.
+are the first victims when the owner of that capacity reclaims it. Only preemptible jobs borrow
+(``CycleConfig.nonpreemptible_within_guarantee``): capacity a non-preemptible job held beyond its
+guarantee could never be reclaimed, and would keep another project below its guaranteed share
+while it has work waiting. The cycle performs no I/O.
 """
 
 from __future__ import annotations
@@ -86,6 +91,12 @@ class CycleConfig:
     """Heads of queues: how many jobs at the front of each project queue are tried per cycle
     (None: all). The others are still checked for "never" and get a reason and a position; the
     service runs the next cycle while the previous one admitted something (Kueue-style)."""
+    nonpreemptible_within_guarantee: bool = True
+    """Rule (non-preemptible within guarantee): a non-preemptible job starts only if, with it, the
+    non-preemptible usage of its project, tenant and cluster stays within each one's guaranteed
+    amount of every resource it guarantees; beyond that only preemptible jobs borrow idle capacity,
+    so that every guarantee can be reclaimed. Jobs already running are never evicted by it. Off:
+    non-preemptible jobs borrow like any other (capacity they borrow cannot be reclaimed)."""
 
 
 class Kind:
@@ -94,9 +105,13 @@ class Kind:
     ADMITTED = "admitted"
     PREEMPTING = "preempting"
     QUOTA = "quota"
+    GUARANTEE = "guarantee"
+    """A non-preemptible job waiting until it fits within its queues' guarantees."""
     CAPACITY = "capacity"
     NEVER_FITS = "never-fits"
     OVER_LIMIT = "over-limit"
+    OVER_GUARANTEE = "over-guarantee"
+    """A non-preemptible job asking more than a guarantee on its path: it can never start."""
     UNKNOWN_QUEUE = "unknown-queue"
     BEHIND = "behind"
 
@@ -172,16 +187,23 @@ class QueueCycle:
         mems = [m for ms in self.card_memory.values() for m in ms]
         self.smallest_card = min(mems) if mems else 0
         self.usage_of: dict[str, list[int]] = {}
+        self.np_rule = self.config.nonpreemptible_within_guarantee
+        self._by_queue: dict[str, set[str]] = {}
+        """Running jobs per queue (to recount a project's borrowing jobs)."""
         for r in running:
             u = placement_usage(r.pods, self.card_memory)
             self.usage_of[r.name] = u
-            self.tree.charge(r.queue, u)
-        self.borrowing: set[str] = borrowing_jobs(self.tree, self.usage_of, running)
+            self.tree.charge(r.queue, u, nonpreemptible=not r.preemptible)
+            self._by_queue.setdefault(r.queue, set()).add(r.name)
+        self.borrowing: set[str] = borrowing_jobs(
+            self.tree, self.usage_of, running, nonpreemptible_first=self.np_rule
+        )
         self.reservations: list[_Reservation] = []
         self._fail_memo: dict[tuple[object, ...], int] = {}
         self._sorted: dict[str, list[Job]] | None = None
         self._never_memo: dict[tuple[object, ...], tuple[str | None, tuple[int, ...]]] = {}
         self._limit_memo: dict[tuple[object, ...], str | None] = {}
+        self._guarantee_memo: dict[tuple[object, ...], str | None] = {}
         self._preempt_memo: dict[tuple[object, ...], int] = {}
         self._host_cache: dict[tuple[int, PodRequest], bool] = {}
         self._shapes: dict[str, tuple[PodRequest, ...]] = {}
@@ -293,6 +315,13 @@ class QueueCycle:
             self._limit_memo[key] = over_msg
         if over_msg is not None:
             return Reject(job.name, over_msg), Kind.OVER_LIMIT
+        if self.np_rule and not job.preemptible:
+            g_msg = self._guarantee_memo.get(key, _MISSING)
+            if g_msg is _MISSING:
+                g_msg = self._over_guarantee(job.queue, ask)
+                self._guarantee_memo[key] = g_msg
+            if g_msg is not None:
+                return Reject(job.name, g_msg), Kind.OVER_GUARANTEE
         return None, ""
 
     def _shape_verdict(self, job: Job) -> tuple[str | None, tuple[int, ...]]:
@@ -316,6 +345,20 @@ class QueueCycle:
             f"{tree.label(n)}'s {RESOURCE_NAMES[r]} limit of {format_amount(r, lim)}"
         )
 
+    def _over_guarantee(self, queue: str, ask: Sequence[int]) -> str | None:
+        """Why a non-preemptible job can never start within its guarantees (or None)."""
+        tree = self.tree
+        over = tree.never_within_guarantee(queue, ask)
+        if over is None:
+            return None
+        n, r = over
+        g = tree.guaranteed[n][r]
+        return (
+            f"Non-preemptible jobs must fit within {tree.label(n)}'s {RESOURCE_NAMES[r]} "
+            f"guarantee of {format_amount(r, g)}, and the job asks {format_amount(r, ask[r])}; "
+            f"mark it preemptible to borrow idle {_borrow_what(r)}, or ask for a larger guarantee"
+        )
+
     def ask(self, job: Job) -> tuple[int, ...]:
         """The job's charge lower bound (:func:`job_ask`), cached per job shape."""
         shape = job_shape(job)
@@ -332,18 +375,18 @@ class QueueCycle:
             return never, kind, False, False, None
         pods = self._pods(job)
         ask = self.ask(job)
-        q = self.quota_reason(job, ask)
-        if q is not None:
-            return Wait(job.name, q), Kind.QUOTA, False, False, None
+        blocked = self.admission_block(job, ask)
+        if blocked is not None:
+            return Wait(job.name, blocked[1]), blocked[0], False, False, None
         exclude, bypassed = self.held_nodes(job)
         placement = self.try_place(job, pods, exclude)
         if placement is not None:
             u = placement_usage(placement.pods, self.card_memory)
-            q = self.quota_reason(job, u)
-            if q is not None:
+            blocked = self.admission_block(job, u)
+            if blocked is not None:
                 for pp in placement.pods:
                     self.state.unreserve(pp)
-                return Wait(job.name, q), Kind.QUOTA, False, False, None
+                return Wait(job.name, blocked[1]), blocked[0], False, False, None
             borrowing = self.admit(job, placement, u)
             backfilled = bool(self.reservations)
             return Admit(job.name, placement), Kind.ADMITTED, borrowing, backfilled, None
@@ -417,6 +460,38 @@ class QueueCycle:
             f"job asks {format_amount(r, ask[r])})"
         )
 
+    def guarantee_reason(self, job: Job, ask: Sequence[int]) -> str | None:
+        """Rule (non-preemptible within guarantee): a non-preemptible job waits while, with it, the
+        non-preemptible usage of a queue on its path would go beyond that queue's guarantee
+        (:meth:`TreeState.guarantee_violation`); the reason names the queue, the resource, the
+        amounts and what the user can do. Preemptible jobs, and every job when
+        ``CycleConfig.nonpreemptible_within_guarantee`` is off, are not restricted."""
+        if job.preemptible or not self.np_rule:
+            return None
+        tree = self.tree
+        v = tree.guarantee_violation(job.queue, ask)
+        if v is None:
+            return None
+        n, r = v
+        return (
+            f"Non-preemptible jobs must fit within {tree.label(n)}'s {RESOURCE_NAMES[r]} "
+            f"guarantee ({format_amount(r, tree.np_usage[n][r])} of "
+            f"{format_amount(r, tree.guaranteed[n][r])} held by non-preemptible jobs, job asks "
+            f"{format_amount(r, ask[r])}); mark it preemptible to borrow idle {_borrow_what(r)}"
+        )
+
+    def admission_block(self, job: Job, amount: Sequence[int]) -> tuple[str, str] | None:
+        """(kind, reason) when ``amount`` charged to the job's queues would break a limit
+        (:meth:`quota_reason`) or, for a non-preemptible job, a guarantee
+        (:meth:`guarantee_reason`); None when it may start."""
+        q = self.quota_reason(job, amount)
+        if q is not None:
+            return Kind.QUOTA, q
+        g = self.guarantee_reason(job, amount)
+        if g is not None:
+            return Kind.GUARANTEE, g
+        return None
+
     def held_nodes(self, job: Job) -> tuple[frozenset[str], int]:
         """Rule (backfill): a job ordered after a waiting large job may not use the nodes held for
         it, unless its runtime estimate shows it ends before that job is expected to start."""
@@ -486,8 +561,12 @@ class QueueCycle:
 
     def admit(self, job: Job, placement: Placement, usage: list[int]) -> bool:
         """Rule (borrowing mark): charge the job to its queues; it is borrowing when its project's
-        usage now exceeds the guaranteed amount of a guaranteed resource the job uses."""
-        self.tree.charge(job.queue, usage)
+        usage now exceeds the guaranteed amount of a guaranteed resource the job uses. Under the
+        non-preemptible-within-guarantee rule a non-preemptible job counts first against the
+        guarantee, so its admission may turn the project's preemptible jobs into borrowers
+        (:meth:`recount_borrowing`)."""
+        nonpreemptible = not job.preemptible
+        self.tree.charge(job.queue, usage, nonpreemptible=nonpreemptible)
         rj = RunningJob(
             name=job.name,
             pods=placement.pods,
@@ -500,16 +579,34 @@ class QueueCycle:
         )
         self.running[job.name] = rj
         self.usage_of[job.name] = usage
+        self._by_queue.setdefault(job.queue, set()).add(job.name)
         self.admitted_now.add(job.name)
         pi = self.tree.project_index.get(job.queue)
         if pi is None:
             borrowing = bool(self.tree.project_index)
+        elif nonpreemptible and self.np_rule:
+            self.recount_borrowing(job.queue)
+            return job.name in self.borrowing
         else:
             before = [u - a for u, a in zip(self.tree.usage[pi], usage, strict=True)]
             borrowing = self.tree.exceeds_guaranteed(pi, before, usage)
         if borrowing:
             self.borrowing.add(job.name)
         return borrowing
+
+    def recount_borrowing(self, queue: str) -> None:
+        """Recount which of a project's running jobs borrow (:func:`borrowing_jobs`, non-preemptible
+        jobs first); when that changes, the victim lists are rebuilt."""
+        names = self._by_queue.get(queue, set())
+        jobs = [self.running[n] for n in names]
+        new = borrowing_jobs(self.tree, self.usage_of, jobs, nonpreemptible_first=True)
+        old = {n for n in names if n in self.borrowing}
+        if new == old:
+            return
+        self.borrowing -= old
+        self.borrowing |= new
+        self._pool = None
+        self._victims_memo.clear()
 
     # -- preemption ----------------------------------------------------------------------------
 
@@ -582,8 +679,7 @@ class QueueCycle:
         u = placement_usage(placement.pods, self.card_memory)
         for v in victims:
             self._release(v)
-        q = self.quota_reason(job, u)
-        if q is not None:
+        if self.admission_block(job, u) is not None:
             for pp in placement.pods:
                 self.state.unreserve(pp)
             for v in victims:
@@ -630,6 +726,7 @@ class QueueCycle:
         self._running_version += 1
         self.tree.charge(v.queue, self.usage_of[v.name], -1)
         del self.running[v.name]
+        self._by_queue[v.queue].discard(v.name)
         if v.name in self.borrowing:
             self.borrowing.discard(v.name)
             self._released_borrowing.add(v.name)
@@ -641,6 +738,7 @@ class QueueCycle:
         self._victims_memo.clear()  # a restored job may be a candidate again
         self.tree.charge(v.queue, self.usage_of[v.name])
         self.running[v.name] = v
+        self._by_queue.setdefault(v.queue, set()).add(v.name)
         if v.name in self._released_borrowing:
             self.borrowing.add(v.name)  # it borrows again, as before its trial release
         self.evicted.remove(v.name)
@@ -866,6 +964,10 @@ _MISSING = "\0missing"
 
 def _first(item: tuple[tuple[int, float, float, str], Job]) -> tuple[int, float, float, str]:
     return item[0]
+
+
+def _borrow_what(r: int) -> str:
+    return ("GPUs", "GPU memory", "CPU", "RAM")[r]
 
 
 def _behind(ahead: int) -> str:

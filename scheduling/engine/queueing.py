@@ -10,6 +10,9 @@ Rules implemented here (each function's docstring states its rule):
 * a job fits its quota iff, at every level of its path, usage + ask stays within the limit
   (an empty limit means "no limit beyond the parent's");
 * a job is *borrowing* when it runs beyond its project's guaranteed share;
+* a non-preemptible job runs only within the guaranteed share of every queue on its path (usage of
+  non-preemptible jobs + ask within each guaranteed amount; a resource a queue guarantees nothing of
+  does not restrict it), because capacity it held beyond the guarantee could never be reclaimed;
 * ordering: aged jobs first (oldest first), then priority (high first), then fair share at each
   level of the tree (lowest dominant share of usage over guaranteed first), then submit time.
 """
@@ -199,6 +202,8 @@ class TreeState:
                 self.project_index[p.name] = pi
                 self.tenant_of[pi] = ti
         self.usage: list[list[int]] = [[0, 0, 0, 0] for _ in self.names]
+        self.np_usage: list[list[int]] = [[0, 0, 0, 0] for _ in self.names]
+        """The part of ``usage`` held by non-preemptible jobs."""
         self.path: dict[int, tuple[int, ...]] = {
             pi: (pi, self.tenant_of[pi], 0) for pi in self.project_index.values()
         }
@@ -223,12 +228,19 @@ class TreeState:
 
     # -- usage ---------------------------------------------------------------------------------
 
-    def charge(self, queue: str, amount: Sequence[int], sign: int = 1) -> None:
-        """Rule (usage): a running job's resources count at every level of its path."""
+    def charge(
+        self, queue: str, amount: Sequence[int], sign: int = 1, *, nonpreemptible: bool = False
+    ) -> None:
+        """Rule (usage): a running job's resources count at every level of its path (and, for a
+        non-preemptible job, in that level's non-preemptible usage too)."""
         for n in self.path_of(queue):
             u = self.usage[n]
             for r in range(4):
                 u[r] += sign * amount[r]
+            if nonpreemptible:
+                npu = self.np_usage[n]
+                for r in range(4):
+                    npu[r] += sign * amount[r]
 
     def quota_violation(self, queue: str, ask: Sequence[int]) -> tuple[int, int] | None:
         """Rule (limits): a job fits its quota iff at every level of its path usage + ask stays
@@ -250,6 +262,30 @@ class TreeState:
             for r in range(4):
                 cap = lim[r]
                 if cap is not None and ask[r] > cap:
+                    return (n, r)
+        return None
+
+    def guarantee_violation(self, queue: str, ask: Sequence[int]) -> tuple[int, int] | None:
+        """Rule (non-preemptible within guarantee): a non-preemptible job may start only if, at
+        every level of its path (project, tenant, cluster), the usage of non-preemptible jobs + ask
+        stays within the guaranteed amount of every resource that level guarantees. A resource a
+        level guarantees nothing of (0) does not restrict at that level. Returns the first
+        (node, resource) that would go beyond its guarantee, else None."""
+        for n in self.path_of(queue):
+            g = self.guaranteed[n]
+            u = self.np_usage[n]
+            for r in range(4):
+                if g[r] > 0 and ask[r] > 0 and u[r] + ask[r] > g[r]:
+                    return (n, r)
+        return None
+
+    def never_within_guarantee(self, queue: str, ask: Sequence[int]) -> tuple[int, int] | None:
+        """Rule (non-preemptible reject): a non-preemptible job asking more than a guaranteed
+        amount on its path can never start (see :meth:`guarantee_violation`)."""
+        for n in self.path_of(queue):
+            g = self.guaranteed[n]
+            for r in range(4):
+                if g[r] > 0 and ask[r] > g[r]:
                     return (n, r)
         return None
 
@@ -417,12 +453,20 @@ def running_jobs(
 
 
 def borrowing_jobs(
-    tree: TreeState, usage_of: Mapping[str, Sequence[int]], running: Iterable[RunningJob]
+    tree: TreeState,
+    usage_of: Mapping[str, Sequence[int]],
+    running: Iterable[RunningJob],
+    *,
+    nonpreemptible_first: bool = False,
 ) -> set[str]:
     """Rule (borrowing): within a project, running jobs are counted against its guaranteed share in
     start order; a job whose cumulative usage exceeds the guaranteed amount of a guaranteed resource
     it uses is borrowing (so the most recently started jobs are the borrowers). Jobs of unknown queues
-    borrow by definition."""
+    borrow by definition.
+
+    With ``nonpreemptible_first`` (the non-preemptible-within-guarantee rule), non-preemptible jobs
+    are counted first: they hold the guaranteed share, and what the project runs beyond it is its
+    preemptible jobs, which can then be reclaimed."""
     by_queue: dict[str, list[RunningJob]] = {}
     for rj in running:
         by_queue.setdefault(rj.queue, []).append(rj)
@@ -433,7 +477,11 @@ def borrowing_jobs(
             out.update(j.name for j in jobs)
             continue
         cum = [0, 0, 0, 0]
-        for j in sorted(jobs, key=lambda j: (j.start_time or 0.0, j.name)):
+        if nonpreemptible_first:
+            ordered = sorted(jobs, key=lambda j: (j.preemptible, j.start_time or 0.0, j.name))
+        else:
+            ordered = sorted(jobs, key=lambda j: (j.start_time or 0.0, j.name))
+        for j in ordered:
             u = usage_of[j.name]
             if tree.exceeds_guaranteed(pi, cum, u):
                 out.add(j.name)

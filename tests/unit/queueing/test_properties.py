@@ -1,5 +1,5 @@
-"""Properties of a queueing cycle (hypothesis): limits hold, protected jobs are never evicted, and
-every eviction admits its preemptor."""
+"""Properties of a queueing cycle (hypothesis): limits hold, protected jobs are never evicted, every
+eviction admits its preemptor, and (rule on) no non-preemptible job is admitted beyond a guarantee."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def quotas(draw: st.DrawFn) -> Quota:
     g = draw(st.integers(0, 6))
     lim = draw(st.one_of(st.none(), st.integers(g, 10)))
     cpu = draw(st.one_of(st.none(), st.integers(2, 40)))
-    return Quota(gpus_guaranteed=g, gpus_limit=lim, cpu_cores_limit=cpu)
+    cpu_g = draw(st.sampled_from([0, 0, 4, 12]))
+    return Quota(gpus_guaranteed=g, gpus_limit=lim, cpu_cores_limit=cpu, cpu_cores_guaranteed=cpu_g)
 
 
 @st.composite
@@ -41,7 +42,10 @@ def scenarios(draw: st.DrawFn) -> tuple[object, list[RunningJob], list[Job], Que
     qtree = tree(
         {"a": {"x": draw(quotas()), "y": draw(quotas())}, "b": {"z": draw(quotas())}},
         tenants={"a": draw(quotas()), "b": draw(quotas())},
-        cluster=Quota(gpus_limit=draw(st.one_of(st.none(), st.integers(4, 20)))),
+        cluster=Quota(
+            gpus_limit=draw(st.one_of(st.none(), st.integers(4, 20))),
+            gpus_guaranteed=draw(st.sampled_from([0, 0, 6])),
+        ),
     )
     run: list[RunningJob] = []
     for i, s in enumerate(sizes):
@@ -83,6 +87,7 @@ def scenarios(draw: st.DrawFn) -> tuple[object, list[RunningJob], list[Job], Que
         aging=Aging(max_wait_s=draw(st.sampled_from([None, 500.0]))),
         preemption=PreemptionConfig(min_runtime_s=MIN_RUNTIME),
         backfill=draw(st.booleans()),
+        nonpreemptible_within_guarantee=draw(st.booleans()),
     )
     return snap, run, pending, qtree, config
 
@@ -142,6 +147,29 @@ def test_cycle_properties(sc: tuple[object, list[RunningJob], list[Job], QueueTr
     assert {k: v.vec() for k, v in r.usage.items()} == {
         after.names[n]: tuple(after.usage[n]) for n in range(len(after.names))
     }
+
+    # Rule on: no admitted non-preemptible job takes a queue's non-preemptible usage beyond its
+    # guarantee in a guaranteed resource it uses (running jobs already beyond it stay, untouched),
+    # and none is marked borrowing where its project guarantees something.
+    if config.nonpreemptible_within_guarantee:
+        np_after = TreeState(qtree)
+        for rj in run:
+            if not rj.preemptible:
+                np_after.charge(rj.queue, placement_usage(rj.pods, card))
+        grew: set[tuple[int, int]] = set()
+        for d in r.decisions:
+            if isinstance(d, Admit | Preempt) and not by_job[d.job].preemptible:
+                u = placement_usage(d.placement.pods, card)
+                np_after.charge(by_job[d.job].queue, u)
+                path = np_after.path_of(by_job[d.job].queue)
+                grew |= {(n, res) for n in path for res in range(4) if u[res] > 0}
+                pi = path[0]
+                if any(after.guaranteed[pi]):
+                    assert not r.statuses[d.job].borrowing, f"non-preemptible {d.job} borrowing"
+        for n, res in grew:
+            g = np_after.guaranteed[n][res]
+            if g > 0:
+                assert np_after.usage[n][res] <= g, (np_after.names[n], res, "beyond guarantee")
 
     # Every job not admitted has a reason and a position.
     for s in r.statuses.values():

@@ -477,6 +477,223 @@ CASES = [
 ]
 
 
+# -- Rule: non-preemptible jobs run within their queues' guaranteed share -------------------------
+
+VISION = tree(
+    {"vision": {"detection": Quota(gpus_guaranteed=8), "ocr": Quota(gpus_guaranteed=8)}},
+    tenants={"vision": Quota(gpus_guaranteed=16)},
+)
+DET = "vision/detection"
+TWO8 = cluster(node("n1", 8), node("n2", 8))
+NP_OFF = CycleConfig(nonpreemptible_within_guarantee=False)
+
+
+def _np_waits_beyond_guarantee(r: CycleResult) -> None:
+    s = r.statuses["np"]
+    assert s.kind == Kind.GUARANTEE and isinstance(s.decision, Wait)
+    assert reason(r, "np") == (
+        "Non-preemptible jobs must fit within Project vision/detection's GPU guarantee "
+        "(6 of 8 held by non-preemptible jobs, job asks 4); mark it preemptible to borrow idle "
+        "GPUs — 1st of 1 in vision/detection"
+    )
+    assert r.evicted == ()
+
+
+def _np_preemptible_borrows(r: CycleResult) -> None:
+    assert admitted(r) == ["np"] and r.statuses["np"].borrowing
+
+
+def _np_within_guarantee(r: CycleResult) -> None:
+    assert admitted(r) == ["np"] and not r.statuses["np"].borrowing
+
+
+def _np_counts_first(r: CycleResult) -> None:
+    # 4 non-preemptible + 6 preemptible on a guarantee of 8: the preemptible job started last
+    # is the borrower (not the non-preemptible job, which could never be reclaimed).
+    assert admitted(r) == ["np"] and not r.statuses["np"].borrowing
+    assert r.borrowing == {"batch2"}
+
+
+def _np_owner_reclaims(r: CycleResult) -> None:
+    d = r.statuses["owner"].decision
+    assert isinstance(d, Preempt) and d.victims == ("batch",)
+
+
+def _np_off_owner_stuck(r: CycleResult) -> None:
+    assert r.statuses["owner"].kind == Kind.CAPACITY and r.evicted == ()
+
+
+def _np_tenant_level(r: CycleResult) -> None:
+    assert r.statuses["np"].kind == Kind.GUARANTEE
+    assert reason(r, "np").startswith(
+        "Non-preemptible jobs must fit within Tenant t's GPU guarantee (2 of 4 held by "
+        "non-preemptible jobs, job asks 4)"
+    )
+
+
+def _np_cluster_level(r: CycleResult) -> None:
+    assert r.statuses["np"].kind == Kind.GUARANTEE
+    assert "within Cluster cluster's GPU guarantee (3 of 4 held" in reason(r, "np")
+
+
+def _np_unguaranteed_resource(r: CycleResult) -> None:
+    # Only CPU is guaranteed: GPUs do not restrict, CPU does.
+    assert admitted(r) == ["first"]
+    assert r.statuses["second"].kind == Kind.GUARANTEE
+    assert reason(r, "second").startswith(
+        "Non-preemptible jobs must fit within Project t/p's CPU guarantee (4 cores of 8 cores held "
+        "by non-preemptible jobs, job asks 6 cores); mark it preemptible to borrow idle CPU"
+    )
+
+
+def _np_no_guarantee(r: CycleResult) -> None:
+    assert admitted(r) == ["np"]
+
+
+def _np_running_kept(r: CycleResult) -> None:
+    assert r.evicted == ()
+    assert r.statuses["owner"].kind == Kind.CAPACITY
+    assert r.statuses["more"].kind == Kind.GUARANTEE
+    assert "(8 of 4 held by non-preemptible jobs, job asks 1)" in reason(r, "more")
+
+
+def _np_never_within(r: CycleResult) -> None:
+    d = r.statuses["np"].decision
+    assert isinstance(d, Reject) and r.statuses["np"].kind == Kind.OVER_GUARANTEE
+    assert d.reason == (
+        "Non-preemptible jobs must fit within Project vision/detection's GPU guarantee of 8, and "
+        "the job asks 12; mark it preemptible to borrow idle GPUs, or ask for a larger guarantee"
+    )
+    assert r.statuses["pre"].kind == Kind.ADMITTED
+
+
+def _np_off_borrows(r: CycleResult) -> None:
+    assert admitted(r) == ["np"] and r.statuses["np"].borrowing
+
+
+NP_CASES = [
+    Case(
+        "non-preemptible within guarantee: beyond it the job waits, with the amounts and the fix",
+        TWO8,
+        [gjob("np", 4, DET, preemptible=False)],
+        _np_waits_beyond_guarantee,
+        qtree=VISION,
+        run=[running("held", "n1", tuple(range(6)), DET, preemptible=False)],
+    ),
+    Case(
+        "non-preemptible within guarantee: the same job, preemptible, borrows idle GPUs",
+        TWO8,
+        [gjob("np", 4, DET, preemptible=True)],
+        _np_preemptible_borrows,
+        qtree=VISION,
+        run=[running("held", "n1", tuple(range(6)), DET, preemptible=False)],
+    ),
+    Case(
+        "non-preemptible within guarantee: up to the guarantee exactly",
+        TWO8,
+        [gjob("np", 4, DET, preemptible=False)],
+        _np_within_guarantee,
+        qtree=VISION,
+        run=[running("held", "n1", tuple(range(4)), DET, preemptible=False)],
+    ),
+    Case(
+        "non-preemptible within guarantee: only non-preemptible usage counts, and it counts first",
+        TWO8,
+        [gjob("np", 4, DET, preemptible=False)],
+        _np_counts_first,
+        qtree=VISION,
+        run=[
+            running("batch1", "n1", (0, 1, 2, 3), DET, start=0),
+            running("batch2", "n1", (4, 5), DET, start=10),
+        ],
+    ),
+    Case(
+        "non-preemptible within guarantee: the owner reclaims the preemptible borrower",
+        TWO4,
+        [gjob("owner", 4, "t/q", preemptible=False)],
+        _np_owner_reclaims,
+        qtree=TWO_PROJECTS_GUARANTEED,
+        run=[
+            running("batch", "n1", (0, 1, 2, 3), "t/p", start=0),
+            running("np", "n2", (0, 1, 2, 3), "t/p", start=10, preemptible=False),
+        ],
+    ),
+    Case(
+        "non-preemptible within guarantee (off): the owner cannot reclaim from a non-preemptible one",
+        TWO4,
+        [gjob("owner", 4, "t/q", preemptible=False)],
+        _np_off_owner_stuck,
+        qtree=TWO_PROJECTS_GUARANTEED,
+        run=[
+            running("batch", "n1", (0, 1, 2, 3), "t/p", start=0),
+            running("np", "n2", (0, 1, 2, 3), "t/p", start=10, preemptible=False),
+        ],
+        config=NP_OFF,
+    ),
+    Case(
+        "non-preemptible within guarantee: the tenant's guarantee holds too",
+        TWO8,
+        [gjob("np", 4, "t/p", preemptible=False)],
+        _np_tenant_level,
+        qtree=tree(
+            {"t": {"p": Quota(gpus_guaranteed=4), "q": Quota(gpus_guaranteed=4)}},
+            tenants={"t": Quota(gpus_guaranteed=4)},
+        ),
+        run=[running("q-np", "n1", (0, 1), "t/q", preemptible=False)],
+    ),
+    Case(
+        "non-preemptible within guarantee: and the cluster's, when it has one",
+        TWO8,
+        [gjob("np", 2, "t/p", preemptible=False)],
+        _np_cluster_level,
+        qtree=tree({"t": {"p": Quota()}}, cluster=Quota(gpus_guaranteed=4)),
+        run=[running("held", "n1", (0, 1, 2), "t/p", preemptible=False)],
+    ),
+    Case(
+        "non-preemptible within guarantee: a resource without a guarantee does not restrict",
+        TWO8,
+        [
+            gjob("first", 4, cpu=4000, submit=1, preemptible=False),
+            gjob("second", 1, cpu=6000, submit=2, preemptible=False),
+        ],
+        _np_unguaranteed_resource,
+        qtree=tree({"t": {"p": Quota(cpu_cores_guaranteed=8)}}),
+    ),
+    Case(
+        "non-preemptible within guarantee: queues without any guarantee are not restricted",
+        TWO8,
+        [gjob("np", 8, preemptible=False)],
+        _np_no_guarantee,
+        run=[running("held", "n1", tuple(range(8)), preemptible=False)],
+    ),
+    Case(
+        "non-preemptible within guarantee: running jobs beyond it are never evicted by the rule",
+        cluster(node("n1", 8)),
+        [gjob("owner", 4, "t/q", submit=1), gjob("more", 1, "t/p", submit=2, preemptible=False)],
+        _np_running_kept,
+        qtree=TWO_PROJECTS_GUARANTEED,
+        run=[running("old", "n1", tuple(range(8)), "t/p", preemptible=False)],
+    ),
+    Case(
+        "non-preemptible within guarantee: asking more than the guarantee can never start",
+        TWO8,
+        [gjob("np", 4, DET, replicas=3, preemptible=False), gjob("pre", 4, DET, replicas=3)],
+        _np_never_within,
+        qtree=VISION,
+    ),
+    Case(
+        "non-preemptible within guarantee (off): non-preemptible jobs borrow as before",
+        TWO8,
+        [gjob("np", 4, DET, preemptible=False)],
+        _np_off_borrows,
+        qtree=VISION,
+        run=[running("held", "n1", tuple(range(6)), DET, preemptible=False)],
+        config=NP_OFF,
+    ),
+]
+CASES += NP_CASES
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_rule(case: Case) -> None:
     r = cycle(case.snapshot, case.pending, case.qtree, run=case.run, now=case.now, config=case.config)
