@@ -191,11 +191,26 @@ def _quota_rule(user: User, scope: Scope, action: str, obj: Quota) -> bool:
 def _token_rule(user: User, scope: Scope, action: str, obj: ApiToken) -> bool:
     if obj.user_id != user.pk:
         return False
+    parent: ApiToken | None = getattr(user, "camp_token", None)
+    if action == CREATE and parent is not None and not _no_broader(obj, parent):
+        return False
     if action == CREATE and obj.project_id is not None:
         return obj.project_id in scope.projects or (
             obj.project is not None and obj.project.tenant_id in scope.owner_tenants
         )
     return action in (VIEW, CREATE, DELETE)
+
+
+def _no_broader(new: ApiToken, parent: ApiToken) -> bool:
+    """A token may only mint tokens no broader than itself: same project narrowing,
+    read-only if it is, and expiring no later than it does."""
+    if parent.project_id is not None and new.project_id != parent.project_id:
+        return False
+    if parent.read_only and not new.read_only:
+        return False
+    if parent.expires_at is not None and (new.expires_at is None or new.expires_at > parent.expires_at):
+        return False
+    return True
 
 
 def _audit_rule(user: User, scope: Scope, action: str, obj: AuditEvent) -> bool:

@@ -31,7 +31,13 @@ def _fingerprint(request: Request) -> str:
 
 
 class IdempotentCreateMixin:
-    """Mix into a ViewSet before CreateModelMixin."""
+    """Mix into a ViewSet before CreateModelMixin.
+
+    ``idempotency_redact`` names response fields that must never be stored (secrets shown
+    once, such as a new API token): a replay answers with them set to null.
+    """
+
+    idempotency_redact: tuple[str, ...] = ()
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         key = request.headers.get(HEADER)
@@ -54,7 +60,7 @@ class IdempotentCreateMixin:
                     IdempotencyRecord.objects.create(
                         user=actor_of(request), endpoint=endpoint, key=key, fingerprint=fingerprint,
                         status_code=response.status_code,
-                        response_body=json.loads(json.dumps(response.data, default=str)),
+                        response_body=self._redacted(response.data),
                     )
         except IntegrityError:
             # A concurrent request with the same key won the race; ours rolled back.
@@ -65,6 +71,14 @@ class IdempotentCreateMixin:
                 raise
             return self._replay(previous, fingerprint)
         return response
+
+    def _redacted(self, data: Any) -> Any:
+        body = json.loads(json.dumps(data, default=str))
+        if isinstance(body, dict):
+            for name in self.idempotency_redact:
+                if name in body:
+                    body[name] = None
+        return body
 
     @staticmethod
     def _replay(record: IdempotencyRecord, fingerprint: str) -> Response:

@@ -202,6 +202,8 @@ class ApiTokenViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retri
 
     model = ApiToken
     serializer_class = ApiTokenSerializer
+    # The secret is shown once and never stored, not even for an idempotent replay.
+    idempotency_redact = ("token",)
     filterset_fields = ["project", "read_only"]
     ordering_fields = ["created_at", "last_used_at"]
 

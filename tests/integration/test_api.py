@@ -284,3 +284,40 @@ def test_pagination_and_ordering(world: World) -> None:
     assert names == sorted(names, reverse=True)
     assert page["count"] == Project.objects.count()
     assert client.get("/api/v1/projects/", {"page": 999}).status_code == 404
+
+
+def test_project_token_cannot_mint_a_broader_token(world: World) -> None:
+    _, narrow = services.token_create(actor=world.a.owner, name="p1", project=world.a.project)
+    client = bearer(narrow)
+    wide = client.post("/api/v1/tokens/", {"name": "escape"}, format="json")
+    assert wide.status_code == 403
+    other = client.post("/api/v1/tokens/", {"name": "escape", "project": world.a.other_project.pk},
+                        format="json")
+    assert other.status_code in (400, 403)
+    same = client.post("/api/v1/tokens/", {"name": "ok", "project": world.a.project.pk}, format="json")
+    assert same.status_code == 201
+    assert ApiToken.objects.filter(user=world.a.owner, project__isnull=True).count() == 0
+
+
+def test_expiring_token_cannot_mint_a_longer_lived_one(world: World) -> None:
+    soon = timezone.now() + timedelta(days=1)
+    _, parent = services.token_create(actor=world.a.owner, name="short", expires_at=soon)
+    client = bearer(parent)
+    assert client.post("/api/v1/tokens/", {"name": "forever"}, format="json").status_code == 403
+    later = (soon + timedelta(days=30)).isoformat()
+    assert client.post("/api/v1/tokens/", {"name": "later", "expires_at": later},
+                       format="json").status_code == 403
+
+
+def test_idempotent_token_replay_never_stores_the_secret(world: World) -> None:
+    from tenants.models import IdempotencyRecord
+
+    client = client_for(world.a.member)
+    first = client.post("/api/v1/tokens/", {"name": "ci"}, format="json", HTTP_IDEMPOTENCY_KEY="tok-1")
+    secret = first.json()["token"]
+    record = IdempotencyRecord.objects.get(key="tok-1")
+    assert secret not in str(record.response_body) and record.response_body["token"] is None
+    replay = client.post("/api/v1/tokens/", {"name": "ci"}, format="json", HTTP_IDEMPOTENCY_KEY="tok-1")
+    assert replay.status_code == 201 and replay.json()["token"] is None
+    assert replay.json()["id"] == first.json()["id"]
+    assert ApiToken.objects.filter(user=world.a.member, name="ci").count() == 1
