@@ -8,9 +8,10 @@ are printed field by field and exit with status 1.
     camp login --url https://camp.example.com --token camp_…
     camp submit -f job.yaml          # kind: TrainingJob (default) or DevEnvironment
     camp ls
-    camp logs JOB [--tail 100]
+    camp logs JOB [--tail 100] [-f]
     camp why JOB
     camp stop JOB
+    camp rm JOB
 """
 
 from __future__ import annotations
@@ -202,15 +203,68 @@ def _find(api: Api, ref: str) -> tuple[str, dict[str, Any]]:
     raise click.ClickException(f"No training job or environment {ref} (see camp ls).")
 
 
+def _events(lines: Any) -> Any:
+    """Server-Sent Events (``event:`` / ``data:`` lines, a blank line ends one) → (event, data)."""
+    event, data = "message", list[str]()
+    for raw in lines:
+        line = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "event":
+                event = value
+            elif field == "data":
+                data.append(value)
+
+
+def _follow(api: Api, path: str, obj: dict[str, Any], tail: int, pod: str, seconds: int) -> None:
+    url = f"{api.base}{path}/{obj['id']}/logs/"
+    params: dict[str, str | int] = {"follow": "true", "tail": tail, "pod": pod, "timeout": seconds}
+    try:
+        with api.session.get(url, params=params, stream=True, timeout=(TIMEOUT, seconds + TIMEOUT),
+                             headers={"Accept": "text/event-stream"}) as r:
+            if r.status_code >= 400:
+                raise click.ClickException(_describe(r))
+            pods: set[str] = set()
+            # chunk_size=None: hand on whatever has arrived, not 512-byte blocks
+            for event, data in _events(r.iter_lines(chunk_size=None)):  # type: ignore[call-overload]
+                body = json.loads(data)
+                if event == "log":
+                    pods.add(body["pod"])
+                    prefix = f"{body['pod']} | " if pod == "" else ""
+                    click.echo(f"{prefix}{body['line']}")
+                elif event == "end":
+                    if not pods:
+                        click.echo(f"{obj['name']}: no log lines ({body['reason']}).", err=True)
+                    else:
+                        click.echo(f"-- {body['reason']}", err=True)
+                    return
+    except requests.RequestException as exc:
+        raise click.ClickException(f"The log stream broke off: {type(exc).__name__}") from exc
+
+
 @cli.command()
 @click.argument("job")
-@click.option("--tail", default=200, show_default=True, help="Lines per pod")
+@click.option("--tail", default=None, type=int, help="Lines per pod [default: 200; 50 with -f]")
 @click.option("--pod", default="", help="Only this pod")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines as they are written")
+@click.option("--timeout", "seconds", default=300, show_default=True, type=click.IntRange(1, 3600),
+              help="With -f: stop after this many seconds")
 @click.pass_context
-def logs(ctx: click.Context, job: str, tail: int, pod: str) -> None:
-    """Print the logs of a job's (or environment's) pods."""
+def logs(ctx: click.Context, job: str, tail: int | None, pod: str, follow: bool, seconds: int) -> None:
+    """Print the logs of a job's (or environment's) pods; -f follows them."""
     api = _api(ctx)
     path, obj = _find(api, job)
+    if follow:
+        _follow(api, path, obj, 50 if tail is None else tail, pod, seconds)
+        return
+    tail = 200 if tail is None else tail
     entries = api.call("GET", f"{path}/{obj['id']}/logs/", params={"tail": tail, "pod": pod})
     if not entries:
         click.echo(f"{obj['name']} has no running pods ({obj['state']}).", err=True)
@@ -245,6 +299,22 @@ def stop(ctx: click.Context, job: str) -> None:
     path, obj = _find(api, job)
     done = api.call("POST", f"{path}/{obj['id']}/stop/")
     click.echo(f"{done['name']}: {done['state']} ({done.get('stop_reason') or 'stopping'})")
+
+
+@cli.command(name="rm")
+@click.argument("job")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask (an environment's home volume is deleted)")
+@click.pass_context
+def rm(ctx: click.Context, job: str, yes: bool) -> None:
+    """Delete a training job (stopped first if running; its audit trail stays) or a dev
+    environment (with its home volume)."""
+    api = _api(ctx)
+    path, obj = _find(api, job)
+    if path == "environments" and not yes:
+        click.confirm(f"Delete environment {obj['name']} and its home volume?", abort=True)
+    api.call("DELETE", f"{path}/{obj['id']}/")
+    kind = "environment" if path == "environments" else "training job"
+    click.echo(f"{kind} {obj['name']} (#{obj['id']}) deleted")
 
 
 def main() -> None:

@@ -872,6 +872,43 @@ def training_stop(*, actor: User, training: TrainingJob) -> TrainingJob:
     return t
 
 
+@transaction.atomic
+def training_delete(*, actor: User, training: TrainingJob) -> None:
+    """Delete a training job: stop its run if it is not over, fail the jobs still waiting
+    for it (a deleted dependency will never succeed), remove its checkpoint volume. The
+    audit record keeps what it was; its scheduling runs stay in the job history."""
+    t = (
+        TrainingJob.objects.select_for_update(of=("self",))
+        .select_related("job", "tenant", "project", "cluster")
+        .get(pk=training.pk)
+    )
+    _require(actor, permissions.DELETE, t)
+    by = actor.get_username()
+    if t.job is not None and not t.job.is_final:
+        scheduling.job_terminate(job_id=t.job.pk, reason=f"Deleted by {by}", by=by)
+    waiting = t.dependants.filter(job__isnull=True, failed_dependency=False, stop_reason="")
+    for d in waiting.select_related("tenant", "project"):
+        reason = f"Dependency {t.name} was deleted; this job will not run"
+        TrainingJob.objects.filter(pk=d.pk).update(failed_dependency=True, blocked_reason=reason)
+        _audit("training.dependency_failed", d, actor=actor, after={"reason": reason})
+    _audit(
+        "training.deleted",
+        t,
+        actor=actor,
+        before={**snapshot(t, TRAINING_FIELDS), "state": t.state, "run": t.job_id},
+    )
+    # The checkpoint volume outlives runs (pods.py); TensorBoard objects go with the run.
+    objects = [("PersistentVolumeClaim", f"tr-{t.pk}-ckpt")] if t.checkpoint_volume_gib else []
+    from .selectors import namespace_spec_for
+
+    ns, cluster_id = namespace_spec_for(t), t.cluster_id
+    t.delete()
+    if objects:
+        from .tasks import delete_objects
+
+        delete_objects.delay_on_commit(cluster_id, ns, objects)
+
+
 CHECKPOINT_LINE = re.compile(r"^(?:(\S+Z) )?CAMP_CHECKPOINT step=(\d+) path=(\S+)\s*$")
 
 

@@ -24,8 +24,11 @@ from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
 MIN_RSA_BITS = 2048
 MAX_LINE = 16384
-ECDSA_CURVES = {"ecdsa-sha2-nistp256": "nistp256", "ecdsa-sha2-nistp384": "nistp384",
-                "ecdsa-sha2-nistp521": "nistp521"}
+ECDSA_CURVES = {
+    "ecdsa-sha2-nistp256": "nistp256",
+    "ecdsa-sha2-nistp384": "nistp384",
+    "ecdsa-sha2-nistp521": "nistp521",
+}
 ECDSA_POINT = {"nistp256": 65, "nistp384": 97, "nistp521": 133}  # uncompressed 0x04‖X‖Y
 SK_ED25519 = "sk-ssh-ed25519@openssh.com"
 SK_ECDSA = "sk-ecdsa-sha2-nistp256@openssh.com"
@@ -61,11 +64,11 @@ def _strings(blob: bytes) -> list[bytes]:
     while i < len(blob):
         if i + 4 > len(blob):
             raise SshKeyError("The key data is truncated.")
-        (n,) = struct.unpack(">I", blob[i:i + 4])
+        (n,) = struct.unpack(">I", blob[i : i + 4])
         i += 4
         if n > len(blob) - i:
             raise SshKeyError("The key data is truncated.")
-        out.append(blob[i:i + n])
+        out.append(blob[i : i + n])
         i += n
     return out
 
@@ -88,8 +91,10 @@ def parse_public_key(text: str) -> PublicKey:
             raise SshKeyError("DSA keys are not accepted; use ssh-ed25519 (ssh-keygen -t ed25519).")
         if "-----BEGIN" in line:
             raise SshKeyError("This is a private key or PEM file: paste the .pub file instead.")
-        raise SshKeyError(f"Unsupported key type {key_type[:40]!r} (or options before the key): "
-                        f"use one of {', '.join(KEY_TYPES)}.")
+        raise SshKeyError(
+            f"Unsupported key type {key_type[:40]!r} (or options before the key): "
+            f"use one of {', '.join(KEY_TYPES)}."
+        )
     if len(parts) < 2:
         raise SshKeyError("The key data is missing after its type.")
     try:
@@ -121,8 +126,9 @@ def _check(key_type: str, fields: list[bytes]) -> int:
             raise SshKeyError("This ssh-rsa key is malformed.")
         bits = _mpint_bits(fields[2])
         if bits < MIN_RSA_BITS:
-            raise SshKeyError(f"This RSA key has {bits} bits; at least {MIN_RSA_BITS} are required "
-                            f"(or use ssh-ed25519).")
+            raise SshKeyError(
+                f"This RSA key has {bits} bits; at least {MIN_RSA_BITS} are required (or use ssh-ed25519)."
+            )
         return bits
     curve = "nistp256" if key_type == SK_ECDSA else ECDSA_CURVES[key_type]
     want = 4 if key_type == SK_ECDSA else 3

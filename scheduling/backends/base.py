@@ -7,7 +7,8 @@ already exists succeeds, deleting what is gone succeeds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -179,3 +180,69 @@ class ClusterBackend(Protocol):
     def delete_object(self, namespace: str, kind: str, name: str) -> None:
         """Delete one extra object (e.g. a home PVC when its environment is deleted)."""
         ...
+
+    def follow_pod_logs(self, namespace: str, name: str, *, tail_lines: int, timeout_seconds: float,
+                        stop: threading.Event) -> Iterator[str]:
+        """The pod's last ``tail_lines`` lines, then new ones as they are written, until the
+        container ends, ``timeout_seconds`` pass or ``stop`` is set. Blocking: callers run
+        it in a thread of its own."""
+        ...
+
+
+class LineCursor:
+    """Which timestamped log lines (``<RFC 3339 time> <text>``) were already emitted, so
+    that polling a log again, or reconnecting to a stream from a time, yields each line
+    once. Times compare as numbers (Kubernetes trims trailing zeros of the fraction)."""
+
+    def __init__(self) -> None:
+        self.last: tuple[str, int] | None = None
+        self.at_last: set[str] = set()
+
+    @staticmethod
+    def key(line: str) -> tuple[str, int] | None:
+        stamp = line.split(" ", 1)[0]
+        if len(stamp) < 20 or not stamp.endswith("Z") or stamp[10:11] != "T":
+            return None
+        whole, _, fraction = stamp[:-1].partition(".")
+        if not fraction.isdigit() and fraction:
+            return None
+        return whole, int((fraction or "0")[:9].ljust(9, "0"))
+
+    def new(self, lines: Iterable[str]) -> list[str]:
+        out = []
+        for line in lines:
+            k = self.key(line)
+            if k is None:
+                k = self.last  # an untimed line belongs with the one before it
+            if k is not None and self.last is not None and k < self.last:
+                continue
+            if k is not None and k == self.last:
+                if line in self.at_last:
+                    continue
+                self.at_last.add(line)
+            else:
+                self.last, self.at_last = k, {line}
+            out.append(line)
+        return out
+
+    def since_seconds(self, now: float) -> int | None:
+        """For a reconnect: how far back to ask (a little more; duplicates are dropped)."""
+        if self.last is None:
+            return None
+        import datetime as dt
+
+        at = dt.datetime.strptime(self.last[0], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC).timestamp()
+        return max(1, int(now - at) + 2)
+
+
+def split_lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Lines of a byte stream that arrives in arbitrary chunks (a partial last line is kept
+    until its newline, or the end of the stream)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            yield raw.rstrip(b"\r").decode("utf-8", errors="replace")
+    if pending:
+        yield pending.decode("utf-8", errors="replace")

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -46,12 +47,14 @@ from .base import (
     ExtraObject,
     GpuInfo,
     JobObjects,
+    LineCursor,
     NamespaceSpec,
     NodeInfo,
     PodEvent,
     PodSpec,
     PodStatus,
     ResourceVersionExpired,
+    split_lines,
 )
 from .credentials import decrypt_credentials
 from .vendors import VENDORS, template_dicts, vendor
@@ -366,6 +369,54 @@ class KubernetesBackend:
         text = self._call(self.core.read_namespaced_pod_log, name, namespace, container="main",
                           tail_lines=tail_lines, timestamps=True, ok=(400, 404))
         return str(text or "")
+
+    # Streams read with this socket timeout, then reconnect from the last line's time: a
+    # stopped follower (its client went away) ends within this long even on a silent pod.
+    FOLLOW_READ_SECONDS = 15.0
+
+    def follow_pod_logs(self, namespace: str, name: str, *, tail_lines: int, timeout_seconds: float,
+                        stop: threading.Event) -> Iterator[str]:
+        """``kubectl logs -f --timestamps``: ``read_namespaced_pod_log(follow=True)`` with
+        ``_preload_content=False``, read chunk by chunk. A stream idle for
+        ``FOLLOW_READ_SECONDS`` (or dropped) is reopened with ``since_seconds`` from the last
+        line seen, duplicates dropped; the stream ending on its own means the container ended."""
+        deadline = time.monotonic() + timeout_seconds
+        cursor = LineCursor()
+        first = True
+        while not stop.is_set() and time.monotonic() < deadline:
+            kwargs: dict[str, Any] = {"container": "main", "follow": True, "timestamps": True,
+                                      "_preload_content": False,
+                                      "_request_timeout": (10, self.FOLLOW_READ_SECONDS)}
+            if first:
+                kwargs["tail_lines"] = max(0, tail_lines)
+            else:
+                since = cursor.since_seconds(time.time())
+                if since is not None:
+                    kwargs["since_seconds"] = since
+            try:
+                response = self.core.read_namespaced_pod_log(name, namespace, **kwargs)
+            except ApiException as exc:
+                if exc.status in (400, 404):
+                    return  # not started yet, or gone: nothing (more) to follow
+                if exc.status in RETRYABLE:
+                    stop.wait(self.backoff)
+                    continue
+                raise BackendError(_describe(exc), status=exc.status) from exc
+            except (urllib3.exceptions.HTTPError, OSError):
+                stop.wait(self.backoff)
+                continue
+            try:
+                for line in split_lines(response.stream(2 ** 14)):
+                    yield from cursor.new([line])
+                    if stop.is_set() or time.monotonic() >= deadline:
+                        return
+                return  # the server ended the stream: the container has ended
+            except (urllib3.exceptions.HTTPError, OSError):
+                pass  # idle past the read timeout, or dropped: reconnect from the last line
+            finally:
+                response.close()
+                response.release_conn()
+                first = False
 
     def _pods(self) -> tuple[list[PodStatus], str]:
         result = self._call(self.core.list_pod_for_all_namespaces, label_selector=SELECTOR)

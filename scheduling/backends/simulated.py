@@ -27,6 +27,8 @@ import datetime as dt
 import hashlib
 import math
 import re
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +42,7 @@ from .base import (
     BackendError,
     GpuInfo,
     JobObjects,
+    LineCursor,
     NamespaceSpec,
     NodeInfo,
     PodEvent,
@@ -181,6 +184,30 @@ class SimulatedBackend:
 
     def delete_object(self, namespace: str, kind: str, name: str) -> None:
         return None  # extra objects are implicit in the simulation
+
+    POLL_SECONDS = 0.5
+
+    def follow_pod_logs(self, namespace: str, name: str, *, tail_lines: int, timeout_seconds: float,
+                        stop: threading.Event) -> Iterator[str]:
+        """The synthetic log as it grows on the simulated clock (re-derived every
+        ``POLL_SECONDS``; lines already sent are skipped), until the pod finishes or is
+        deleted, ``timeout_seconds`` pass or ``stop`` is set."""
+        deadline = time.monotonic() + timeout_seconds
+        cursor = LineCursor()
+        first = True
+        while True:
+            pod = SimulatedPod.objects.filter(cluster=self.cluster, namespace=namespace, name=name,
+                                              deleted_at__isnull=True).first()
+            if pod is None:
+                return
+            now = timezone.now()
+            fresh = cursor.new(synthetic_logs(pod, now))
+            yield from (fresh[-tail_lines:] if tail_lines > 0 else []) if first else fresh
+            first = False
+            if pod.finish_at is not None and now >= pod.finish_at:
+                return  # its last line is out
+            if stop.wait(self.POLL_SECONDS) or time.monotonic() >= deadline:
+                return
 
 
 STEP_SECONDS = 1.0  # one simulated training step per second of running time

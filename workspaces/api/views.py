@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db.models import QuerySet
+from django.http import HttpResponseBase, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, status
+from rest_framework import mixins, renderers, serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -16,7 +18,7 @@ from tenants.api.idempotency import IdempotentCreateMixin
 from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import actor_of
 
-from .. import selectors, services
+from .. import logstream, selectors, services
 from ..models import DevEnvironment, Profile, SshKey, TrainingJob, WorkspacePolicy
 from .serializers import (
     CheckpointSerializer,
@@ -30,20 +32,92 @@ from .serializers import (
     WhySerializer,
 )
 
+
+class EventStreamRenderer(renderers.BaseRenderer):
+    """Lets ``Accept: text/event-stream`` (EventSource) through content negotiation; the
+    stream itself is a StreamingHttpResponse, so this only ever renders an error body."""
+
+    media_type = "text/event-stream"
+    format = "sse"
+
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
+        return json.dumps(data, default=str).encode()
+
+
+class PlainTextRenderer(EventStreamRenderer):
+    media_type = "text/plain"
+    format = "txt"
+
+
+LOG_RENDERERS = [
+    renderers.JSONRenderer,
+    renderers.BrowsableAPIRenderer,
+    EventStreamRenderer,
+    PlainTextRenderer,
+]
+
+
 LOG_PARAMS = [
     OpenApiParameter("tail", OpenApiTypes.INT, description="Lines per pod (1–5000, default 200)"),
     OpenApiParameter("pod", OpenApiTypes.STR, description="Only this pod"),
 ]
+LOG_PARAMS += [
+    OpenApiParameter(
+        "follow",
+        OpenApiTypes.BOOL,
+        description=(
+            "Stream the logs as they are written instead: `text/event-stream` (events `log` with "
+            "JSON `{pod, role, line}`, then one `end` with `{reason}`) when the request accepts it, "
+            "else `text/plain` lines `[pod] line`. Starts with the last `tail` lines (default 50) "
+            "of each pod; ends when the run ends or after `timeout` seconds."
+        ),
+    ),
+    OpenApiParameter("timeout", OpenApiTypes.INT, description="With follow: seconds (1–3600, default 300)"),
+]
 
 
-def _tail(request: Request) -> int:
+LOG_RESPONSES: Any = {
+    (200, "application/json"): LogSerializer(many=True),
+    (200, "text/event-stream"): OpenApiTypes.STR,
+    (200, "text/plain"): OpenApiTypes.STR,
+}
+
+
+def _tail(request: Request, default: int = 200, low: int = 1) -> int:
     try:
-        return max(1, min(5000, int(request.query_params.get("tail", 200))))
-    except ValueError:
-        return 200
+        return max(low, min(5000, int(request.query_params.get("tail", default))))
+    except ValueError as exc:
+        raise serializers.ValidationError({"tail": ["A whole number of lines."]}) from exc
 
 
-def _logs(request: Request, job: Any) -> Response:
+def _follow(request: Request, job: Any) -> StreamingHttpResponse:
+    try:
+        timeout = int(request.query_params.get("timeout", logstream.DEFAULT_TIMEOUT))
+    except ValueError as exc:
+        raise serializers.ValidationError({"timeout": ["A whole number of seconds."]}) from exc
+    if not 1 <= timeout <= logstream.MAX_TIMEOUT:
+        raise serializers.ValidationError({"timeout": [f"Between 1 and {logstream.MAX_TIMEOUT} seconds."]})
+    fmt = "sse" if "text/event-stream" in request.headers.get("Accept", "") else "plain"
+    response = StreamingHttpResponse(
+        logstream.encoded(
+            job,
+            fmt=fmt,
+            pod=request.query_params.get("pod", "")[:63],
+            tail=_tail(request, 50, low=0),
+            timeout=timeout,
+        ),
+        content_type="text/event-stream" if fmt == "sse" else "text/plain; charset=utf-8",
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # ingress-nginx: pass chunks on at once
+    return response
+
+
+def _logs(request: Request, job: Any) -> HttpResponseBase:
+    if request.query_params.get("follow", "").lower() in ("1", "true", "yes"):
+        return _follow(request, job)
     logs = selectors.job_logs(job, tail=_tail(request), pod=request.query_params.get("pod", "")[:63])
     return Response(
         LogSerializer([{"pod": x.pod, "role": x.role, "text": x.text} for x in logs], many=True).data
@@ -131,9 +205,10 @@ class EnvironmentViewSet(
         services.environment_touch(env_id=env.pk)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(parameters=LOG_PARAMS, responses=LogSerializer(many=True))
-    @action(detail=True, methods=["get"])
-    def logs(self, request: Request, pk: str | None = None) -> Response:
+    @extend_schema(parameters=LOG_PARAMS, responses=LOG_RESPONSES)
+    @action(detail=True, methods=["get"], renderer_classes=LOG_RENDERERS)
+    def logs(self, request: Request, pk: str | None = None) -> HttpResponseBase:
+        """The pods' logs (synthetic on the simulated backend); ``follow=true`` streams them."""
         return _logs(request, self.get_object().job)
 
     @extend_schema(responses=WhySerializer)
@@ -149,10 +224,12 @@ class TrainingViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
     CampViewSet,
 ):
     """Distributed training jobs (PyTorch DDP, DeepSpeed, MPI, TensorFlow): submit, follow
-    (state, why, restarts, lost GPU time, checkpoints), logs, stop."""
+    (state, why, restarts, lost GPU time, checkpoints), logs, stop, delete (a running job
+    is stopped first; the audit log keeps the record)."""
 
     model = TrainingJob
     serializer_class = TrainingSerializer
@@ -173,6 +250,9 @@ class TrainingViewSet(
         data = dict(serializer.validated_data)
         serializer.instance = services.training_submit(actor=actor_of(self.request), **data)
 
+    def perform_destroy(self, instance: TrainingJob) -> None:
+        services.training_delete(actor=actor_of(self.request), training=instance)
+
     @extend_schema(request=None, responses=TrainingSerializer)
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: str | None = None) -> Response:
@@ -181,10 +261,10 @@ class TrainingViewSet(
             TrainingSerializer(self.get_queryset().get(pk=t.pk), context=self.get_serializer_context()).data
         )
 
-    @extend_schema(parameters=LOG_PARAMS, responses=LogSerializer(many=True))
-    @action(detail=True, methods=["get"])
-    def logs(self, request: Request, pk: str | None = None) -> Response:
-        """The pods' logs (synthetic on the simulated backend)."""
+    @extend_schema(parameters=LOG_PARAMS, responses=LOG_RESPONSES)
+    @action(detail=True, methods=["get"], renderer_classes=LOG_RENDERERS)
+    def logs(self, request: Request, pk: str | None = None) -> HttpResponseBase:
+        """The pods' logs (synthetic on the simulated backend); ``follow=true`` streams them."""
         return _logs(request, self.get_object().job)
 
     @extend_schema(responses=WhySerializer)

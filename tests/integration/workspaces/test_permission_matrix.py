@@ -25,6 +25,7 @@ from tests.conftest import World, client_for
 from workspaces import services
 
 from .conftest import SMALL_INVENTORY
+from .test_ssh_keys import public_key
 
 pytestmark = pytest.mark.django_db
 
@@ -35,6 +36,7 @@ READ = dict(platform_admin=200, owner=200, project_admin=200, member=200, outsid
 CREATE = dict(platform_admin=201, owner=201, project_admin=201, member=201, outsider=400)
 # the object's owner (the project admin) or above; a plain member may not
 OWNER_OR_ADMIN = dict(platform_admin=200, owner=200, project_admin=200, member=403, outsider=404)
+SELF_ONLY = dict(owner=404, member=404, outsider=404)
 TENANT_OWNER = dict(platform_admin=200, owner=200, project_admin=403, member=403, outsider=404)
 
 EXPECT: dict[tuple[str, str], dict[str, Any]] = {
@@ -61,6 +63,12 @@ EXPECT: dict[tuple[str, str], dict[str, Any]] = {
     ("training-jobs", "logs"): READ,
     ("training-jobs", "why"): READ,
     ("training-jobs", "checkpoints"): READ,
+    ("training-jobs", "delete"): {
+        **OWNER_OR_ADMIN,
+        "platform_admin": 204,
+        "owner": 204,
+        "project_admin": 204,
+    },
     ("images", "list"): MEMBERS,
     ("images", "retrieve"): READ,
     ("images", "create"): dict(platform_admin=201, owner=201, project_admin=403, member=403, outsider=400),
@@ -79,8 +87,15 @@ EXPECT: dict[tuple[str, str], dict[str, Any]] = {
     ),
     ("profiles", "list"): MEMBERS,
     ("profiles", "create"): dict(platform_admin=201, owner=403, project_admin=403, member=403, outsider=403),
+    # SSH keys are personal: "own" is a key of acme's project admin, "foreign" one of
+    # globex's. Only the key's user (and platform admins) see it; anyone adds their own.
+    ("ssh-keys", "list"): dict(platform_admin=V, owner=H, project_admin=V, member=H, outsider=H),
+    ("ssh-keys", "retrieve"): {**SELF_ONLY, "platform_admin": 200, "project_admin": 200},
+    ("ssh-keys", "create"): dict(platform_admin=201, owner=201, project_admin=201, member=201, outsider=201),
+    ("ssh-keys", "delete"): {**SELF_ONLY, "platform_admin": 204, "project_admin": 204},
 }
 TENANTLESS = {"profiles"}
+OWN_SIDE_ONLY = {("ssh-keys", "create")}  # the body names no tenant: nothing is foreign
 
 
 def expected(resource: str, op: str, role: str, side: str) -> Any:
@@ -106,6 +121,7 @@ def _setup(world: World) -> dict[str, Any]:
         "images": {},
         "registries": {},
         "workspace-policies": {},
+        "ssh-keys": {},
     }
     for side, tw in (("own", world.a), ("foreign", world.b)):
         objs["environments"][side], _ = services.environment_launch(
@@ -140,6 +156,9 @@ def _setup(world: World) -> dict[str, Any]:
         )
         objs["workspace-policies"][side] = services.workspace_policy_set(
             actor=tw.owner, project=tw.project, idle_minutes=60
+        )
+        objs["ssh-keys"][side] = services.ssh_key_add(
+            actor=tw.project_admin, name=f"key-{side}", public_key=public_key()
         )
     objs["profiles"] = {
         "own": services.profile_create(actor=world.admin, name="small", cpu_millicores=1000, ram_mib=2048)
@@ -181,6 +200,8 @@ def _body(resource: str, ctx: dict[str, Any], side: str) -> dict[str, Any]:
         return {"name": "new-reg", "tenant": tw.tenant.pk, "server": "quay.io", "password": "secret"}
     if resource == "workspace-policies":
         return {"project": tw.project.pk, "idle_minutes": 30}
+    if resource == "ssh-keys":
+        return {"name": "new-key", "public_key": public_key()}
     return {"name": "new-profile", "cpu_millicores": 1000, "ram_mib": 1024}
 
 
@@ -209,7 +230,7 @@ class _Rollback(Exception):  # noqa: N818
 @pytest.mark.parametrize(("resource", "op"), list(EXPECT))
 def test_workload_permission_matrix(world: World, resource: str, op: str) -> None:
     ctx = _setup(world)
-    sides = ["own"] if resource in TENANTLESS else ["own", "foreign"]
+    sides = ["own"] if resource in TENANTLESS or (resource, op) in OWN_SIDE_ONLY else ["own", "foreign"]
     wrong = []
     for role in ROLES:
         for side in sides:
