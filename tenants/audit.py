@@ -8,10 +8,13 @@ audit_verify`` finds it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
+import ipaddress
 import json
 from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +36,31 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str, sort_keys=True))
 
 
+def _canonical(value: Any) -> Any:
+    """Numbers as the database gives them back: jsonb turns 1e16 or 2.0 into integers."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def _normalize_ip(ip: str | None) -> str | None:
+    """The form PostgreSQL's inet stores (IPv6 compressed and lower-case)."""
+    if not ip:
+        return None
+    try:
+        return str(ipaddress.ip_address(ip))
+    except ValueError:
+        return None
+
+
 def compute_hash(fields: dict[str, Any], prev_hash: str) -> str:
     payload = json.dumps(
-        {**fields, "prev_hash": prev_hash}, sort_keys=True, separators=(",", ":"), default=str
+        _canonical({**fields, "prev_hash": prev_hash}), sort_keys=True, separators=(",", ":"),
+        default=str,
     )
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -81,35 +106,74 @@ def audit_record(
     actor_username: str | None = None,
     target_repr: str | None = None,
 ) -> AuditEvent:
-    """Append one event to the chain, inside the caller's transaction."""
+    """Append one event to the chain, inside the caller's transaction.
+
+    Inside ``audit_batch()`` the event is buffered and appended when the batch ends."""
     ctx = current_request.get()
+    event = AuditEvent(
+        created_at=timezone.now(),
+        actor=actor if actor is not None and actor.pk else None,
+        actor_username=actor_username
+        if actor_username is not None
+        else (actor.get_username() if actor is not None else ""),
+        tenant=tenant,
+        project=project,
+        action=action,
+        target_type=target._meta.label_lower if target is not None else "",
+        target_id=str(target.pk) if target is not None and target.pk is not None else "",
+        target_repr=(target_repr if target_repr is not None else str(target or ""))[:255],
+        before=_jsonable(before),
+        after=_jsonable(after),
+        request_id=ctx.request_id,
+        client_ip=_normalize_ip(ctx.client_ip),
+    )
+    batch = _batch.get()
+    if batch is not None:
+        batch.append(event)
+        return event
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
-        last = AuditEvent.objects.order_by("-id").values_list("hash", flat=True).first()
-        prev_hash = last or GENESIS_HASH
-        event = AuditEvent(
-            created_at=timezone.now(),
-            actor=actor if actor is not None and actor.pk else None,
-            actor_username=actor_username
-            if actor_username is not None
-            else (actor.get_username() if actor is not None else ""),
-            tenant=tenant,
-            project=project,
-            action=action,
-            target_type=target._meta.label_lower if target is not None else "",
-            target_id=str(target.pk) if target is not None and target.pk is not None else "",
-            target_repr=(target_repr if target_repr is not None else str(target or ""))[:255],
-            before=_jsonable(before),
-            after=_jsonable(after),
-            request_id=ctx.request_id,
-            client_ip=ctx.client_ip,
-            prev_hash=prev_hash,
-        )
-        event.hash = compute_hash(_hashed_fields(event), prev_hash)
-        event.save(force_insert=True)
+        _append([event])
     return event
+
+
+# Events buffered by audit_batch(), appended when it ends.
+_batch: ContextVar[list[AuditEvent] | None] = ContextVar("camp_audit_batch", default=None)
+
+
+def _append(events: list[AuditEvent]) -> None:
+    """Chain and insert ``events`` in order, under the chain lock (held until commit)."""
+    if not events:
+        return
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
+    prev_hash = AuditEvent.objects.order_by("-id").values_list("hash", flat=True).first() or GENESIS_HASH
+    for event in events:
+        event.prev_hash = prev_hash
+        event.hash = compute_hash(_hashed_fields(event), prev_hash)
+        prev_hash = event.hash
+    # bulk_create inserts in list order, so ids follow the chain.
+    AuditEvent.objects.bulk_create(events)
+
+
+@contextlib.contextmanager
+def audit_batch() -> Iterator[None]:
+    """Buffer the audit events of a long transaction and append them at its end.
+
+    The chain lock is taken only as the transaction's last step, so it is never held while
+    the transaction waits for a row lock: no deadlock with a short transaction that locks
+    such a row and then audits, and other writers wait only for our commit. Record events
+    after (not inside) any savepoint that may roll back: a buffered event is kept."""
+    if _batch.get() is not None:  # nested: the outer batch appends
+        yield
+        return
+    buffer: list[AuditEvent] = []
+    token = _batch.set(buffer)
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+    _append(buffer)
 
 
 @dataclass(frozen=True)

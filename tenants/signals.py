@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from axes.signals import user_locked_out
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.dispatch import receiver
 
@@ -26,6 +27,24 @@ def _logged_out(sender: Any, request: Any, user: User | None, **kwargs: Any) -> 
 def _login_failed(sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any) -> None:
     # Only the username that was tried: Django already masks the password in
     # ``credentials``, and we never record it anyway.
+    if getattr(request, "axes_locked_out", False):
+        # Refused by the lockout itself: one auth.locked_out event records the lockout,
+        # so a flood of attempts cannot flood the audit log.
+        return
     username = str(credentials.get("username", ""))[:150]
     audit_record(actor=None, actor_username=username, action="auth.login_failed",
                  target_repr=username)
+
+
+@receiver(user_locked_out)
+def _locked_out(sender: Any, request: Any = None, username: str | None = None,
+                ip_address: str | None = None, **kwargs: Any) -> None:
+    # django-axes signals this on every refused attempt; record each lockout once.
+    from django.conf import settings
+    from django.core.cache import cache
+
+    key = f"camp:audit-lockout:{username}:{ip_address}"
+    if not cache.add(key, 1, timeout=int(float(settings.AXES_COOLOFF_TIME) * 3600) or 900):
+        return
+    audit_record(actor=None, actor_username=str(username or "")[:150], action="auth.locked_out",
+                 target_repr=str(username or ""), after={"ip_address": ip_address})

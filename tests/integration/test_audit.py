@@ -116,3 +116,47 @@ def test_audit_filters(world: World) -> None:
     assert rows and all(r["actor_username"] == "acme-owner" for r in rows)
     bad = client.get("/api/v1/audit-events/", {"since": "not-a-date"})
     assert bad.status_code == 400 and "since" in bad.json()
+
+
+def test_lockout_does_not_flood_the_audit_log(world: World, client) -> None:  # type: ignore[no-untyped-def]
+    from django.core.cache import cache
+
+    cache.clear()
+    for _ in range(20):
+        client.post("/login/", {"username": "acme-member", "password": "wrong"})
+    failed = AuditEvent.objects.filter(action="auth.login_failed").count()
+    # The attempts before the limit, then one auth.locked_out for the attempt that reached it;
+    # the 15 attempts refused by the lockout write nothing.
+    assert failed == 4
+    assert AuditEvent.objects.filter(action="auth.locked_out", actor_username="acme-member").count() == 1
+
+
+def test_normalised_values_do_not_break_the_chain(world: World) -> None:
+    from tenants.audit import audit_record
+    from tenants.middleware import RequestContext, current_request
+
+    token = current_request.set(RequestContext(request_id="r1", client_ip="2001:DB8:0:0:0:0:0:1"))
+    try:
+        audit_record(actor=world.admin, action="test.numbers", after={"big": 1e16, "half": 0.5, "two": 2.0})
+    finally:
+        current_request.reset(token)
+    event = AuditEvent.objects.get(action="test.numbers")
+    assert event.client_ip == "2001:db8::1"
+    out = StringIO()
+    call_command("audit_verify", stdout=out)
+    assert "verified" in out.getvalue()
+
+
+def test_batched_events_chain_in_order(world: World) -> None:
+    from django.db import transaction
+
+    from tenants.audit import audit_batch, audit_record
+
+    with transaction.atomic(), audit_batch():
+        for i in range(3):
+            audit_record(actor=world.admin, action=f"test.batch.{i}")
+        assert not AuditEvent.objects.filter(action__startswith="test.batch").exists()  # not yet
+    actions = list(AuditEvent.objects.filter(action__startswith="test.batch").order_by("id")
+                   .values_list("action", flat=True))
+    assert actions == ["test.batch.0", "test.batch.1", "test.batch.2"]
+    call_command("audit_verify", stdout=StringIO())
