@@ -99,7 +99,8 @@ def _follow(request: Request, job: Any) -> StreamingHttpResponse:
         raise serializers.ValidationError({"timeout": ["A whole number of seconds."]}) from exc
     if not 1 <= timeout <= logstream.MAX_TIMEOUT:
         raise serializers.ValidationError({"timeout": [f"Between 1 and {logstream.MAX_TIMEOUT} seconds."]})
-    fmt = "sse" if "text/event-stream" in request.headers.get("Accept", "") else "plain"
+    # Content negotiation chose the renderer: Accept: text/event-stream (or ?format=sse).
+    fmt = "sse" if getattr(request.accepted_renderer, "format", "") == "sse" else "plain"
     response = StreamingHttpResponse(
         logstream.encoded(
             job,
