@@ -16,6 +16,8 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from camp.filters import CampFilterSet
+
 from .. import services
 from ..models import ApiToken, AuditEvent, Membership, Project, Quota, Tenant, User
 from ..permissions import actor_of, restrict
@@ -112,7 +114,7 @@ class ProjectViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retrie
         services.project_delete(actor=actor_of(self.request), project=instance)
 
 
-class MembershipFilter(django_filters.FilterSet):
+class MembershipFilter(CampFilterSet):
     user = django_filters.CharFilter(field_name="user__username")
 
     class Meta:
@@ -255,7 +257,7 @@ class UserViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveM
         return Response(self.get_serializer(request.user).data)
 
 
-class AuditEventFilter(django_filters.FilterSet):
+class AuditEventFilter(CampFilterSet):
     action = django_filters.CharFilter(lookup_expr="startswith")
     actor = django_filters.CharFilter(field_name="actor_username")
     since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")

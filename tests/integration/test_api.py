@@ -321,3 +321,18 @@ def test_idempotent_token_replay_never_stores_the_secret(world: World) -> None:
     assert replay.status_code == 201 and replay.json()["token"] is None
     assert replay.json()["id"] == first.json()["id"]
     assert ApiToken.objects.filter(user=world.a.member, name="ci").count() == 1
+
+
+@pytest.mark.parametrize("path, param", [
+    ("/api/v1/projects/", "tenant"), ("/api/v1/memberships/", "tenant"), ("/api/v1/quotas/", "tenant"),
+    ("/api/v1/audit-events/", "tenant"), ("/api/v1/tokens/", "project"), ("/api/v1/jobs/", "project"),
+])
+def test_filters_do_not_reveal_which_ids_exist(world: World, path: str, param: str) -> None:
+    """A foreign tenant's id and an id that does not exist answer alike."""
+    foreign = world.b.tenant.pk if param == "tenant" else world.b.project.pk
+    client = client_for(world.a.owner)
+    seen = client.get(path, {param: foreign})
+    missing = client.get(path, {param: 99999999})
+    assert seen.status_code == missing.status_code == 200
+    assert seen.json()["results"] == missing.json()["results"] == []
+    assert client.get(path, {param: "x"}).status_code == 400
