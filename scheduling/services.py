@@ -35,7 +35,7 @@ from django.utils import timezone
 from scheduling import engine as E
 from scheduling.engine.cycle import CycleConfig, JobStatus, run_cycle
 from tenants import permissions
-from tenants.audit import audit_record, snapshot
+from tenants.audit import audit_batch, audit_record, snapshot
 from tenants.models import Project, Quota, QuotaScope, User
 
 from . import selectors, signals
@@ -92,6 +92,7 @@ GROUP_FIELDS = ("name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_pe
                 "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env")
 MAX_ATTEMPTS = 5
 _CYCLE_LOCK_CLASS = 0x43414D50  # "CAMP": first key of the two-int advisory lock
+_DISPATCH_LOCK_CLASS = 0x43414D44  # "CAMD": a job's dispatch in flight (key 2: job id)
 
 
 def _require(actor: Any, action: str, obj: Any) -> None:
@@ -714,7 +715,8 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
     The snapshot, the engine's decisions and their persistence happen in one transaction
     under the cluster's lock; pods are created after commit (``job_dispatch``)."""
     started = time.perf_counter()
-    with transaction.atomic(), cycle_lock(cluster.pk) as got:
+    # audit_batch: the cycle's audit events are chained at its end (tenants/audit.py).
+    with transaction.atomic(), cycle_lock(cluster.pk) as got, audit_batch():
         if not got:
             return None
         inputs = selectors.cycle_inputs(cluster)
@@ -1004,12 +1006,77 @@ MPI_LAUNCHER = "launcher"
 """The pod group of an MPI job that runs ``mpirun`` (left out of the hostfile)."""
 
 
+@contextlib.contextmanager
+def _dispatching(job_id: int) -> Iterator[None]:
+    """Mark a dispatch of ``job_id`` in flight, waiting for one already in flight (or for a
+    release being committed, ``_dispatch_in_flight``). PostgreSQL: a session-level advisory
+    lock (released here, or when a killed worker's connection drops); SQLite (the demo): an
+    exclusive file lock."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", [_DISPATCH_LOCK_CLASS, job_id])
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_DISPATCH_LOCK_CLASS, job_id])
+        return
+    with open(_dispatch_lock_path(job_id), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _dispatch_in_flight(job_id: int) -> bool:
+    """Whether another worker is creating the job's pods right now. Call inside the
+    transaction that would release the job's resources: on PostgreSQL the lock taken here
+    is held until that transaction ends, so a dispatch starting meanwhile waits for the
+    release and then sees the job's new state. (The same session's own dispatch, which
+    holds the lock, is not "another": advisory locks are re-entrant per session.)"""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [_DISPATCH_LOCK_CLASS, job_id])
+            row = cursor.fetchone()
+        return not (row and row[0])
+    with open(_dispatch_lock_path(job_id), "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+
+def _dispatch_lock_path(job_id: int) -> Any:
+    lock_dir = settings.BASE_DIR / "var" / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    return lock_dir / f"dispatch-{job_id}.lock"
+
+
 def job_dispatch(*, job_id: int, final_attempt: bool = True) -> str:
     """Create the job's namespace, owner object, service and pods (idempotent).
 
     Retryable backend errors propagate when ``final_attempt`` is False (the task retries
     with backoff); otherwise a failure removes every pod already created (all or nothing)
-    and requeues the job with the error as its reason, or fails it after MAX_ATTEMPTS."""
+    and requeues the job with the error as its reason, or fails it after MAX_ATTEMPTS.
+
+    Race with a stop (cancel, preemption, eviction): while the pods are being created the
+    dispatch is marked in flight, and a stop that finds no pods then does not release the
+    job's resources (``_pods_gone``), since pods may be about to appear on those GPUs.
+    Once the pods exist, the job's state is checked again under its row lock; if it left
+    STARTING meanwhile the dispatch is "aborted" and stops the job itself (pods deleted,
+    resources released once they are gone), so GPUs are never free in the database while
+    pods run on them."""
+    with _dispatching(job_id):
+        outcome = _dispatch(job_id, final_attempt)
+    if outcome == "aborted":
+        job_stop(job_id=job_id)
+    return outcome
+
+
+def _dispatch(job_id: int, final_attempt: bool) -> str:
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
     if job.state != JobState.STARTING:
         return "skipped"
@@ -1029,17 +1096,22 @@ def job_dispatch(*, job_id: int, final_attempt: bool = True) -> str:
                 backend.delete_pod(spec.namespace, spec.name, grace_seconds=0)
         with contextlib.suppress(BackendError):
             backend.delete_job_objects(objs.namespace, objs.name)
-        _dispatch_failed(job_id, str(exc))
-        return "failed"
-    Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(phase=PodPhase.CREATED)
+        return "failed" if _dispatch_failed(job_id, str(exc)) else "aborted"
+    with transaction.atomic():
+        current = Job.objects.select_for_update().only("state").get(pk=job_id)
+        if current.state != JobState.STARTING:
+            return "aborted"  # stopped while its pods were being created
+        Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(phase=PodPhase.CREATED)
     return "created"
 
 
-def _dispatch_failed(job_id: int, message: str) -> None:
+def _dispatch_failed(job_id: int, message: str) -> bool:
+    """Release and requeue (or fail) a job whose pods could not be created; False if the
+    job had already left STARTING (its stop then takes over)."""
     with transaction.atomic():
         job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
         if job.state != JobState.STARTING:
-            return
+            return False
         _release(job)
         reason = f"Could not create its pods: {message}"[:500]
         signals.dispatch_failed.send_robust(sender=Job, cluster_id=job.cluster_id, job_id=job.pk,
@@ -1055,6 +1127,7 @@ def _dispatch_failed(job_id: int, message: str) -> None:
             _record(job, DecisionKind.REQUEUED, job.reason)
             _audit_job("job.requeued", job, after={"reason": reason})
         request_cycle(job.cluster_id, countdown=2)
+    return True
 
 
 def job_stop(*, job_id: int) -> str:
@@ -1070,9 +1143,10 @@ def job_stop(*, job_id: int) -> str:
     for name in names:
         backend.delete_pod(ns, name, grace_seconds=0 if name in dead else 30)
     remaining = ({p.name for p in backend.list_pods()} & set(names)) - dead
-    if remaining:
-        return "waiting"  # the reconcile task releases once the pods are gone
-    _pods_gone(job_id)
+    if remaining or not _pods_gone(job_id):
+        # The reconcile task releases once the pods are gone (or the dispatch in flight,
+        # finding the job stopped, stops it again).
+        return "waiting"
     return "released"
 
 
@@ -1083,9 +1157,14 @@ def _on_dead_nodes(allocs: list[Allocation]) -> set[str]:
     return {a.pod_name for a in allocs if not a.node.ready or not a.node.present}
 
 
-def _pods_gone(job_id: int) -> None:
-    """The job's pods are gone: release, and requeue a preempted job or end a finished one."""
+def _pods_gone(job_id: int) -> bool:
+    """The job's pods are gone: release, and requeue a preempted job or end a finished one.
+
+    Not while another worker is dispatching the job (False): pods it is creating would run
+    on GPUs the database shows free (``job_dispatch`` stops the job again when it ends)."""
     with transaction.atomic():
+        if _dispatch_in_flight(job_id):
+            return False
         job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
         released = _release(job)
         if job.state == JobState.PREEMPTING:
@@ -1113,6 +1192,7 @@ def _pods_gone(job_id: int) -> None:
                 _audit_job("job.failed", job, after={"reason": job.reason})
         if released:
             request_cycle(job.cluster_id)
+    return True
 
 
 # --- reconcile -----------------------------------------------------------------------------
@@ -1174,8 +1254,8 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
             for p in present:
                 with contextlib.suppress(BackendError):
                     backend.delete_pod(p.namespace, p.name, grace_seconds=0)
-            _pods_gone(job_id)
-            result.released.append(job_id)
+            if _pods_gone(job_id):
+                result.released.append(job_id)
         else:
             for p in present:
                 if not p.deleting:
@@ -1201,8 +1281,8 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
         if job.state == JobState.RUNNING and present:
             pass  # a pod finished early and was cleaned up, or is being recreated below
         if job.state == JobState.RUNNING and not present:
-            _pods_gone(job_id)
-            result.released.append(job_id)
+            if _pods_gone(job_id):
+                result.released.append(job_id)
             return
         if timezone.now() - admitted > dt.timedelta(seconds=DISPATCH_GRACE_SECONDS):
             # Admitted but pods missing: the dispatch was lost (crash) — create them again.
