@@ -21,6 +21,23 @@ def _groups_for(user: Any) -> list[str]:
     return [project_group(pk) for pk in restrict(Project.objects.all(), user).values_list("pk", flat=True)]
 
 
+@database_sync_to_async
+def _still_allowed(scope: dict[str, Any], project_id: int | None) -> bool:
+    from django.contrib.sessions.models import Session
+    from django.utils import timezone
+
+    from tenants.models import User
+
+    session = scope.get("session")
+    key = getattr(session, "session_key", None)
+    if not key or not Session.objects.filter(session_key=key, expire_date__gt=timezone.now()).exists():
+        return False
+    user = User.objects.filter(pk=getattr(scope.get("user"), "pk", None), is_active=True).first()
+    if user is None or project_id is None:
+        return False
+    return restrict(Project.objects.filter(pk=project_id), user).exists()
+
+
 class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     groups_joined: list[str]
 
@@ -42,4 +59,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         """Clients only listen."""
 
     async def job_update(self, event: dict[str, Any]) -> None:
+        # Access is checked again for every message: a user removed from the project,
+        # deactivated or logged out since connecting gets nothing more.
+        if not await _still_allowed(self.scope, event.get("project_id")):
+            await self.close(code=4403)
+            return
         await self.send_json({"type": "job", "job": event["job"]})

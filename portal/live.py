@@ -40,7 +40,7 @@ def _send(project_id: int, payload: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    message = {"type": "job.update", "job": payload}
+    message = {"type": "job.update", "job": payload, "project_id": project_id}
     try:
         for group in (project_group(project_id), ALL_GROUP):
             async_to_sync(layer.group_send)(group, message)

@@ -17,6 +17,7 @@ from django.utils.dateparse import parse_date
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from scheduling.models import Cluster
+from tenants.api.views import csv_safe
 from tenants.models import AuditEvent, Project, Tenant
 from tenants.permissions import can, restrict, scope_of
 
@@ -27,12 +28,15 @@ PERIODS = {"24h": dt.timedelta(hours=24), "7d": dt.timedelta(days=7), "30d": dt.
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus exposition. With METRICS_TOKEN set, a matching bearer token is required."""
+    """Prometheus exposition. With METRICS_TOKEN set, a matching bearer token is required;
+    otherwise it is open if METRICS_PUBLIC, else for platform admins' sessions only."""
     token = settings.METRICS_TOKEN
     if token:
         supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(supplied.encode(), token.encode()):
             return HttpResponse("metrics token required\n", status=401, content_type="text/plain")
+    elif not settings.METRICS_PUBLIC and not scope_of(request.user).platform_admin:
+        return HttpResponse("set METRICS_TOKEN to scrape\n", status=401, content_type="text/plain")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CampCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
@@ -119,7 +123,8 @@ def tenant_usage(request: HttpRequest, tenant_name: str) -> HttpResponse:
         writer.writerow(["tenant", "project", "user", "gpu_hours", "gpu_memory_gib_hours",
                          "cpu_core_hours", "since", "until"])
         for r in rows:
-            writer.writerow([r.tenant, r.project, r.user, r.gpu_hours, r.gpu_memory_gib_hours,
+            writer.writerow([csv_safe(r.tenant), csv_safe(r.project), csv_safe(r.user), r.gpu_hours,
+                             r.gpu_memory_gib_hours,
                              r.cpu_core_hours, since.date().isoformat(),
                              (until - dt.timedelta(days=1)).date().isoformat()])
         return response

@@ -236,6 +236,7 @@ def quota_set(
         tenant, project = None, None
     else:
         raise ValidationError({"scope": [f"Choose one of: {', '.join(QuotaScope.values)}."]})
+    _lock_quota_tree()
     lookup = {"scope": scope, "cluster": cluster, "tenant": tenant, "project": project}
     quota = Quota.objects.select_for_update().filter(**lookup).first()
     creating = quota is None
@@ -260,6 +261,19 @@ def quota_set(
         before=before, after=snapshot(quota, QUOTA_FIELDS),
     )
     return quota
+
+
+_QUOTA_LOCK_KEY = 0x43414D5051  # "CAMPQ"
+
+
+def _lock_quota_tree() -> None:
+    """Serialise quota changes: the tree rules read siblings, parents and children, so two
+    concurrent changes could each pass and together break them. Quota edits are rare."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_QUOTA_LOCK_KEY])
 
 
 def _validate_quota_tree(quota: Quota) -> None:
@@ -348,6 +362,7 @@ def _children(quota: Quota) -> models.QuerySet[Quota] | None:
 @transaction.atomic
 def quota_delete(*, actor: User, quota: Quota) -> None:
     require(actor, permissions.DELETE, quota)
+    _lock_quota_tree()
     if quota.scope == QuotaScope.TENANT and _children(quota).exists():  # type: ignore[union-attr]
         raise ValidationError({"scope": ["Remove the project quotas of this tenant first."]})
     audit_record(actor=actor, action="quota.deleted", target=quota, tenant=quota.tenant,

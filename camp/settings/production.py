@@ -26,3 +26,4 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = False
+METRICS_PUBLIC = env_bool("METRICS_PUBLIC", False)

@@ -70,8 +70,11 @@ CAMP_ENCRYPTION_KEYS = env_list("CAMP_ENCRYPTION_KEY", [])
 # --- Portal (portal/tasks.py): usage samples for charts, showback and /metrics ---------------
 USAGE_SAMPLE_SECONDS = env_int("USAGE_SAMPLE_SECONDS", 60)
 USAGE_RETENTION_DAYS = env_int("USAGE_RETENTION_DAYS", 400)
-# When set, /metrics requires `Authorization: Bearer <METRICS_TOKEN>`.
+# When set, /metrics requires `Authorization: Bearer <METRICS_TOKEN>`. Without it, /metrics is
+# open only when METRICS_PUBLIC is true (the demo's default; production's is false, where a
+# platform admin's session still works).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_PUBLIC = env_bool("METRICS_PUBLIC", True)
 CELERY_BEAT_SCHEDULE["usage-sample"] = {
     "task": "portal.tasks.usage_sample_all", "schedule": float(USAGE_SAMPLE_SECONDS),
 }

@@ -274,6 +274,13 @@ CSV_COLUMNS = [
 ]
 
 
+def csv_safe(value: str) -> str:
+    """Neutralise spreadsheet formulas in a CSV cell (CSV injection, OWASP)."""
+    if value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
 class _Echo:
     def write(self, value: str) -> str:
         return value
@@ -292,11 +299,7 @@ def audit_csv_rows(queryset: QuerySet[AuditEvent]) -> Iterator[str]:
                 value = "" if value is None else json.dumps(value, sort_keys=True)
             elif col == "created_at":
                 value = value.isoformat()
-            value = "" if value is None else str(value)
-            # Neutralise spreadsheet formulas (CSV injection, OWASP).
-            if value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-                value = "'" + value
-            row.append(value)
+            row.append(csv_safe("" if value is None else str(value)))
         yield writer.writerow(row)
 
 

@@ -98,3 +98,27 @@ def test_websocket_refuses_anonymous(asgi_server: str, page: Any) -> None:
         ws.onclose = (e) => resolve('closed');
     })""")
     assert closed == "closed"
+
+
+def test_removed_member_stops_receiving_updates(world: World, asgi_server: str, page: Any) -> None:
+    from tenants import services as tenant_services
+    from tenants.models import Membership
+
+    cluster = services.cluster_create(actor=world.admin, name="sim", backend="simulated",
+                                      inventory=SMALL_INVENTORY)
+    services.inventory_sync(cluster=cluster)
+    job = submit(world, cluster, "secret-one", group={"gpu_count": 1})
+    page.goto(f"{asgi_server}/login/")
+    page.fill("#id_username", "acme-member")
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{asgi_server}/")
+    page.goto(f"{asgi_server}/scheduling/jobs/{job.pk}/")
+    page.wait_for_timeout(500)
+    membership = Membership.objects.get(user=world.a.member, project=world.a.project)
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: tenant_services.membership_delete(actor=world.a.owner,
+                                                              membership=membership)).result()
+        pool.submit(lambda: services.cycle_run(cluster=cluster)).result()
+    page.wait_for_timeout(2500)
+    assert page.locator("h1 [data-live-field=state]").inner_text() == "Queued"  # nothing leaked

@@ -31,10 +31,11 @@ def cluster(world: World) -> Any:
 
 
 def _running(world: World, cluster: Any) -> None:
-    """acme-member holds 2 whole A100s and a half L4 slice; globex-member holds 1 A100."""
-    submit(world, cluster, "two-cards", group={"gpu_count": 2, "cpu_millicores": 4000})
-    submit(world, cluster, "half-l4", group={"gpu_count": 1, "gpu_memory_mib": 11517,
-                                             "gpu_cores_percent": 50, "gpu_models": ["L4"]})
+    """acme-member holds 2 whole A100s and a half L4 slice; globex-member holds 1 A100.
+    acme's jobs are preemptible, so they may borrow beyond a guarantee the tests set."""
+    submit(world, cluster, "two-cards", preemptible=True, group={"gpu_count": 2, "cpu_millicores": 4000})
+    submit(world, cluster, "half-l4", preemptible=True,
+           group={"gpu_count": 1, "gpu_memory_mib": 11517, "gpu_cores_percent": 50, "gpu_models": ["L4"]})
     submit(world, cluster, "globex-one", side="b")
     summary = services.cycle_run(cluster=cluster)
     assert summary is not None and len(summary.admitted) == 3, summary
@@ -229,11 +230,35 @@ def test_no_estimate_when_waiting_for_quota(world: World, cluster: Any) -> None:
 
     tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
                               values={"gpus_guaranteed": Decimal(1), "gpus_limit": Decimal(2)})
-    submit(world, cluster, "first", group={"gpu_count": 2})
+    submit(world, cluster, "first", preemptible=True, group={"gpu_count": 2})
     services.cycle_run(cluster=cluster)
-    job = submit(world, cluster, "second", group={"gpu_count": 1})
+    job = submit(world, cluster, "second", preemptible=True, group={"gpu_count": 1})
     services.cycle_run(cluster=cluster)
     job.refresh_from_db()
     assert job.reason_kind == "quota", job.reason
     est = estimate_start(job)
     assert est.at is None and "quota" in est.note
+
+
+@override_settings(METRICS_TOKEN="", METRICS_PUBLIC=False)
+def test_metrics_closed_without_token_when_not_public(world: World, cluster: Any) -> None:
+    assert Client().get("/metrics").status_code == 401
+    member = Client()
+    member.force_login(world.a.member)
+    assert member.get("/metrics").status_code == 401
+    admin = Client()
+    admin.force_login(world.admin)
+    assert admin.get("/metrics").status_code == 200
+
+
+def test_showback_csv_neutralises_formulas(world: World, cluster: Any) -> None:
+    from tenants.models import User
+
+    User.objects.filter(pk=world.a.member.pk).update(username="=cmd|calc")
+    world.a.member.refresh_from_db()
+    _running(world, cluster)
+    portal_services.usage_sample_record(cluster=cluster)
+    client = Client()
+    client.force_login(world.a.owner)
+    body = client.get("/t/acme/usage/", {"by": "user", "format": "csv"}).content.decode()
+    assert ",'=cmd|calc," in body and ",=cmd" not in body
