@@ -32,8 +32,11 @@ def _still_allowed(scope: dict[str, Any], project_id: int | None) -> bool:
     key = getattr(session, "session_key", None)
     if not key or not Session.objects.filter(session_key=key, expire_date__gt=timezone.now()).exists():
         return False
-    user = User.objects.filter(pk=getattr(scope.get("user"), "pk", None), is_active=True).first()
-    if user is None or project_id is None:
+    user_id = getattr(scope.get("user"), "pk", None)
+    if user_id is None or project_id is None:
+        return False
+    user = User.objects.filter(pk=user_id, is_active=True).first()
+    if user is None:
         return False
     return restrict(Project.objects.filter(pk=project_id), user).exists()
 

@@ -70,6 +70,10 @@ OIDC_CREATE_USER = env_bool("OIDC_CREATE_USER", True)
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_int("LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username"], ["ip_address"]]
+# Behind reverse proxies, the client address comes from X-Forwarded-For (the same rule as the
+# audit log's client IP): set TRUSTED_PROXY_COUNT to the number of proxies in front of Camp.
+TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0)
+AXES_CLIENT_IP_CALLABLE = "tenants.middleware.client_ip"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_VERBOSE = False

@@ -35,3 +35,18 @@ def test_file_variant_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     monkeypatch.setenv("CAMP_T_SECRET", "from-env")
     monkeypatch.setenv("CAMP_T_SECRET_FILE", str(secret))
     assert env_str("CAMP_T_SECRET") == "from-file"
+
+
+def test_client_ip_behind_trusted_proxies(settings: object) -> None:
+    from django.test import RequestFactory
+
+    from tenants.middleware import client_ip
+
+    rf = RequestFactory()
+    spoofed = rf.get("/", HTTP_X_FORWARDED_FOR="6.6.6.6, 203.0.113.7", REMOTE_ADDR="10.0.0.2")
+    settings.TRUSTED_PROXY_COUNT = 0  # type: ignore[attr-defined]
+    assert client_ip(spoofed) == "10.0.0.2"  # no proxies trusted: headers ignored
+    settings.TRUSTED_PROXY_COUNT = 1  # type: ignore[attr-defined]
+    assert client_ip(spoofed) == "203.0.113.7"  # what our proxy saw, not what the client claimed
+    bad = rf.get("/", HTTP_X_FORWARDED_FOR="not-an-ip", REMOTE_ADDR="10.0.0.2")
+    assert client_ip(bad) == "10.0.0.2"
