@@ -65,6 +65,16 @@ def pools_in_order(cluster: Cluster) -> list[NodePool]:
     return sorted(NodePool.objects.filter(cluster=cluster), key=lambda p: (not p.dedicated, p.name))
 
 
+def hidden_pools(user: Any) -> dict[tuple[int, str], frozenset[str]]:
+    """The dedicated pools ``user`` may not see, as (cluster id, pool name) → the node label
+    keys that select them. A dedicated pool's name and selector name whom it serves, so
+    readers of nodes in it see neither (the node itself, as infrastructure, stays visible)."""
+    dedicated = NodePool.objects.filter(dedicated=True)
+    visible = restrict(dedicated, user).values_list("pk", flat=True)
+    return {(p.cluster_id, p.name): frozenset({*map(str, p.selector or {}), POOL_LABEL})
+            for p in dedicated.exclude(pk__in=list(visible)).only("cluster_id", "name", "selector")}
+
+
 def pool_of(labels: dict[str, str], pools: list[NodePool]) -> str:
     """The pool a node with ``labels`` belongs to (all selector labels must match; an empty
     selector matches every node), else the ``camp.io/pool`` label, else none."""

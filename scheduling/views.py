@@ -89,8 +89,8 @@ def node_list(request: HttpRequest, cluster_name: str) -> HttpResponse:
                                              if t.pk in visible_tenants]})
     dedicated = {row["pool"].name for row in pools if row["pool"].dedicated}
     # Dedicated pools of other tenants are not named (a pool's existence names who it serves).
-    hidden = set(NodePool.objects.filter(cluster=cluster, dedicated=True)
-                 .values_list("name", flat=True)) - dedicated
+    hidden = {name for cluster_id, name in selectors.hidden_pools(request.user)
+              if cluster_id == cluster.pk}
     return render(request, "scheduling/nodes.html", {
         "cluster": cluster, "nodes": nodes, "pools": pools, "dedicated": dedicated,
         "hidden": hidden,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from rest_framework import serializers
 
@@ -67,6 +67,22 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
                   "pool", "nvlink_islands", "ready", "cordoned", "present", "quarantined",
                   "quarantine_reason", "schedulable", "gpus", "updated_at"]
         read_only_fields = fields
+
+    def to_representation(self, instance: Node) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        hidden = self.context.get("hidden_pools")
+        if hidden is None:
+            from ..selectors import hidden_pools
+
+            request = self.context.get("request")
+            hidden = hidden_pools(request.user if request else None)
+            cast(dict[str, Any], self.context)["hidden_pools"] = hidden  # once per response
+        keys = hidden.get((instance.cluster_id, instance.pool))
+        if keys is not None:
+            # A dedicated pool the reader may not see: neither its name nor its selector.
+            data["pool"] = ""
+            data["labels"] = {k: v for k, v in (data["labels"] or {}).items() if k not in keys}
+        return data
 
 
 class NodePoolSerializer(serializers.ModelSerializer[NodePool]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import django_filters
 from django.db.models import Prefetch, QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status
@@ -11,11 +12,12 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from camp.filters import CampFilterSet
 from tenants.api.idempotency import IdempotentCreateMixin
 from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import actor_of
 
-from .. import services
+from .. import selectors, services
 from ..models import Allocation, Cluster, GpuDevice, GpuSlice, Job, Node, NodePool
 from .serializers import (
     ClusterSerializer,
@@ -75,12 +77,29 @@ class ClusterViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retrie
         return Response(status=status.HTTP_202_ACCEPTED)
 
 
+class NodeFilter(CampFilterSet):
+    pool = django_filters.CharFilter(method="filter_pool")
+
+    class Meta:
+        model = Node
+        fields = ["cluster", "pool", "quarantined", "ready", "present"]
+
+    def filter_pool(self, queryset: QuerySet[Any], name: str, value: str) -> QuerySet[Any]:
+        """Nodes in pool ``value``; a dedicated pool the reader may not see matches nothing
+        (as a pool that does not exist), so its name cannot be probed."""
+        queryset = queryset.filter(pool=value)
+        hidden = selectors.hidden_pools(self.request.user if self.request else None)
+        clusters = [cluster_id for cluster_id, pool in hidden if pool == value]
+        return queryset.exclude(cluster_id__in=clusters) if clusters else queryset
+
+
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, CampViewSet):
-    """Nodes and their GPUs, with what is allocated and whether they are quarantined."""
+    """Nodes and their GPUs, with what is allocated and whether they are quarantined.
+    Nodes of a dedicated pool the reader may not see show no pool and no pool labels."""
 
     model = Node
     serializer_class = NodeSerializer
-    filterset_fields = ["cluster", "pool", "quarantined", "ready", "present"]
+    filterset_class = NodeFilter
     search_fields = ["name"]
     ordering_fields = ["name"]
 

@@ -126,3 +126,28 @@ def test_console_shows_pools_without_naming_foreign_tenants(world: Any, cluster:
     assert "dedicated to acme" in own and "pool secure (dedicated)" in own
     other = client_for(world.b.member).get("/scheduling/clusters/pools/nodes/").content.decode()
     assert "secure" not in other and "dedicated to another tenant" in other
+
+
+def test_node_list_never_names_a_dedicated_pool_to_other_tenants(world: Any, cluster: Any,
+                                                                  secure: Any) -> None:
+    sec = Node.objects.get(name="sec-0")
+    theirs = client_for(world.b.member)
+    listing = theirs.get("/api/v1/nodes/")
+    assert listing.status_code == 200
+    rows = {n["name"]: n for n in listing.json()["results"]}
+    # the node stays visible (infrastructure), but neither its pool nor its selector labels
+    assert rows["sec-0"]["pool"] == "" and "tier" not in rows["sec-0"]["labels"]
+    assert rows["pub-0"]["labels"] == {**rows["pub-0"]["labels"], "tier": "public"}
+    assert "secure" not in listing.content.decode()
+    detail = theirs.get(f"/api/v1/nodes/{sec.pk}/")
+    assert detail.status_code == 200 and "secure" not in detail.content.decode()
+    # probing by name answers exactly like a pool that does not exist
+    probe = theirs.get("/api/v1/nodes/?pool=secure")
+    assert probe.status_code == 200 and probe.json()["results"] == []
+    assert theirs.get("/api/v1/nodes/?pool=no-such-pool").json()["results"] == []
+
+    # its own tenant and platform admins see it all
+    for user in (world.a.member, world.admin):
+        mine = client_for(user).get("/api/v1/nodes/?pool=secure").json()["results"]
+        assert [(n["name"], n["pool"], n["labels"].get("tier")) for n in mine] == [
+            ("sec-0", "secure", "secure")]
