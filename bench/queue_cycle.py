@@ -157,7 +157,7 @@ def main() -> None:
         f"{'nodes':>6} {'GPUs':>6} {'running':>8} {'pending':>8} {'projects':>8} "
         f"{'admitted':>8} {'preempting':>10} {'waiting':>8} {'rejected':>8} {'cycle s (median)':>17}"
     )
-    waiting_kinds = (Kind.QUOTA, Kind.CAPACITY, Kind.BEHIND)
+    waiting_kinds = (Kind.QUOTA, Kind.GUARANTEE, Kind.CAPACITY, Kind.BEHIND)
     waiting = sum(kinds.get(k, 0) for k in waiting_kinds)
     rejected = sum(
         v for k, v in kinds.items() if k not in (Kind.ADMITTED, Kind.PREEMPTING, *waiting_kinds)

@@ -11,18 +11,25 @@ requeued and restarts).
 * fifo — one queue in creation order, strict FIFO (the head blocks the queue), BestFit.
 * fifo-skip — the same, but a pod that does not fit is skipped (kube-scheduler style).
 * camp — ``QueueCycle``: priority, hierarchical fair share, quotas, borrowing, preemption
-  (minimum runtime ``--min-runtime``), with Camp's fragmentation-aware placement; every pending job
-  is a candidate and no backfill reservations are held (the trace has no runtime estimates).
+  (minimum runtime ``--min-runtime``), non-preemptible jobs only within their guarantees (the
+  default), with Camp's fragmentation-aware placement; every pending job is a candidate and no
+  backfill reservations are held (the trace has no runtime estimates). A non-preemptible pod asking
+  more than its project's guarantee is rejected (counted under "never").
+* camp-resubmit — camp, but a pod rejected for asking more than its guarantee is resubmitted at once
+  as preemptible (what the rejection tells its user to do).
+* camp-np-borrow — camp with ``nonpreemptible_within_guarantee=False``: non-preemptible pods borrow
+  idle GPUs like any other (Camp before the rule).
 * camp-reserve — Camp with ``--heads`` jobs per project queue and backfill reservations.
 
 Camp's cycles run only when something changed and repeat at the same instant while they admit (see
 :func:`replay_camp`). Reported: time-averaged GPU allocation, median and p95 queueing delay
 (creation → start, over pods that started), pods never started, preemptions, and project-hours
 during which a project with waiting work sat below its guaranteed GPUs (and, separately, while its
-first waiting pod would have fitted within them). Results and the review of this setup are in
-docs/BENCHMARKS.md §4.
+first waiting pod would have fitted within them). The p95 delay is also given over the pods that
+every scheduler of the run started ("common"), since rejected pods drop out of a scheduler's
+delays. Results and the review of this setup are in docs/BENCHMARKS.md §4.
 
-    .venv/bin/python -m bench.queue_replay             # stride 130, all four schedulers (~1 min)
+    .venv/bin/python -m bench.queue_replay             # stride 130, all six schedulers (~2 min)
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import heapq
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.openb import DATA, load_nodes, load_pods
@@ -77,6 +84,8 @@ class Sim:
     waited: dict[str, float] = field(default_factory=dict)
     started: dict[str, float] = field(default_factory=dict)
     preemptions: int = 0
+    guarantee_waiters: set[str] = field(default_factory=set)
+    """Pods that waited at least once because of the non-preemptible-within-guarantee rule."""
     alloc_area: float = 0.0
     below_guarantee: float = 0.0
     series: list[tuple[float, float]] = field(default_factory=list)
@@ -195,8 +204,14 @@ def _result(
         "preemptions": sim.preemptions,
         "below_guarantee_waiting_project_hours": m.below_waiting / 3600,
         "below_guarantee_project_hours": m.below_fits / 3600,
+        "guarantee_waiters": len(sim.guarantee_waiters),
+        "guarantee_waiters_p95_delay_s": _pct(sorted(w for n, w in sim.waited.items()
+                                                     if n in sim.guarantee_waiters), 0.95),
+        "p95_delay_others_s": _pct(sorted(w for n, w in sim.waited.items()
+                                          if n not in sim.guarantee_waiters), 0.95),
         "cycles": cycles,
         "wall_s": wall,
+        "_waited": dict(sim.waited),
     }
 
 
@@ -304,7 +319,14 @@ class _ProjectQueue:
 
 
 def replay_camp(
-    snap: ClusterSnapshot, sim: Sim, min_runtime: float, heads: int, *, backfill: bool = True
+    snap: ClusterSnapshot,
+    sim: Sim,
+    min_runtime: float,
+    heads: int,
+    *,
+    backfill: bool = True,
+    np_within_guarantee: bool = True,
+    resubmit_preemptible: bool = False,
 ) -> dict[str, object]:
     """Camp: ``QueueCycle`` with fair share, quotas, borrowing, preemption and backfill.
 
@@ -313,7 +335,9 @@ def replay_camp(
     runtime (it becomes preemptible) — and again at the same instant while the previous cycle
     admitted or preempted something (the heads of the queues changed), as the service does. The
     cluster state and the placer (with its score caches) live across cycles; each cycle is handed
-    the first ``heads`` jobs of every project queue."""
+    the first ``heads`` jobs of every project queue. ``np_within_guarantee`` is the cycle's
+    non-preemptible-within-guarantee rule; with ``resubmit_preemptible`` a non-preemptible pod
+    rejected for asking more than its guarantee is resubmitted at once as preemptible."""
     profile = WorkloadProfile.from_pods([j.groups[0].template for j in sim.jobs.values()])
     state = ClusterState(snap)
     placer = Placer(state, FragmentationPolicy(profile))
@@ -325,6 +349,7 @@ def replay_camp(
         preemption=PreemptionConfig(min_runtime_s=min_runtime),
         heads_per_queue=None,  # the replay hands each cycle the heads of the queues itself
         backfill=backfill,
+        nonpreemptible_within_guarantee=np_within_guarantee,
     )
     events = _events(sim)
     queues = {q: _ProjectQueue() for q in PROJECTS}
@@ -402,7 +427,15 @@ def replay_camp(
                     if job.preemptible and min_runtime > 0:
                         heapq.heappush(events, (t + min_runtime, 3, d.job, tok))
             for s in res.statuses.values():
-                if s.kind in (Kind.NEVER_FITS, Kind.OVER_LIMIT, Kind.UNKNOWN_QUEUE) and s.job in pending:
+                if s.kind == Kind.GUARANTEE:
+                    sim.guarantee_waiters.add(s.job)
+                if s.kind == Kind.OVER_GUARANTEE and resubmit_preemptible and s.job in pending:
+                    job = replace(pending[s.job], preemptible=True)
+                    pending[s.job] = sim.jobs[s.job] = job
+                    dirty = True
+                    continue
+                never_kinds = (Kind.NEVER_FITS, Kind.OVER_LIMIT, Kind.UNKNOWN_QUEUE, Kind.OVER_GUARANTEE)
+                if s.kind in never_kinds and s.job in pending:
                     never.add(s.job)
                     job = pending.pop(s.job)
                     pending_since.pop(s.job)
@@ -432,9 +465,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stride", type=int, default=130)
     ap.add_argument("--min-runtime", type=float, default=600.0)
-    ap.add_argument("--schedulers", nargs="+", default=["fifo", "fifo-skip", "camp", "camp-reserve"],
-                    help="fifo (strict), fifo-skip, camp (all heads, no reservations), camp-reserve "
-                    "(--heads per queue, backfill reservations)")
+    ap.add_argument("--schedulers", nargs="+",
+                    default=["fifo", "fifo-skip", "camp", "camp-resubmit", "camp-np-borrow", "camp-reserve"],
+                    help="fifo (strict), fifo-skip, camp (all heads, no reservations), camp-resubmit "
+                    "(over-guarantee pods resubmitted preemptible), camp-np-borrow (non-preemptible "
+                    "pods may borrow), camp-reserve (--heads per queue, backfill reservations)")
     ap.add_argument("--heads", type=int, default=4, help="camp-reserve: jobs tried per queue and cycle")
     args = ap.parse_args()
     rows = []
@@ -445,6 +480,11 @@ def main() -> None:
         gpus, nodes = sim.capacity, len(snap.nodes)
         if s == "camp":
             row = replay_camp(snap, sim, args.min_runtime, len(sim.jobs), backfill=False)
+        elif s in ("camp-resubmit", "camp-np-borrow"):
+            row = replay_camp(snap, sim, args.min_runtime, len(sim.jobs), backfill=False,
+                              np_within_guarantee=s == "camp-resubmit",
+                              resubmit_preemptible=s == "camp-resubmit")
+            row["scheduler"] = s
         elif s == "camp-reserve":
             row = replay_camp(snap, sim, args.min_runtime, args.heads, backfill=True)
             row["scheduler"] = s
@@ -452,17 +492,30 @@ def main() -> None:
             row = replay_fifo(snap, sim, strict=s == "fifo")
         rows.append(row)
         print(f"{s}: {row['wall_s']:.1f} s", flush=True)
+    common = set.intersection(*(set(r["_waited"]) for r in rows))  # type: ignore[call-overload]
+    for r in rows:
+        waited = r.pop("_waited")
+        assert isinstance(waited, dict)
+        r["common_pods"] = len(common)
+        r["p95_delay_common_s"] = _pct(sorted(waited[n] for n in common), 0.95)
+        r["median_delay_common_s"] = _pct(sorted(waited[n] for n in common), 0.5)
     print(f"openb default, {nodes} nodes / {gpus} GPUs (every {args.stride}th openb node)")
-    hdr = (f"{'scheduler':<12} {'started':>8} {'never':>6} {'GPU alloc %':>11} {'median s':>9} "
+    hdr = (f"{'scheduler':<14} {'started':>8} {'never':>6} {'GPU alloc %':>11} {'median s':>9} "
            f"{'p95 s':>9} {'preempt':>8} {'below-g. waiting h':>18} {'below-g. fits h':>15} {'wall s':>7}")
     print(hdr)
     for r in rows:
-        print(f"{r['scheduler']:<12} {r['started']:>8} {r['never_fit']:>6} {r['avg_gpu_alloc_pct']:>11.1f} "
+        print(f"{r['scheduler']:<14} {r['started']:>8} {r['never_fit']:>6} {r['avg_gpu_alloc_pct']:>11.1f} "
               f"{r['median_delay_s']:>9.0f} {r['p95_delay_s']:>9.0f} {r['preemptions']:>8} "
               f"{r['below_guarantee_waiting_project_hours']:>18.1f} "
               f"{r['below_guarantee_project_hours']:>15.1f} "
               f"{r['wall_s']:>7.1f}")
-        print(f"{'':<12} p95 by QoS: {r['p95_delay_by_qos_s']}")
+        print(f"{'':<14} p95 by QoS: {r['p95_delay_by_qos_s']}; over the {r['common_pods']} pods "
+              f"every scheduler started: median {r['median_delay_common_s']:.0f}, "
+              f"p95 {r['p95_delay_common_s']:.0f}")
+        if r["guarantee_waiters"]:
+            print(f"{'':<14} {r['guarantee_waiters']} pods waited for their guarantee (p95 "
+                  f"{r['guarantee_waiters_p95_delay_s']:.0f} s); p95 of the others "
+                  f"{r['p95_delay_others_s']:.0f} s")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "queue_replay.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
 

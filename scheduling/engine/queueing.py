@@ -476,6 +476,15 @@ def borrowing_jobs(
         if pi is None:
             out.update(j.name for j in jobs)
             continue
+        g = tree.guaranteed[pi]
+        dims = tree.guaranteed_dims(pi)
+        total = [0, 0, 0, 0]
+        for j in jobs:
+            u = usage_of[j.name]
+            for r in range(4):
+                total[r] += u[r]
+        if all(total[r] <= g[r] for r in dims):
+            continue  # all of the project's jobs together are within its guarantee: nobody borrows
         cum = [0, 0, 0, 0]
         if nonpreemptible_first:
             ordered = sorted(jobs, key=lambda j: (j.preemptible, j.start_time or 0.0, j.name))
@@ -483,7 +492,7 @@ def borrowing_jobs(
             ordered = sorted(jobs, key=lambda j: (j.start_time or 0.0, j.name))
         for j in ordered:
             u = usage_of[j.name]
-            if tree.exceeds_guaranteed(pi, cum, u):
+            if any(u[r] > 0 and cum[r] + u[r] > g[r] for r in dims):  # exceeds_guaranteed, inlined
                 out.add(j.name)
             for r in range(4):
                 cum[r] += u[r]
