@@ -875,28 +875,54 @@ def _admit_reason(placement: E.Placement) -> str:
     return f"Admitted: {len(placement.pods)} pod(s) on {', '.join(nodes)} with {gpus} GPU slice(s)"
 
 
+def _preempted_reason(victim: Job, preemptor: Job | None) -> str:
+    """Why ``victim`` was preempted, as everyone who may see the victim reads it (its reason,
+    its decisions, live pages). The preemptor is named only when it is in the victim's
+    project: a job's readers may not see other projects' jobs, never other tenants'. Else
+    the kind of eviction: a higher priority, or a guarantee reclaimed (the engine's two
+    eligibility rules, ``engine.preemption.may_preempt``)."""
+    if preemptor is None:
+        return "Preempted"
+    if preemptor.project_id == victim.project_id:
+        return f"Preempted by job {preemptor.name} (#{preemptor.pk}, priority {preemptor.priority_class})"
+    whose = "another project" if preemptor.tenant_id == victim.tenant_id else "another tenant"
+    if preemptor.priority > victim.priority:
+        return f"Preempted by a higher-priority job of {whose}"
+    return (f"Preempted: the capacity it borrowed was reclaimed by the owner of the guaranteed "
+            f"capacity ({whose})")
+
+
 def _preempt(inputs: selectors.CycleInputs, job: Job, d: E.Preempt) -> list[int]:
     """Mark the victims PREEMPTING (their pods are deleted after commit); the preemptor
-    waits, out of the queue, until their resources are actually released."""
-    victims: list[int] = []
+    waits, out of the queue, until their resources are actually released. Reasons and
+    audit events name jobs of other projects / tenants only by count (``_preempted_reason``);
+    the decision rows keep the ids, shown only to those who may see those jobs."""
+    evicted: list[Job] = []
     for v in d.victims:
         victim = inputs.jobs[v]
+        reason = _preempted_reason(victim, job)
         if Job.objects.filter(pk=victim.pk, state__in=[JobState.STARTING, JobState.RUNNING]).update(
-            state=JobState.PREEMPTING, preempted_by=job,
-            reason=f"Preempted by job {job.name} (#{job.pk}, priority {job.priority_class})",
+            state=JobState.PREEMPTING, preempted_by=job, reason=reason,
         ):
-            victims.append(victim.pk)
-            _record(victim, DecisionKind.PREEMPTED, f"Preempted by job {job.name}", preemptor=job)
-            _audit_job("job.preempted", victim, after={"preemptor": job.pk,
-                                                      "checkpoint_capable": victim.checkpoint_capable})
+            evicted.append(victim)
+            _record(victim, DecisionKind.PREEMPTED, reason, preemptor=job)
+            same_tenant = job.tenant_id == victim.tenant_id
+            _audit_job("job.preempted", victim, after={
+                "preemptor": job.pk if same_tenant else None, "reason": reason,
+                "checkpoint_capable": victim.checkpoint_capable})
             _stop_after_commit(victim.pk)
-    reason = (f"Preempting {len(victims)} job(s) ({', '.join(f'#{v}' for v in victims)}); "
-              f"starts once their resources are released")
+    victims = [v.pk for v in evicted]
+    named = [f"#{v.pk}" for v in evicted if v.project_id == job.project_id]
+    elsewhere = len(evicted) - len(named)
+    listed = ", ".join(named + ([f"{elsewhere} of other projects or tenants"] if elsewhere else []))
+    reason = f"Preempting {len(evicted)} job(s) ({listed}); starts once their resources are released"
     Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
         reason=reason, reason_kind="preempting", queue_position=None, queue_length=None)
     _record(job, DecisionKind.PREEMPTING, reason, victims=victims,
             placement=_placement_json(d.placement))
-    _audit_job("job.preempting", job, after={"victims": victims})
+    _audit_job("job.preempting", job, after={
+        "victims": [v.pk for v in evicted if v.tenant_id == job.tenant_id],
+        "victims_of_other_tenants": sum(v.tenant_id != job.tenant_id for v in evicted)})
     return victims
 
 
@@ -1171,7 +1197,7 @@ def _pods_gone(job_id: int) -> bool:
             preemptor = job.preempted_by
             job.state = JobState.QUEUED
             note = " (resumes from its latest checkpoint)" if job.checkpoint_capable else ""
-            job.reason = (f"Preempted by job {preemptor.name}; requeued{note}" if preemptor
+            job.reason = (f"{_preempted_reason(job, preemptor)}; requeued{note}" if preemptor
                           else job.reason.replace("Rescheduling", "Requeued") + note)[:500]
             job.preempted_by = None
             job.started_at = None

@@ -123,9 +123,13 @@ def job_list(request: HttpRequest) -> HttpResponse:
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job: Any = get_object_or_404(selectors.job_list(user=request.user), pk=pk)
     allocations = job.allocations.select_related("node", "group").prefetch_related("slices__gpu")
+    decisions = selectors.job_decisions(job=job)
+    # A preemptor is linked only if the reader may see it (another tenant's job is not named).
+    preemptors = restrict(Job.objects.filter(
+        pk__in={d.preemptor_id for d in decisions if d.preemptor_id}), request.user)
     return render(request, "scheduling/job.html", {
         "job": job, "groups": job.groups.all(), "allocations": allocations,
-        "decisions": selectors.job_decisions(job=job),
+        "decisions": decisions, "visible_preemptors": set(preemptors.values_list("pk", flat=True)),
         "can_cancel": not job.is_final and can(request.user, "delete", job)})
 
 

@@ -158,15 +158,49 @@ class AllocationSerializer(serializers.ModelSerializer[Allocation]):
         read_only_fields = fields
 
 
+def visible_jobs(context: Any, ids: Any) -> set[int]:
+    """Which of the job ``ids`` the request's user may see (cached in the serializer context
+    across one response): another project's or tenant's preemptor or victim is not named."""
+    cache = context.get("visible_jobs") if isinstance(context, dict) else None
+    if cache is None:
+        cache = {}
+        if isinstance(context, dict):
+            context["visible_jobs"] = cache
+    wanted = {int(i) for i in ids if i is not None}
+    unknown = wanted - cache.keys()
+    if unknown:
+        from tenants.permissions import restrict
+
+        request = context.get("request")
+        seen = set(restrict(Job.objects.filter(pk__in=unknown), request.user if request else None)
+                   .values_list("pk", flat=True))
+        cache.update({i: i in seen for i in unknown})
+    return {i for i in wanted if cache[i]}
+
+
 class DecisionSerializer(serializers.ModelSerializer[SchedulingDecision]):
+    """``preemptor`` and ``victims`` list only the jobs the reader may see."""
+
     preemptor: serializers.PrimaryKeyRelatedField[Job] = serializers.PrimaryKeyRelatedField(
-        read_only=True)
+        read_only=True, allow_null=True)
 
     class Meta:
         model = SchedulingDecision
         fields = ["id", "kind", "reason", "queue_position", "placement", "victims", "preemptor",
                   "created_at"]
         read_only_fields = fields
+
+    def to_representation(self, instance: SchedulingDecision) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        victims = [v for v in (data.get("victims") or []) if isinstance(v, int)]
+        if instance.preemptor_id is None and not victims:
+            return data
+        seen = visible_jobs(self.context, [instance.preemptor_id, *victims])
+        if data.get("preemptor") not in seen:
+            data["preemptor"] = None
+        if data.get("victims"):
+            data["victims"] = [v for v in victims if v in seen]
+        return data
 
 
 class JobSerializer(serializers.ModelSerializer[Job]):
@@ -203,4 +237,11 @@ class JobSerializer(serializers.ModelSerializer[Job]):
 
     def get_last_decision(self, job: Job) -> dict[str, Any] | None:
         d = job.decisions.order_by("-id").first()
-        return DecisionSerializer(d).data if d is not None else None
+        return DecisionSerializer(d, context=self.context).data if d is not None else None
+
+    def to_representation(self, instance: Job) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        if instance.preempted_by_id is not None and instance.preempted_by_id not in visible_jobs(
+                self.context, [instance.preempted_by_id]):
+            data["preempted_by"] = None  # another project's or tenant's job is not named
+        return data

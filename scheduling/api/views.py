@@ -189,8 +189,8 @@ class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveMo
     @action(detail=True, methods=["get"])
     def decisions(self, request: Request, pk: str | None = None) -> Response:
         """The job's scheduling history: admitted with placement, waiting with reason and
-        queue position, preempted with the preemptor named."""
+        queue position, preempted with the preemptor named (when the reader may see it)."""
         job = self.get_object()
         page = self.paginate_queryset(job.decisions.order_by("-id"))
-        data = DecisionSerializer(page, many=True).data
+        data = DecisionSerializer(page, many=True, context=self.get_serializer_context()).data
         return self.get_paginated_response(data)
