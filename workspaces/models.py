@@ -123,7 +123,13 @@ class DevEnvironment(models.Model):
     job = models.ForeignKey("scheduling.Job", on_delete=models.SET_NULL, null=True, blank=True,
                             related_name="+", help_text="The current (or last) run.")
     runs = models.PositiveIntegerField(default=0)
+    # The open link: SHA-256 of its one-time token, when it was issued and when it was
+    # spent. Spending it sets a cookie bound to ``access_nonce``, which a new link, a stop
+    # or the end of a run replaces (empty: no cookie is valid).
     access_token_hash = models.CharField(max_length=64, blank=True)
+    access_token_issued_at = models.DateTimeField(null=True, blank=True)
+    access_token_used_at = models.DateTimeField(null=True, blank=True)
+    access_nonce = models.CharField(max_length=64, blank=True)
     last_activity_at = models.DateTimeField(null=True, blank=True)
     cull_warning = models.CharField(max_length=300, blank=True)
     cull_at = models.DateTimeField(null=True, blank=True)

@@ -13,7 +13,7 @@ from scheduling.backends.base import BackendError
 from scheduling.models import Job
 from scheduling.services import namespace_spec
 from tenants.models import Project
-from tenants.permissions import restrict
+from tenants.permissions import VIEW, can, restrict
 
 from .models import DevEnvironment, EnvKind, SshKey, TrainingJob, WorkspacePolicy
 
@@ -83,6 +83,18 @@ def authorized_keys(env: DevEnvironment) -> str:
 
 def ssh_key_list(*, user: Any) -> QuerySet[SshKey]:
     return restrict(SshKey.objects.select_related("user"), user).order_by("user__username", "name", "id")
+
+
+def environment_reachable(env: DevEnvironment) -> bool:
+    """May a request through the environment's URL reach it now? Links and cookies act as
+    the owner, so the owner must still be active and allowed to see it, and it must run.
+    Asked on every request the ingress forwards, so losing access takes effect at once."""
+    owner = env.owner
+    return (
+        owner.is_active
+        and can(owner, VIEW, env)
+        and env.state == "running"
+    )
 
 
 def how_to_open(env: DevEnvironment) -> dict[str, str]:

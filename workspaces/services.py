@@ -4,8 +4,8 @@ A dev environment or training job is a row here plus, per run, one generic
 ``scheduling.Job`` submitted through ``scheduling.services.job_submit`` — the same queue,
 quotas, gang admission and preemption as any job. Actions taken by the platform itself
 (idle culling, maximum runtime, a failed dependency) are audited with a named system
-actor. Access tokens for notebook URLs are 256-bit random, shown once per link and
-stored as SHA-256 only.
+actor. Access tokens for notebook URLs are 256-bit random, shown once per link,
+stored as SHA-256 only, accepted once and only within ``WORKSPACES_LINK_TTL_SECONDS``.
 """
 
 from __future__ import annotations
@@ -16,16 +16,25 @@ import re
 import secrets
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Model
+from django.db.models import Model, Q
 from django.utils import timezone
 
 from registry.models import Image, Variant
 from registry.references import ReferenceError, parse_reference
 from registry.services import images_for_project
 from scheduling import services as scheduling
-from scheduling.models import Cluster, DecisionKind, Job, JobState, PriorityClass, SchedulingDecision
+from scheduling.models import (
+    FINAL_STATES,
+    Cluster,
+    DecisionKind,
+    Job,
+    JobState,
+    PriorityClass,
+    SchedulingDecision,
+)
 from tenants import permissions
 from tenants.audit import audit_record, snapshot
 from tenants.models import Project, User
@@ -106,6 +115,32 @@ def _audit(
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+ACCESS_FIELDS = ["access_token_hash", "access_token_issued_at", "access_token_used_at", "access_nonce"]
+
+
+def link_ttl_seconds() -> int:
+    return int(getattr(settings, "WORKSPACES_LINK_TTL_SECONDS", 300))
+
+
+def _issue_link(env: DevEnvironment) -> str:
+    """A new one-time link token (returned; only its hash is kept) and a new cookie nonce, so
+    every older link and cookie stops working. The caller saves ``ACCESS_FIELDS``."""
+    token = secrets.token_urlsafe(32)
+    env.access_token_hash = hash_token(token)
+    env.access_token_issued_at = timezone.now()
+    env.access_token_used_at = None
+    env.access_nonce = secrets.token_urlsafe(32)
+    return token
+
+
+def _retire_access(env: DevEnvironment) -> None:
+    """No link and no cookie opens it any more (a stop, the end of a run)."""
+    env.access_token_hash = ""
+    env.access_token_issued_at = None
+    env.access_token_used_at = None
+    env.access_nonce = ""
 
 
 # --- shared validation ----------------------------------------------------------------------
@@ -475,8 +510,7 @@ def environment_launch(
             "An SSH environment needs a public key: add one to your SSH keys (or give one here)."]})
     refuse_if_never_within_limits(project=project, cluster=cluster, groups=[_env_group(row)])
     refuse_if_over_storage(project=project, extra_gib=row.home_gib, field="home_gib")
-    token = secrets.token_urlsafe(32)
-    row.access_token_hash = hash_token(token)
+    token = _issue_link(row)
     _save(row, "This project already has an environment with this name.")
     _start_run(actor, row)
     _audit("environment.launched", row, actor=actor, after=snapshot(row, ENV_FIELDS))
@@ -509,7 +543,8 @@ def environment_stop(*, actor: User, env: DevEnvironment) -> DevEnvironment:
     )
     env.stop_reason = f"Stopped by {actor.get_username()}"
     env.cull_warning, env.cull_at = "", None
-    env.save(update_fields=["stop_reason", "cull_warning", "cull_at", "updated_at"])
+    _retire_access(env)
+    env.save(update_fields=["stop_reason", "cull_warning", "cull_at", *ACCESS_FIELDS, "updated_at"])
     env.job.refresh_from_db()
     _audit("environment.stopped", env, actor=actor, after={"state": env.state})
     return env
@@ -528,6 +563,7 @@ def environment_start(*, actor: User, env: DevEnvironment) -> DevEnvironment:
         raise ValidationError({"state": [f"The environment is already {env.state}."]})
     _clean_cluster(env.cluster, actor)
     refuse_if_never_within_limits(project=env.project, cluster=env.cluster, groups=[_env_group(env)])
+    _retire_access(env)  # a new run is opened with a new link (saved by _start_run)
     _start_run(actor, env)
     _audit("environment.started", env, actor=actor, after={"run": env.runs})
     return env
@@ -569,11 +605,10 @@ def environment_open(*, actor: User, env: DevEnvironment) -> str:
         raise PermissionDenied("Only its owner opens an environment.")
     if env.kind == EnvKind.SSH:
         raise ValidationError({"kind": ["An SSH environment is opened with ssh (see its page)."]})
-    token = secrets.token_urlsafe(32)
-    env.access_token_hash = hash_token(token)
+    token = _issue_link(env)
     env.last_activity_at = timezone.now()
     env.cull_warning, env.cull_at = "", None
-    env.save(update_fields=["access_token_hash", "last_activity_at", "cull_warning", "cull_at", "updated_at"])
+    env.save(update_fields=[*ACCESS_FIELDS, "last_activity_at", "cull_warning", "cull_at", "updated_at"])
     _audit("environment.opened", env, actor=actor)
     return f"{environment_url(env)}?camp_token={token}"
 
@@ -587,7 +622,43 @@ def environment_touch(*, env_id: int, at: dt.datetime | None = None) -> None:
 
 
 def token_matches(env: DevEnvironment, token: str) -> bool:
+    """Is ``token`` the current link's (spent or not, fresh or not)?"""
     return bool(env.access_token_hash) and secrets.compare_digest(env.access_token_hash, hash_token(token))
+
+
+def environment_link_redeem(*, env_id: int, token: str) -> str | None:
+    """Spend a link token: accepted once, within ``WORKSPACES_LINK_TTL_SECONDS`` of being
+    issued. Returns the environment's cookie nonce, or None. The row lock makes two
+    concurrent requests with the same link spend it at most once. The caller has checked
+    that the owner may still reach the environment and that it runs."""
+    if not token:
+        return None
+    now = timezone.now()
+    with transaction.atomic():
+        env = DevEnvironment.objects.select_for_update().filter(pk=env_id).first()
+        if (
+            env is None
+            or not env.access_nonce
+            or env.access_token_used_at is not None
+            or env.access_token_issued_at is None
+            or now - env.access_token_issued_at > dt.timedelta(seconds=link_ttl_seconds())
+            or not token_matches(env, token)
+        ):
+            return None
+        env.access_token_used_at = now
+        env.save(update_fields=["access_token_used_at"])
+        return env.access_nonce
+
+
+def environments_retire_access() -> int:
+    """Environments whose run has ended (failed, lost, finished) without a stop through
+    Camp: retire their link and cookies, so a later run needs a new link."""
+    return (
+        DevEnvironment.objects.exclude(access_nonce="", access_token_hash="")
+        .filter(Q(job__isnull=True) | Q(job__state__in=FINAL_STATES))
+        .update(access_token_hash="", access_token_issued_at=None, access_token_used_at=None,
+                access_nonce="")
+    )
 
 
 # --- idle culling ---------------------------------------------------------------------------
@@ -662,7 +733,9 @@ def environments_cull(*, now: dt.datetime | None = None) -> dict[str, list[int]]
                 scheduling.job_terminate(job_id=env.job.pk, reason=reason, by=CULLER)
                 env.stop_reason = reason
                 env.cull_warning, env.cull_at = "", None
-                env.save(update_fields=["stop_reason", "cull_warning", "cull_at", "updated_at"])
+                _retire_access(env)
+                env.save(update_fields=["stop_reason", "cull_warning", "cull_at", *ACCESS_FIELDS,
+                                        "updated_at"])
                 _audit("environment.culled", env, after={"reason": reason})
                 culled.append(env.pk)
     return {"warned": warned, "culled": culled}

@@ -21,9 +21,11 @@ _OPTS = {"acks_late": True, "reject_on_worker_lost": True}
 
 @shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
 def workspaces_tick() -> dict[str, int]:
-    """Beat: idle culling, then every unfinished training job (dependencies, checkpoints,
-    restarts and lost GPU time, maximum runtime, retries)."""
+    """Beat: idle culling, retiring the links and cookies of environments whose run ended,
+    then every unfinished training job (dependencies, checkpoints, restarts and lost GPU
+    time, maximum runtime, retries)."""
     culled = services.environments_cull()
+    services.environments_retire_access()
     unfinished = TrainingJob.objects.filter(
         Q(job__isnull=True, failed_dependency=False, stop_reason="")
         | (Q(job__isnull=False) & ~Q(job__state__in=FINAL_STATES))

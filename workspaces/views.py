@@ -4,9 +4,11 @@ request to an environment URL."""
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core import signing
@@ -93,44 +95,64 @@ def environment_action(request: HttpRequest, pk: int, op: str) -> HttpResponseBa
     return redirect("workspaces:environment", pk=env.pk)
 
 
+COOKIE_SALT = "camp-workspace"
+
+
+def _cookie_secure(request: HttpRequest) -> bool:
+    # Behind the ingress the auth subrequest often arrives over plain HTTP, so whether the
+    # browser-facing cookie is Secure follows the deployment (True in production).
+    return bool(getattr(settings, "WORKSPACES_COOKIE_SECURE", settings.SESSION_COOKIE_SECURE)
+                or request.is_secure())
+
+
 @never_cache
 def environment_auth(request: HttpRequest, pk: int) -> HttpResponse:
-    """200 lets the request through to the environment, 401 refuses it. Accepted: the link's
-    one-time token (then a signed cookie for the rest of the session, bound to that token),
-    the cookie, or a portal session of the owner. Each accepted request counts as activity."""
-    env = DevEnvironment.objects.filter(pk=pk).first()
-    if env is None:
+    """200 lets the request through to the environment, 401 refuses it.
+
+    First, always: the owner is active and may still see the environment, and it runs
+    (links and cookies act as the owner). Then one of: the link's one-time token, spent on
+    first use (within ``WORKSPACES_LINK_TTL_SECONDS``) for a signed, HttpOnly cookie scoped
+    to the environment's path and bound to its current nonce (a new link, a stop or the
+    end of the run replaces the nonce); that cookie; or a portal session of the owner.
+    Each accepted request counts as activity."""
+    env = DevEnvironment.objects.select_related("owner", "job").filter(pk=pk).first()
+    if env is None or not selectors.environment_reachable(env):
         return HttpResponse(status=401)
     cookie_name = f"camp_ws_{env.pk}"
     original = request.headers.get("X-Original-URI", "")
     token = (parse_qs(urlsplit(original).query).get("camp_token") or [""])[0]
     response = HttpResponse(status=200)
-    ok = False
-    if token and services.token_matches(env, token):
-        ok = True
-        value = signing.dumps({"env": env.pk, "gen": env.access_token_hash[:16]}, salt="camp-workspace")
+    nonce = services.environment_link_redeem(env_id=env.pk, token=token) if token else None
+    if nonce:
+        value = signing.dumps({"env": env.pk, "nonce": nonce}, salt=COOKIE_SALT)
         response.set_cookie(
             cookie_name,
             value,
             max_age=COOKIE_MAX_AGE,
             path=selectors.environment_path(env),
-            secure=request.is_secure(),
+            secure=_cookie_secure(request),
             httponly=True,
             samesite="Lax",
         )
-    elif request.COOKIES.get(cookie_name):
-        try:
-            data = signing.loads(request.COOKIES[cookie_name], salt="camp-workspace", max_age=COOKIE_MAX_AGE)
-        except signing.BadSignature:
-            data = {}
-        ok = data.get("env") == env.pk and data.get("gen") == env.access_token_hash[:16]
-    elif request.user.is_authenticated and request.user.pk == env.owner_id:
-        ok = True
-    if not ok:
+    elif not _cookie_ok(request.COOKIES.get(cookie_name, ""), env) and not (
+        request.user.is_authenticated and request.user.pk == env.owner_id
+    ):
         return HttpResponse(status=401)
     if env.last_activity_at is None or (timezone.now() - env.last_activity_at).total_seconds() > 60:
         services.environment_touch(env_id=env.pk)
     return response
+
+
+def _cookie_ok(value: str, env: DevEnvironment) -> bool:
+    if not value or not env.access_nonce:
+        return False
+    try:
+        data = signing.loads(value, salt=COOKIE_SALT, max_age=COOKIE_MAX_AGE)
+    except signing.BadSignature:
+        return False
+    if not isinstance(data, dict) or data.get("env") != env.pk:
+        return False
+    return secrets.compare_digest(str(data.get("nonce", "")), env.access_nonce)
 
 
 @login_required
