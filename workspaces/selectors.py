@@ -13,7 +13,7 @@ from scheduling.backends.base import BackendError
 from scheduling.models import Job
 from scheduling.services import namespace_spec
 from tenants.models import Project
-from tenants.permissions import VIEW, can, restrict
+from tenants.permissions import CHANGE, VIEW, can, restrict
 
 from .models import DevEnvironment, EnvKind, SshKey, TrainingJob, WorkspacePolicy
 
@@ -95,6 +95,22 @@ def environment_reachable(env: DevEnvironment) -> bool:
         and can(owner, VIEW, env)
         and env.state == "running"
     )
+
+
+def env_values_visible(user: Any, obj: DevEnvironment | TrainingJob) -> bool:
+    """Environment variables often carry secrets: their values are for whoever may change
+    the workload (its owner, project admins and above); others see the names only."""
+    return can(user, CHANGE, obj)
+
+
+ENV_MASK = "********"
+
+
+def env_for(user: Any, obj: DevEnvironment | TrainingJob) -> dict[str, str]:
+    env = dict(obj.env or {})
+    if env_values_visible(user, obj):
+        return env
+    return dict.fromkeys(env, ENV_MASK)
 
 
 def how_to_open(env: DevEnvironment) -> dict[str, str]:

@@ -50,7 +50,26 @@ class RunSerializer(serializers.Serializer[Any]):
     started_at = serializers.DateTimeField(allow_null=True)
 
 
-class EnvironmentSerializer(serializers.ModelSerializer[DevEnvironment]):
+ENV_HELP = (f"Environment variables. Values are shown only to the workload's owner and project admins "
+            f"and above; others see the names with values replaced by {selectors.ENV_MASK!r}.")
+
+
+# Environment variables often hold secrets: their values go only to those who may change the
+# workload (selectors.env_for); without a request, nobody. (A comment, not a docstring: drf-
+# spectacular would put a docstring into the schema of every serializer using the mixin.)
+class MaskedEnvMixin:
+
+    context: dict[str, Any]
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)  # type: ignore[misc]
+        if "env" in data:
+            request = self.context.get("request")
+            data["env"] = selectors.env_for(getattr(request, "user", None), instance)
+        return data
+
+
+class EnvironmentSerializer(MaskedEnvMixin, serializers.ModelSerializer[DevEnvironment]):
     project = VisiblePKField(queryset=Project.objects.all())
     cluster = ClusterNameField()
     tenant = serializers.CharField(source="tenant.name", read_only=True)
@@ -60,7 +79,7 @@ class EnvironmentSerializer(serializers.ModelSerializer[DevEnvironment]):
     image = VisiblePKField(queryset=Image.objects.all(), required=False, allow_null=True)
     profile = VisiblePKField(queryset=Profile.objects.all(), required=False, allow_null=True)
     env = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True),
-                                required=False)
+                                required=False, help_text=ENV_HELP)
     ssh_public_keys = serializers.CharField(required=False, allow_blank=True, max_length=65536)
     state = serializers.CharField(read_only=True)
     run = RunSerializer(source="job", read_only=True, allow_null=True)
@@ -88,7 +107,7 @@ class EnvironmentSerializer(serializers.ModelSerializer[DevEnvironment]):
         return f"{selectors.environment_url(env)}?camp_token={token}" if token else None
 
 
-class TrainingSerializer(serializers.ModelSerializer[TrainingJob]):
+class TrainingSerializer(MaskedEnvMixin, serializers.ModelSerializer[TrainingJob]):
     project = VisiblePKField(queryset=Project.objects.all())
     cluster = ClusterNameField()
     tenant = serializers.CharField(source="tenant.name", read_only=True)
@@ -101,7 +120,7 @@ class TrainingSerializer(serializers.ModelSerializer[TrainingJob]):
     command = serializers.ListField(child=serializers.CharField(max_length=4096), required=False,
                                     max_length=100)
     env = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True),
-                                required=False)
+                                required=False, help_text=ENV_HELP)
     gpu_models = serializers.ListField(child=serializers.CharField(max_length=100), required=False,
                                        max_length=20)
     depends_on = VisiblePKField(queryset=TrainingJob.objects.all(), many=True, required=False)

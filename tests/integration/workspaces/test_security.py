@@ -1,5 +1,6 @@
 """Security review findings on workloads: the environment link is one-time, short-lived and
-re-checked against the owner's access on every request."""
+re-checked against the owner's access on every request; environment variables (often
+secrets) are shown only to those who may change the workload."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from django.test import Client
 
 from registry.models import Image
 from tenants import services as tenant_services
-from tenants.models import Membership
+from tenants.models import Membership, Role
+from tests.conftest import client_for, make_user
 from workspaces import services
-from workspaces.models import DevEnvironment
+from workspaces.models import DevEnvironment, TrainingJob
 
 from .conftest import advance
 
@@ -143,3 +145,53 @@ def test_a_failed_run_retires_access_on_the_next_tick(world: Any, sim_cluster: A
     services.environments_retire_access()
     row = DevEnvironment.objects.get(pk=env.pk)
     assert row.access_nonce == "" and row.access_token_hash == ""
+
+
+# --- 2. environment variables: values only for those who may change the workload -------------
+
+
+def _second_member(world: Any) -> Any:
+    other = make_user("acme-member2")
+    tenant_services.membership_create(actor=world.a.owner, user=other, tenant=world.a.tenant,
+                                      project=world.a.project, role=Role.PROJECT_MEMBER)
+    return other
+
+
+def test_environment_env_values_hidden_from_other_members(world: Any, sim_cluster: Any) -> None:
+    env, _ = services.environment_launch(
+        actor=world.a.member, project=world.a.project, cluster=sim_cluster, name="nb", kind="jupyter",
+        image=Image.objects.get(name="pytorch-jupyter"), cpu_millicores=1000, ram_mib=1024,
+        env={"HF_TOKEN": "hf_s3cret", "EPOCHS": "3"})
+    other = _second_member(world)
+    for user in (world.a.member, world.a.project_admin, world.a.owner, world.admin):
+        body = client_for(user).get(f"/api/v1/environments/{env.pk}/").json()
+        assert body["env"] == {"HF_TOKEN": "hf_s3cret", "EPOCHS": "3"}, user
+    seen = client_for(other).get(f"/api/v1/environments/{env.pk}/")
+    assert seen.status_code == 200 and "hf_s3cret" not in seen.content.decode()
+    assert sorted(seen.json()["env"]) == ["EPOCHS", "HF_TOKEN"]
+    listing = client_for(other).get("/api/v1/environments/").content.decode()
+    assert "hf_s3cret" not in listing and "HF_TOKEN" in listing
+    page = Client()
+    page.force_login(other)
+    assert "hf_s3cret" not in page.get(f"/workspaces/environments/{env.pk}/").content.decode()
+
+
+def test_training_env_values_hidden_from_other_members(world: Any, sim_cluster: Any) -> None:
+    owner = client_for(world.a.member)
+    r = owner.post("/api/v1/training-jobs/", {
+        "project": world.a.project.pk, "cluster": "sim", "name": "ddp", "framework": "pytorch",
+        "image": Image.objects.get(name="pytorch-training").pk, "workers": 1, "gpu_count": 1,
+        "cpu_millicores": 1000, "ram_mib": 1024, "env": {"WANDB_API_KEY": "wb_s3cret"}}, format="json")
+    assert r.status_code == 201, r.content
+    assert r.json()["env"] == {"WANDB_API_KEY": "wb_s3cret"}
+    t = TrainingJob.objects.get(name="ddp")
+    assert client_for(world.a.project_admin).get(
+        f"/api/v1/training-jobs/{t.pk}/").json()["env"] == {"WANDB_API_KEY": "wb_s3cret"}
+    other = _second_member(world)
+    seen = client_for(other).get(f"/api/v1/training-jobs/{t.pk}/")
+    assert seen.status_code == 200 and "wb_s3cret" not in seen.content.decode()
+    assert list(seen.json()["env"]) == ["WANDB_API_KEY"]
+    assert "wb_s3cret" not in client_for(other).get("/api/v1/training-jobs/").content.decode()
+    page = Client()
+    page.force_login(other)
+    assert "wb_s3cret" not in page.get(f"/workspaces/training/{t.pk}/").content.decode()
