@@ -56,7 +56,7 @@ from .backends.base import (
     PodStatus,
     SliceSpec,
 )
-from .backends.credentials import encrypt_credentials
+from .backends.credentials import decrypt_credentials, encrypt_credentials, kubeconfig_problems
 from .backends.naming import job_object_name, namespace_name, pod_name
 from .backends.simulated import InventoryError, parse_inventory
 from .extensions import apply_job_spec_hooks
@@ -149,6 +149,23 @@ def _validate_cluster(cluster: Cluster) -> None:
     cluster.full_clean(exclude=["credentials_encrypted"])
 
 
+def _validate_credentials(credentials: dict[str, str]) -> None:
+    if credentials.get("kubeconfig"):
+        problems = kubeconfig_problems(credentials["kubeconfig"])
+        if problems:
+            raise ValidationError({"kubeconfig": problems})
+
+
+def _merged_credentials(cluster: Cluster, given: dict[str, str]) -> str:
+    """The stored credentials with ``given`` keys replaced (an empty value clears its key;
+    keys not given are kept: a new token keeps the CA certificate and the kubeconfig)."""
+    try:
+        current = decrypt_credentials(cluster.credentials_encrypted)
+    except ValueError:
+        current = {}  # unreadable with the configured key: what is given replaces them
+    return encrypt_credentials({**current, **given})
+
+
 def _cluster_snapshot(cluster: Cluster) -> dict[str, Any]:
     data = snapshot(cluster, CLUSTER_FIELDS)
     data["has_credentials"] = cluster.has_credentials  # never the credentials themselves
@@ -162,6 +179,7 @@ def cluster_create(*, actor: User, name: str, credentials: dict[str, str] | None
     _require(actor, permissions.CREATE, cluster)
     _validate_cluster(cluster)
     if credentials:
+        _validate_credentials(credentials)
         cluster.credentials_encrypted = encrypt_credentials(credentials)
     try:
         with transaction.atomic():
@@ -186,7 +204,8 @@ def cluster_update(*, actor: User, cluster: Cluster, credentials: dict[str, str]
         setattr(cluster, key, value)
     _validate_cluster(cluster)
     if credentials is not None:
-        cluster.credentials_encrypted = encrypt_credentials(credentials)
+        _validate_credentials(credentials)
+        cluster.credentials_encrypted = _merged_credentials(cluster, credentials)
     try:
         with transaction.atomic():
             cluster.save()

@@ -14,6 +14,7 @@ import base64
 import json
 from typing import Any
 
+import yaml
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -49,3 +50,43 @@ def decrypt_credentials(token: str) -> dict[str, Any]:
     except InvalidToken as exc:
         raise ValueError("The stored cluster credentials cannot be decrypted with the "
                          "configured CAMP_ENCRYPTION_KEY.") from exc
+
+
+# Kubeconfig entries that make the client run a program (``exec`` credential plugins, the
+# legacy ``auth-provider`` ones, which may refresh tokens with a command) or read files of
+# the machine it runs on (a worker's own service-account token would then be sent to the
+# kubeconfig's server). An uploaded kubeconfig must carry its credentials inline.
+_USER_REFUSED = {"exec": "runs a command (exec credential plugin)",
+                 "auth-provider": "uses an auth-provider plugin",
+                 "tokenFile": "reads a token file", "client-certificate": "reads a certificate file",
+                 "client-key": "reads a key file"}
+_CLUSTER_REFUSED = {"certificate-authority": "reads a CA file"}
+
+
+def kubeconfig_problems(text: str) -> list[str]:
+    """Why a kubeconfig may not be stored (empty list: it may). Only inline credentials:
+    token, username/password, ``client-certificate-data``/``client-key-data`` and
+    ``certificate-authority-data``; never a command or a local file."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        return [f"Not valid YAML: {exc.__class__.__name__}."]
+    if not isinstance(doc, dict):
+        return ["A kubeconfig is a YAML mapping (apiVersion, clusters, users, contexts)."]
+    problems: list[str] = []
+    for section, key, refused in (("users", "user", _USER_REFUSED),
+                                  ("clusters", "cluster", _CLUSTER_REFUSED)):
+        entries = doc.get(section) or []
+        if not isinstance(entries, list):
+            problems.append(f"'{section}' must be a list.")
+            continue
+        for entry in entries:
+            body = entry.get(key) if isinstance(entry, dict) else None
+            if not isinstance(body, dict):
+                continue
+            name = entry.get("name", "?")
+            for field, why in refused.items():
+                if field in body:
+                    problems.append(f"{key.capitalize()} '{name}' {why} ('{field}'); only inline "
+                                    f"credentials are accepted.")
+    return problems

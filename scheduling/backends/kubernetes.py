@@ -56,7 +56,7 @@ from .base import (
     ResourceVersionExpired,
     split_lines,
 )
-from .credentials import decrypt_credentials
+from .credentials import decrypt_credentials, kubeconfig_problems
 from .vendors import VENDORS, template_dicts, vendor
 
 logger = logging.getLogger(__name__)
@@ -135,6 +135,11 @@ class KubernetesBackend:
     def for_cluster(cls, cluster: Cluster) -> KubernetesBackend:
         creds = decrypt_credentials(cluster.credentials_encrypted)
         if creds.get("kubeconfig"):
+            # Refused when stored too (services.cluster_create/update); checked again for
+            # credentials stored before that check existed.
+            problems = kubeconfig_problems(creds["kubeconfig"])
+            if problems:
+                raise BackendError(f"Refusing the cluster's kubeconfig: {problems[0]}", status=400)
             api = k8s_config.new_client_from_config_dict(yaml.safe_load(creds["kubeconfig"]))
             if cluster.api_server:
                 api.configuration.host = cluster.api_server
