@@ -28,8 +28,9 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db import IntegrityError, connection, models, transaction
+from django.db.models import F, ProtectedError, Q
+from django.db.models.fields.reverse_related import ForeignObjectRel
 from django.utils import timezone
 
 from scheduling import engine as E
@@ -218,15 +219,45 @@ def cluster_update(*, actor: User, cluster: Cluster, credentials: dict[str, str]
     return cluster
 
 
+def _cluster_users(cluster: Cluster) -> list[str]:
+    """What keeps ``cluster`` from being deleted, as "3 jobs", "1 dev environment": its
+    unfinished jobs (finished ones go with it) and every row of another model that refers
+    to it with ``on_delete=PROTECT`` (workloads, found by introspection so that scheduling
+    does not import the apps built on it)."""
+    active = Job.objects.filter(Q(cluster=cluster) & (
+        ~Q(state__in=FINAL_STATES) | Q(allocations__isnull=False)))  # or its pods still stopping
+    counts: list[tuple[Any, int]] = [(Job._meta, active.distinct().count())]
+    for rel in Cluster._meta.get_fields(include_hidden=True):  # hidden: related_name="+"
+        if not isinstance(rel, ForeignObjectRel) or getattr(rel, "on_delete", None) is not models.PROTECT:
+            continue
+        model = rel.related_model
+        if model is Job or not isinstance(model, type):
+            continue
+        counts.append((model._meta, model._base_manager.filter(**{rel.field.name: cluster}).count()))
+    return [f"{n} {meta.verbose_name if n == 1 else meta.verbose_name_plural}"
+            for meta, n in counts if n]
+
+
 @transaction.atomic
 def cluster_delete(*, actor: User, cluster: Cluster) -> None:
+    """Delete a cluster with its nodes and finished jobs; refused (naming what blocks it)
+    while jobs or workloads still use it."""
     _require(actor, permissions.DELETE, cluster)
-    if Job.objects.filter(cluster=cluster).exclude(state__in=FINAL_STATES).exists():
-        raise ValidationError({"name": ["The cluster still has queued or running jobs."]})
+    blockers = _cluster_users(cluster)
+    if blockers:
+        listed = blockers[0] if len(blockers) == 1 else f"{', '.join(blockers[:-1])} and {blockers[-1]}"
+        verb = "uses" if len(blockers) == 1 and blockers[0].startswith("1 ") else "use"
+        raise ValidationError({"cluster": [
+            f"{listed} still {verb} this cluster; stop and delete them first."]})
     audit_record(actor=actor, action="cluster.deleted", target=cluster,
                  before=_cluster_snapshot(cluster))
-    Job.objects.filter(cluster=cluster).delete()
-    cluster.delete()
+    try:
+        with transaction.atomic():
+            Job.objects.filter(cluster=cluster).delete()
+            cluster.delete()
+    except ProtectedError as exc:  # something started using it meanwhile
+        raise ValidationError({"cluster": [
+            "Jobs or workloads still use this cluster; stop and delete them first."]}) from exc
 
 
 def _after_commit_inventory(cluster_id: int) -> None:
