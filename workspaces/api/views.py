@@ -140,6 +140,9 @@ class EnvironmentViewSet(
 
     model = DevEnvironment
     serializer_class = EnvironmentSerializer
+    # The link's token is shown once and never stored; env values (often secrets) are not
+    # kept in the idempotency table either. A replay answers with both null.
+    idempotency_redact = ("access_url", "env")
     filterset_fields = ["project", "cluster", "kind", "name", "tenant"]
     search_fields = ["name"]
     ordering_fields = ["created_at", "name"]
@@ -152,16 +155,11 @@ class EnvironmentViewSet(
             .order_by("-created_at", "-id")
         )
 
-    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        serializer = self.get_serializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
-        env, token = services.environment_launch(actor=actor_of(request), **data)
-        body = EnvironmentSerializer(
-            self.get_queryset().get(pk=env.pk),
-            context={**self.get_serializer_context(), "access_token": token},
-        ).data
-        return Response(body, status=status.HTTP_201_CREATED)
+    def perform_create(self, serializer: Any) -> None:
+        # Through IdempotentCreateMixin.create → CreateModelMixin.create (Idempotency-Key).
+        env, token = services.environment_launch(actor=actor_of(self.request), **serializer.validated_data)
+        serializer.instance = self.get_queryset().get(pk=env.pk)
+        serializer.context["access_token"] = token
 
     def perform_destroy(self, instance: DevEnvironment) -> None:
         services.environment_delete(actor=actor_of(self.request), env=instance)
@@ -234,6 +232,7 @@ class TrainingViewSet(
 
     model = TrainingJob
     serializer_class = TrainingSerializer
+    idempotency_redact = ("env",)  # often secrets: not kept in the idempotency table
     filterset_fields = ["project", "cluster", "framework", "name", "tenant"]
     search_fields = ["name"]
     ordering_fields = ["created_at", "name"]
@@ -296,7 +295,9 @@ class TrainingViewSet(
         return Response(CheckpointSerializer(t.checkpoints.all()[:100], many=True).data)
 
 
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
 class ProfileViewSet(
+    IdempotentCreateMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
@@ -347,7 +348,9 @@ class PolicyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         )
 
 
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
 class SshKeyViewSet(
+    IdempotentCreateMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,

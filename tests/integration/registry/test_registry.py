@@ -97,3 +97,25 @@ def test_bad_image_input_names_each_field(world: Any) -> None:
         format="json",
     )
     assert foreign.status_code == 400 and "tenant" in foreign.json()
+
+
+@pytest.mark.django_db
+def test_registry_and_image_creates_honour_idempotency_key(world: Any) -> None:
+    from tenants.models import IdempotencyRecord
+
+    owner = client_for(world.a.owner)
+    body = {"tenant": world.a.tenant.pk, "name": "ghcr", "server": "ghcr.io", "username": "bot",
+            "password": "ghp_s3cret"}
+    first = owner.post("/api/v1/registries/", body, format="json", HTTP_IDEMPOTENCY_KEY="r-1")
+    replay = owner.post("/api/v1/registries/", body, format="json", HTTP_IDEMPOTENCY_KEY="r-1")
+    assert first.status_code == 201 and replay.status_code == 201
+    assert replay["Idempotent-Replayed"] == "true" and replay.json()["id"] == first.json()["id"]
+    assert ExternalRegistry.objects.filter(name="ghcr").count() == 1
+    assert "ghp_s3cret" not in json.dumps(IdempotencyRecord.objects.get(key="r-1").response_body)
+    image = {"tenant": world.a.tenant.pk, "name": "mine", "reference": "ghcr.io/acme/mine:1",
+             "variant": "training"}
+    i1 = owner.post("/api/v1/images/", image, format="json", HTTP_IDEMPOTENCY_KEY="i-1")
+    i2 = owner.post("/api/v1/images/", image, format="json", HTTP_IDEMPOTENCY_KEY="i-1")
+    assert i1.status_code == 201, i1.content
+    assert i2.status_code == 201 and i2.json()["id"] == i1.json()["id"]
+    assert Image.objects.filter(name="mine").count() == 1

@@ -1,6 +1,7 @@
 """Security review findings on workloads: the environment link is one-time, short-lived and
 re-checked against the owner's access on every request; environment variables (often
-secrets) are shown only to those who may change the workload."""
+secrets) are shown only to those who may change the workload; creates honour
+Idempotency-Key."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from django.test import Client
 
 from registry.models import Image
 from tenants import services as tenant_services
-from tenants.models import Membership, Role
+from tenants.models import IdempotencyRecord, Membership, Role
 from tests.conftest import client_for, make_user
 from workspaces import services
-from workspaces.models import DevEnvironment, TrainingJob
+from workspaces.models import DevEnvironment, SshKey, TrainingJob
 
 from .conftest import advance
+from .test_ssh_keys import public_key
 
 pytestmark = pytest.mark.django_db
 
@@ -195,3 +197,60 @@ def test_training_env_values_hidden_from_other_members(world: Any, sim_cluster: 
     page = Client()
     page.force_login(other)
     assert "wb_s3cret" not in page.get(f"/workspaces/training/{t.pk}/").content.decode()
+
+
+# --- 3. Idempotency-Key on every workload create ----------------------------------------------
+
+
+def test_environment_create_honours_idempotency_key_and_never_stores_the_link(
+    world: Any, sim_cluster: Any
+) -> None:
+    c = client_for(world.a.member)
+    body = {"project": world.a.project.pk, "cluster": "sim", "name": "nb", "kind": "jupyter",
+            "image": Image.objects.get(name="pytorch-jupyter").pk, "cpu_millicores": 1000,
+            "ram_mib": 1024, "env": {"HF_TOKEN": "hf_s3cret"}}
+    first = c.post("/api/v1/environments/", body, format="json", HTTP_IDEMPOTENCY_KEY="env-1")
+    assert first.status_code == 201, first.content
+    url = first.json()["access_url"]
+    assert "camp_token=" in url
+    token = url.split("camp_token=")[1]
+    record = IdempotencyRecord.objects.get(key="env-1")
+    stored = str(record.response_body)
+    assert token not in stored and "hf_s3cret" not in stored
+    replay = c.post("/api/v1/environments/", body, format="json", HTTP_IDEMPOTENCY_KEY="env-1")
+    assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true"
+    assert replay.json()["id"] == first.json()["id"] and replay.json()["access_url"] is None
+    assert DevEnvironment.objects.filter(name="nb").count() == 1
+    changed = c.post("/api/v1/environments/", {**body, "ram_mib": 2048}, format="json",
+                     HTTP_IDEMPOTENCY_KEY="env-1")
+    assert changed.status_code == 422
+
+
+def test_training_create_honours_idempotency_key(world: Any, sim_cluster: Any) -> None:
+    c = client_for(world.a.member)
+    body = {"project": world.a.project.pk, "cluster": "sim", "name": "ddp", "framework": "pytorch",
+            "image": Image.objects.get(name="pytorch-training").pk, "workers": 1, "gpu_count": 1,
+            "cpu_millicores": 1000, "ram_mib": 1024, "env": {"WANDB_API_KEY": "wb_s3cret"}}
+    first = c.post("/api/v1/training-jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="t-1")
+    replay = c.post("/api/v1/training-jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="t-1")
+    assert first.status_code == replay.status_code == 201
+    assert replay["Idempotent-Replayed"] == "true" and replay.json()["id"] == first.json()["id"]
+    assert TrainingJob.objects.filter(name="ddp").count() == 1
+    assert "wb_s3cret" not in str(IdempotencyRecord.objects.get(key="t-1").response_body)
+
+
+def test_ssh_key_and_profile_creates_honour_idempotency_key(world: Any) -> None:
+    c = client_for(world.a.member)
+    key = public_key()
+    first = c.post("/api/v1/ssh-keys/", {"public_key": key}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    replay = c.post("/api/v1/ssh-keys/", {"public_key": key}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert first.status_code == 201, first.content
+    assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true"
+    assert SshKey.objects.filter(user=world.a.member).count() == 1
+    admin = client_for(world.admin)
+    body = {"name": "small", "cpu_millicores": 1000, "ram_mib": 1024, "home_gib": 5}
+    p1 = admin.post("/api/v1/profiles/", body, format="json", HTTP_IDEMPOTENCY_KEY="p-1")
+    p2 = admin.post("/api/v1/profiles/", body, format="json", HTTP_IDEMPOTENCY_KEY="p-1")
+    assert p1.status_code == 201, p1.content
+    assert p2.status_code == 201 and p2["Idempotent-Replayed"] == "true"
+    assert p2.json()["id"] == p1.json()["id"]
