@@ -27,3 +27,5 @@ STORAGES = {
 }
 WHITENOISE_USE_FINDERS = False
 METRICS_PUBLIC = env_bool("METRICS_PUBLIC", False)
+# The environment access cookie is Secure in production (the ingress auth request is HTTP).
+WORKSPACES_COOKIE_SECURE = env_bool("WORKSPACES_COOKIE_SECURE", True)

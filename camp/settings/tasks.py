@@ -91,3 +91,5 @@ WORKSPACES_SSH_GATEWAY = env_str("WORKSPACES_SSH_GATEWAY", "ssh.camp.local")
 WORKSPACES_INGRESS_CLASS = env_str("WORKSPACES_INGRESS_CLASS", "nginx")
 WORKSPACES_STORAGE_CLASS = env_str("WORKSPACES_STORAGE_CLASS", "")
 WORKSPACES_IDLE_MINUTES = env_int("WORKSPACES_IDLE_MINUTES", 60)
+# An environment's open link works once, within this many seconds of being issued.
+WORKSPACES_LINK_TTL_SECONDS = env_int("WORKSPACES_LINK_TTL_SECONDS", 300)

@@ -10,9 +10,11 @@ nothing; the same key with a different body is refused with 422.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from rest_framework import status
 from rest_framework.request import Request
@@ -26,8 +28,10 @@ MAX_KEY_LENGTH = 255
 
 
 def _fingerprint(request: Request) -> str:
+    # Keyed, so a stored fingerprint cannot be used to guess secrets sent in the body
+    # (a registry password, say) offline.
     body = json.dumps(request.data, sort_keys=True, default=str)
-    return hashlib.sha256(body.encode()).hexdigest()
+    return hmac.new(settings.SECRET_KEY.encode(), body.encode(), hashlib.sha256).hexdigest()
 
 
 class IdempotentCreateMixin:

@@ -37,6 +37,8 @@ DEMO_JOBS: list[tuple[str, str, str, str, str, list[dict[str, Any]], int]] = [
      [_g(replicas=3, gpu_count=8, gpu_models=["A100-80G", "H100-80G"])], 100),
     ("language", "llm-pretrain", "leo", "too-big", "normal", [_g(gpu_count=12)], 60),
 ]
+# Jobs larger than their project's guarantee: preemptible, so they borrow idle GPUs (or wait).
+DEMO_BORROWERS = {"yolo-train", "big-sweep"}
 
 DEMO_PASSWORD = "camp-demo-2026"  # noqa: S105 (demo data only, printed on purpose)
 
@@ -99,6 +101,8 @@ class Command(BaseCommand):
                     actor=User.objects.get(username=user), project=project, cluster=cluster,
                     name=name, groups=groups, priority_class=cls, duration_seconds=seconds,
                     checkpoint_capable=cls == "batch", gang=True,
+                    # Beyond its project's guarantee only a preemptible job may borrow.
+                    preemptible=cls == "batch" or name in DEMO_BORROWERS,
                     kind="pytorch" if len(groups) > 1 or groups[0]["replicas"] > 1 else "batch",
                 )
 
