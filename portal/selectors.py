@@ -422,9 +422,9 @@ def estimate_start(job: Job, *, now: dt.datetime | None = None) -> StartEstimate
     now = now or timezone.now()
     if job.state != JobState.QUEUED:
         return StartEstimate(None, "")
-    if job.reason_kind in ("quota", "over-limit"):
+    if job.reason_kind in ("quota", "over-limit", "guarantee"):
         return StartEstimate(None, "Waits for its project's quota, not for free GPUs.")
-    if job.reason_kind in ("never-fits", "unknown-queue"):
+    if job.reason_kind in ("never-fits", "unknown-queue", "over-guarantee"):
         return StartEstimate(None, "Cannot start as it is.")
     state = cluster_now(job.cluster)
     largest = max(GpuDevice.objects.filter(node__cluster=job.cluster).values_list(
