@@ -137,6 +137,20 @@ class PodGroupSerializer(serializers.ModelSerializer[PodGroup]):
                   "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env"]
         validators: list[Any] = []
 
+    ENV_MASK = "********"
+
+    def to_representation(self, instance: PodGroup) -> dict[str, Any]:
+        """Environment values often carry secrets: only those who may change the job (its
+        owner, project admins and above) see them; other readers get the names."""
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        if data.get("env") and isinstance(instance, PodGroup):
+            from tenants.permissions import CHANGE, can
+
+            if request is None or not can(request.user, CHANGE, instance.job):
+                data["env"] = dict.fromkeys(data["env"], self.ENV_MASK)
+        return data
+
 
 class SliceBriefSerializer(serializers.Serializer[Any]):
     gpu = serializers.IntegerField(source="gpu.index")

@@ -34,3 +34,16 @@ def test_non_preemptible_within_guarantee_preemptible_borrows(world: World) -> N
     assert inside.state == "starting"
     assert beyond.state == "queued" and "guarantee" in beyond.reason and "preemptible" in beyond.reason
     assert borrower.state == "starting"  # borrows idle GPUs beyond the guarantee
+
+
+def test_job_env_values_only_for_those_who_may_change_it(world: World) -> None:
+    from tests.conftest import client_for
+
+    cluster = services.cluster_create(actor=world.admin, name="sim2", backend="simulated",
+                                      inventory=SMALL_INVENTORY)
+    job = submit(world, cluster, "secretive", user="project_admin",
+                 group={"gpu_count": 1, "env": {"WANDB_API_KEY": "s3cr3t"}})
+    member = client_for(world.a.member).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert member["groups"][0]["env"] == {"WANDB_API_KEY": "********"}
+    owner = client_for(world.a.project_admin).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert owner["groups"][0]["env"] == {"WANDB_API_KEY": "s3cr3t"}
