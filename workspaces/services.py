@@ -550,14 +550,19 @@ def environment_stop(*, actor: User, env: DevEnvironment) -> DevEnvironment:
     return env
 
 
+def _locked_env(pk: int) -> DevEnvironment:
+    """The environment row, locked for this transaction, with what the services read."""
+    return (
+        DevEnvironment.objects.select_for_update(of=("self",))
+        .select_related("job", "tenant", "project", "cluster")
+        .get(pk=pk)
+    )
+
+
 @transaction.atomic
 def environment_start(*, actor: User, env: DevEnvironment) -> DevEnvironment:
     """Start a stopped (or failed) environment again, on the same home volume."""
-    env = (
-        DevEnvironment.objects.select_for_update(of=("self",))
-        .select_related("job", "tenant", "project", "cluster")
-        .get(pk=env.pk)
-    )
+    env = _locked_env(env.pk)
     _require(actor, permissions.CHANGE, env)
     if env.state in ACTIVE:
         raise ValidationError({"state": [f"The environment is already {env.state}."]})
@@ -572,11 +577,7 @@ def environment_start(*, actor: User, env: DevEnvironment) -> DevEnvironment:
 @transaction.atomic
 def environment_delete(*, actor: User, env: DevEnvironment) -> None:
     """Stop it if needed, then remove it and its objects, home volume included."""
-    env = (
-        DevEnvironment.objects.select_for_update(of=("self",))
-        .select_related("job", "tenant", "project", "cluster")
-        .get(pk=env.pk)
-    )
+    env = _locked_env(env.pk)
     _require(actor, permissions.DELETE, env)
     if env.job is not None and not env.job.is_final:
         scheduling.job_terminate(
