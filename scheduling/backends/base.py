@@ -15,6 +15,7 @@ from typing import Any, Protocol
 MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_TENANT = "camp.io/tenant"
 LABEL_PROJECT = "camp.io/project"
+LABEL_PROJECT_ID = "camp.io/project-id"
 LABEL_JOB = "camp.io/job"
 LABEL_JOB_ID = "camp.io/job-id"
 LABEL_ROLE = "camp.io/role"

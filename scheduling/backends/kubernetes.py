@@ -42,6 +42,7 @@ from kubernetes.utils import parse_quantity
 from ..models import Cluster
 from .base import (
     LABEL_JOB_ID,
+    LABEL_PROJECT_ID,
     MANAGED_BY,
     BackendError,
     ExtraObject,
@@ -226,6 +227,11 @@ class KubernetesBackend:
                        {"apiVersion": "v1", "kind": "Namespace",
                         "metadata": {"name": spec.name, "labels": dict(spec.labels)}}, ok=(409,))
         elif any((existing.metadata.labels or {}).get(k) != v for k, v in spec.labels.items()):
+            owner = (existing.metadata.labels or {}).get(LABEL_PROJECT_ID)
+            if owner and owner != spec.labels.get(LABEL_PROJECT_ID):
+                # Another project's namespace: never adopt it (its volumes and secrets are there).
+                raise BackendError(f"Namespace {spec.name} belongs to another project "
+                                   f"(camp.io/project-id={owner}); refusing to use it", status=409)
             self._call(self.core.patch_namespace, spec.name, {"metadata": {"labels": dict(spec.labels)}})
         if spec.quota:
             body = {"apiVersion": "v1", "kind": "ResourceQuota",

@@ -22,7 +22,7 @@ from scheduling import services
 from scheduling.backends.kubernetes import KubernetesBackend, parse_hami_register
 from scheduling.models import GpuDevice, Job, JobState, Node
 
-from .conftest import gpu_group
+from .conftest import gpu_group, project_ns
 from .kmockserver import kmock_server, stored
 
 pytestmark = pytest.mark.django_db
@@ -114,7 +114,7 @@ def _namespace_patch(k: Any, ns: str) -> dict[str, Any]:
 def _dispatched(world: Any, kube: Any, **job: Any) -> tuple[Job, str]:
     k, core, cluster = kube
     services.inventory_sync(cluster=cluster)
-    ns = "camp-acme-acme-p1"
+    ns = project_ns(world)
     _serve_namespace(k, ns)
     j = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
                             name="ddp", kind="pytorch", **job)
@@ -131,7 +131,8 @@ def test_dispatch_creates_bound_annotated_pods(world: Any, kube: Any) -> None:
     job, ns = _dispatched(world, kube, groups=[gpu_group(
         replicas=2, gpu_count=2, gpu_memory_mib=20000, gpu_cores_percent=30, image="pytorch:2")])
     assert _namespace_patch(k, ns)["metadata"]["labels"] == {
-        "app.kubernetes.io/managed-by": "camp", "camp.io/tenant": "acme", "camp.io/project": "acme-p1"}
+        "app.kubernetes.io/managed-by": "camp", "camp.io/tenant": "acme", "camp.io/project": "acme-p1",
+        "camp.io/project-id": str(world.a.project.pk)}
     owner = f"ddp-{job.pk}"
     cm = stored(k, "configmaps", ns, owner)
     assert cm["data"] == {"job": "ddp", "job-id": str(job.pk)}
@@ -180,16 +181,17 @@ def test_transient_500s_are_retried(world: Any, kube: Any) -> None:
 def test_persistent_error_removes_the_gang_and_requeues(world: Any, kube: Any) -> None:
     k, core, cluster = kube
     services.inventory_sync(cluster=cluster)
-    _serve_namespace(k, "camp-acme-acme-p1")
+    ns = project_ns(world)
+    _serve_namespace(k, ns)
     job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
                               name="gang", groups=[gpu_group(replicas=2)])
     services.cycle_run(cluster=cluster)
-    k["post /api/v1/namespaces/camp-acme-acme-p1/pods"][1:] << 403  # the second pod is refused
+    k[f"post /api/v1/namespaces/{ns}/pods"][1:] << 403  # the second pod is refused
     assert services.job_dispatch(job_id=job.pk) == "failed"
     job.refresh_from_db()
     assert job.state == JobState.QUEUED and "403" in job.reason
     assert not job.allocations.exists()
-    pods = core.list_namespaced_pod("camp-acme-acme-p1").items
+    pods = core.list_namespaced_pod(ns).items
     assert pods == []  # all or nothing: the first pod was removed again
 
 

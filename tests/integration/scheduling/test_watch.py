@@ -19,13 +19,19 @@ from scheduling import services
 from scheduling.models import Job, JobState
 
 from . import test_kubernetes
-from .conftest import gpu_group
+from .conftest import gpu_group, project_ns
 from .kmockserver import stored
 from .test_kubernetes import _serve_namespace, _serve_owner_uid
 
 pytestmark = pytest.mark.django_db
 kube = test_kubernetes.kube  # the same kmock-backed cluster fixture
-NS = "camp-acme-acme-p1"
+NS = ""  # the project's namespace, set per test (ids differ between tests)
+
+
+@pytest.fixture(autouse=True)
+def _project_namespace(world: Any) -> None:
+    global NS
+    NS = project_ns(world)
 
 
 def _admit(world: Any, kube: Any, name: str, kind: str, groups: list[dict[str, Any]]) -> Job:
