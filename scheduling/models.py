@@ -77,6 +77,16 @@ class Cluster(models.Model):
     def has_credentials(self) -> bool:
         return bool(self.credentials_encrypted)
 
+    @property
+    def watch_failing(self) -> bool:
+        """The watcher's last error is newer than its last event."""
+        return self.watch_error_since is not None and (
+            self.watch_last_event_at is None or self.watch_error_since > self.watch_last_event_at)
+
+    @property
+    def reachable(self) -> bool:
+        return self.unreachable_since is None
+
 
 class ProjectNamespace(models.Model):
     """The namespace of one project on one cluster: stored, so that its name is chosen once

@@ -175,15 +175,32 @@ def _cluster_snapshot(cluster: Cluster) -> dict[str, Any]:
     return data
 
 
+def _verify_cluster(cluster: Cluster) -> None:
+    """A Kubernetes cluster must answer, accept the credentials and allow what Camp does
+    (``kubernetes.access_problems``); else a 400 naming the field, in words."""
+    if cluster.backend != Backend.KUBERNETES or not cluster.enabled:
+        return
+    from .backends.kubernetes import access_problems
+
+    problems = access_problems(cluster)
+    if problems:
+        raise ValidationError({k: [v] for k, v in problems.items()})
+
+
 @transaction.atomic
 def cluster_create(*, actor: User, name: str, credentials: dict[str, str] | None = None,
-                   **fields: Any) -> Cluster:
+                   verify: bool = True, **fields: Any) -> Cluster:
+    """Register a cluster. A Kubernetes one is checked first (reachable, credentials valid,
+    Camp's permissions granted). ``verify=False`` skips that check: only for tests of a
+    cluster that is meant to be dead (no API or console path passes it)."""
     cluster = Cluster(name=name, **fields)
     _require(actor, permissions.CREATE, cluster)
     _validate_cluster(cluster)
     if credentials:
         _validate_credentials(credentials)
         cluster.credentials_encrypted = encrypt_credentials(credentials)
+    if verify:
+        _verify_cluster(cluster)
     try:
         with transaction.atomic():
             cluster.save()
@@ -198,7 +215,9 @@ def cluster_create(*, actor: User, name: str, credentials: dict[str, str] | None
 
 @transaction.atomic
 def cluster_update(*, actor: User, cluster: Cluster, credentials: dict[str, str] | None = None,
-                   **changes: Any) -> Cluster:
+                   verify: bool = True, **changes: Any) -> Cluster:
+    """Change a cluster; a change of how Camp reaches a Kubernetes cluster (server,
+    credentials, backend, enabling it) is checked as at registration."""
     _require(actor, permissions.CHANGE, cluster)
     before = _cluster_snapshot(cluster)
     for key, value in changes.items():
@@ -209,6 +228,9 @@ def cluster_update(*, actor: User, cluster: Cluster, credentials: dict[str, str]
     if credentials is not None:
         _validate_credentials(credentials)
         cluster.credentials_encrypted = _merged_credentials(cluster, credentials)
+    reach = {"api_server", "backend", "enabled"}
+    if verify and (credentials or any(before.get(k) != getattr(cluster, k) for k in reach)):
+        _verify_cluster(cluster)
     try:
         with transaction.atomic():
             cluster.save()

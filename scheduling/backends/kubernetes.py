@@ -145,6 +145,8 @@ class KubernetesBackend:
             if cluster.api_server:
                 api.configuration.host = cluster.api_server
             return cls(api)
+        if not cluster.api_server:
+            raise BackendError("The cluster has no API server URL and no kubeconfig", status=400)
         configuration = k8s.Configuration()
         configuration.host = cluster.api_server
         if creds.get("token"):
@@ -176,8 +178,8 @@ class KubernetesBackend:
                 if attempt < self.retries:
                     self.sleep(self.backoff * 2 ** attempt)
                     continue
-                raise BackendError(f"Kubernetes API unreachable: {type(exc).__name__}",
-                                   retryable=True) from exc
+                raise BackendError(f"Kubernetes API unreachable at {self.api.configuration.host} "
+                                   f"({_reason(exc)})", retryable=True) from exc
         raise AssertionError("unreachable")
 
     # -- inventory ---------------------------------------------------------------------------
@@ -499,3 +501,94 @@ def _describe(exc: ApiException) -> str:
     except (ValueError, AttributeError):
         message = ""
     return f"Kubernetes API answered {exc.status} {exc.reason or ''}: {message}".strip(": ")[:400]
+
+
+# What Camp does in a cluster, as RBAC rules (verb, API group, resource[/subresource]);
+# docs/KUBERNETES.md lists the ClusterRole. Checked when a cluster is registered.
+REQUIRED_ACCESS: tuple[tuple[str, str, str], ...] = (
+    *((v, "", "nodes") for v in ("get", "list", "watch", "patch")),
+    *((v, "", "namespaces") for v in ("get", "create", "patch")),
+    *((v, "", "resourcequotas") for v in ("create", "patch")),
+    *((v, "", "pods") for v in ("get", "list", "watch", "create", "patch", "delete")),
+    ("create", "", "pods/binding"),
+    ("get", "", "pods/log"),
+    *((v, "", "configmaps") for v in ("get", "list", "create", "patch", "delete")),
+    *((v, "", "services") for v in ("list", "create", "delete")),
+    *((v, "", "secrets") for v in ("create", "patch", "delete")),
+    *((v, "", "persistentvolumeclaims") for v in ("create", "delete")),
+    *((v, "networking.k8s.io", "ingresses") for v in ("create", "delete")),
+)
+CHECK_TIMEOUT_SECONDS = 5
+
+
+def access_problems(cluster: Cluster) -> dict[str, str]:
+    """Why Camp cannot work with ``cluster`` as registered, by form field (``api_server``,
+    ``credentials``), in words; empty when it can. One attempt per request, short timeouts:
+    reachability (``/version``), authentication, then every permission of ``REQUIRED_ACCESS``
+    through SelfSubjectAccessReview (the API that ``kubectl auth can-i`` uses)."""
+    creds = decrypt_credentials(cluster.credentials_encrypted) if cluster.credentials_encrypted else {}
+    if not cluster.api_server and not creds.get("kubeconfig"):
+        return {"api_server": "Give the API server URL (or a kubeconfig that names it)."}
+    if not any(creds.get(k) for k in ("kubeconfig", "token")):
+        return {"credentials": "No credentials: give a service account token or a kubeconfig."}
+    try:
+        backend = KubernetesBackend.for_cluster(cluster)
+    except (BackendError, ValueError, TypeError, KeyError) as exc:
+        return {"credentials": f"The kubeconfig cannot be used: {exc}"}
+    host = backend.api.configuration.host
+    timeout = CHECK_TIMEOUT_SECONDS
+    try:
+        k8s.VersionApi(backend.api).get_code(_request_timeout=timeout)
+    except urllib3.exceptions.SSLError as exc:
+        return {"api_server": f"The API server at {host} answered, but its TLS certificate could not "
+                              f"be verified ({_reason(exc)}); give the cluster's CA certificate."}
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        return {"api_server": f"The API server at {host} does not answer ({_reason(exc)})."}
+    except ApiException as exc:
+        if exc.status == 401:
+            return {"credentials": "The API server refused the credentials (401 Unauthorized): "
+                                   "the token is wrong or has expired."}
+        if exc.status not in (403,):  # /version may be closed to some identities: fine
+            return {"api_server": f"{host} does not look like a Kubernetes API server "
+                                  f"({_describe(exc)})."}
+    authz = k8s.AuthorizationV1Api(backend.api)
+    denied: list[str] = []
+    for verb, group, resource in REQUIRED_ACCESS:
+        res, _, sub = resource.partition("/")
+        attrs = {"verb": verb, "group": group, "resource": res}
+        if sub:
+            attrs["subresource"] = sub
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attrs}}
+        try:
+            review = authz.create_self_subject_access_review(body, _request_timeout=timeout)
+        except ApiException as exc:
+            if exc.status == 401:
+                return {"credentials": "The API server refused the credentials (401 Unauthorized): "
+                                       "the token is wrong or has expired."}
+            return {"credentials": f"Could not check the credentials' permissions ({_describe(exc)})."}
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return {"api_server": f"The API server at {host} stopped answering ({_reason(exc)})."}
+        if not (review.status and review.status.allowed):
+            denied.append(f"{verb} {resource}" + (f" ({group})" if group else ""))
+    if denied:
+        return {"credentials": "These credentials may not " + ", ".join(denied)
+                               + ": grant Camp's ClusterRole (docs/KUBERNETES.md)."}
+    return {}
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a connection error, in words (not "MaxRetryError")."""
+    inner: BaseException = exc
+    while True:
+        nxt = getattr(inner, "reason", None) or inner.__cause__ or inner.__context__
+        if not isinstance(nxt, BaseException) or nxt is inner:
+            break
+        inner = nxt
+    text = str(inner)
+    for marker, words in (("Connection refused", "connection refused"),
+                          ("timed out", "timed out"), ("Name or service not known", "unknown host"),
+                          ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed")):
+        if marker in text:
+            return words
+    return text.split(": ", 1)[-1][:200] or type(inner).__name__
