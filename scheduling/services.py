@@ -138,6 +138,20 @@ def cycle_request_taken(cluster_id: int) -> None:
     cache.delete(f"camp:cycle-queued:{cluster_id}")
 
 
+RECONCILE_REQUEST_SECONDS = 60
+"""A queued reconcile lost with a killed worker is asked for again after this long."""
+
+
+def reconcile_request(cluster_id: int) -> bool:
+    """Whether a reconcile of the cluster may be queued now: not while one is queued or
+    running (the key is dropped when it ends, or expires)."""
+    return bool(cache.add(f"camp:reconcile-queued:{cluster_id}", 1, timeout=RECONCILE_REQUEST_SECONDS))
+
+
+def reconcile_request_taken(cluster_id: int) -> None:
+    cache.delete(f"camp:reconcile-queued:{cluster_id}")
+
+
 # --- clusters ------------------------------------------------------------------------------
 
 
@@ -1327,7 +1341,44 @@ def _pods_gone(job_id: int) -> bool:
                 _audit_job("job.failed", job, after={"reason": job.reason})
         if released:
             request_cycle(job.cluster_id)
+    if released:
+        _job_objects_delete(job)
     return True
+
+
+def _job_objects_delete(job: Job) -> None:
+    """The job's pods are gone: delete its ConfigMap, headless Service and owned extras
+    (a requeued job's next dispatch makes them again, for its new placement). Best effort:
+    reconcile deletes what is left (``_sweep_job_objects``)."""
+    try:
+        backend_for(job.cluster).delete_job_objects(namespace_spec(job, job.cluster).name,
+                                                    job_object_name(job.name, job.pk))
+    except BackendError as exc:
+        logger.info("job %s: its objects are left for reconcile: %s", job.pk, exc)
+
+
+OBJECT_SWEEP_SECONDS = 60
+
+
+def _sweep_job_objects(backend: Any, cluster: Cluster, result: ReconcileResult) -> None:
+    """Per-job objects of jobs that hold nothing (ended, requeued or deleted) are deleted:
+    what ``_job_objects_delete`` could not (a crash, an unreachable API server). At most
+    once a minute per cluster (one list call)."""
+    if not cache.add(f"camp:objects-swept:{cluster.pk}", 1, timeout=OBJECT_SWEEP_SECONDS):
+        return
+    found = backend.list_job_objects()
+    if not found:
+        return
+    holding = set(Allocation.objects.filter(job_id__in={j for _, _, j in found}).values_list(
+        "job_id", flat=True))
+    starting = set(Job.objects.filter(pk__in={j for _, _, j in found},
+                                      state=JobState.STARTING).values_list("pk", flat=True))
+    for namespace, name, job_id in found:
+        if job_id in holding or job_id in starting:
+            continue
+        with contextlib.suppress(BackendError):
+            backend.delete_job_objects(namespace, name)
+            result.objects_deleted.append(name)
 
 
 # --- reconcile -----------------------------------------------------------------------------
@@ -1346,16 +1397,58 @@ class ReconcileResult:
     redispatched: list[int] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
     orphans_deleted: list[str] = field(default_factory=list)
+    objects_deleted: list[str] = field(default_factory=list)
 
 
-def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None) -> ReconcileResult:
+# Reachability: a cluster whose API server fails is skipped by the periodic ticks until its
+# ``retry_at``: 2, 4, 8 ... seconds after each failure, at most this long.
+MAX_RETRY_SECONDS = 300
+PROBE_TIMEOUT_SECONDS = (5.0, 30.0)
+"""Reconcile's one attempt per tick: connect within 5 s (a dead server), read within 30 s
+(listing a large cluster's pods takes a while)."""
+
+
+def cluster_reachability_record(*, cluster_id: int, error: str | None) -> None:
+    """Record a reconcile's outcome for the cluster's backoff: ``error`` None means it
+    answered. The first failure and the recovery are audited (the system as actor); the
+    cluster page and /metrics show the state."""
+    now = timezone.now()
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
+        if error is None:
+            if cluster.unreachable_since is None and not cluster.failures:
+                return
+            down_for = (now - cluster.unreachable_since).total_seconds() if cluster.unreachable_since else 0
+            Cluster.objects.filter(pk=cluster_id).update(
+                unreachable_since=None, retry_at=None, failures=0, last_error="")
+            audit_record(actor=None, actor_username=SCHEDULER, action="cluster.reachable",
+                         target=cluster, before={"failures": cluster.failures},
+                         after={"unreachable_seconds": round(down_for)})
+            return
+        failures = cluster.failures + 1
+        wait = min(2 ** failures, MAX_RETRY_SECONDS)
+        Cluster.objects.filter(pk=cluster_id).update(
+            failures=failures, retry_at=now + dt.timedelta(seconds=wait),
+            unreachable_since=cluster.unreachable_since or now, last_error=error[:500])
+        if cluster.unreachable_since is None:
+            audit_record(actor=None, actor_username=SCHEDULER, action="cluster.unreachable",
+                         target=cluster, after={"error": error[:500]})
+
+
+def cluster_due(cluster: Cluster, now: dt.datetime | None = None) -> bool:
+    """Whether the periodic ticks may talk to the cluster now (not backing off)."""
+    return cluster.retry_at is None or cluster.retry_at <= (now or timezone.now())
+
+
+def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None,
+                      backend: Any = None) -> ReconcileResult:
     """Converge the database and the cluster (after events, crashes or lost events).
 
     Rules: pod phases map to job states (all running → Running; all succeeded →
     Succeeded; any failed → Failed); a job whose pods are gone releases its resources
     (preempted ones are requeued); an admitted job whose pods were never created gets
     them (re)created; pods that belong to no admitted job (orphans) are deleted."""
-    backend = backend_for(cluster)
+    backend = backend or backend_for(cluster)
     if pods is None:
         pods = backend.list_pods()
     by_name = {p.name: p for p in pods}
@@ -1371,6 +1464,7 @@ def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None) 
             with contextlib.suppress(BackendError):
                 backend.delete_pod(p.namespace, p.name, grace_seconds=30)
             result.orphans_deleted.append(p.name)
+    _sweep_job_objects(backend, cluster, result)
     return result
 
 

@@ -42,6 +42,7 @@ from kubernetes.utils import parse_quantity
 from ..models import Cluster
 from .base import (
     LABEL_JOB_ID,
+    LABEL_JOB_OBJECT,
     LABEL_PROJECT_ID,
     MANAGED_BY,
     BackendError,
@@ -131,6 +132,12 @@ class KubernetesBackend:
         self.backoff = backoff
         self.sleep = sleep
         self._owner_uids: dict[tuple[str, str], str] = {}
+        self.timeout: float | tuple[float, float] = 30  # seconds, or (connect, read)
+        # ``_call`` retries with backoff itself; urllib3's own silent retries under it would
+        # multiply every wait on a dead server (and log a line per attempt).
+        pool = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
+        if pool is not None:
+            pool.connection_pool_kw["retries"] = False
 
     @classmethod
     def for_cluster(cls, cluster: Cluster) -> KubernetesBackend:
@@ -162,7 +169,7 @@ class KubernetesBackend:
 
     def _call(self, fn: Callable[..., T], *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> T | None:
         """Call the API; statuses in ``ok`` return None; 5xx/429/timeouts retry with backoff."""
-        kwargs.setdefault("_request_timeout", 30)
+        kwargs.setdefault("_request_timeout", self.timeout)
         for attempt in range(self.retries + 1):
             try:
                 return fn(*args, **kwargs)
@@ -181,6 +188,20 @@ class KubernetesBackend:
                 raise BackendError(f"Kubernetes API unreachable at {self.api.configuration.host} "
                                    f"({_reason(exc)})", retryable=True) from exc
         raise AssertionError("unreachable")
+
+    def probe(self, *, timeout: float = 3.0) -> None:
+        """One quick ``GET /version`` (no retries): BackendError unless the server answers
+        within ``timeout`` seconds. Reconcile probes first, so a dead or hung API server
+        costs a worker seconds, not a request timeout."""
+        try:
+            k8s.VersionApi(self.api).get_code(_request_timeout=(timeout, timeout))
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                return  # it answered; what the credentials may do is checked elsewhere
+            raise BackendError(_describe(exc), status=exc.status, retryable=True) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise BackendError(f"Kubernetes API unreachable at {self.api.configuration.host} "
+                               f"({_reason(exc)})", retryable=True) from exc
 
     # -- inventory ---------------------------------------------------------------------------
 
@@ -280,6 +301,7 @@ class KubernetesBackend:
         meta["namespace"] = objs.namespace
         meta.setdefault("labels", {}).update({MANAGED_BY: "camp"})
         if extra.owned:
+            meta["labels"][LABEL_JOB_OBJECT] = objs.name  # deleted with the job (delete_job_objects)
             refs = self._owner_refs(objs.namespace, objs.name)
             if refs:
                 meta["ownerReferences"] = refs
@@ -315,8 +337,36 @@ class KubernetesBackend:
                  "controller": True, "blockOwnerDeletion": True}]
 
     def delete_job_objects(self, namespace: str, name: str) -> None:
+        """Delete a job's ConfigMap, its headless Service and its owned extras (labelled
+        ``camp.io/job-object=<name>``). Explicitly: owner references cascade only where a
+        garbage collector runs (not on a bare API server, and never for an owner gone)."""
         self._call(self.core.delete_namespaced_config_map, name, namespace,
                    body=k8s.V1DeleteOptions(propagation_policy="Background"), ok=(404,))
+        self._call(self.core.delete_namespaced_service, name, namespace, ok=(404,))
+        self._owner_uids.pop((namespace, name), None)
+        for kind in ("Service", "Ingress", "ConfigMap"):
+            api, suffix = self._extra_api(kind)
+            listed = self._call(getattr(api, f"list_namespaced_{suffix}"), namespace,
+                                label_selector=f"{SELECTOR},{LABEL_JOB_OBJECT}={name}", ok=(404,))
+            for obj in (listed.items if listed is not None else []):
+                labels = obj.metadata.labels or {}
+                # Checked again here: a label selector is a server convenience, not a guarantee.
+                if labels.get(MANAGED_BY) == "camp" and labels.get(LABEL_JOB_OBJECT) == name:
+                    self._call(getattr(api, f"delete_namespaced_{suffix}"), obj.metadata.name,
+                               namespace, ok=(404,))
+
+    def list_job_objects(self) -> list[tuple[str, str, int]]:
+        """(namespace, owner name, job id) of every per-job ConfigMap Camp made (the owner of
+        its job's other objects): what reconcile checks for leftovers."""
+        listed = self._call(self.core.list_config_map_for_all_namespaces,
+                            label_selector=f"{SELECTOR},{LABEL_JOB_ID}")
+        out = []
+        for cm in (listed.items if listed is not None else []):
+            labels = cm.metadata.labels or {}
+            job_id = labels.get(LABEL_JOB_ID, "")
+            if labels.get(MANAGED_BY) == "camp" and job_id.isdigit():
+                out.append((cm.metadata.namespace, cm.metadata.name, int(job_id)))
+        return out
 
     # -- pods --------------------------------------------------------------------------------
 

@@ -245,3 +245,52 @@ def test_watch_relists_on_410_gone(world: Any, kube: Any) -> None:
     assert [e.pod.name for e in events] == [job.allocations.get().pod_name] * 2
     lists = [r for r in k["get /api/v1/pods"] if "watch" not in r.params]
     assert len(lists) >= 2
+
+
+def test_per_job_objects_are_deleted_when_the_job_ends(world: Any, kube: Any) -> None:
+    """No garbage collector deletes a finished job's ConfigMap and headless Service (none
+    runs on a bare API server, and owner references cascade only through one): Camp does,
+    and reconcile deletes leftovers. Objects of other jobs and the project's are kept."""
+    k, core, cluster = kube
+    job, ns = _dispatched(world, kube, groups=[gpu_group(replicas=2, gpu_count=1)])
+    owner = f"ddp-{job.pk}"
+    assert stored(k, "configmaps", ns, owner) and stored(k, "services", ns, owner)
+    keep = {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "ws-1", "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "camp"}},
+        "spec": {"ports": [{"port": 80}]}}
+    core.create_namespaced_service(ns, keep)  # an environment's Service: outlives runs
+    for a in job.allocations.all():
+        core.patch_namespaced_pod_status(a.pod_name, ns, {"status": {"phase": "Succeeded"}})
+    services.cluster_reconcile(cluster=cluster)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert services.job_stop(job_id=job.pk) == "released"
+    assert [c.metadata.name for c in core.list_namespaced_config_map(ns).items] == []
+    assert [s.metadata.name for s in core.list_namespaced_service(ns).items] == ["ws-1"]
+
+
+def test_reconcile_deletes_leftover_job_objects(world: Any, kube: Any) -> None:
+    from django.core.cache import cache
+
+    k, core, cluster = kube
+    job, ns = _dispatched(world, kube, groups=[gpu_group(replicas=2, gpu_count=1)])
+    owner = f"ddp-{job.pk}"
+    # The job ended while the API server was away: its objects were left behind.
+    services.job_cancel(actor=world.a.member, job=job)
+    for a in job.allocations.all():
+        core.delete_namespaced_pod(a.pod_name, ns, grace_period_seconds=0)
+    services._pods_gone(job.pk)  # released; suppose its object deletion failed
+    core.create_namespaced_config_map(ns, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": owner, "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "camp",
+                                                   "camp.io/job-id": str(job.pk)}}})
+    core.create_namespaced_service(ns, {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": owner, "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "camp",
+                                                   "camp.io/job-id": str(job.pk)}},
+        "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}})
+    cache.delete(f"camp:objects-swept:{cluster.pk}")
+    result = services.cluster_reconcile(cluster=cluster)
+    assert result.objects_deleted == [owner]
+    assert core.list_namespaced_config_map(ns).items == []
+    assert core.list_namespaced_service(ns).items == []
+    # A second pass finds nothing to do (idempotent) and waits its minute anyway.
+    assert services.cluster_reconcile(cluster=cluster).objects_deleted == []
