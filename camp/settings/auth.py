@@ -22,7 +22,7 @@ try:
 except MappingError as exc:
     raise ImproperlyConfiguredEnv(str(exc)) from exc
 
-# --- OpenID Connect (mozilla-django-oidc): code flow, PKCE S256, state and nonce ------------
+# --- OpenID Connect (mozilla-django-oidc): code flow, PKCE S256, state and nonce, discovery --
 try:
     globals().update(_sso.oidc_settings(
         enabled=OIDC_ENABLED,
@@ -33,10 +33,15 @@ try:
         token_endpoint=env_str("OIDC_TOKEN_ENDPOINT"),
         userinfo_endpoint=env_str("OIDC_USERINFO_ENDPOINT"),
         jwks_endpoint=env_str("OIDC_JWKS_ENDPOINT"),
+        end_session_endpoint=env_str("OIDC_END_SESSION_ENDPOINT"),
         sign_algo=env_str("OIDC_SIGN_ALGO", "RS256"),
         scopes=env_str("OIDC_SCOPES", "openid email profile"),
         verify_ssl=env_bool("OIDC_VERIFY_SSL", True),
         timeout=env_int("OIDC_TIMEOUT_SECONDS", 10),
+        clock_skew_seconds=env_int("OIDC_CLOCK_SKEW_SECONDS", 60),
+        discovery_cache_seconds=env_int("OIDC_DISCOVERY_CACHE_SECONDS", 3600),
+        jwks_cache_seconds=env_int("OIDC_JWKS_CACHE_SECONDS", 3600),
+        logout_at_provider=env_bool("OIDC_LOGOUT_AT_PROVIDER", True),
     ))
     # --- LDAP (django-auth-ldap): service bind, user search, groups -------------------------
     globals().update(_sso.ldap_settings(

@@ -21,6 +21,10 @@ LDAP_GROUP_TYPES = (
 )
 
 
+SIGN_ALGOS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
+              "HS256")
+
+
 class AuthConfigError(ValueError):
     """A setting is missing or wrong; the message names the environment variable."""
 
@@ -45,30 +49,39 @@ def oidc_settings(
     issuer: str,
     client_id: str,
     client_secret: str,
-    authorization_endpoint: str,
-    token_endpoint: str,
-    userinfo_endpoint: str,
-    jwks_endpoint: str,
+    authorization_endpoint: str = "",
+    token_endpoint: str = "",
+    userinfo_endpoint: str = "",
+    jwks_endpoint: str = "",
+    end_session_endpoint: str = "",
     sign_algo: str = "RS256",
     scopes: str = "openid email profile",
     verify_ssl: bool = True,
     timeout: int = 10,
+    clock_skew_seconds: int = 60,
+    discovery_cache_seconds: int = 3600,
+    jwks_cache_seconds: int = 3600,
+    logout_at_provider: bool = True,
 ) -> dict[str, Any]:
-    """mozilla-django-oidc settings: authorization code flow with PKCE (S256) and nonce."""
+    """mozilla-django-oidc settings: authorization code flow with PKCE (S256) and nonce.
+
+    Endpoints left empty come from the provider's discovery document at login time
+    (tenants/sso/discovery.py); any set here override it.
+    """
     if enabled:
-        required = {
-            "OIDC_ISSUER": issuer, "OIDC_CLIENT_ID": client_id,
-            "OIDC_CLIENT_SECRET": client_secret,
-            "OIDC_AUTHORIZATION_ENDPOINT": authorization_endpoint,
-            "OIDC_TOKEN_ENDPOINT": token_endpoint,
-        }
-        if sign_algo.startswith(("RS", "ES")):
-            required["OIDC_JWKS_ENDPOINT"] = jwks_endpoint
+        required = {"OIDC_ISSUER": issuer, "OIDC_CLIENT_ID": client_id,
+                    "OIDC_CLIENT_SECRET": client_secret}
         missing = [name for name, value in required.items() if not value]
         if missing:
             raise AuthConfigError(f"OIDC_ENABLED is true but {', '.join(missing)} is not set")
+        if not issuer.startswith(("https://", "http://")):
+            raise AuthConfigError("OIDC_ISSUER must be the provider's issuer URL (https://…)")
         if "openid" not in scopes.split():
             raise AuthConfigError("OIDC_SCOPES must include openid")
+        if not 0 <= clock_skew_seconds <= 300:
+            raise AuthConfigError("OIDC_CLOCK_SKEW_SECONDS must be between 0 and 300")
+        if sign_algo not in SIGN_ALGOS:
+            raise AuthConfigError(f"OIDC_SIGN_ALGO must be one of {', '.join(SIGN_ALGOS)}")
     return {
         "OIDC_ENABLED": enabled,
         "OIDC_ISSUER": issuer,
@@ -77,7 +90,8 @@ def oidc_settings(
         "OIDC_OP_AUTHORIZATION_ENDPOINT": authorization_endpoint,
         "OIDC_OP_TOKEN_ENDPOINT": token_endpoint,
         "OIDC_OP_USER_ENDPOINT": userinfo_endpoint,
-        "OIDC_OP_JWKS_ENDPOINT": jwks_endpoint or None,
+        "OIDC_OP_JWKS_ENDPOINT": jwks_endpoint,
+        "OIDC_OP_LOGOUT_ENDPOINT": end_session_endpoint,
         "OIDC_RP_SIGN_ALGO": sign_algo,
         "OIDC_RP_SCOPES": scopes,
         "OIDC_USE_PKCE": True,
@@ -85,9 +99,14 @@ def oidc_settings(
         "OIDC_USE_NONCE": True,
         "OIDC_VERIFY_SSL": verify_ssl,
         "OIDC_TIMEOUT": timeout,
-        # Tokens are used once, at login, and never kept in the session.
+        "OIDC_CLOCK_SKEW_SECONDS": clock_skew_seconds,
+        "OIDC_DISCOVERY_CACHE_SECONDS": discovery_cache_seconds,
+        "OIDC_JWKS_CACHE_SECONDS": jwks_cache_seconds,
+        "OIDC_LOGOUT_AT_PROVIDER": logout_at_provider,
+        # The access token is never kept. The ID token is kept in the server-side session
+        # only as the id_token_hint of RP-initiated logout (OpenID RP-Initiated Logout 1.0).
         "OIDC_STORE_ACCESS_TOKEN": False,
-        "OIDC_STORE_ID_TOKEN": False,
+        "OIDC_STORE_ID_TOKEN": logout_at_provider,
         "OIDC_AUTHENTICATION_CALLBACK_URL": "oidc_authentication_callback",
     }
 

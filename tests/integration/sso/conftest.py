@@ -16,6 +16,7 @@ from .servers import (
     CHROMIUM,
     HERE,
     LDAP_SUFFIX,
+    EdgeProvider,
     IdentityProvider,
     Slapd,
     require_binary,
@@ -100,6 +101,16 @@ def acme(db: Any) -> Acme:
 @pytest.fixture(scope="session")
 def idp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IdentityProvider]:
     provider = IdentityProvider(tmp_path_factory.mktemp("idp"))
+    try:
+        provider.start()
+        yield provider
+    finally:
+        provider.stop()
+
+
+@pytest.fixture(scope="session")
+def edge_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EdgeProvider]:
+    provider = EdgeProvider(tmp_path_factory.mktemp("edge-idp"))
     try:
         provider.start()
         yield provider

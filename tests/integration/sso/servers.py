@@ -203,15 +203,79 @@ class IdentityProvider:
         if self.proc is not None:
             stop(self.proc)
 
-    def camp_settings(self) -> dict[str, Any]:
+    def camp_settings(self, **overrides: Any) -> dict[str, Any]:
+        """Camp's OIDC settings from the issuer alone: every endpoint comes from discovery."""
         from tenants.sso.config import oidc_settings
 
         return oidc_settings(
             enabled=True, issuer=self.issuer, client_id=self.client_id,
-            client_secret=self.client_secret,
-            authorization_endpoint=f"{self.issuer}/authorize/",
-            token_endpoint=f"{self.issuer}/token/",
-            userinfo_endpoint=f"{self.issuer}/userinfo/",
-            jwks_endpoint=f"{self.issuer}/.well-known/jwks.json",
-            scopes="openid email profile", timeout=10,
+            client_secret=self.client_secret, scopes="openid email profile", timeout=10,
+            **overrides,
         )
+
+
+# --- the OpenID provider that misbehaves on request ---------------------------------------
+
+def rsa_pem() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+class EdgeProvider:
+    """tests/integration/sso/oidc_provider.py as a subprocess, steered by a control file."""
+
+    client_id = "camp-edge-client"
+    client_secret = "camp-edge-secret-0123456789"
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        self.port = free_port()
+        self.issuer = f"http://127.0.0.1:{self.port}"
+        self.control_file = workdir / "control.json"
+        self.stats_file = workdir / "stats.json"
+        self.key_a, self.key_b = rsa_pem(), rsa_pem()
+        self.proc: subprocess.Popen[Any] | None = None
+        self.reset()
+
+    def reset(self, **control: Any) -> None:
+        """Back to a well-behaved single-key provider (kid "a"), then apply ``control``."""
+        import json
+
+        data: dict[str, Any] = {
+            "client_id": self.client_id, "client_secret": self.client_secret,
+            "keys": [{"kid": "a", "pem": self.key_a}],
+            "user": {"sub": "edge-0001", "preferred_username": "edna",
+                     "email": "edna@example.test", "groups": ["acme-ml"]},
+            **control,
+        }
+        tmp = self.control_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.control_file)
+
+    def hits(self, path: str) -> int:
+        import json
+
+        if not self.stats_file.exists():
+            return 0
+        return int(json.loads(self.stats_file.read_text()).get(path, 0))
+
+    def start(self) -> None:
+        self.proc = start([sys.executable, "-m", "tests.integration.sso.oidc_provider",
+                           str(self.port), str(self.control_file), str(self.stats_file)],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                          log=self.dir / "provider.log")
+        wait_for(lambda: port_open(self.port), "the edge-case OpenID provider", self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def camp_settings(self, **overrides: Any) -> dict[str, Any]:
+        from tenants.sso.config import oidc_settings
+
+        return oidc_settings(enabled=True, issuer=self.issuer, client_id=self.client_id,
+                             client_secret=self.client_secret, timeout=5, **overrides)
