@@ -8,6 +8,7 @@ urlpatterns = [
     # Local, LDAP, OIDC and SAML login; logout ends the provider session too (docs/AUTH.md).
     path("login/", LoginView.as_view(), name="login"),
     path("oidc/", include("tenants.sso.urls")),
+    path("saml/", include("tenants.sso.saml_urls")),
     path("logout/", LogoutView.as_view(), name="logout"),
     path("api/v1/", include("camp.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

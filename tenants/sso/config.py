@@ -14,6 +14,7 @@ AXES_BACKEND = "axes.backends.AxesStandaloneBackend"
 LOCAL_BACKEND = "tenants.sso.local.LocalModelBackend"
 LDAP_BACKEND = "tenants.sso.ldap.CampLDAPBackend"
 OIDC_BACKEND = "tenants.sso.oidc.CampOIDCBackend"
+SAML_BACKEND = "tenants.sso.saml.CampSAMLBackend"
 
 LDAP_GROUP_TYPES = (
     "groupOfNames", "groupOfUniqueNames", "posixGroup", "nestedGroupOfNames",
@@ -29,7 +30,8 @@ class AuthConfigError(ValueError):
     """A setting is missing or wrong; the message names the environment variable."""
 
 
-def authentication_backends(*, local: bool, ldap: bool, oidc: bool) -> list[str]:
+def authentication_backends(*, local: bool, ldap: bool, oidc: bool,
+                            saml: bool = False) -> list[str]:
     # django-axes first: it refuses locked-out credentials before any backend
     # (local or LDAP) checks a password. Local before LDAP: a local account's
     # password never travels to the directory.
@@ -40,6 +42,8 @@ def authentication_backends(*, local: bool, ldap: bool, oidc: bool) -> list[str]
         backends.append(LDAP_BACKEND)
     if oidc:
         backends.append(OIDC_BACKEND)
+    if saml:
+        backends.append(SAML_BACKEND)
     return backends
 
 
@@ -191,3 +195,88 @@ def ldap_settings(
             group_search_base, ldap.SCOPE_SUBTREE, group_filter or default_filter
         )
     return result
+
+
+SAML_NAMEID_FORMATS = {
+    "persistent": "urn:oasis:names:tc:SAML:2.0:nameid-format:persistent",
+    "email": "urn:oasis:names:tc:SAML:1.1:nameid-format:emailAddress",
+    "unspecified": "urn:oasis:names:tc:SAML:1.1:nameid-format:unspecified",
+}
+
+
+def saml_settings(
+    *,
+    enabled: bool,
+    base_url: str = "",
+    sp_entity_id: str = "",
+    idp_metadata_url: str = "",
+    idp_metadata_file: str = "",
+    sp_key_file: str = "",
+    sp_cert_file: str = "",
+    want_response_signed: bool = False,
+    nameid_format: str = "persistent",
+    clock_skew_seconds: int = 60,
+    attr_username: str = "uid",
+    attr_email: str = "mail",
+    attr_first_name: str = "givenName",
+    attr_last_name: str = "sn",
+    attr_groups: str = "groups",
+    create_user: bool = True,
+    metadata_cache_seconds: int = 3600,
+    timeout: int = 10,
+    xmlsec_binary: str = "xmlsec1",
+) -> dict[str, Any]:
+    """SAML 2.0 service provider settings (djangosaml2 on pysaml2).
+
+    Plain values only: the pysaml2 configuration itself is built per request by
+    tenants/sso/saml.py (it needs the IdP metadata, which is fetched and cached).
+    """
+    from pathlib import Path
+
+    if enabled:
+        missing = [n for n, v in {"SAML_BASE_URL": base_url, "SAML_SP_KEY_FILE": sp_key_file,
+                                  "SAML_SP_CERT_FILE": sp_cert_file}.items() if not v]
+        if not (idp_metadata_url or idp_metadata_file):
+            missing.append("SAML_IDP_METADATA_URL (or SAML_IDP_METADATA_FILE)")
+        if missing:
+            raise AuthConfigError(f"SAML_ENABLED is true but {', '.join(missing)} is not set")
+        if idp_metadata_url and idp_metadata_file:
+            raise AuthConfigError("Set SAML_IDP_METADATA_URL or SAML_IDP_METADATA_FILE, not both")
+        if not base_url.startswith(("https://", "http://")):
+            raise AuthConfigError("SAML_BASE_URL must be Camp's external URL (https://…)")
+        for name, path in {"SAML_SP_KEY_FILE": sp_key_file, "SAML_SP_CERT_FILE": sp_cert_file,
+                           "SAML_IDP_METADATA_FILE": idp_metadata_file}.items():
+            if path and not Path(path).is_file():
+                raise AuthConfigError(f"{name}={path} is not a readable file")
+        if nameid_format and nameid_format not in SAML_NAMEID_FORMATS:
+            raise AuthConfigError(
+                f"SAML_NAMEID_FORMAT must be one of {', '.join(SAML_NAMEID_FORMATS)} or empty")
+        if not 0 <= clock_skew_seconds <= 300:
+            raise AuthConfigError("SAML_CLOCK_SKEW_SECONDS must be between 0 and 300")
+    base = base_url.rstrip("/")
+    return {
+        "SAML_ENABLED": enabled,
+        "SAML_BASE_URL": base,
+        "SAML_SP_ENTITY_ID": sp_entity_id or f"{base}/saml/metadata/",
+        "SAML_IDP_METADATA_URL": idp_metadata_url,
+        "SAML_IDP_METADATA_FILE": idp_metadata_file,
+        "SAML_SP_KEY_FILE": sp_key_file,
+        "SAML_SP_CERT_FILE": sp_cert_file,
+        "SAML_WANT_RESPONSE_SIGNED": want_response_signed,
+        "SAML_NAMEID_FORMAT": SAML_NAMEID_FORMATS.get(nameid_format, ""),
+        "SAML_CLOCK_SKEW_SECONDS": clock_skew_seconds,
+        "SAML_ATTRIBUTES": {"username": attr_username, "email": attr_email,
+                            "first_name": attr_first_name, "last_name": attr_last_name,
+                            "groups": attr_groups},
+        "SAML_CREATE_USER": create_user,
+        "SAML_METADATA_CACHE_SECONDS": metadata_cache_seconds,
+        "SAML_TIMEOUT": timeout,
+        "SAML_XMLSEC_BINARY": xmlsec_binary,
+        # djangosaml2: build the pysaml2 config per request from the settings above.
+        "SAML_CONFIG_LOADER": "tenants.sso.saml.sp_config",
+        "SAML_DEFAULT_BINDING": "urn:oasis:names:tc:SAML:2.0:bindings:HTTP-Redirect",
+        "SAML_SESSION_COOKIE_NAME": "camp_saml_session",
+        # The IdP's LogoutResponse may say the IdP session was already gone: Camp's ended anyway.
+        "SAML_IGNORE_LOGOUT_ERRORS": True,
+        "SAML_CSP_HANDLER": "",
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from typing import Any
 
@@ -53,6 +54,10 @@ class LoginView(auth_views.LoginView):
             ldap_login=settings.LDAP_ENABLED,
             oidc_login=settings.OIDC_ENABLED,
             oidc_provider_name=settings.OIDC_PROVIDER_NAME,
+            # Without the package the SAML URLs are absent (the system check says why).
+            saml_login=getattr(settings, "SAML_ENABLED", False)
+            and importlib.util.find_spec("djangosaml2") is not None,
+            saml_provider_name=getattr(settings, "SAML_PROVIDER_NAME", "SAML single sign-on"),
         )
         return context
 

@@ -279,3 +279,87 @@ class EdgeProvider:
 
         return oidc_settings(enabled=True, issuer=self.issuer, client_id=self.client_id,
                              client_secret=self.client_secret, timeout=5, **overrides)
+
+
+# --- the SAML identity provider ----------------------------------------------------------
+
+def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
+    """A throwaway RSA key and self-signed certificate (SAML metadata carries certificates)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .sign(key, hashes.SHA256()))
+    key_path, cert_path = directory / f"{name}.key", directory / f"{name}.crt"
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.TraditionalOpenSSL,
+                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return key_path, cert_path
+
+
+class SamlIdentityProvider:
+    """tests/integration/sso/saml_idp.py (pysaml2's IdP) as a subprocess."""
+
+    def __init__(self, workdir: Path) -> None:
+        require_binary("/usr/bin/xmlsec1", "xmlsec1")
+        self.dir = workdir
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.entity_id = f"{self.base}/metadata"
+        self_signed(workdir, "idp")
+        self.sp_key, self.sp_cert = self_signed(workdir, "camp-sp")
+        self.proc: subprocess.Popen[Any] | None = None
+        self.control: dict[str, Any] = {"users": {}, "sign_assertion": True,
+                                        "sign_response": False}
+        self.write()
+
+    def write(self, **changes: Any) -> None:
+        import json
+
+        self.control.update(changes)
+        tmp = self.dir / "control.tmp"
+        tmp.write_text(json.dumps(self.control))
+        tmp.replace(self.dir / "control.json")
+
+    def add_user(self, username: str, password: str, name_id: str,
+                 attributes: dict[str, list[str]]) -> None:
+        self.control["users"][username] = {"password": password, "name_id": name_id,
+                                           "attributes": attributes}
+        self.write()
+
+    def hits(self, what: str) -> int:
+        import json
+
+        stats = self.dir / "stats.json"
+        return int(json.loads(stats.read_text()).get(what, 0)) if stats.exists() else 0
+
+    def start(self) -> None:
+        self.proc = start([sys.executable, "-m", "tests.integration.sso.saml_idp",
+                           str(self.port), str(self.dir)],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                          log=self.dir / "idp.log")
+        wait_for(lambda: port_open(self.port), "the SAML identity provider", self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def camp_settings(self, base_url: str, **overrides: Any) -> dict[str, Any]:
+        from tenants.sso.config import saml_settings
+
+        return saml_settings(
+            enabled=True, base_url=base_url, idp_metadata_url=f"{self.base}/metadata",
+            sp_key_file=str(self.sp_key), sp_cert_file=str(self.sp_cert),
+            attr_groups="http://schemas.microsoft.com/ws/2008/06/identity/claims/groups",
+            timeout=5, **overrides)

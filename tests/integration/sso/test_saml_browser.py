@@ -1,0 +1,171 @@
+"""SAML 2.0 sign-in through a real pysaml2 identity provider process, in real Chromium."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import Client
+
+from tenants.models import AuditEvent, Membership, User
+from tenants.sso.saml import CLASH_MESSAGE, UNVERIFIED_MESSAGE
+
+from .conftest import BrowserThread, configure, make_acme
+from .servers import SamlIdentityProvider
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GROUPS = "http://schemas.microsoft.com/ws/2008/06/identity/claims/groups"
+
+
+def saml_login(page: Any, base: str, username: str, password: str) -> tuple[str, str, bool]:
+    """Click the SAML button; sign in at the IdP if it asks. Returns (url, page, asked)."""
+    page.goto(f"{base}/login/")
+    page.click("#saml-login")
+    page.wait_for_load_state()
+    asked = page.locator("#idp-password").count() > 0
+    if asked:
+        page.fill("#idp-username", username)
+        page.fill("#idp-password", password)
+        page.click("#idp-submit")
+    try:
+        page.wait_for_url(lambda url: url.startswith(base) and "/saml/" not in url,
+                          timeout=20000)
+    except Exception as exc:
+        raise AssertionError(f"never came back to Camp; at {page.url}:\n{page.content()[:2000]}") from exc
+    page.wait_for_load_state()
+    return page.url, page.content(), asked
+
+
+def roles_of(user: User) -> set[str]:
+    return {f"{m.role}:{m.project or m.tenant.name}" for m in Membership.objects.filter(user=user)}
+
+
+@pytest.fixture
+def saml_on(settings: Any, saml_idp: SamlIdentityProvider, live_server: Any) -> str:
+    base = str(live_server.url).replace("localhost", "127.0.0.1")
+    configure(settings, saml=saml_idp.camp_settings(base))
+    settings.SAML_PROVIDER_NAME = "Test SAML IdP"
+    make_acme()
+    metadata = Client().get("/saml/metadata/")
+    assert metadata.status_code == 200
+    saml_idp.write(sp_metadata=metadata.content.decode(), sign_assertion=True,
+                   sign_response=False)
+    return base
+
+
+def test_sp_metadata_is_published_at_a_stable_url(saml_on: str) -> None:
+    xml = Client().get("/saml/metadata/").content.decode()
+    assert f'entityID="{saml_on}/saml/metadata/"' in xml
+    assert f'Location="{saml_on}/saml/acs/"' in xml
+    assert 'WantAssertionsSigned="true"' in xml and 'AuthnRequestsSigned="true"' in xml
+    assert "X509Certificate" in xml and f'Location="{saml_on}/saml/ls/"' in xml
+
+
+def test_saml_login_maps_groups_single_logout_and_resync(
+        saml_on: str, saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
+    base = saml_on
+    # A local account with the same e-mail (and another IdP's account) must not be taken over.
+    User.objects.create(username="grace-local", email="grace@example.test")
+    saml_idp.add_user("grace", "grace-idp-pw", name_id="grace-persistent-0001", attributes={
+        "uid": ["grace"], "mail": ["grace@example.test"], "givenName": ["Grace"],
+        "sn": ["Hopper"], GROUPS: ["acme-owners", "acme-ml"]})
+    page = browser.new_page()
+
+    url, html, asked = browser.run(saml_login, page, base, "grace", "grace-idp-pw")
+    assert asked and "/login/" not in url and "Log out" in html, html[:1500]
+    grace = User.objects.get(auth_source="saml")
+    assert (grace.username, grace.email, grace.first_name, grace.last_name) == (
+        "grace", "grace@example.test", "Grace", "Hopper")
+    assert (grace.sso_issuer, grace.sso_subject) == (saml_idp.entity_id, "grace-persistent-0001")
+    assert roles_of(grace) == {"tenant_owner:acme", "project_member:acme/ml"}
+    assert User.objects.filter(email="grace@example.test").count() == 2
+    assert AuditEvent.objects.filter(action="auth.login", actor=grace).exists()
+    assert AuditEvent.objects.filter(action="membership.created", actor_username="sso:saml").count() == 2
+
+    # Single logout: Camp's logout sends a LogoutRequest; the IdP ends its session and
+    # answers; the browser lands on Camp's login page with no session left.
+    slo_before = saml_idp.hits("slo:request_ok")
+
+    def logout() -> str:
+        page.click("form.logout button")
+        page.wait_for_url(f"{base}/login/**")
+        page.goto(f"{base}/")
+        return str(page.url)
+
+    assert "/login/" in browser.run(logout)
+    assert saml_idp.hits("slo:request_ok") == slo_before + 1
+    assert AuditEvent.objects.filter(action="auth.logout", actor=grace).exists()
+
+    # The groups change at the IdP. Logging in again asks for the password (the IdP session
+    # ended with the single logout) and re-syncs the roles on the same account.
+    saml_idp.control["users"]["grace"]["attributes"][GROUPS] = ["acme-ml-leads"]
+    saml_idp.write()
+    url, html, asked = browser.run(saml_login, page, base, "grace", "grace-idp-pw")
+    assert asked and "Log out" in html
+    assert User.objects.filter(auth_source="saml").count() == 1
+    assert roles_of(grace) == {"project_admin:acme/ml"}
+    removed = AuditEvent.objects.get(action="membership.deleted", actor_username="sso:saml")
+    assert removed.before["role"] == "tenant_owner"
+
+
+@pytest.mark.parametrize("sign_response", [False, True], ids=["nothing-signed", "only-response-signed"])
+def test_an_unsigned_assertion_is_refused(
+        sign_response: bool, saml_on: str, saml_idp: SamlIdentityProvider,
+        browser: BrowserThread) -> None:
+    saml_idp.add_user("mallory", "mallory-pw", name_id="mallory-0001", attributes={
+        "uid": ["mallory"], GROUPS: ["camp-admins"]})
+    saml_idp.write(sign_assertion=False, sign_response=sign_response)
+    errors: list[int] = []
+
+    def run(page: Any) -> tuple[str, str, bool]:
+        page.on("response", lambda r: errors.append(r.status) if (
+            r.url.startswith(saml_on) and r.status >= 500) else None)
+        return saml_login(page, saml_on, "mallory", "mallory-pw")
+
+    url, html, _ = browser.run(run, browser.new_page())
+    assert url.startswith(f"{saml_on}/login/") and UNVERIFIED_MESSAGE in html.replace("&#x27;", "'")
+    assert errors == []
+    assert not User.objects.filter(username="mallory").exists()
+    refused = AuditEvent.objects.get(action="auth.login_refused")
+    assert refused.after["source"] == "saml"
+    assert refused.after["reason"].startswith("assertion signature missing or invalid")
+
+
+def test_idp_initiated_single_logout_ends_the_camp_session(
+        saml_on: str, saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
+    saml_idp.add_user("ivan", "ivan-pw", name_id="ivan-0001", attributes={"uid": ["ivan"]})
+    page = browser.new_page()
+    _, html, _ = browser.run(saml_login, page, saml_on, "ivan", "ivan-pw")
+    assert "Log out" in html
+
+    def logout_at_idp() -> tuple[str, str]:
+        page.goto(f"{saml_idp.base}/slo/initiate")
+        page.wait_for_selector("#idp-signed-out")
+        page.goto(f"{saml_on}/")
+        return str(page.url), page.content()
+
+    url, _ = browser.run(logout_at_idp)
+    assert "/login/" in url
+    assert saml_idp.hits("slo:response_ok") >= 1
+    assert AuditEvent.objects.filter(action="auth.logout", actor__username="ivan").exists()
+
+
+def test_username_clash_is_refused_with_a_message(
+        saml_on: str, saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
+    User.objects.create(username="heidi", auth_source="oidc", sso_issuer="x", sso_subject="y")
+    saml_idp.add_user("heidi", "heidi-pw", name_id="heidi-0001", attributes={
+        "uid": ["heidi"], GROUPS: ["camp-admins"]})
+    url, html, _ = browser.run(saml_login, browser.new_page(), saml_on, "heidi", "heidi-pw")
+    assert "/login/" in url and CLASH_MESSAGE.format(username="heidi") in html
+    assert not User.objects.filter(auth_source="saml").exists()
+    assert not User.objects.get(username="heidi").is_platform_admin
+
+
+def test_missing_xmlsec1_is_reported_at_start_up(settings: Any) -> None:
+    settings.SAML_ENABLED = True
+    settings.SAML_XMLSEC_BINARY = "xmlsec1-not-installed"
+    with pytest.raises(SystemCheckError, match="apt-get install xmlsec1"):
+        call_command("check")
