@@ -147,12 +147,15 @@ class OIDCCallbackView(_OIDCEnabledMixin, OIDCAuthenticationCallbackView):  # ty
             return self._refuse("provider unreachable or refused the code", UNREACHABLE_MESSAGE)
 
     def login_failure(self) -> HttpResponse:
-        message = getattr(self.request, "camp_login_error", None) or GENERIC_MESSAGE
+        message = getattr(self.request, "camp_login_error", None)
         user = getattr(self, "user", None)
         if user is not None and not user.is_active:
             message = "This account is deactivated."
-        elif not hasattr(self.request, "camp_login_error"):
+            sso_login_refused(request=self.request, source="oidc", username=user.username,
+                              reason="account deactivated", message=message)
+        elif message is None:
             # No refusal was recorded on the way (e.g. the backend returned no user).
+            message = GENERIC_MESSAGE
             sso_login_refused(request=self.request, source="oidc", username="",
                               reason="no account signed in", message=message)
         return _back_to_login(self.request, message)

@@ -358,8 +358,9 @@ class SamlIdentityProvider:
     def camp_settings(self, base_url: str, **overrides: Any) -> dict[str, Any]:
         from tenants.sso.config import saml_settings
 
-        return saml_settings(
-            enabled=True, base_url=base_url, idp_metadata_url=f"{self.base}/metadata",
-            sp_key_file=str(self.sp_key), sp_cert_file=str(self.sp_cert),
-            attr_groups="http://schemas.microsoft.com/ws/2008/06/identity/claims/groups",
-            timeout=5, **overrides)
+        args: dict[str, Any] = {
+            "idp_metadata_url": f"{self.base}/metadata",
+            "attr_groups": "http://schemas.microsoft.com/ws/2008/06/identity/claims/groups",
+            **overrides}
+        return saml_settings(enabled=True, base_url=base_url, sp_key_file=str(self.sp_key),
+                             sp_cert_file=str(self.sp_cert), timeout=5, **args)

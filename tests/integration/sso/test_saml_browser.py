@@ -169,3 +169,19 @@ def test_missing_xmlsec1_is_reported_at_start_up(settings: Any) -> None:
     settings.SAML_XMLSEC_BINARY = "xmlsec1-not-installed"
     with pytest.raises(SystemCheckError, match="apt-get install xmlsec1"):
         call_command("check")
+
+
+def test_unreachable_idp_metadata_shows_the_login_page(
+        settings: Any, saml_on: str, saml_idp: SamlIdentityProvider) -> None:
+    from tenants.sso.saml import UNREACHABLE_MESSAGE
+
+    from .servers import free_port
+
+    configure(settings, saml=saml_idp.camp_settings(
+        saml_on, idp_metadata_url=f"http://127.0.0.1:{free_port()}/metadata"))
+    client = Client()
+    response = client.get("/saml/login/", follow=True)
+    assert response.redirect_chain[-1][0] == "/login/"
+    assert UNREACHABLE_MESSAGE in response.content.decode().replace("&#x27;", "'")
+    refused = AuditEvent.objects.get(action="auth.login_refused")
+    assert refused.after["reason"].startswith("SAML_IDP_METADATA_URL could not be fetched")
