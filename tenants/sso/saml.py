@@ -12,6 +12,7 @@ reported by the system check (tenants/sso/checks.py), not by an import error.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
@@ -153,12 +154,31 @@ def _first(attributes: dict[str, list[Any]], name: str) -> str | None:
     return values[0] if values else None
 
 
+@functools.cache
+def _pysaml2_local_names() -> dict[str, str]:
+    """Attribute name → the short name pysaml2 gives it (its bundled ADFS/OID maps).
+
+    pysaml2 renames attributes it knows (``…/claims/emailaddress`` → ``emailAddress``,
+    ``urn:oid:0.9.2342.19200300.100.1.3`` → ``mail``); admins copy the names their IdP shows,
+    so Camp accepts either.
+    """
+    from saml2.attribute_converter import ac_factory
+
+    names: dict[str, str] = {}
+    for converter in ac_factory():
+        names.update(getattr(converter, "_fro", None) or {})  # no public accessor
+    return names
+
+
 def _values(attributes: dict[str, list[Any]], name: str) -> list[str]:
     if not name:
         return []
-    found = attributes.get(name)
-    if found is None:  # attribute names from IdPs vary in case (mail / Mail)
-        found = next((v for k, v in attributes.items() if k.casefold() == name.casefold()), None)
+    wanted = {name.casefold()}
+    local = _pysaml2_local_names().get(name.strip().lower())
+    if local:
+        wanted.add(local.casefold())
+    # Attribute names from IdPs vary in case (mail / Mail).
+    found = next((v for k, v in attributes.items() if k.casefold() in wanted), None)
     if found is None:
         return []
     return [str(v) for v in (found if isinstance(found, list | tuple) else [found])]

@@ -185,3 +185,17 @@ def test_unreachable_idp_metadata_shows_the_login_page(
     assert UNREACHABLE_MESSAGE in response.content.decode().replace("&#x27;", "'")
     refused = AuditEvent.objects.get(action="auth.login_refused")
     assert refused.after["reason"].startswith("SAML_IDP_METADATA_URL could not be fetched")
+
+
+def test_attribute_names_match_as_the_idp_or_pysaml2_names_them() -> None:
+    from tenants.sso.saml import _values
+
+    # pysaml2 renames ADFS claim URIs and OIDs it knows; unknown URIs keep their name.
+    ava = {"emailAddress": ["ada@example.test"], "group": ["acme-ml"],
+           "http://schemas.microsoft.com/ws/2008/06/identity/claims/groups": ["g-1"],
+           "Mail": ["other@example.test"]}
+    assert _values(ava, "http://schemas.xmlsoap.org/ws/2005/05/identity/claims/emailaddress") == [
+        "ada@example.test"]
+    assert _values(ava, "http://schemas.xmlsoap.org/claims/Group") == ["acme-ml"]
+    assert _values(ava, "http://schemas.microsoft.com/ws/2008/06/identity/claims/groups") == ["g-1"]
+    assert _values(ava, "mail") == ["other@example.test"] and _values(ava, "sn") == []
