@@ -22,7 +22,7 @@ from typing import Any
 import requests
 import saml2
 from django.conf import settings
-from django.contrib import messages
+from django.contrib import auth, messages
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
@@ -329,7 +329,19 @@ class SAMLLogoutInitView(_SAMLEnabledMixin, saml_views.LogoutInitView):
     """Single logout started by Camp (called from the POST /logout/ view)."""
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        return self.get(request, *args, **kwargs)  # type: ignore[no-any-return]
+        local_only = HttpResponseRedirect(resolve_url(settings.LOGOUT_REDIRECT_URL))
+        if saml_views._get_subject_id(request.saml_session) is None:  # type: ignore[attr-defined]
+            # No SAML session in this browser (cookie lost): nothing to tell the IdP.
+            auth.logout(request)
+            return local_only
+        try:
+            response: HttpResponse = self.get(request, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 — logout must end the Camp session regardless
+            logger.warning("SAML single logout failed: %s", type(exc).__name__)
+            auth.logout(request)
+            return local_only
+        # djangosaml2 answers 4xx/5xx when the IdP knows no session; Camp's has ended.
+        return local_only if response.status_code >= 400 else response
 
     def handle_unsupported_slo_exception(self, request: HttpRequest, exception: Exception,
                                          *args: Any, **kwargs: Any) -> HttpResponse:

@@ -199,3 +199,24 @@ def test_attribute_names_match_as_the_idp_or_pysaml2_names_them() -> None:
     assert _values(ava, "http://schemas.xmlsoap.org/claims/Group") == ["acme-ml"]
     assert _values(ava, "http://schemas.microsoft.com/ws/2008/06/identity/claims/groups") == ["g-1"]
     assert _values(ava, "mail") == ["other@example.test"] and _values(ava, "sn") == []
+
+
+def test_logout_without_the_saml_cookie_still_ends_the_camp_session(
+        saml_on: str, saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
+    saml_idp.add_user("judy", "judy-pw", name_id="judy-0001", attributes={"uid": ["judy"]})
+    page = browser.new_page()
+    _, html, _ = browser.run(saml_login, page, saml_on, "judy", "judy-pw")
+    assert "Log out" in html
+
+    def logout() -> tuple[str, str]:
+        cookies = [c for c in page.context.cookies() if c["name"] != "camp_saml_session"]
+        page.context.clear_cookies()
+        page.context.add_cookies(cookies)
+        page.click("form.logout button")
+        page.wait_for_url(f"{saml_on}/login/**")
+        page.goto(f"{saml_on}/")
+        return str(page.url), page.content()
+
+    url, _ = browser.run(logout)
+    assert "/login/" in url
+    assert AuditEvent.objects.filter(action="auth.logout", actor__username="judy").exists()
