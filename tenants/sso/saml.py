@@ -96,6 +96,13 @@ def idp_metadata(*, refresh: bool = False) -> str:
     return text
 
 
+def forget_idp_metadata() -> None:
+    """Drop the cached IdP metadata (the IdP may have rolled its signing certificate)."""
+    url = _setting("SAML_IDP_METADATA_URL")
+    if url:
+        cache.delete(f"camp:saml:idp-metadata:{hashlib.sha256(url.encode()).hexdigest()[:32]}")
+
+
 def sp_config_dict(metadata_xml: str) -> dict[str, Any]:
     """The pysaml2 SP configuration (see pysaml2's "Configuration of SAML2 entities")."""
     base = _setting("SAML_BASE_URL")
@@ -320,6 +327,8 @@ class SAMLACSView(_SAMLEnabledMixin, saml_views.AssertionConsumerServiceView):
                 reason, message = "no account signed in", GENERIC_MESSAGE
             else:
                 reason, message = _failure_reason(exception)
+                if message == UNVERIFIED_MESSAGE:
+                    forget_idp_metadata()  # refetched at the next attempt, new certificate and all
             sso_login_refused(request=request, source="saml", username="", reason=reason,
                               message=message)
         return _back_to_login(request, message)

@@ -17,7 +17,7 @@ from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthen
 
 from tenants.forms import LoginForm
 
-from .discovery import ProviderError, endpoints
+from .discovery import ProviderError, endpoints, forget_provider_metadata
 from .oidc import GENERIC_MESSAGE, STATE_MESSAGE, UNREACHABLE_MESSAGE, provider_logout_url
 from .services import sso_login_refused
 
@@ -135,6 +135,7 @@ class OIDCCallbackView(_OIDCEnabledMixin, OIDCAuthenticationCallbackView):  # ty
             return super().get(request)  # type: ignore[no-any-return]
         except ProviderError as exc:
             logger.warning("OIDC provider request failed: %s", exc.reason)
+            forget_provider_metadata()  # it may be stale: rediscover at the next attempt
             return self._refuse(f"provider unreachable: {exc.reason}", UNREACHABLE_MESSAGE)
         except SuspiciousOperation as exc:
             # TokenRefused carries its reason and message; the library's own

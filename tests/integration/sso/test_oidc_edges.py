@@ -190,3 +190,22 @@ def test_explicit_endpoints_override_discovery(
     redirect = Client().get("/oidc/authenticate/")
     assert redirect["Location"].startswith("https://login.elsewhere.example.test/authorize?")
     assert discovery_url(idp.issuer) == f"{idp.issuer}/.well-known/openid-configuration"
+
+
+def test_discovery_is_cached_and_fetched_again_after_a_provider_failure(
+        edge: str, edge_provider: EdgeProvider, browser: BrowserThread) -> None:
+    page = browser.new_page()
+    disco = edge_provider.hits("/.well-known/openid-configuration")
+    assert "Log out" in browser.run(browse_login, page, edge)[1]
+    assert edge_provider.hits("/.well-known/openid-configuration") == disco + 1
+
+    edge_provider.reset(token_status=500)
+    browser.run(lambda: page.context.clear_cookies())
+    url, html, _ = browser.run(browse_login, page, edge)
+    assert url.startswith(f"{edge}/login/") and UNREACHABLE_MESSAGE in html
+    assert edge_provider.hits("/.well-known/openid-configuration") == disco + 1  # still cached
+
+    edge_provider.reset()
+    browser.run(lambda: page.context.clear_cookies())
+    assert "Log out" in browser.run(browse_login, page, edge)[1]
+    assert edge_provider.hits("/.well-known/openid-configuration") == disco + 2  # rediscovered
