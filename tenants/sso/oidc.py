@@ -53,6 +53,8 @@ class TokenRefused(SuspiciousOperation):
         super().__init__(reason)
         self.reason = reason
         self.message = message
+
+
 _NOT_USERNAME = re.compile(r"[^\w.@+-]")
 
 

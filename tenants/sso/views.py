@@ -1,4 +1,4 @@
-"""Login page and OIDC endpoints that follow the enabled integrations."""
+"""Login page, logout (ending the provider session too) and the OIDC endpoints."""
 
 from __future__ import annotations
 
