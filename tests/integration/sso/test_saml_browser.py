@@ -220,3 +220,25 @@ def test_logout_without_the_saml_cookie_still_ends_the_camp_session(
     url, _ = browser.run(logout)
     assert "/login/" in url
     assert AuditEvent.objects.filter(action="auth.logout", actor__username="judy").exists()
+
+
+def test_a_replayed_assertion_is_refused(
+        saml_on: str, saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
+    from urllib.parse import parse_qs
+
+    saml_idp.add_user("kim", "kim-pw", name_id="kim-0001", attributes={"uid": ["kim"]})
+    page = browser.new_page()
+    posted: list[str] = []
+    browser.run(lambda: page.on("request", lambda r: posted.append(r.post_data or "") if (
+        r.method == "POST" and r.url.startswith(f"{saml_on}/saml/acs/")) else None))
+    _, html, _ = browser.run(saml_login, page, saml_on, "kim", "kim-pw")
+    assert "Log out" in html and len(posted) == 1
+    form = {k: v[0] for k, v in parse_qs(posted[0]).items()}
+
+    # The same signed response, posted again from elsewhere, answers no request of that
+    # session: refused on the login page, audited, nobody signed in.
+    thief = Client()
+    response = thief.post("/saml/acs/", form, follow=True)
+    assert response.redirect_chain[-1][0] == "/login/" and "_auth_user_id" not in thief.session
+    refused = AuditEvent.objects.get(action="auth.login_refused")
+    assert refused.after["reason"].startswith("response to no request of this session")
