@@ -95,10 +95,11 @@ OIDC_CREATE_USER = env_bool("OIDC_CREATE_USER", True)
 
 # --- Throttling (django-axes) ----------------------------------------------------------------
 # Lock a username, and separately a client IP, after N failures; a success resets
-# it. Covers every password login (local and LDAP) and failed OIDC callbacks.
+# it. Covers every password login (local and LDAP) and failed OIDC/SAML sign-ins.
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_int("LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
-AXES_LOCKOUT_PARAMETERS = [["username"], ["ip_address"]]
+# (Sign-ins without a username — OIDC, SAML — count per IP only: tenants/sso/local.py.)
+AXES_LOCKOUT_PARAMETERS = "tenants.sso.local.lockout_parameters"
 # Behind reverse proxies, the client address comes from X-Forwarded-For (the same rule as the
 # audit log's client IP): set TRUSTED_PROXY_COUNT to the number of proxies in front of Camp.
 TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0)

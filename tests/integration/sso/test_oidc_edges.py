@@ -209,3 +209,33 @@ def test_discovery_is_cached_and_fetched_again_after_a_provider_failure(
     browser.run(lambda: page.context.clear_cookies())
     assert "Log out" in browser.run(browse_login, page, edge)[1]
     assert edge_provider.hits("/.well-known/openid-configuration") == disco + 2  # rediscovered
+
+
+def _http_login(client: Client) -> Any:
+    """The code flow over plain HTTP: Camp → provider (auto sign-in) → Camp's callback."""
+    import requests as http
+
+    start = client.get("/oidc/authenticate/")
+    assert start.status_code == 302, start
+    back = http.get(start["Location"], allow_redirects=False, timeout=10)
+    callback = back.headers["Location"]
+    return client.get(callback[callback.index("/oidc/callback/"):])
+
+
+def test_refused_sso_logins_from_many_addresses_do_not_lock_out_everyone(
+        settings: Any, edge: str, edge_provider: EdgeProvider) -> None:
+    settings.AXES_FAILURE_LIMIT = 3
+    settings.OIDC_CREATE_USER = False  # every callback below is refused by the backend
+    for n in range(4):
+        response = _http_login(Client(REMOTE_ADDR=f"10.1.0.{n + 1}"))
+        assert response.status_code == 302 and response["Location"] == "/login/"
+    # One address that keeps failing is still locked out (per address).
+    for _ in range(3):
+        _http_login(Client(REMOTE_ADDR="10.2.0.1"))
+    settings.OIDC_CREATE_USER = True
+    assert _http_login(Client(REMOTE_ADDR="10.2.0.1")).status_code == 429
+    assert not User.objects.filter(auth_source="oidc").exists()
+    # Everyone else signs in.
+    response = _http_login(Client(REMOTE_ADDR="10.1.0.99"))
+    assert response.status_code == 302 and response["Location"] != "/login/", response
+    assert User.objects.filter(auth_source="oidc").exists()
