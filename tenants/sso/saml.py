@@ -269,17 +269,19 @@ def _back_to_login(request: HttpRequest, message: str) -> HttpResponse:
 
 def _failure_reason(exc: BaseException | None) -> tuple[str, str]:
     """(audited reason, message shown) for an exception from pysaml2 or djangosaml2."""
-    from saml2.response import SignatureError, StatusError, UnsolicitedResponse
+    from saml2.response import SignatureError, StatusError, UnsolicitedResponse, VerificationError
+    from saml2.sigver import MissingKey
     from saml2.validate import ResponseLifetimeExceed, ToEarly
 
     name = type(exc).__name__ if exc is not None else "unknown"
     if isinstance(exc, MetadataError):
         return str(exc), UNREACHABLE_MESSAGE
-    if isinstance(exc, SignatureError) or "signature" in str(exc).lower() \
-            or "signed" in str(exc).lower():
+    if isinstance(exc, SignatureError | MissingKey):
         return f"assertion signature missing or invalid ({name})", UNVERIFIED_MESSAGE
-    if isinstance(exc, ResponseLifetimeExceed | ToEarly):
-        return f"assertion outside its validity period ({name})", UNVERIFIED_MESSAGE
+    if isinstance(exc, ResponseLifetimeExceed | ToEarly | VerificationError):
+        # pysaml2's VerificationError is its "Condition not OK": validity times or audience.
+        return f"assertion conditions not met: validity period or audience ({name})", \
+            UNVERIFIED_MESSAGE
     if isinstance(exc, UnsolicitedResponse):
         return "response to no request of this session (unsolicited or replayed)", GENERIC_MESSAGE
     if isinstance(exc, StatusError):

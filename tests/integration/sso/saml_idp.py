@@ -2,7 +2,7 @@
 
 Runs as ``python -m tests.integration.sso.saml_idp PORT WORKDIR`` in its own process. It
 reads WORKDIR/control.json at every request (the SP metadata, the users, whether to sign
-the assertion) and counts what it served in WORKDIR/stats.json. pysaml2 does all the
+the assertion, the assertion lifetime) and counts what it served in WORKDIR/stats.json. pysaml2 does all the
 protocol work (parsing and verifying requests, building and signing responses with
 xmlsec1); this module only routes HTTP, keeps a login session and shows a password form.
 """
@@ -74,8 +74,9 @@ class IdP:
                     "single_sign_on_service": [(f"{self.base}/sso/redirect", BINDING_HTTP_REDIRECT)],
                     "single_logout_service": [(f"{self.base}/slo/redirect", BINDING_HTTP_REDIRECT)],
                 },
-                "policy": {"default": {"lifetime": {"minutes": 5}, "attribute_restrictions": None,
-                                       "name_form": NAME_FORMAT_URI}},
+                "policy": {"default": {
+                    "lifetime": {"minutes": control.get("lifetime_minutes", 5)},
+                    "attribute_restrictions": None, "name_form": NAME_FORMAT_URI}},
                 "name_id_format": [NAMEID_FORMAT_PERSISTENT],
                 "want_authn_requests_signed": True,
                 "sign_assertion": control.get("sign_assertion", True),

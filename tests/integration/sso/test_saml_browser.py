@@ -242,3 +242,18 @@ def test_a_replayed_assertion_is_refused(
     assert response.redirect_chain[-1][0] == "/login/" and "_auth_user_id" not in thief.session
     refused = AuditEvent.objects.get(action="auth.login_refused")
     assert refused.after["reason"].startswith("response to no request of this session")
+
+
+def test_an_expired_assertion_is_refused(
+        saml_on: str, saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
+    saml_idp.add_user("olga", "olga-pw", name_id="olga-0001", attributes={"uid": ["olga"]})
+    saml_idp.write(lifetime_minutes=-10)  # NotOnOrAfter 10 minutes ago, beyond the leeway
+    try:
+        url, html, _ = browser.run(saml_login, browser.new_page(), saml_on, "olga", "olga-pw")
+    finally:
+        saml_idp.control.pop("lifetime_minutes")
+        saml_idp.write()
+    assert url.startswith(f"{saml_on}/login/") and UNVERIFIED_MESSAGE in html.replace("&#x27;", "'")
+    assert not User.objects.filter(username="olga").exists()
+    reason = AuditEvent.objects.get(action="auth.login_refused").after["reason"]
+    assert reason.startswith("assertion conditions not met: validity period"), reason
