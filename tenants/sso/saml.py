@@ -40,6 +40,8 @@ from tenants.models import User
 from .services import group_role_mapping, sso_login_refused, sso_sync_memberships, sso_user_created
 
 logger = logging.getLogger(__name__)
+# pysaml2 loads its XML schemas per configuration; xmlschema says so at INFO every time.
+logging.getLogger("xmlschema").setLevel(logging.WARNING)
 
 GENERIC_MESSAGE = "Single sign-on (SAML) did not complete. Try again or ask a platform admin."
 UNVERIFIED_MESSAGE = (
