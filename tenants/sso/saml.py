@@ -42,6 +42,9 @@ from .services import group_role_mapping, sso_login_refused, sso_sync_membership
 logger = logging.getLogger(__name__)
 # pysaml2 loads its XML schemas per configuration; xmlschema says so at INFO every time.
 logging.getLogger("xmlschema").setLevel(logging.WARNING)
+# djangosaml2's warnings print the assertion's attributes (personal data) into the log;
+# Camp logs and audits each refusal itself, by reason.
+logging.getLogger("djangosaml2").setLevel(logging.ERROR)
 
 GENERIC_MESSAGE = "Single sign-on (SAML) did not complete. Try again or ask a platform admin."
 UNVERIFIED_MESSAGE = (
