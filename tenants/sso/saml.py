@@ -218,6 +218,8 @@ class CampSAMLBackend(Saml2Backend):
         if name_id.format == NAMEID_FORMAT_TRANSIENT:
             # A transient NameID changes at every login: it cannot identify an account.
             return self._refuse(request, hint, "NameID is transient; configure a persistent one")
+        if len(str(name_id.text)) > 255 or len(issuer) > 255:  # the columns' size
+            return self._refuse(request, hint, "NameID or IdP entity id longer than 255 characters")
         user, refusal = self._find_or_create(issuer, str(name_id.text), attributes)
         if refusal is not None:
             return self._refuse(request, *refusal)
