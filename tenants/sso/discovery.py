@@ -104,13 +104,16 @@ def endpoints(*, refresh: bool = False) -> ProviderEndpoints:
     values = {field: str(getattr(settings, name, "") or "") for field, name in _ENDPOINTS.items()}
     # Discovery only when a required endpoint is not set by hand; then the optional ones
     # (userinfo, end_session) come from it too, else only from their own settings.
-    if any(not values[f] for f in _REQUIRED):
+    # HS256 tokens are checked with the client secret: no JWKS needed.
+    required = _REQUIRED if not str(getattr(settings, "OIDC_RP_SIGN_ALGO", "")).startswith(
+        "HS") else _REQUIRED[:2]
+    if any(not values[f] for f in required):
         metadata = provider_metadata(refresh=refresh)
         for field in values:
             if not values[field]:
                 value = metadata.get(field)
                 values[field] = value if isinstance(value, str) else ""
-    missing = [f for f in _REQUIRED if not values[f]]
+    missing = [f for f in required if not values[f]]
     if missing:
         raise ProviderError(f"the provider publishes no {', '.join(missing)}")
     return ProviderEndpoints(**values)
