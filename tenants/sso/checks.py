@@ -11,7 +11,7 @@ import shutil
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 
 @register(Tags.security)
@@ -32,3 +32,21 @@ def saml_requirements(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
             hint="Install the Debian package xmlsec1 (apt-get install xmlsec1).",
             id="camp.E102"))
     return errors
+
+
+@register(Tags.security, deploy=True)
+def sso_urls_use_https(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Provider metadata fetched over plain HTTP could be swapped for an attacker's keys."""
+    warnings: list[CheckMessage] = []
+    checks = {
+        "SAML_IDP_METADATA_URL": getattr(settings, "SAML_ENABLED", False),
+        "OIDC_ISSUER": getattr(settings, "OIDC_ENABLED", False),
+    }
+    for name, enabled in checks.items():
+        value = str(getattr(settings, name, "") or "")
+        if enabled and value.startswith("http://"):
+            warnings.append(Warning(
+                f"{name} is a plain http:// URL: the provider's signing keys fetched from it "
+                "could be replaced in transit.", hint="Use the provider's https:// URL.",
+                id="camp.W103"))
+    return warnings

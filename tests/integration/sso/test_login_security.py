@@ -206,7 +206,7 @@ def test_saml_and_oidc_issuer_alone_are_enough_from_the_environment(tmp_path: An
         "https://camp.example.com/saml/metadata/", "http://schemas.xmlsoap.org/claims/Group", "''"]
 
 
-def test_check_deploy_is_clean_with_sso_on_and_names_a_missing_xmlsec1(tmp_path: Any) -> None:
+def test_check_deploy_is_clean_with_sso_on_and_names_what_is_wrong(tmp_path: Any) -> None:
     from .servers import self_signed
 
     key, cert = self_signed(tmp_path, "sp")
@@ -230,5 +230,7 @@ def test_check_deploy_is_clean_with_sso_on_and_names_a_missing_xmlsec1(tmp_path:
 
     done = check()
     assert done.returncode == 0, done.stdout + done.stderr
+    done = check(SAML_IDP_METADATA_URL="http://idp.example.com/metadata")
+    assert done.returncode != 0 and "camp.W103" in done.stderr and "SAML_IDP_METADATA_URL" in done.stderr
     done = check(SAML_XMLSEC_BINARY="xmlsec1-missing")
     assert done.returncode != 0 and "camp.E102" in done.stderr and "apt-get install xmlsec1" in done.stderr
