@@ -26,7 +26,13 @@ from django.contrib import auth, messages
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseForbidden,
+    HttpResponseRedirect,
+)
 from django.shortcuts import resolve_url
 from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import csrf_exempt
@@ -35,6 +41,7 @@ from djangosaml2.backends import Saml2Backend
 from saml2.config import SPConfig
 from saml2.saml import NAMEID_FORMAT_TRANSIENT
 
+from tenants.audit import audit_record
 from tenants.models import User
 
 from .services import group_role_mapping, sso_login_refused, sso_sync_memberships, sso_user_created
@@ -369,7 +376,45 @@ class SAMLLogoutInitView(_SAMLEnabledMixin, saml_views.LogoutInitView):
 
 @method_decorator(csrf_exempt, name="dispatch")
 class SAMLLogoutServiceView(_SAMLEnabledMixin, saml_views.LogoutView):
-    """The IdP's LogoutResponse to Camp's request, or its LogoutRequest (IdP-initiated)."""
+    """The IdP's LogoutResponse to Camp's request, or its LogoutRequest (IdP-initiated).
+
+    A LogoutRequest must be signed by the IdP: djangosaml2 does not ask pysaml2 to check
+    the signature of one sent with the HTTP-Redirect binding, so any page could otherwise
+    log a Camp user out by sending the browser to /saml/ls/.
+    """
+
+    def do_logout_service(self, request: HttpRequest, data: Any, binding: str, *args: Any,
+                          **kwargs: Any) -> HttpResponse:
+        if "SAMLRequest" in data and not self._signed_by_idp(request, data, binding):
+            logger.warning("SAML: unsigned or badly signed LogoutRequest refused")
+            audit_record(actor=None, actor_username="sso:saml", action="auth.logout_refused",
+                         target_repr=str(getattr(request.user, "username", ""))[:255],
+                         after={"source": "saml", "reason": "LogoutRequest not signed by the IdP"})
+            return HttpResponseForbidden("The logout request is not signed by the identity "
+                                         "provider; you are still logged in to Camp.")
+        response: HttpResponse = super().do_logout_service(request, data, binding, *args, **kwargs)
+        return response
+
+    def _signed_by_idp(self, request: HttpRequest, data: Any, binding: str) -> bool:
+        from saml2.sigver import verify_redirect_signature
+
+        _, client = self.get_state_client(request)
+        try:
+            # With the POST binding pysaml2 checks an enveloped signature when there is one.
+            parsed = client.parse_logout_request(data["SAMLRequest"], binding)
+        except Exception:  # noqa: BLE001 — malformed or badly signed: not from the IdP
+            return False
+        if parsed is None or parsed.message is None or parsed.message.issuer is None:
+            return False
+        if binding == saml2.BINDING_HTTP_POST:
+            return parsed.message.signature is not None
+        if not (data.get("Signature") and data.get("SigAlg")):
+            return False
+        signed = {k: data[k] for k in ("SAMLRequest", "RelayState", "SigAlg", "Signature")
+                  if k in data}
+        certs = client.metadata.certs(parsed.message.issuer.text, "any", "signing")
+        return any(verify_redirect_signature(signed, client.sec.sec_backend, cert)
+                   for _, cert in certs)
 
 
 class SAMLMetadataView(_SAMLEnabledMixin, saml_views.MetadataView):

@@ -201,8 +201,10 @@ class IdP:
             destination, sp_entity, name_id=NameID(
                 format=NAMEID_FORMAT_PERSISTENT, text=control["users"][username]["name_id"]),
             sign=False)
-        http = server.apply_binding(binding, str(request), destination, "", sign=True,
-                                    sigalg="http://www.w3.org/2001/04/xmldsig-more#rsa-sha256")
+        signed = query.get("unsigned") != "1"  # ?unsigned=1: what a forged request looks like
+        http = server.apply_binding(binding, str(request), destination, "", sign=signed,
+                                    sigalg="http://www.w3.org/2001/04/xmldsig-more#rsa-sha256"
+                                    if signed else None)
         return "303 See Other", [(k, v) for k, v in http["headers"]], b""
 
 

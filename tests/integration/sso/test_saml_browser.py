@@ -257,3 +257,22 @@ def test_an_expired_assertion_is_refused(
     assert not User.objects.filter(username="olga").exists()
     reason = AuditEvent.objects.get(action="auth.login_refused").after["reason"]
     assert reason.startswith("assertion conditions not met: validity period"), reason
+
+
+def test_an_unsigned_logout_request_does_not_end_the_camp_session(
+        saml_on: str, saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
+    saml_idp.add_user("lena", "lena-pw", name_id="lena-0001", attributes={"uid": ["lena"]})
+    page = browser.new_page()
+    _, html, _ = browser.run(saml_login, page, saml_on, "lena", "lena-pw")
+    assert "Log out" in html
+
+    def forged_logout() -> tuple[int, str]:
+        response = page.goto(f"{saml_idp.base}/slo/initiate?unsigned=1")
+        status = response.status
+        page.goto(f"{saml_on}/")
+        return status, page.content()
+
+    status, html = browser.run(forged_logout)
+    assert status == 403 and "Log out" in html  # still signed in
+    refused = AuditEvent.objects.get(action="auth.logout_refused")
+    assert refused.after == {"source": "saml", "reason": "LogoutRequest not signed by the IdP"}
