@@ -305,6 +305,7 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
         if a.node.name not in nodes:
             continue
         job = a.job
+        job.project.tenant = job.tenant  # str(job) names the tenant: no query per audit event
         jobs[str(job.pk)] = job
         eallocs.append(E.Allocation(
             job=str(job.pk), placement=pod_placement(a, access),
@@ -333,6 +334,7 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
     pending = []
     groups: dict[int, dict[str, PodGroup]] = {}
     for job in pending_rows:
+        job.project.tenant = job.tenant  # str(job) names the tenant: no query per audit event
         gs = list(job.groups.all())
         groups[job.pk] = {g.name: g for g in gs}
         jobs[str(job.pk)] = job
