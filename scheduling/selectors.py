@@ -348,8 +348,10 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
 
 
 def job_list(*, user: Any) -> QuerySet[Job]:
+    """The jobs ``user`` may see, newest first (an indexed order: ``Job.Meta.indexes``),
+    with what every list renders; the portal's jobs page and the API list both use it."""
     return restrict(Job.objects.all(), user).select_related(
-        "tenant", "project", "owner", "cluster", "preempted_by")
+        "tenant", "project__tenant", "owner", "cluster", "preempted_by").order_by("-submitted_at", "-id")
 
 
 def job_decisions(*, job: Job, limit: int = 50) -> list[SchedulingDecision]:

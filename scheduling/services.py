@@ -1018,7 +1018,9 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
             continue
         delta = _gpu_delta(inputs, placement)
         if any(pk in moved or not _fits(current[pk], totals[pk], d) for pk, d in delta.items()):
-            logger.warning("admission of job %s: its GPUs changed since the snapshot; it waits", job.pk)
+            # Moved: released or taken since the snapshot. Overfilled: the engine counted
+            # on room the database does not have yet (a preemption victim still holds it).
+            logger.warning("admission of job %s: its GPUs moved or are still held; it waits", job.pk)
             summary.conflicts.append(job.pk)
             taken.append(job)
             continue

@@ -192,6 +192,16 @@ def visible_jobs(context: Any, ids: Any) -> set[int]:
     return {i for i in wanted if cache[i]}
 
 
+class DecisionListSerializer(serializers.ListSerializer[SchedulingDecision]):
+    """Asks once per page which named jobs the reader may see."""
+
+    def to_representation(self, data: Any) -> list[Any]:
+        rows = list(data.all() if hasattr(data, "all") else data)
+        visible_jobs(self.context, [i for d in rows for i in (
+            d.preemptor_id, *[v for v in d.victims or [] if isinstance(v, int)])])
+        return super().to_representation(rows)
+
+
 class DecisionSerializer(serializers.ModelSerializer[SchedulingDecision]):
     """``preemptor`` and ``victims`` list only the jobs the reader may see."""
 
@@ -203,6 +213,7 @@ class DecisionSerializer(serializers.ModelSerializer[SchedulingDecision]):
         fields = ["id", "kind", "reason", "queue_position", "placement", "victims", "preemptor",
                   "created_at"]
         read_only_fields = fields
+        list_serializer_class = DecisionListSerializer
 
     def to_representation(self, instance: SchedulingDecision) -> dict[str, Any]:
         data = super().to_representation(instance)
@@ -215,6 +226,21 @@ class DecisionSerializer(serializers.ModelSerializer[SchedulingDecision]):
         if data.get("victims"):
             data["victims"] = [v for v in victims if v in seen]
         return data
+
+
+class JobListSerializer(serializers.ListSerializer[Job]):
+    """Asks once per page which preemptors and victims the reader may see, instead of once
+    per job."""
+
+    def to_representation(self, data: Any) -> list[Any]:
+        jobs = list(data.all() if hasattr(data, "all") else data)
+        ids: list[int | None] = []
+        for job in jobs:
+            ids.append(job.preempted_by_id)
+            for d in getattr(job, "latest_decisions", None) or []:
+                ids.extend([d.preemptor_id, *[v for v in d.victims or [] if isinstance(v, int)]])
+        visible_jobs(self.context, ids)
+        return super().to_representation(jobs)
 
 
 class JobSerializer(serializers.ModelSerializer[Job]):
@@ -239,6 +265,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
                             "queue_position", "queue_length", "preempted_by", "attempts",
                             "submitted_at", "admitted_at", "started_at", "finished_at"]
         validators: list[Any] = []
+        list_serializer_class = JobListSerializer
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -250,7 +277,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         setattr(self.fields["cluster"], "queryset", visible)  # noqa: B010
 
     def get_last_decision(self, job: Job) -> dict[str, Any] | None:
-        d = job.decisions.order_by("-id").first()
+        latest = getattr(job, "latest_decisions", None)  # prefetched by the list (one query)
+        d = latest[0] if latest else None if latest is not None else job.decisions.order_by("-id").first()
         return DecisionSerializer(d, context=self.context).data if d is not None else None
 
     def to_representation(self, instance: Job) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import actor_of
 
 from .. import selectors, services
-from ..models import Allocation, Cluster, GpuDevice, GpuSlice, Job, Node, NodePool
+from ..models import Allocation, Cluster, GpuDevice, GpuSlice, Job, Node, NodePool, SchedulingDecision
 from .serializers import (
     ClusterSerializer,
     DecisionSerializer,
@@ -165,12 +165,14 @@ class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveMo
     ordering_fields = ["submitted_at", "priority", "state", "queue_position"]
 
     def get_queryset(self) -> QuerySet[Any]:
-        return super().get_queryset().select_related(
-            "tenant", "project", "cluster", "owner").prefetch_related(
+        return selectors.job_list(user=self.request.user).prefetch_related(
             "groups",
             Prefetch("allocations", queryset=Allocation.objects.select_related("node", "group")
                      .prefetch_related(Prefetch("slices", queryset=GpuSlice.objects.select_related("gpu")))),
-        ).order_by("-submitted_at", "-id")
+            # the latest decision of each job on the page, in one query (a sliced prefetch)
+            Prefetch("decisions", queryset=SchedulingDecision.objects.order_by("-id")[:1],
+                     to_attr="latest_decisions"),
+        )
 
     def perform_create(self, serializer: Any) -> None:
         data = dict(serializer.validated_data)
