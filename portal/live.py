@@ -59,3 +59,19 @@ def job_changed(job_id: int) -> None:
             _send(job.project_id, job_payload(job))
 
     transaction.on_commit(push)
+
+
+def jobs_changed(job_ids: list[int]) -> None:
+    """``job_changed`` for many jobs (after a bulk write): one query once committed."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return
+
+    def push() -> None:
+        from scheduling.models import Job
+
+        for job in Job.objects.filter(pk__in=ids).only(
+                "pk", "project_id", "state", "reason", "queue_position", "queue_length"):
+            _send(job.project_id, job_payload(job))
+
+    transaction.on_commit(push)

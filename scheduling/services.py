@@ -101,6 +101,15 @@ def _require(actor: Any, action: str, obj: Any) -> None:
         raise PermissionDenied(f"You may not {action} this {obj._meta.verbose_name}.")
 
 
+def _record_all(decisions: list[SchedulingDecision]) -> None:
+    """Insert history rows in bulk and tell observers (live pages) which jobs changed."""
+    if not decisions:
+        return
+    SchedulingDecision.objects.bulk_create(decisions, batch_size=2000)
+    signals.decisions_recorded.send_robust(sender=SchedulingDecision,
+                                           job_ids=[d.job_id for d in decisions])
+
+
 def _record(job: Job, kind: str, reason: str = "", **extra: Any) -> SchedulingDecision:
     return SchedulingDecision.objects.create(
         job=job, cluster_id=job.cluster_id, kind=kind, reason=reason[:500], **extra
@@ -556,8 +565,7 @@ def _clean_group(n: int, data: dict[str, Any]) -> PodGroup:
     return group
 
 
-@transaction.atomic
-def job_submit(
+def _job_build(
     *,
     actor: User,
     project: Project,
@@ -570,8 +578,8 @@ def job_submit(
     checkpoint_capable: bool = False,
     gang: bool = True,
     duration_seconds: int | None = None,
-) -> Job:
-    """Queue a job (state QUEUED) and ask for a scheduling cycle after commit."""
+) -> tuple[Job, list[PodGroup]]:
+    """A validated, unsaved job and its pod groups (the rules of a submit, without writes)."""
     if priority_class not in PRIORITY_VALUES:
         raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PRIORITY_VALUES)}."]})
     if preemptible is None:
@@ -598,6 +606,39 @@ def job_submit(
         job.full_clean(exclude=["owner", "tenant", "project", "cluster"], validate_constraints=False)
     except ValidationError as exc:
         raise ValidationError(exc.message_dict) from exc
+    return job, rows
+
+
+def _job_submitted(actor: User, job: Job, rows: list[PodGroup]) -> SchedulingDecision:
+    """The history row and audit event of a submitted job (its rows saved); the decision
+    is returned unsaved so that bulk submits insert them together."""
+    _audit_job("job.submitted", job, actor=actor, after={
+        **snapshot(job, JOB_FIELDS), "groups": [snapshot(g, GROUP_FIELDS) for g in rows]})
+    return SchedulingDecision(job=job, cluster_id=job.cluster_id, kind=DecisionKind.SUBMITTED,
+                              reason="Queued; waiting for the next scheduling cycle")
+
+
+@transaction.atomic
+def job_submit(
+    *,
+    actor: User,
+    project: Project,
+    cluster: Cluster,
+    name: str,
+    groups: list[dict[str, Any]],
+    kind: str = "batch",
+    priority_class: str = PriorityClass.NORMAL,
+    preemptible: bool | None = None,
+    checkpoint_capable: bool = False,
+    gang: bool = True,
+    duration_seconds: int | None = None,
+) -> Job:
+    """Queue a job (state QUEUED) and ask for a scheduling cycle after commit (requests
+    coalesce per cluster: ``request_cycle``)."""
+    job, rows = _job_build(
+        actor=actor, project=project, cluster=cluster, name=name, groups=groups, kind=kind,
+        priority_class=priority_class, preemptible=preemptible,
+        checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds)
     try:
         with transaction.atomic():
             job.save()
@@ -605,12 +646,64 @@ def job_submit(
         raise ValidationError({"name": ["This project already has a job with this name."]}) from exc
     for g in rows:
         g.job = job
-        g.save()
-    _record(job, DecisionKind.SUBMITTED, "Queued; waiting for the next scheduling cycle")
-    _audit_job("job.submitted", job, actor=actor, after={
-        **snapshot(job, JOB_FIELDS), "groups": [snapshot(g, GROUP_FIELDS) for g in rows]})
+    PodGroup.objects.bulk_create(rows)
+    _job_submitted(actor, job, rows).save()
     request_cycle(cluster.pk)
     return job
+
+
+MAX_BULK_JOBS = 1000
+"""Jobs per bulk submit (a sweep larger than this is sent in several requests)."""
+
+
+def job_submit_many(*, actor: User, jobs: list[dict[str, Any]]) -> list[Job]:
+    """Queue many jobs at once, all or nothing (parameter sweeps).
+
+    Each item takes ``job_submit``'s arguments (without ``actor``) and is checked by the
+    same rules; every problem is reported, keyed ``jobs[<index>].<field>``, and then
+    nothing is written. Otherwise jobs, pod groups, decisions and audit events are
+    inserted in bulk in one transaction, and one cycle is requested per cluster."""
+    if not jobs:
+        raise ValidationError({"jobs": ["Submit at least one job."]})
+    if len(jobs) > MAX_BULK_JOBS:
+        raise ValidationError({"jobs": [f"At most {MAX_BULK_JOBS} jobs per request."]})
+    errors: dict[str, list[str]] = {}
+    built: list[tuple[Job, list[PodGroup]]] = []
+    seen: dict[tuple[int, str], int] = {}
+    for i, item in enumerate(jobs):
+        try:
+            job, rows = _job_build(actor=actor, **item)
+        except ValidationError as exc:
+            for field_name, msgs in exc.message_dict.items():
+                errors[f"jobs[{i}].{field_name}"] = list(msgs)
+            continue
+        key = (job.project_id, job.name)
+        if key in seen:
+            errors[f"jobs[{i}].name"] = [f"Also the name of jobs[{seen[key]}] in this project."]
+            continue
+        seen[key] = i
+        built.append((job, rows))
+    taken = set(Job.objects.filter(project_id__in={p for p, _ in seen}, name__in={n for _, n in seen})
+                .values_list("project_id", "name"))
+    for (project_id, name), i in seen.items():
+        if (project_id, name) in taken:
+            errors[f"jobs[{i}].name"] = ["This project already has a job with this name."]
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic(), audit_batch():
+        try:
+            with transaction.atomic():
+                Job.objects.bulk_create([job for job, _ in built], batch_size=500)
+        except IntegrityError as exc:  # a job of the same name committed meanwhile
+            raise ValidationError({"jobs": ["A job name was taken meanwhile; submit again."]}) from exc
+        for job, rows in built:
+            for g in rows:
+                g.job = job
+        PodGroup.objects.bulk_create([g for _, rows in built for g in rows], batch_size=500)
+        _record_all([_job_submitted(actor, job, rows) for job, rows in built])
+        for cluster_id in sorted({job.cluster_id for job, _ in built}):
+            request_cycle(cluster_id)
+    return [job for job, _ in built]
 
 
 def job_cancel(*, actor: User, job: Job) -> Job:
@@ -927,7 +1020,7 @@ def _wait_all(rows: list[_WaitRow]) -> None:
                                               queue_position=r.position))
         r.job.reason, r.job.reason_kind = reason, r.kind
         r.job.queue_position, r.job.queue_length = r.position, r.length
-    SchedulingDecision.objects.bulk_create(history, batch_size=2000)
+    _record_all(history)
 
 
 _VALUES_ROWS = 4000
@@ -1052,7 +1145,7 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
         _audit_job("job.admitted", job, after={"placement": pj, "borrowing": status.borrowing})
         job_dispatch.delay_on_commit(job.pk)
         summary.admitted.append(job.pk)
-    SchedulingDecision.objects.bulk_create(history, batch_size=2000)
+    _record_all(history)
     return taken
 
 

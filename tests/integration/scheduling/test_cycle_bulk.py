@@ -5,6 +5,7 @@ statements of a cycle do not grow with the number of jobs it admits."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -110,3 +111,30 @@ def test_idle_cycle_writes_no_job_and_no_decision(world: Any, sim_cluster: Any) 
     assert seen.writes("scheduling_job") == [] and seen.writes("scheduling_schedulingdecision") == []
     assert SchedulingDecision.objects.count() == before
     assert list(GpuDevice.objects.order_by("pk").values_list("memory_allocated_mib", "sharers")) == totals
+
+
+def test_bulk_written_decisions_reach_live_pages(world: Any, sim_cluster: Any, settings: Any,
+                                                  django_capture_on_commit_callbacks: Any) -> None:
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from portal.live import project_group
+
+    # this process's own layer: the Redis one is shared with parallel test runs
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    layer = get_channel_layer()
+    assert layer is not None
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(project_group(world.a.project.pk), channel)
+    jobs = [submit(world, sim_cluster, f"live-{i}", group={"gpu_count": 4}) for i in range(3)]
+    with django_capture_on_commit_callbacks(execute=True):
+        summary = services.cycle_run(cluster=sim_cluster)
+    assert summary is not None and len(summary.admitted) == 2 and len(summary.waiting) == 1
+    async def receive() -> Any:
+        return await asyncio.wait_for(layer.receive(channel), timeout=5)
+
+    pushed = {}
+    for _ in range(3):
+        message = async_to_sync(receive)()
+        pushed[message["job"]["id"]] = message["job"]["state"]
+    assert pushed == {jobs[0].pk: "starting", jobs[1].pk: "starting", jobs[2].pk: "queued"}
