@@ -1023,15 +1023,10 @@ def _wait_all(rows: list[_WaitRow]) -> None:
     _record_all(history)
 
 
-_VALUES_ROWS = 4000
-"""Rows per ``UPDATE … FROM (VALUES …)`` statement (PostgreSQL takes at most 65,535
-parameters per statement)."""
-
-
 def _update_from_values(model: type[models.Model], columns: list[tuple[str, str]],
                         rows: list[tuple[Any, ...]], *, where: tuple[str, Any] | None = None
                         ) -> set[int]:
-    """``UPDATE <table> SET col = v.col … FROM (VALUES (pk, …), …) v WHERE id = v.id`` and,
+    """``UPDATE <table> SET col = v.col … FROM unnest(<arrays>) v WHERE id = v.id`` and,
     if given, ``where`` (column, value): only rows whose column has that value; returns the
     primary keys updated. Hand-written because Django's ``bulk_update`` writes one CASE WHEN
     per row and column, can add no per-row guard and does not say which rows it changed.
@@ -1043,7 +1038,8 @@ def _update_from_values(model: type[models.Model], columns: list[tuple[str, str]
     pk = qn(str(model._meta.pk.column))  # type: ignore[union-attr]
     names = ", ".join(qn(c) for c, _ in columns)
     sets = ", ".join(f"{qn(c)} = v.{qn(c)}" for c, _ in columns)
-    cast = "(" + ", ".join(["%s::bigint", *(f"%s::{t}" for _, t in columns)]) + ")"
+    # One array per column: a handful of parameters whatever the number of rows.
+    arrays = ", ".join(["%s::bigint[]", *(f"%s::{t}[]" for _, t in columns)])
     guard = f" AND t.{qn(where[0])} = %s" if where else ""
     extra = [where[1]] if where else []
     done: set[int] = set()
@@ -1056,13 +1052,11 @@ def _update_from_values(model: type[models.Model], columns: list[tuple[str, str]
                 if cursor.rowcount:
                     done.add(row[0])
         return done
-    for i in range(0, len(rows), _VALUES_ROWS):
-        chunk = rows[i:i + _VALUES_ROWS]
-        sql = (f"UPDATE {table} AS t SET {sets} FROM (VALUES {', '.join([cast] * len(chunk))}) "  # noqa: S608
-               f"AS v(id, {names}) WHERE t.{pk} = v.id{guard} RETURNING t.{pk}")
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [x for row in chunk for x in row] + extra)
-            done.update(r[0] for r in cursor.fetchall())
+    sql = (f"UPDATE {table} AS t SET {sets} FROM unnest({arrays}) "  # noqa: S608
+           f"AS v(id, {names}) WHERE t.{pk} = v.id{guard} RETURNING t.{pk}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [list(col) for col in zip(*rows, strict=True)] + extra)
+        done.update(r[0] for r in cursor.fetchall())
     return done
 
 
