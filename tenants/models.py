@@ -267,6 +267,14 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        # The API's filters, newest first (tenant owners read their tenant's events).
+        indexes = [
+            models.Index(fields=["tenant", "-id"], name="audit_tenant_latest"),
+            models.Index(fields=["project", "-id"], name="audit_project_latest"),
+            models.Index(fields=["target_type", "target_id", "-id"], name="audit_target_latest"),
+            models.Index(fields=["actor_username", "-id"], name="audit_actor_latest"),
+            models.Index(fields=["request_id"], name="audit_request"),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.action} by {self.actor_username or 'system'}"
