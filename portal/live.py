@@ -59,3 +59,38 @@ def job_changed(job_id: int) -> None:
             _send(job.project_id, job_payload(job))
 
     transaction.on_commit(push)
+
+
+def jobs_changed(job_ids: list[int]) -> None:
+    """``job_changed`` for many jobs (after a bulk write, e.g. a scheduling cycle): one
+    task queued on commit pushes them all (``push_jobs``), so the writer — a cycle holding
+    its cluster's lock — does not wait on the channel layer."""
+    ids = sorted(set(job_ids))
+    if ids:
+        from .tasks import live_push_jobs
+
+        live_push_jobs.delay_on_commit(ids)
+
+
+def push_jobs(job_ids: list[int]) -> int:
+    """Send the committed state of ``job_ids`` to live pages: one query, one event loop
+    for every message (``async_to_sync`` per message costs a thread hand-off each)."""
+    from scheduling.models import Job
+
+    layer = get_channel_layer()
+    if layer is None:
+        return 0
+    jobs = list(Job.objects.filter(pk__in=job_ids).only(
+        "pk", "project_id", "state", "reason", "queue_position", "queue_length"))
+
+    async def send_all() -> None:
+        for job in jobs:
+            message = {"type": "job.update", "job": job_payload(job), "project_id": job.project_id}
+            for group in (project_group(job.project_id), ALL_GROUP):
+                await layer.group_send(group, message)
+
+    try:
+        async_to_sync(send_all)()
+    except Exception:  # a live page is a convenience: never fail because of it
+        logger.warning("could not push job updates to live pages", exc_info=True)
+    return len(jobs)

@@ -10,7 +10,7 @@ from django.dispatch import receiver
 from scheduling import signals
 from scheduling.models import Job, SchedulingDecision
 
-from .live import job_changed
+from .live import job_changed, jobs_changed
 from .models import CycleStat, DispatchError
 
 
@@ -25,6 +25,11 @@ def _decision_recorded(sender: Any, instance: SchedulingDecision, created: bool,
     # queryset.update() (which sends no post_save for the Job itself).
     if created:
         job_changed(instance.job_id)
+
+
+@receiver(signals.decisions_recorded)
+def _decisions_recorded_in_bulk(sender: Any, job_ids: list[int], **kwargs: Any) -> None:
+    jobs_changed(job_ids)
 
 
 @receiver(signals.cycle_finished)

@@ -19,3 +19,11 @@ def usage_sample_all() -> int:
         count += 1
     services.samples_prune(older_than=dt.timedelta(days=settings.USAGE_RETENTION_DAYS))
     return count
+
+
+@shared_task(ignore_result=True)
+def live_push_jobs(job_ids: list[int]) -> int:
+    """Push many jobs' new state to live pages (after a scheduling cycle or a bulk submit)."""
+    from .live import push_jobs
+
+    return push_jobs(job_ids)

@@ -286,7 +286,18 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
-        indexes = [models.Index(fields=["cluster", "state"], name="job_cluster_state")]
+        # The API's filters and its default order (newest first): first pages are index
+        # scans at 100,000 jobs (docs/BENCHMARKS.md).
+        indexes = [
+            models.Index(fields=["cluster", "state"], name="job_cluster_state"),
+            models.Index(fields=["-submitted_at", "-id"], name="job_newest"),
+            models.Index(fields=["project", "state", "-submitted_at", "-id"],
+                         name="job_project_state_newest"),
+            models.Index(fields=["project", "-submitted_at", "-id"], name="job_project_newest"),
+            models.Index(fields=["tenant", "-submitted_at", "-id"], name="job_tenant_newest"),
+            models.Index(fields=["state", "-submitted_at", "-id"], name="job_state_newest"),
+            models.Index(fields=["owner", "-submitted_at", "-id"], name="job_owner_newest"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["project", "name"], name="job_unique_name_in_project",
@@ -423,6 +434,7 @@ class SchedulingDecision(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        indexes = [models.Index(fields=["job", "-id"], name="decision_job_latest")]
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.kind}"

@@ -306,6 +306,7 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
         if a.node.name not in nodes:
             continue
         job = a.job
+        job.project.tenant = job.tenant  # str(job) names the tenant: no query per audit event
         jobs[str(job.pk)] = job
         eallocs.append(E.Allocation(
             job=str(job.pk), placement=pod_placement(a, access),
@@ -334,6 +335,7 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
     pending = []
     groups: dict[int, dict[str, PodGroup]] = {}
     for job in pending_rows:
+        job.project.tenant = job.tenant  # str(job) names the tenant: no query per audit event
         gs = list(job.groups.all())
         groups[job.pk] = {g.name: g for g in gs}
         jobs[str(job.pk)] = job
@@ -358,8 +360,10 @@ def project_namespace_name(*, cluster: Cluster, project: Any) -> str:
 
 
 def job_list(*, user: Any) -> QuerySet[Job]:
+    """The jobs ``user`` may see, newest first (an indexed order: ``Job.Meta.indexes``),
+    with what every list renders; the portal's jobs page and the API list both use it."""
     return restrict(Job.objects.all(), user).select_related(
-        "tenant", "project", "owner", "cluster", "preempted_by")
+        "tenant", "project__tenant", "owner", "cluster", "preempted_by").order_by("-submitted_at", "-id")
 
 
 def job_decisions(*, job: Job, limit: int = 50) -> list[SchedulingDecision]:

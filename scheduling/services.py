@@ -103,6 +103,15 @@ def _require(actor: Any, action: str, obj: Any) -> None:
         raise PermissionDenied(f"You may not {action} this {obj._meta.verbose_name}.")
 
 
+def _record_all(decisions: list[SchedulingDecision]) -> None:
+    """Insert history rows in bulk and tell observers (live pages) which jobs changed."""
+    if not decisions:
+        return
+    SchedulingDecision.objects.bulk_create(decisions, batch_size=2000)
+    signals.decisions_recorded.send_robust(sender=SchedulingDecision,
+                                           job_ids=[d.job_id for d in decisions])
+
+
 def _record(job: Job, kind: str, reason: str = "", **extra: Any) -> SchedulingDecision:
     return SchedulingDecision.objects.create(
         job=job, cluster_id=job.cluster_id, kind=kind, reason=reason[:500], **extra
@@ -594,8 +603,7 @@ def _clean_group(n: int, data: dict[str, Any]) -> PodGroup:
     return group
 
 
-@transaction.atomic
-def job_submit(
+def _job_build(
     *,
     actor: User,
     project: Project,
@@ -608,8 +616,8 @@ def job_submit(
     checkpoint_capable: bool = False,
     gang: bool = True,
     duration_seconds: int | None = None,
-) -> Job:
-    """Queue a job (state QUEUED) and ask for a scheduling cycle after commit."""
+) -> tuple[Job, list[PodGroup]]:
+    """A validated, unsaved job and its pod groups (the rules of a submit, without writes)."""
     if priority_class not in PRIORITY_VALUES:
         raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PRIORITY_VALUES)}."]})
     if preemptible is None:
@@ -636,6 +644,39 @@ def job_submit(
         job.full_clean(exclude=["owner", "tenant", "project", "cluster"], validate_constraints=False)
     except ValidationError as exc:
         raise ValidationError(exc.message_dict) from exc
+    return job, rows
+
+
+def _job_submitted(actor: User, job: Job, rows: list[PodGroup]) -> SchedulingDecision:
+    """The history row and audit event of a submitted job (its rows saved); the decision
+    is returned unsaved so that bulk submits insert them together."""
+    _audit_job("job.submitted", job, actor=actor, after={
+        **snapshot(job, JOB_FIELDS), "groups": [snapshot(g, GROUP_FIELDS) for g in rows]})
+    return SchedulingDecision(job=job, cluster_id=job.cluster_id, kind=DecisionKind.SUBMITTED,
+                              reason="Queued; waiting for the next scheduling cycle")
+
+
+@transaction.atomic
+def job_submit(
+    *,
+    actor: User,
+    project: Project,
+    cluster: Cluster,
+    name: str,
+    groups: list[dict[str, Any]],
+    kind: str = "batch",
+    priority_class: str = PriorityClass.NORMAL,
+    preemptible: bool | None = None,
+    checkpoint_capable: bool = False,
+    gang: bool = True,
+    duration_seconds: int | None = None,
+) -> Job:
+    """Queue a job (state QUEUED) and ask for a scheduling cycle after commit (requests
+    coalesce per cluster: ``request_cycle``)."""
+    job, rows = _job_build(
+        actor=actor, project=project, cluster=cluster, name=name, groups=groups, kind=kind,
+        priority_class=priority_class, preemptible=preemptible,
+        checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds)
     try:
         with transaction.atomic():
             job.save()
@@ -643,12 +684,64 @@ def job_submit(
         raise ValidationError({"name": ["This project already has a job with this name."]}) from exc
     for g in rows:
         g.job = job
-        g.save()
-    _record(job, DecisionKind.SUBMITTED, "Queued; waiting for the next scheduling cycle")
-    _audit_job("job.submitted", job, actor=actor, after={
-        **snapshot(job, JOB_FIELDS), "groups": [snapshot(g, GROUP_FIELDS) for g in rows]})
+    PodGroup.objects.bulk_create(rows)
+    _job_submitted(actor, job, rows).save()
     request_cycle(cluster.pk)
     return job
+
+
+MAX_BULK_JOBS = 1000
+"""Jobs per bulk submit (a sweep larger than this is sent in several requests)."""
+
+
+def job_submit_many(*, actor: User, jobs: list[dict[str, Any]]) -> list[Job]:
+    """Queue many jobs at once, all or nothing (parameter sweeps).
+
+    Each item takes ``job_submit``'s arguments (without ``actor``) and is checked by the
+    same rules; every problem is reported, keyed ``jobs[<index>].<field>``, and then
+    nothing is written. Otherwise jobs, pod groups, decisions and audit events are
+    inserted in bulk in one transaction, and one cycle is requested per cluster."""
+    if not jobs:
+        raise ValidationError({"jobs": ["Submit at least one job."]})
+    if len(jobs) > MAX_BULK_JOBS:
+        raise ValidationError({"jobs": [f"At most {MAX_BULK_JOBS} jobs per request."]})
+    errors: dict[str, list[str]] = {}
+    built: list[tuple[Job, list[PodGroup]]] = []
+    seen: dict[tuple[int, str], int] = {}
+    for i, item in enumerate(jobs):
+        try:
+            job, rows = _job_build(actor=actor, **item)
+        except ValidationError as exc:
+            for field_name, msgs in exc.message_dict.items():
+                errors[f"jobs[{i}].{field_name}"] = list(msgs)
+            continue
+        key = (job.project_id, job.name)
+        if key in seen:
+            errors[f"jobs[{i}].name"] = [f"Also the name of jobs[{seen[key]}] in this project."]
+            continue
+        seen[key] = i
+        built.append((job, rows))
+    taken = set(Job.objects.filter(project_id__in={p for p, _ in seen}, name__in={n for _, n in seen})
+                .values_list("project_id", "name"))
+    for (project_id, name), i in seen.items():
+        if (project_id, name) in taken:
+            errors[f"jobs[{i}].name"] = ["This project already has a job with this name."]
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic(), audit_batch():
+        try:
+            with transaction.atomic():
+                Job.objects.bulk_create([job for job, _ in built], batch_size=500)
+        except IntegrityError as exc:  # a job of the same name committed meanwhile
+            raise ValidationError({"jobs": ["A job name was taken meanwhile; submit again."]}) from exc
+        for job, rows in built:
+            for g in rows:
+                g.job = job
+        PodGroup.objects.bulk_create([g for _, rows in built for g in rows], batch_size=500)
+        _record_all([_job_submitted(actor, job, rows) for job, rows in built])
+        for cluster_id in sorted({job.cluster_id for job, _ in built}):
+            request_cycle(cluster_id)
+    return [job for job, _ in built]
 
 
 def job_cancel(*, actor: User, job: Job) -> Job:
@@ -754,13 +847,20 @@ def job_checkpoint_record(*, job: Job, path: str, actor: User | None = None) -> 
 def cycle_lock(cluster_id: int) -> Iterator[bool]:
     """One cycle per cluster at a time, across any number of workers.
 
-    PostgreSQL: a transaction-scoped advisory lock (released at commit, rollback or when
-    a killed worker's connection drops). SQLite (the demo): an exclusive file lock."""
+    PostgreSQL: a session-level advisory lock, released here (or when a killed worker's
+    connection drops), so that the cycle can read, decide and write in separate short
+    transactions. SQLite (the demo): an exclusive file lock."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [_CYCLE_LOCK_CLASS, cluster_id])
+            cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [_CYCLE_LOCK_CLASS, cluster_id])
             row = cursor.fetchone()
-        yield bool(row and row[0])
+        got = bool(row and row[0])
+        try:
+            yield got
+        finally:
+            if got:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_CYCLE_LOCK_CLASS, cluster_id])
         return
     lock_dir = settings.BASE_DIR / "var" / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
@@ -774,6 +874,19 @@ def cycle_lock(cluster_id: int) -> Iterator[bool]:
             yield True
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _consistent_read() -> Iterator[None]:
+    """A read-only transaction that sees one snapshot of the database (REPEATABLE READ on
+    PostgreSQL), so nodes, GPU totals, allocations and jobs agree with each other. Inside
+    an outer transaction (tests) the outer one's view is used."""
+    outer = connection.in_atomic_block
+    with transaction.atomic():
+        if connection.vendor == "postgresql" and not outer:
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield
 
 
 @dataclass
@@ -800,28 +913,18 @@ def engine_policy(name: str) -> E.Policy | None:
 def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | None:
     """One scheduling cycle of ``cluster``; None when another cycle holds the lock.
 
-    The snapshot, the engine's decisions and their persistence happen in one transaction
-    under the cluster's lock; pods are created after commit (``job_dispatch``)."""
+    Three steps under the cluster's lock, none of them long in a transaction: read a
+    consistent snapshot; let the engine decide (no transaction open); persist the decisions
+    in one short transaction with bulk statements and optimistic checks (``_apply``): a job
+    that left QUEUED meanwhile, or whose GPUs' totals moved since the snapshot, is not
+    admitted (it waits for the next cycle) while the rest of the cycle goes through. Pods
+    are created after commit (``job_dispatch``)."""
     started = time.perf_counter()
-    # audit_batch: the cycle's audit events are chained at its end (tenants/audit.py).
-    with transaction.atomic(), cycle_lock(cluster.pk) as got, audit_batch():
+    with cycle_lock(cluster.pk) as got:
         if not got:
             return None
-        inputs = selectors.cycle_inputs(cluster)
-        summary = CycleSummary()
-        if inputs.pending:
-            result = run_cycle(
-                inputs.snapshot, inputs.pending, inputs.tree,
-                now=now if now is not None else timezone.now().timestamp(),
-                running=inputs.running,
-                # Kueue-style heads of queues: a cycle tries the first N jobs of each project
-                # (the rest wait "behind" with their position); the task re-runs while it admits.
-                config=CycleConfig(heads_per_queue=settings.SCHEDULER_HEADS_PER_QUEUE or None),
-                policy=engine_policy(cluster.placement_policy),
-            )
-            for name, status in result.statuses.items():
-                _apply_status(inputs, inputs.jobs[name], status, summary)
-        Cluster.objects.filter(pk=cluster.pk).update(last_cycle_at=timezone.now())
+        inputs, statuses = _decide(cluster, now)
+        summary = _persist(cluster, inputs, statuses)
     signals.cycle_finished.send_robust(
         sender=Cluster, cluster_id=cluster.pk, seconds=time.perf_counter() - started,
         admitted=len(summary.admitted), waiting=len(summary.waiting),
@@ -830,63 +933,169 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
     return summary
 
 
-def _apply_status(inputs: selectors.CycleInputs, job: Job, status: JobStatus,
-                  summary: CycleSummary) -> None:
-    d = status.decision
-    if isinstance(d, (E.Admit, E.Preempt)) and _outside_pools(inputs, job, d.placement):
-        return
-    if isinstance(d, E.Admit):
-        if _admit(inputs, job, d.placement, status):
-            summary.admitted.append(job.pk)
-        else:
-            summary.conflicts.append(job.pk)
-    elif isinstance(d, E.Preempt):
-        victims = _preempt(inputs, job, d)
-        summary.preempting.append(job.pk)
-        summary.victims.extend(victims)
-    elif isinstance(d, E.Reject):
-        updated = Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
-            state=JobState.REJECTED, reason=d.reason[:500], reason_kind=status.kind,
-            queue_position=None, queue_length=None, finished_at=timezone.now(),
-        )
-        if updated:
-            job.state, job.reason = JobState.REJECTED, d.reason[:500]
-            _record(job, DecisionKind.REJECTED, d.reason)
-            _audit_job("job.rejected", job, after={"reason": d.reason})
-            summary.rejected.append(job.pk)
-    elif isinstance(d, E.Wait):
-        _wait(job, d.reason, status.kind, status.position, status.queue_length)
-        summary.waiting.append(job.pk)
+def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs, list[JobStatus]]:
+    """The snapshot (one consistent read) and the engine's decisions (no transaction open)."""
+    with _consistent_read():
+        inputs = selectors.cycle_inputs(cluster)
+    if not inputs.pending:
+        return inputs, []
+    result = run_cycle(
+        inputs.snapshot, inputs.pending, inputs.tree,
+        now=now if now is not None else timezone.now().timestamp(),
+        running=inputs.running,
+        # Kueue-style heads of queues: a cycle tries the first N jobs of each project
+        # (the rest wait "behind" with their position); the task re-runs while it admits.
+        config=CycleConfig(heads_per_queue=settings.SCHEDULER_HEADS_PER_QUEUE or None),
+        policy=engine_policy(cluster.placement_policy),
+    )
+    return inputs, list(result.statuses.values())
 
 
-def _outside_pools(inputs: selectors.CycleInputs, job: Job, placement: E.Placement) -> bool:
+def _persist(cluster: Cluster, inputs: selectors.CycleInputs, statuses: list[JobStatus]) -> CycleSummary:
+    """Write the decisions in one short transaction; audit events chained in one insert
+    at its end (``audit_batch``)."""
+    summary = CycleSummary()
+    with transaction.atomic(), audit_batch():
+        _apply(inputs, statuses, summary)
+        Cluster.objects.filter(pk=cluster.pk).update(last_cycle_at=timezone.now())
+    return summary
+
+
+CONFLICT_REASON = "Its placement was taken concurrently; retrying in the next cycle"
+
+
+def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: CycleSummary) -> None:
+    """Persist one cycle's decisions (inside the caller's transaction).
+
+    Admissions and waits are written in bulk (``_admit_all``, ``_wait_all``); preemptions
+    and rejections, a handful per cycle, job by job. The outcome is the one the row-by-row
+    path gave (tests/integration/scheduling/test_cycle_equivalence.py)."""
+    admits: list[tuple[Job, E.Placement, JobStatus]] = []
+    waits: list[_WaitRow] = []
+    for status in statuses:
+        job, d = inputs.jobs[status.job], status.decision
+        if isinstance(d, (E.Admit, E.Preempt)):
+            blocked = _outside_pools(inputs, job, d.placement)
+            if blocked:
+                waits.append(_WaitRow(job, blocked, "capacity", None, None))
+                continue
+        if isinstance(d, E.Admit):
+            admits.append((job, d.placement, status))
+        elif isinstance(d, E.Preempt):
+            victims = _preempt(inputs, job, d)
+            summary.preempting.append(job.pk)
+            summary.victims.extend(victims)
+        elif isinstance(d, E.Reject):
+            updated = Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+                state=JobState.REJECTED, reason=d.reason[:500], reason_kind=status.kind,
+                queue_position=None, queue_length=None, finished_at=timezone.now(),
+            )
+            if updated:
+                job.state, job.reason = JobState.REJECTED, d.reason[:500]
+                _record(job, DecisionKind.REJECTED, d.reason)
+                _audit_job("job.rejected", job, after={"reason": d.reason})
+                summary.rejected.append(job.pk)
+        elif isinstance(d, E.Wait):
+            waits.append(_WaitRow(job, d.reason, status.kind, status.position, status.queue_length))
+            summary.waiting.append(job.pk)
+    for job in _admit_all(inputs, admits, summary):
+        waits.append(_WaitRow(job, CONFLICT_REASON, "capacity", None, None))
+    _wait_all(waits)
+
+
+def _outside_pools(inputs: selectors.CycleInputs, job: Job, placement: E.Placement) -> str:
     """Backstop for dedicated pools: GPU pods are kept out by their model lists (see
     ``selectors.pool_model``); a pod without GPUs has no such list, so a placement that
-    puts one on a pool closed to the job's tenant is not persisted (the job waits)."""
+    puts one on a pool closed to the job's tenant is not persisted: the job waits, for the
+    reason returned (empty when the placement is allowed)."""
     forbidden = inputs.pools.forbidden_nodes(job.tenant_id)
     bad = sorted({pp.node for pp in placement.pods if pp.node in forbidden})
     if not bad:
-        return False
+        return ""
     pools = sorted({inputs.pools.node_pool[n] for n in bad})
-    _wait(job, f"The free room is in pool(s) dedicated to other tenants ({', '.join(pools)})",
-          "capacity", None, None)
-    return True
+    return f"The free room is in pool(s) dedicated to other tenants ({', '.join(pools)})"
+
+
+@dataclass(frozen=True, slots=True)
+class _WaitRow:
+    job: Job
+    reason: str
+    kind: str
+    position: int | None
+    length: int | None
 
 
 def _wait(job: Job, reason: str, kind: str, position: int | None, length: int | None) -> None:
-    reason = reason[:500]
-    if (job.reason, job.reason_kind, job.queue_position, job.queue_length) == (
-            reason, kind, position, length):
+    _wait_all([_WaitRow(job, reason, kind, position, length)])
+
+
+def _wait_all(rows: list[_WaitRow]) -> None:
+    """Record why jobs wait and where they stand. A job whose reason, kind, position and
+    queue length are unchanged costs nothing; the changed ones are one bulk update (guarded:
+    only jobs still QUEUED), and the history keeps one row per change of *why*, not per
+    change of position."""
+    changed: dict[int, tuple[_WaitRow, str]] = {}
+    for r in rows:
+        reason = r.reason[:500]
+        if (r.job.reason, r.job.reason_kind, r.job.queue_position, r.job.queue_length) == (
+                reason, r.kind, r.position, r.length):
+            continue
+        changed[r.job.pk] = (r, reason)  # a later row for the same job wins, as it did row by row
+    if not changed:
         return
-    updated = Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
-        reason=reason, reason_kind=kind, queue_position=position, queue_length=length)
-    if not updated:
-        return
-    # History keeps one row per change of *why*, not per change of position.
-    base_old = job.reason.split(" — ")[0]
-    base_new = reason.split(" — ")[0]
-    if base_old != base_new or job.reason_kind != kind:
-        _record(job, DecisionKind.WAITING, reason, queue_position=position)
+    updated = _update_from_values(
+        Job, [("reason", "varchar"), ("reason_kind", "varchar"), ("queue_position", "integer"),
+              ("queue_length", "integer")],
+        [(pk, reason, r.kind, r.position, r.length) for pk, (r, reason) in changed.items()],
+        where=("state", JobState.QUEUED.value),
+    )
+    history = []
+    for pk in sorted(updated):
+        r, reason = changed[pk]
+        if r.job.reason.split(" — ")[0] != reason.split(" — ")[0] or r.job.reason_kind != r.kind:
+            history.append(SchedulingDecision(job_id=pk, cluster_id=r.job.cluster_id,
+                                              kind=DecisionKind.WAITING, reason=reason,
+                                              queue_position=r.position))
+        r.job.reason, r.job.reason_kind = reason, r.kind
+        r.job.queue_position, r.job.queue_length = r.position, r.length
+    _record_all(history)
+
+
+def _update_from_values(model: type[models.Model], columns: list[tuple[str, str]],
+                        rows: list[tuple[Any, ...]], *, where: tuple[str, Any] | None = None
+                        ) -> set[int]:
+    """``UPDATE <table> SET col = v.col … FROM unnest(<arrays>) v WHERE id = v.id`` and,
+    if given, ``where`` (column, value): only rows whose column has that value; returns the
+    primary keys updated. Hand-written because Django's ``bulk_update`` writes one CASE WHEN
+    per row and column, can add no per-row guard and does not say which rows it changed.
+    Column names and types come from this module, never from input; values are parameters."""
+    if not rows:
+        return set()
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    pk = qn(str(model._meta.pk.column))  # type: ignore[union-attr]
+    names = ", ".join(qn(c) for c, _ in columns)
+    sets = ", ".join(f"{qn(c)} = v.{qn(c)}" for c, _ in columns)
+    # One array per column: a handful of parameters whatever the number of rows.
+    arrays = ", ".join(["%s::bigint[]", *(f"%s::{t}[]" for _, t in columns)])
+    guard = f" AND t.{qn(where[0])} = %s" if where else ""
+    extra = [where[1]] if where else []
+    done: set[int] = set()
+    if connection.vendor != "postgresql":  # the demo's SQLite: row by row, same guard
+        for row in rows:
+            with connection.cursor() as cursor:
+                assigns = ", ".join(f"{qn(c)} = %s" for c, _ in columns)
+                cursor.execute(f"UPDATE {table} AS t SET {assigns} WHERE t.{pk} = %s{guard}",  # noqa: S608
+                               [*row[1:], row[0], *extra])
+                if cursor.rowcount:
+                    done.add(row[0])
+        return done
+    sql = (f"UPDATE {table} AS t SET {sets} FROM unnest({arrays}) "  # noqa: S608
+           f"AS v(id, {names}) WHERE t.{pk} = v.id{guard} RETURNING t.{pk}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [list(col) for col in zip(*rows, strict=True)] + extra)
+        done.update(r[0] for r in cursor.fetchall())
+    return done
 
 
 def _placement_json(placement: E.Placement) -> list[dict[str, Any]]:
@@ -899,8 +1108,139 @@ def _placement_json(placement: E.Placement) -> list[dict[str, Any]]:
     ]
 
 
+def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placement, JobStatus]],
+               summary: CycleSummary) -> list[Job]:
+    """Persist the cycle's admissions in bulk; returns the jobs that must wait instead
+    because their placement was taken since the snapshot.
+
+    Optimistic, job by job in the engine's order: the admitted jobs' rows and the GPUs they
+    use are locked (ids in ascending order, as everywhere: no deadlock between cycles and
+    releases); a job no longer QUEUED (cancelled meanwhile) is skipped; a job using a GPU
+    whose totals moved since the snapshot, or that would overfill one (the CHECK
+    constraints' rules), waits; the others are written with one statement per table, still
+    guarded by the constraints. Should the database refuse the bulk write anyway, each job
+    is admitted on its own (``_admit``), as before."""
+    if not admits:
+        return []
+    queued = dict(Job.objects.select_for_update().filter(
+        pk__in=[job.pk for job, _, _ in admits], state=JobState.QUEUED).order_by("pk")
+        .values_list("pk", "attempts"))
+    used = {inputs.gpus[(pp.node, g.index)].pk: inputs.gpus[(pp.node, g.index)]
+            for _, placement, _ in admits for pp in placement.pods for g in pp.gpus}
+    current = {row[0]: row[1:] for row in GpuDevice.objects.select_for_update().filter(
+        pk__in=sorted(used)).order_by("pk").values_list(
+        "pk", "memory_allocated_mib", "cores_allocated", "sharers", "exclusive_held", "memory_mib",
+        "max_sharers")}
+    moved = {pk for pk, gpu in used.items() if current.get(pk) != (
+        gpu.memory_allocated_mib, gpu.cores_allocated, gpu.sharers, gpu.exclusive_held,
+        gpu.memory_mib, gpu.max_sharers)}
+    totals = {pk: list(row[:4]) for pk, row in current.items()}
+    accepted: list[tuple[Job, E.Placement, JobStatus]] = []
+    taken: list[Job] = []
+    for job, placement, status in admits:
+        if job.pk not in queued:
+            summary.conflicts.append(job.pk)  # cancelled meanwhile
+            continue
+        delta = _gpu_delta(inputs, placement)
+        if any(pk in moved or not _fits(current[pk], totals[pk], d) for pk, d in delta.items()):
+            # Moved: released or taken since the snapshot. Overfilled: the engine counted
+            # on room the database does not have yet (a preemption victim still holds it).
+            logger.warning("admission of job %s: its GPUs moved or are still held; it waits", job.pk)
+            summary.conflicts.append(job.pk)
+            taken.append(job)
+            continue
+        for pk, d in delta.items():
+            t = totals[pk]
+            t[0], t[1], t[2], t[3] = t[0] + d[0], t[1] + d[1], t[2] + d[2], t[3] or bool(d[3])
+        accepted.append((job, placement, status))
+    try:
+        with transaction.atomic():
+            _write_admissions(inputs, accepted, queued, {pk: totals[pk] for pk in sorted(
+                {pk for _, placement, _ in accepted for pk in _gpu_delta(inputs, placement)})})
+    except IntegrityError:
+        logger.warning("bulk admission refused by the database; admitting job by job")
+        for job, placement, status in accepted:
+            if _admit(inputs, job, placement, status):
+                summary.admitted.append(job.pk)
+            else:
+                summary.conflicts.append(job.pk)
+        return taken
+    from .tasks import job_dispatch
+
+    history = []
+    for job, placement, status in accepted:
+        pj = _placement_json(placement)
+        job.state = JobState.STARTING
+        history.append(SchedulingDecision(job=job, cluster_id=job.cluster_id,
+                                          kind=DecisionKind.ADMITTED,
+                                          reason=_admit_reason(placement)[:500], placement=pj))
+        _audit_job("job.admitted", job, after={"placement": pj, "borrowing": status.borrowing})
+        job_dispatch.delay_on_commit(job.pk)
+        summary.admitted.append(job.pk)
+    _record_all(history)
+    return taken
+
+
+def _gpu_delta(inputs: selectors.CycleInputs, placement: E.Placement) -> dict[int, list[int]]:
+    """GPU id → [memory MiB, cores %, slices, exclusive] that ``placement`` adds."""
+    delta: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for pp in placement.pods:
+        for g in pp.gpus:
+            d = delta[inputs.gpus[(pp.node, g.index)].pk]
+            d[0] += g.gpu_memory_mib
+            d[1] += g.gpu_cores_percent
+            d[2] += 1
+            d[3] = d[3] or int(g.exclusive)
+    return delta
+
+
+def _fits(row: tuple[Any, ...], total: list[Any], d: list[int]) -> bool:
+    """Whether adding ``d`` to a GPU's ``total`` keeps the CHECK constraints of GpuDevice
+    (``row`` holds its memory_mib and max_sharers at indices 4 and 5)."""
+    sharers = total[2] + d[2]
+    return (total[0] + d[0] <= row[4] and total[1] + d[1] <= 100 and sharers <= row[5]
+            and not ((total[3] or d[3]) and sharers > 1))
+
+
+def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E.Placement, JobStatus]],
+                      attempts: dict[int, int], totals: dict[int, list[Any]]) -> None:
+    """Jobs STARTING, their Allocation and GpuSlice rows, the GPUs' new totals: one
+    statement per table. (Rows locked by the caller: ``attempts`` are current.)"""
+    now = timezone.now()
+    # Admission times follow the engine's order (a microsecond apart), as they did when jobs
+    # were admitted one by one: preemption picks the most recently started victims first.
+    _update_from_values(
+        Job, [("state", "varchar"), ("admitted_at", "timestamptz"), ("reason", "varchar"),
+              ("reason_kind", "varchar"), ("queue_position", "integer"),
+              ("queue_length", "integer"), ("attempts", "integer")],
+        [(job.pk, JobState.STARTING.value, now + dt.timedelta(microseconds=i), "Admitted; creating pods",
+          status.kind, None, None, attempts[job.pk] + 1)
+         for i, (job, _, status) in enumerate(accepted)])
+    allocs: list[tuple[Allocation, E.PodPlacement]] = []
+    for job, placement, _ in accepted:
+        groups = inputs.groups[job.pk]
+        for pp in placement.pods:
+            group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
+            group = groups[group_name]
+            allocs.append((Allocation(
+                cluster_id=job.cluster_id, job=job, group=group, replica=int(replica),
+                pod_name=pod_name(job.name, job.pk, group.name, int(replica)),
+                node=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
+            ), pp))
+    Allocation.objects.bulk_create([a for a, _ in allocs], batch_size=2000)
+    GpuSlice.objects.bulk_create([
+        GpuSlice(allocation=a, gpu=inputs.gpus[(pp.node, g.index)], container=g.container,
+                 memory_mib=g.gpu_memory_mib, cores_percent=g.gpu_cores_percent, exclusive=g.exclusive)
+        for a, pp in allocs for g in pp.gpus], batch_size=2000)
+    # Refuses (IntegrityError) rather than over-allocate: the CHECK constraints.
+    _update_from_values(GpuDevice, [("memory_allocated_mib", "integer"), ("cores_allocated", "integer"),
+                                    ("sharers", "integer"), ("exclusive_held", "boolean")],
+                        [(pk, *t) for pk, t in totals.items()])
+
+
 def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, status: JobStatus) -> bool:
-    """Persist an admission: job STARTING, allocation rows, GPU totals. All or nothing."""
+    """Persist an admission: job STARTING, allocation rows, GPU totals. All or nothing.
+    The fallback of ``_admit_all``, one job at a time."""
     groups = inputs.groups[job.pk]
     now = timezone.now()
     try:

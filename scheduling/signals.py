@@ -6,3 +6,5 @@ from django.dispatch import Signal
 cycle_finished = Signal()
 # sent when creating a job's pods failed: cluster_id, job_id, message
 dispatch_failed = Signal()
+# sent after decisions were inserted in bulk (bulk inserts send no post_save): job_ids
+decisions_recorded = Signal()

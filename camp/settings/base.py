@@ -42,6 +42,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "tenants.middleware.RequestContextMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # The SAML session cookie (djangosaml2); does nothing unless SAML_ENABLED.
+    "tenants.sso.saml_middleware.SAMLSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

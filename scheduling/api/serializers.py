@@ -192,6 +192,16 @@ def visible_jobs(context: Any, ids: Any) -> set[int]:
     return {i for i in wanted if cache[i]}
 
 
+class DecisionListSerializer(serializers.ListSerializer[SchedulingDecision]):
+    """Asks once per page which named jobs the reader may see."""
+
+    def to_representation(self, data: Any) -> list[Any]:
+        rows = list(data.all() if hasattr(data, "all") else data)
+        visible_jobs(self.context, [i for d in rows for i in (
+            d.preemptor_id, *[v for v in d.victims or [] if isinstance(v, int)])])
+        return super().to_representation(rows)
+
+
 class DecisionSerializer(serializers.ModelSerializer[SchedulingDecision]):
     """``preemptor`` and ``victims`` list only the jobs the reader may see."""
 
@@ -203,6 +213,7 @@ class DecisionSerializer(serializers.ModelSerializer[SchedulingDecision]):
         fields = ["id", "kind", "reason", "queue_position", "placement", "victims", "preemptor",
                   "created_at"]
         read_only_fields = fields
+        list_serializer_class = DecisionListSerializer
 
     def to_representation(self, instance: SchedulingDecision) -> dict[str, Any]:
         data = super().to_representation(instance)
@@ -217,9 +228,35 @@ class DecisionSerializer(serializers.ModelSerializer[SchedulingDecision]):
         return data
 
 
+class JobListSerializer(serializers.ListSerializer[Job]):
+    """Asks once per page which preemptors and victims the reader may see, instead of once
+    per job."""
+
+    def to_representation(self, data: Any) -> list[Any]:
+        jobs = list(data.all() if hasattr(data, "all") else data)
+        ids: list[int | None] = []
+        for job in jobs:
+            ids.append(job.preempted_by_id)
+            for d in getattr(job, "latest_decisions", None) or []:
+                ids.extend([d.preemptor_id, *[v for v in d.victims or [] if isinstance(v, int)]])
+        visible_jobs(self.context, ids)
+        return super().to_representation(jobs)
+
+
+class VisibleClusterField(serializers.SlugRelatedField[Cluster]):
+    """An enabled cluster the user may see, by name (others read as "does not exist").
+    Decided per request, so it also works for the items of a list (bulk submit)."""
+
+    def get_queryset(self) -> Any:
+        from tenants.permissions import restrict
+
+        request = self.context.get("request")
+        return restrict(Cluster.objects.filter(enabled=True), request.user if request else None)
+
+
 class JobSerializer(serializers.ModelSerializer[Job]):
     project = VisiblePKField(queryset=Project.objects.all())
-    cluster = serializers.SlugRelatedField(slug_field="name", queryset=Cluster.objects.all())
+    cluster = VisibleClusterField(slug_field="name", queryset=Cluster.objects.all())
     tenant = serializers.CharField(source="tenant.name", read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True, default=None)
     priority_class = serializers.ChoiceField(choices=PriorityClass.choices, default="normal")
@@ -239,18 +276,11 @@ class JobSerializer(serializers.ModelSerializer[Job]):
                             "queue_position", "queue_length", "preempted_by", "attempts",
                             "submitted_at", "admitted_at", "started_at", "finished_at"]
         validators: list[Any] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        from tenants.permissions import restrict
-
-        request = self.context.get("request")
-        # Only clusters the user may see (others read as "does not exist").
-        visible = restrict(Cluster.objects.filter(enabled=True), request.user if request else None)
-        setattr(self.fields["cluster"], "queryset", visible)  # noqa: B010
+        list_serializer_class = JobListSerializer
 
     def get_last_decision(self, job: Job) -> dict[str, Any] | None:
-        d = job.decisions.order_by("-id").first()
+        latest = getattr(job, "latest_decisions", None)  # prefetched by the list (one query)
+        d = latest[0] if latest else None if latest is not None else job.decisions.order_by("-id").first()
         return DecisionSerializer(d, context=self.context).data if d is not None else None
 
     def to_representation(self, instance: Job) -> dict[str, Any]:
@@ -259,3 +289,41 @@ class JobSerializer(serializers.ModelSerializer[Job]):
                 self.context, [instance.preempted_by_id]):
             data["preempted_by"] = None  # another project's or tenant's job is not named
         return data
+
+
+class JobBulkSerializer(serializers.Serializer[Any]):
+    """A bulk submit: the jobs, each as for ``POST /jobs/``."""
+
+    jobs = JobSerializer(many=True)
+
+
+class JobBriefSerializer(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    project = serializers.IntegerField(source="project_id")
+    state = serializers.CharField()
+
+
+class JobBulkResultSerializer(serializers.Serializer[Any]):
+    count = serializers.IntegerField()
+    jobs = JobBriefSerializer(many=True)
+
+
+def flat_errors(errors: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested errors as ``{"jobs[3].groups[0].gpu_count": [...]}``, the way services
+    name fields, so one item's problem is named whichever layer found it."""
+    out: dict[str, list[str]] = {}
+    if isinstance(errors, dict):
+        for key, value in errors.items():
+            if isinstance(key, int):  # a list's errors by item index
+                name = f"{prefix}[{key}]"
+            else:
+                name = f"{prefix}.{key}" if prefix else str(key)
+            out.update(flat_errors(value, name))
+    elif isinstance(errors, list) and all(isinstance(e, str) for e in errors):
+        if errors:
+            out[prefix or "non_field_errors"] = [str(e) for e in errors]
+    elif isinstance(errors, list):
+        for i, value in enumerate(errors):
+            out.update(flat_errors(value, f"{prefix}[{i}]"))
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -44,9 +45,15 @@ class IdempotentCreateMixin:
     idempotency_redact: tuple[str, ...] = ()
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return self.idempotent(request, lambda: super(IdempotentCreateMixin, self).create(  # type: ignore[misc]
+            request, *args, **kwargs))
+
+    def idempotent(self, request: Request, produce: Callable[[], Response]) -> Response:
+        """``produce()``'s response, stored under the request's Idempotency-Key (if any)
+        in the same transaction; a retry gets it back (for creates and bulk actions)."""
         key = request.headers.get(HEADER)
         if not key:
-            return super().create(request, *args, **kwargs)  # type: ignore[misc]
+            return produce()
         if len(key) > MAX_KEY_LENGTH:
             return Response({HEADER: [f"At most {MAX_KEY_LENGTH} characters."]},
                             status=status.HTTP_400_BAD_REQUEST)
@@ -59,7 +66,7 @@ class IdempotentCreateMixin:
             return self._replay(previous, fingerprint)
         try:
             with transaction.atomic():
-                response = super().create(request, *args, **kwargs)  # type: ignore[misc]
+                response = produce()
                 if status.is_success(response.status_code):
                     IdempotencyRecord.objects.create(
                         user=actor_of(request), endpoint=endpoint, key=key, fingerprint=fingerprint,
