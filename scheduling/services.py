@@ -1209,12 +1209,17 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
     now = timezone.now()
     # Admission times follow the engine's order (a microsecond apart), as they did when jobs
     # were admitted one by one: preemption picks the most recently started victims first.
+    namespaces: dict[int, str] = {}  # project id → its namespace (stored on first use)
+    for job, _, _ in accepted:
+        if job.project_id not in namespaces:
+            namespaces[job.project_id] = project_namespace_ensure(
+                cluster=inputs.cluster or job.cluster, project=job.project)
     _update_from_values(
         Job, [("state", "varchar"), ("admitted_at", "timestamptz"), ("reason", "varchar"),
               ("reason_kind", "varchar"), ("queue_position", "integer"),
-              ("queue_length", "integer"), ("attempts", "integer")],
+              ("queue_length", "integer"), ("attempts", "integer"), ("namespace", "varchar")],
         [(job.pk, JobState.STARTING.value, now + dt.timedelta(microseconds=i), "Admitted; creating pods",
-          status.kind, None, None, attempts[job.pk] + 1)
+          status.kind, None, None, attempts[job.pk] + 1, namespaces[job.project_id])
          for i, (job, _, status) in enumerate(accepted)])
     allocs: list[tuple[Allocation, E.PodPlacement]] = []
     for job, placement, _ in accepted:

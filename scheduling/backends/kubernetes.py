@@ -595,6 +595,12 @@ def access_problems(cluster: Cluster) -> dict[str, str]:
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         return {"api_server": f"The API server at {host} does not answer ({_reason(exc)})."}
     except ApiException as exc:
+        if exc.status == 0:  # the client's wrapping of a connection or TLS failure
+            text = str(exc.reason or "")
+            if "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
+                return {"api_server": f"The API server at {host} answered, but its TLS certificate "
+                                      f"could not be verified; give the cluster's CA certificate."}
+            return {"api_server": f"The API server at {host} does not answer ({_reason(exc)})."}
         if exc.status == 401:
             return {"credentials": "The API server refused the credentials (401 Unauthorized): "
                                    "the token is wrong or has expired."}
