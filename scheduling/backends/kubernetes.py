@@ -546,6 +546,11 @@ def _pod_status(p: Any) -> PodStatus:
 
 
 def _describe(exc: ApiException) -> str:
+    if not exc.status:  # the client's wrapping of a TLS or connection failure: no answer
+        text = str(exc.reason or "")
+        if "CERTIFICATE_VERIFY_FAILED" in text:
+            return "The API server's TLS certificate could not be verified (wrong or missing CA certificate)"
+        return f"Kubernetes API unreachable ({text.splitlines()[0][:200] if text else 'no answer'})"
     try:
         message = json.loads(exc.body or "{}").get("message", "")
     except (ValueError, AttributeError):
