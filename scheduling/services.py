@@ -1207,14 +1207,20 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
     """Jobs STARTING, their Allocation and GpuSlice rows, the GPUs' new totals: one
     statement per table. (Rows locked by the caller: ``attempts`` are current.)"""
     now = timezone.now()
+    # Each job records its project's namespace at admission (one lookup per project).
+    namespaces: dict[int, str] = {}
+    for job, _, _ in accepted:
+        if job.project_id not in namespaces:
+            namespaces[job.project_id] = project_namespace_ensure(
+                cluster=inputs.cluster or job.cluster, project=job.project)
     # Admission times follow the engine's order (a microsecond apart), as they did when jobs
     # were admitted one by one: preemption picks the most recently started victims first.
     _update_from_values(
         Job, [("state", "varchar"), ("admitted_at", "timestamptz"), ("reason", "varchar"),
               ("reason_kind", "varchar"), ("queue_position", "integer"),
-              ("queue_length", "integer"), ("attempts", "integer")],
+              ("queue_length", "integer"), ("attempts", "integer"), ("namespace", "varchar")],
         [(job.pk, JobState.STARTING.value, now + dt.timedelta(microseconds=i), "Admitted; creating pods",
-          status.kind, None, None, attempts[job.pk] + 1)
+          status.kind, None, None, attempts[job.pk] + 1, namespaces[job.project_id])
          for i, (job, _, status) in enumerate(accepted)])
     allocs: list[tuple[Allocation, E.PodPlacement]] = []
     for job, placement, _ in accepted:
