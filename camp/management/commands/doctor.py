@@ -78,7 +78,7 @@ class Command(BaseCommand):
                 # Listing nodes is what inventory sync does first: it proves address, TLS,
                 # credentials and RBAC at once.
                 backend.core.list_node(limit=1, _request_timeout=timeout)
-            except BackendError as exc:
+            except (BackendError, ValueError) as exc:  # ValueError: credentials undecryptable
                 problems.append((f"cluster {cluster.name}", str(exc)))
             except Exception as exc:  # noqa: BLE001 - urllib3/ApiException/TLS: all "unreachable"
                 status = getattr(exc, "status", None)
