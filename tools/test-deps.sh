@@ -48,14 +48,14 @@ fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$check_only" = 1 ] || [ "$(id -u)" != 0 ]; then
     echo "The test suite needs these Debian packages, which are missing:" >&2
-    echo "  apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
     echo "(run that as root, or run 'make test' as root and it installs them)" >&2
     exit 1
   fi
   echo "test-deps: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq </dev/null
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
+  apt-get install -y -qq "${missing[@]}" </dev/null >/dev/null
 fi
 
 # PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 (DATABASE_URL / REDIS_URL point
