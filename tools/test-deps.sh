@@ -41,6 +41,7 @@ if command -v "$PYTHON" >/dev/null 2>&1; then
   if ! "$PYTHON" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
     missing+=(python3.11-dev)
   fi
+  "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3.11-venv)
 else
   missing+=(python3.11 python3.11-venv python3.11-dev)
 fi
