@@ -1207,6 +1207,12 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
     """Jobs STARTING, their Allocation and GpuSlice rows, the GPUs' new totals: one
     statement per table. (Rows locked by the caller: ``attempts`` are current.)"""
     now = timezone.now()
+    # Each job records its project's namespace at admission (one lookup per project).
+    namespaces: dict[int, str] = {}
+    for job, _, _ in accepted:
+        if job.project_id not in namespaces:
+            namespaces[job.project_id] = project_namespace_ensure(
+                cluster=inputs.cluster or job.cluster, project=job.project)
     # Admission times follow the engine's order (a microsecond apart), as they did when jobs
     # were admitted one by one: preemption picks the most recently started victims first.
     namespaces: dict[int, str] = {}  # project id → its namespace (stored on first use)

@@ -8,6 +8,7 @@ deployment would. No models are imported here.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 AXES_BACKEND = "axes.backends.AxesStandaloneBackend"
@@ -26,6 +27,18 @@ SIGN_ALGOS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES
               "HS256")
 
 
+LDAP_EXTRA_HINT = (
+    "LDAP_ENABLED is true but the LDAP extra is not installed: "
+    "pip install -r requirements-ldap.txt (python-ldap builds from source and needs "
+    "gcc, libldap2-dev and libsasl2-dev; the container image includes it)"
+)
+
+
+def ldap_extra_installed() -> bool:
+    """django-auth-ldap and python-ldap are an optional extra (requirements-ldap.txt)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("ldap", "django_auth_ldap"))
+
+
 class AuthConfigError(ValueError):
     """A setting is missing or wrong; the message names the environment variable."""
 
@@ -38,7 +51,7 @@ def authentication_backends(*, local: bool, ldap: bool, oidc: bool,
     backends = [AXES_BACKEND]
     if local:
         backends.append(LOCAL_BACKEND)
-    if ldap:
+    if ldap and ldap_extra_installed():  # else the system check camp.E001 stops start-up
         backends.append(LDAP_BACKEND)
     if oidc:
         backends.append(OIDC_BACKEND)
@@ -136,9 +149,6 @@ def ldap_settings(
     """django-auth-ldap settings: bind with a service account, search the user, read groups."""
     if not enabled:
         return {"LDAP_ENABLED": False, "LDAP_GROUP_SOURCE": "none"}
-    import ldap
-    from django_auth_ldap import config as c
-
     missing = [n for n, v in {"LDAP_SERVER_URI": server_uri,
                                "LDAP_USER_SEARCH_BASE": user_search_base}.items() if not v]
     if group_type not in LDAP_GROUP_TYPES:
@@ -150,6 +160,12 @@ def ldap_settings(
         raise AuthConfigError(f"LDAP_ENABLED is true but {', '.join(missing)} is not set")
     if "%(user)s" not in user_filter:
         raise AuthConfigError("LDAP_USER_FILTER must contain %(user)s")
+    if not ldap_extra_installed():
+        # The settings still load so that `manage.py doctor` and the system check
+        # (camp/checks.py) can say what is missing; the web process refuses to start.
+        return {"LDAP_ENABLED": True, "LDAP_EXTRA_MISSING": True, "LDAP_GROUP_SOURCE": "none"}
+    import ldap
+    from django_auth_ldap import config as c
 
     options: dict[Any, Any] = {
         ldap.OPT_REFERRALS: 0,  # Active Directory: do not chase referrals anonymously
