@@ -1215,11 +1215,6 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
                 cluster=inputs.cluster or job.cluster, project=job.project)
     # Admission times follow the engine's order (a microsecond apart), as they did when jobs
     # were admitted one by one: preemption picks the most recently started victims first.
-    namespaces: dict[int, str] = {}  # project id → its namespace (stored on first use)
-    for job, _, _ in accepted:
-        if job.project_id not in namespaces:
-            namespaces[job.project_id] = project_namespace_ensure(
-                cluster=inputs.cluster or job.cluster, project=job.project)
     _update_from_values(
         Job, [("state", "varchar"), ("admitted_at", "timestamptz"), ("reason", "varchar"),
               ("reason_kind", "varchar"), ("queue_position", "integer"),
