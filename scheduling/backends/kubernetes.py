@@ -571,7 +571,7 @@ REQUIRED_ACCESS: tuple[tuple[str, str, str], ...] = (
     *((v, "", "services") for v in ("list", "create", "delete")),
     *((v, "", "secrets") for v in ("create", "patch", "delete")),
     *((v, "", "persistentvolumeclaims") for v in ("create", "delete")),
-    *((v, "networking.k8s.io", "ingresses") for v in ("create", "delete")),
+    *((v, "networking.k8s.io", "ingresses") for v in ("list", "create", "delete")),
 )
 CHECK_TIMEOUT_SECONDS = 5
 
@@ -634,7 +634,8 @@ def access_problems(cluster: Cluster) -> dict[str, str]:
             denied.append(f"{verb} {resource}" + (f" ({group})" if group else ""))
     if denied:
         return {"credentials": "These credentials may not " + ", ".join(denied)
-                               + ": grant Camp's ClusterRole (docs/KUBERNETES.md)."}
+                               + ": grant Camp's ClusterRole (docs/ARCHITECTURE.md, "
+                               "\"Registering a Kubernetes cluster\")."}
     return {}
 
 

@@ -102,7 +102,7 @@ def test_registration_names_the_missing_permissions_then_accepts_camps_role(
         assert r.status_code == 400 and list(r.json()) == ["credentials"], r.content
         message = r.json()["credentials"][0]
         assert message.startswith("These credentials may not get nodes, list nodes")
-        assert "create pods/binding" in message and "docs/KUBERNETES.md" in message
+        assert "create pods/binding" in message and "ClusterRole" in message
         _grant_camp_role(kube, sa)
         r = wait_until(lambda: (lambda x: x if x.status_code == 201 else None)(_register(
             world, api_server=kube.server.host, token=token, ca_cert=kube.server.ca_pem)),
@@ -241,3 +241,20 @@ def test_the_watcher_applies_a_pod_deletion_to_the_gang(world: Any, kube: Any) -
     assert job.state == JobState.PREEMPTING and lost in job.reason
     cluster.refresh_from_db()
     assert cluster.watch_last_event_at is not None and not cluster.watch_failing
+
+
+def test_the_documented_cluster_role_is_what_registration_checks() -> None:
+    """docs/ARCHITECTURE.md's ClusterRole grants exactly ``REQUIRED_ACCESS``."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "ARCHITECTURE.md").read_text()
+    block = re.search(r"```yaml\n(apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole.*?)```",
+                      text, re.S)
+    assert block is not None
+    role = yaml.safe_load(block.group(1))
+    granted = {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted == set(REQUIRED_ACCESS)
