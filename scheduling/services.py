@@ -1408,7 +1408,11 @@ def project_namespace_ensure(*, cluster: Cluster, project: Project) -> str:
         name = base if n == 0 else namespace_name(cluster.namespace_prefix, project.pk, f"{n}")
         try:
             with transaction.atomic():
-                return ProjectNamespace.objects.create(cluster=cluster, project=project, name=name).name
+                row = ProjectNamespace.objects.create(cluster=cluster, project=project, name=name)
+                audit_record(actor=None, actor_username=SCHEDULER, action="namespace.assigned",
+                             target=row, tenant=project.tenant, project=project,
+                             after={"cluster": cluster.name, "namespace": name})
+                return row.name
         except IntegrityError:
             row = ProjectNamespace.objects.filter(cluster=cluster, project=project).first()
             if row is not None:  # created concurrently for this project

@@ -546,6 +546,11 @@ def _pod_status(p: Any) -> PodStatus:
 
 
 def _describe(exc: ApiException) -> str:
+    if not exc.status:  # the client's wrapping of a TLS or connection failure: no answer
+        text = str(exc.reason or "")
+        if "CERTIFICATE_VERIFY_FAILED" in text:
+            return "The API server's TLS certificate could not be verified (wrong or missing CA certificate)"
+        return f"Kubernetes API unreachable ({text.splitlines()[0][:200] if text else 'no answer'})"
     try:
         message = json.loads(exc.body or "{}").get("message", "")
     except (ValueError, AttributeError):
@@ -566,7 +571,7 @@ REQUIRED_ACCESS: tuple[tuple[str, str, str], ...] = (
     *((v, "", "services") for v in ("list", "create", "delete")),
     *((v, "", "secrets") for v in ("create", "patch", "delete")),
     *((v, "", "persistentvolumeclaims") for v in ("create", "delete")),
-    *((v, "networking.k8s.io", "ingresses") for v in ("create", "delete")),
+    *((v, "networking.k8s.io", "ingresses") for v in ("list", "create", "delete")),
 )
 CHECK_TIMEOUT_SECONDS = 5
 
@@ -595,6 +600,12 @@ def access_problems(cluster: Cluster) -> dict[str, str]:
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         return {"api_server": f"The API server at {host} does not answer ({_reason(exc)})."}
     except ApiException as exc:
+        if exc.status == 0:  # the client's wrapping of a connection or TLS failure
+            text = str(exc.reason or "")
+            if "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
+                return {"api_server": f"The API server at {host} answered, but its TLS certificate "
+                                      f"could not be verified; give the cluster's CA certificate."}
+            return {"api_server": f"The API server at {host} does not answer ({_reason(exc)})."}
         if exc.status == 401:
             return {"credentials": "The API server refused the credentials (401 Unauthorized): "
                                    "the token is wrong or has expired."}
@@ -623,7 +634,8 @@ def access_problems(cluster: Cluster) -> dict[str, str]:
             denied.append(f"{verb} {resource}" + (f" ({group})" if group else ""))
     if denied:
         return {"credentials": "These credentials may not " + ", ".join(denied)
-                               + ": grant Camp's ClusterRole (docs/KUBERNETES.md)."}
+                               + ": grant Camp's ClusterRole (docs/ARCHITECTURE.md, "
+                               "\"Registering a Kubernetes cluster\")."}
     return {}
 
 

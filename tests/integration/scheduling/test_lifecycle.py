@@ -218,3 +218,35 @@ def test_pod_status_of_an_unknown_pod_is_ignored(sim_cluster: Any) -> None:
     stray = PodStatus(name="stray", namespace="x", phase="Running", labels={})
     assert services.pod_event_apply(cluster=sim_cluster, pod_name="stray",
                                     pods={"stray": stray}) == "ignored"
+
+
+# --- bug 4: a job held back by its own project's limit preempts that project's batch jobs ------
+
+
+def test_an_urgent_job_held_by_its_projects_limit_preempts_its_batch_jobs(
+        world: Any, sim_cluster: Any) -> None:
+    from decimal import Decimal
+
+    from tenants import services as tenant_services
+
+    tenant_services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
+                              values={"gpus_limit": Decimal(2)})
+    batch = submit(world, sim_cluster, "batch", priority_class="batch", group={"gpu_count": 2})
+    services.cycle_run(cluster=sim_cluster)
+    assert services.job_dispatch(job_id=batch.pk) == "created"
+    services.cluster_reconcile(cluster=sim_cluster)
+    urgent = submit(world, sim_cluster, "urgent", priority_class="high", group={"gpu_count": 2})
+    services.cycle_run(cluster=sim_cluster)
+    batch.refresh_from_db()
+    urgent.refresh_from_db()
+    assert batch.state == JobState.PREEMPTING
+    assert batch.reason == f"Preempted by job urgent (#{urgent.pk}, priority high)"
+    assert urgent.state == JobState.QUEUED and urgent.reason.startswith("Preempting 1 job(s)")
+    services.job_stop(job_id=batch.pk)
+    services.cycle_run(cluster=sim_cluster)
+    urgent.refresh_from_db()
+    batch.refresh_from_db()
+    assert urgent.state == JobState.STARTING and batch.state == JobState.QUEUED
+    from tenants.models import AuditEvent
+
+    assert AuditEvent.objects.filter(action="job.preempted", target_id=str(batch.pk)).exists()

@@ -41,6 +41,11 @@ def test_projects_whose_names_join_alike_get_different_namespaces(world: Any, si
     assert (one, two) == (f"camp-p{first.pk}-ml-x", f"camp-p{second.pk}-x")
     # Stable: asked again, the stored name.
     assert services.project_namespace_ensure(cluster=sim_cluster, project=first) == one
+    from tenants.models import AuditEvent
+
+    assigned = AuditEvent.objects.filter(action="namespace.assigned").order_by("id")
+    assert [(e.project_id, e.after["namespace"]) for e in assigned] == [
+        (first.pk, one), (second.pk, two)]
     # The constraint is the check: no second project may ever be given the same name.
     with pytest.raises(IntegrityError), transaction.atomic():
         ProjectNamespace.objects.create(cluster=sim_cluster, project=world.b.project, name=one)
