@@ -29,6 +29,7 @@ from scheduling.engine.queueing import Quota as EQuota
 from tenants.models import Project, Quota, QuotaScope, Tenant
 from tenants.permissions import restrict
 
+from .backends.vendors import VENDORS
 from .models import (
     ACTIVE_STATES,
     Allocation,
@@ -176,14 +177,27 @@ def _engine_gpu(g: GpuDevice, node_usable: bool, pool: str = "") -> E.GpuDevice:
     )
 
 
+# Taints Camp's pods tolerate: a GPU node tainted with its GPU resource name (the
+# ExtendedResourceToleration convention); Camp's GPU pods carry that toleration.
+_TOLERATED_TAINTS = frozenset(v.count_resource for v in VENDORS.values())
+
+
+def node_repelling_taints(n: Node) -> list[str]:
+    """The node's NoSchedule/NoExecute taints that Camp's pods do not tolerate (e.g. the
+    node lifecycle controller's ``node.kubernetes.io/not-ready``): such a node takes no pod."""
+    return [str(t.get("key", "")) for t in (n.taints or [])
+            if t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key") not in _TOLERATED_TAINTS]
+
+
 def _engine_node(n: Node, access: PoolAccess = NO_POOLS) -> E.Node:
     pool = access.node_pool.get(n.name, "")
-    gpus = tuple(_engine_gpu(g, n.schedulable, pool) for g in n.gpus.all())
+    schedulable = n.schedulable and not node_repelling_taints(n)
+    gpus = tuple(_engine_gpu(g, schedulable, pool) for g in n.gpus.all())
     islands = tuple(frozenset(int(i) for i in isl) for isl in (n.nvlink_islands or []))
     return E.Node(
         name=n.name, cpu_millicores=n.cpu_millicores, ram_mib=n.ram_mib, gpus=gpus,
         max_pods=n.max_pods, labels=tuple(sorted((str(k), str(v)) for k, v in n.labels.items())),
-        pool=n.pool, schedulable=n.schedulable, healthy=True,
+        pool=n.pool, schedulable=schedulable, healthy=True,
         topology=E.Topology(nvlink_islands=islands),
     )
 

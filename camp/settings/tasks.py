@@ -79,6 +79,16 @@ CELERY_BEAT_SCHEDULE["usage-sample"] = {
     "task": "portal.tasks.usage_sample_all", "schedule": float(USAGE_SAMPLE_SECONDS),
 }
 
+# --- Kubernetes (scheduling/backends/kubernetes.py, docs/KUBERNETES.md) ---------------------
+# Camp's pods name Camp as their scheduler: HAMi's webhook leaves such pods alone (it takes
+# over pods of the default scheduler and refuses them when already bound).
+CAMP_SCHEDULER_NAME = env_str("CAMP_SCHEDULER_NAME", "camp-scheduler")
+# How long a GPU pod on a HAMi node may wait for the device plugin's bind-phase answer, and
+# for another pod's node lock, before its dispatch fails with a reason.
+CAMP_HAMI_BIND_TIMEOUT_SECONDS = env_int("CAMP_HAMI_BIND_TIMEOUT_SECONDS", 60)
+# HAMi's node lock expires after this long (HAMI_NODELOCK_EXPIRE in HAMi, default 5m).
+CAMP_HAMI_NODELOCK_EXPIRE_SECONDS = env_int("CAMP_HAMI_NODELOCK_EXPIRE_SECONDS", 300)
+
 # --- Workspaces (workspaces/tasks.py, docs/WORKLOADS.md) ------------------------------------
 # Idle culling and training jobs' progress (dependencies, checkpoints, max runtime, retries).
 WORKSPACES_TICK_SECONDS = env_int("WORKSPACES_TICK_SECONDS", 30)

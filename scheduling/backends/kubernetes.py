@@ -22,6 +22,7 @@ Every call retries 5xx, 429 and timeouts with exponential backoff; a create answ
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from typing import Any, TypeVar
 
 import urllib3
 import yaml
+from django.conf import settings
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
@@ -65,6 +67,37 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRYABLE = {429, 500, 502, 503, 504}
+NODE_LOCK = "hami.io/mutex.lock"
+BIND_PHASE = "hami.io/bind-phase"
+HANDSHAKE_STALE_SECONDS = 60  # HAMi's CheckHealth: a Requesting_ handshake unanswered this long
+
+
+def scheduler_name() -> str:
+    return str(getattr(settings, "CAMP_SCHEDULER_NAME", "camp-scheduler"))
+
+
+def bind_timeout() -> int:
+    return int(getattr(settings, "CAMP_HAMI_BIND_TIMEOUT_SECONDS", 60))
+
+
+def nodelock_expiry() -> int:
+    return int(getattr(settings, "CAMP_HAMI_NODELOCK_EXPIRE_SECONDS", 300))
+
+
+def handshake_dead(value: str, allocatable_count: int, now: dt.datetime | None = None) -> bool:
+    """HAMi's CheckHealth (pkg/device/devices.go): the scheduler side writes
+    ``Requesting_<2006-01-02 15:04:05>`` and a live device plugin answers with
+    ``Reported_…``; a ``Requesting_`` older than 60 s on a node that no longer advertises
+    the GPU resource means the plugin is gone."""
+    if not value.startswith("Requesting"):
+        return False
+    _, _, stamp = value.partition("_")
+    try:
+        asked = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return False  # HAMi treats an unreadable stamp as healthy
+    now = now or dt.datetime.now()  # HAMi parses it in local time
+    return (now - asked).total_seconds() > HANDSHAKE_STALE_SECONDS and allocatable_count <= 0
 QUOTA_NAME = "camp-project-quota"
 SELECTOR = f"{MANAGED_BY}=camp"
 
@@ -90,7 +123,8 @@ def parse_hami_register(value: str) -> list[GpuInfo]:
             out.append(GpuInfo(
                 index=int(d.get("index", i)), uuid=str(d["id"]), model=str(d.get("type", "")),
                 memory_mib=int(d.get("devmem", 0)), vendor="NVIDIA",
-                numa_node=int(d.get("numa", 0)), healthy=bool(d.get("health", True)),
+                # Go's omitempty drops "health": false, so a device without it is unhealthy.
+                numa_node=int(d.get("numa", 0)), healthy=bool(d.get("health", False)),
                 max_sharers=int(d.get("count", 10)) or 1,
             ))
         return out
@@ -227,8 +261,11 @@ class KubernetesBackend:
                 except (ValueError, KeyError, IndexError):
                     logger.warning("node %s: unreadable %s", meta.name, v.register_annotation)
                     continue
+                # A node whose device plugin stopped answering HAMi's handshake takes no GPU pods.
+                alive = not handshake_dead(annotations.get(v.handshake, ""),
+                                           int(parse_quantity(alloc.get(v.count_resource, "0"))))
                 gpus.extend(GpuInfo(index=g.index, uuid=g.uuid, model=g.model, memory_mib=g.memory_mib,
-                                    vendor=v.name, numa_node=g.numa_node, healthy=g.healthy,
+                                    vendor=v.name, numa_node=g.numa_node, healthy=g.healthy and alive,
                                     sharing=v.sharing, templates=tuple(template_dicts(v)),
                                     max_sharers=g.max_sharers) for g in found)
         if not gpus:
@@ -370,25 +407,35 @@ class KubernetesBackend:
 
     # -- pods --------------------------------------------------------------------------------
 
-    def pod_body(self, spec: PodSpec) -> dict[str, Any]:
-        now = str(int(time.time()))
+    def pod_body(self, spec: PodSpec, *, hami: bool = True) -> dict[str, Any]:
+        """The pod as Camp creates it: Camp's scheduler name and no ``nodeName`` (it is bound
+        afterwards, ``create_pod``). On a HAMi node the GPU limits carry the slice (count,
+        memory MiB, cores %) and the device annotations HAMi's scheduler writes in Filter
+        (``vgpu-node``, ``vgpu-time``, the to-allocate and allocated encodings); on a node
+        without HAMi only whole cards are asked for, with no HAMi annotation."""
         limits: dict[str, str] = {"cpu": f"{spec.cpu_millicores}m", "memory": f"{spec.ram_mib}Mi"}
         annotations: dict[str, str] = {}
+        tolerations: list[dict[str, str]] = []
         if spec.slices:
             v = vendor(spec.slices[0].vendor)
             first = spec.slices[0]
             limits[v.count_resource] = str(len(spec.slices))
-            if v.memory_resource:
-                limits[v.memory_resource] = str(first.memory_mib)
-            if v.cores_resource:
-                limits[v.cores_resource] = str(first.cores_percent)
-            annotations = {
-                "hami.io/vgpu-node": spec.node,
-                "hami.io/vgpu-time": now,
-                "hami.io/bind-time": now,
-                "hami.io/bind-phase": "allocating",
-                v.allocate_annotation: encode_devices(spec.slices),
-            }
+            # GPU nodes are often tainted with their GPU resource name (the
+            # ExtendedResourceToleration convention): a GPU pod tolerates it.
+            tolerations.append({"key": v.count_resource, "operator": "Exists"})
+            if hami:
+                if v.memory_resource:
+                    limits[v.memory_resource] = str(first.memory_mib)
+                if v.cores_resource:
+                    limits[v.cores_resource] = str(first.cores_percent)
+                encoded = encode_devices(spec.slices)
+                annotations = {
+                    "hami.io/vgpu-node": spec.node,
+                    "hami.io/vgpu-time": str(int(time.time())),
+                    v.allocate_annotation: encoded,
+                    # HAMi's scheduler rebuilds a node's GPU usage from this one.
+                    v.allocated_annotation: encoded,
+                }
         container: dict[str, Any] = {
             "name": "main", "image": spec.image,
             "env": [{"name": k, "value": v} for k, v in sorted(spec.env.items())],
@@ -399,8 +446,10 @@ class KubernetesBackend:
             container["command"] = list(spec.command)
         if spec.ports:
             container["ports"] = [dict(p) for p in spec.ports]
-        pod_spec: dict[str, Any] = {"nodeName": spec.node, "restartPolicy": "Never",
+        pod_spec: dict[str, Any] = {"schedulerName": scheduler_name(), "restartPolicy": "Never",
                                     "containers": [container]}
+        if tolerations:
+            pod_spec["tolerations"] = tolerations
         if spec.image_pull_secrets:
             pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
         if spec.subdomain:
@@ -421,8 +470,138 @@ class KubernetesBackend:
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
     def create_pod(self, spec: PodSpec) -> bool:
-        created = self._call(self.core.create_namespaced_pod, spec.namespace, self.pod_body(spec), ok=(409,))
-        return created is not None
+        """Create the pod and bind it to its node as a scheduler does; True if this call
+        created it. Idempotent: a pod already bound (an earlier dispatch got that far) is
+        left as it is. A GPU pod on a HAMi node goes through HAMi's bind handshake
+        (``_hami_bind``); a failed or unanswered handshake deletes the pod and raises."""
+        existing = self._call(self.core.read_namespaced_pod, spec.name, spec.namespace, ok=(404,))
+        if existing is not None and existing.spec.node_name:
+            return False
+        node = self._call(self.core.read_node, spec.node, ok=(404,))
+        if node is None:
+            raise BackendError(f"Node {spec.node} is gone from the cluster", status=404)
+        hami = bool(spec.slices) and bool(
+            (node.metadata.annotations or {}).get(vendor(spec.slices[0].vendor).register_annotation))
+        created = existing is None and self._call(
+            self.core.create_namespaced_pod, spec.namespace, self.pod_body(spec, hami=hami),
+            ok=(409,)) is not None
+        if hami:
+            self._hami_bind(spec)
+        else:
+            self._bind(spec)
+        return created
+
+    # -- HAMi's bind handshake (HAMi v2.10.0: pkg/scheduler/scheduler.go Bind, pkg/util/nodelock)
+
+    def _bind(self, spec: PodSpec) -> None:
+        """The Binding subresource, as kube-scheduler binds (409: already bound)."""
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": spec.name, "namespace": spec.namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": spec.node}}
+        # The v1.24 apiserver's answer does not deserialise into V1Binding: read it raw.
+        self._call(self.core.create_namespaced_binding, spec.namespace, body,
+                   _preload_content=False, ok=(409,))
+
+    def _hami_bind(self, spec: PodSpec) -> None:
+        """Lock the node, mark the pod allocating, bind, then wait for the device plugin's
+        ``hami.io/bind-phase`` answer. On ``failed`` or no answer within the bind timeout
+        the lock is released (if still ours) and the pod deleted, so nothing is left half
+        bound; the caller requeues the job with the reason."""
+        deadline = time.monotonic() + bind_timeout()
+        self._lock_node(spec, deadline)
+        try:
+            now = str(int(time.time()))
+            self._call(self.core.patch_namespaced_pod, spec.name, spec.namespace,
+                       {"metadata": {"annotations": {
+                           BIND_PHASE: "allocating", "hami.io/bind-time": now, "hami.io/vgpu-time": now}}})
+            self._bind(spec)
+            phase = self._await_bind_phase(spec, deadline)
+        except BackendError:
+            self._release_node_lock(spec)
+            raise
+        if phase == "success":
+            return
+        self._release_node_lock(spec)
+        self._call(self.core.delete_namespaced_pod, spec.name, spec.namespace, grace_period_seconds=0,
+                   ok=(404,))
+        if phase == "failed":
+            raise BackendError(f"HAMi's device plugin on node {spec.node} refused the GPUs of pod "
+                               f"{spec.name} (bind-phase failed)")
+        raise BackendError(f"HAMi's device plugin on node {spec.node} did not answer for pod "
+                           f"{spec.name} within {bind_timeout()} s (is it running?)")
+
+    def _await_bind_phase(self, spec: PodSpec, deadline: float) -> str:
+        """Poll the pod until its bind-phase is success/failed (or it runs); "" on timeout.
+        Polling, not a watch: one pod for a bounded few seconds, and it survives a dropped
+        connection without extra code."""
+        delay = 0.1
+        while True:
+            pod = self._call(self.core.read_namespaced_pod, spec.name, spec.namespace, ok=(404,))
+            if pod is None:
+                return "failed"
+            phase = (pod.metadata.annotations or {}).get(BIND_PHASE, "")
+            if phase in ("success", "failed"):
+                return phase
+            if (pod.status.phase if pod.status else "") in ("Running", "Succeeded"):
+                return "success"
+            if time.monotonic() >= deadline:
+                return ""
+            self.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _lock_owner(self, spec: PodSpec) -> str:
+        return f",{spec.namespace},{spec.name}"
+
+    def _lock_node(self, spec: PodSpec, deadline: float) -> None:
+        """HAMi's LockNode: one allocating pod per node. The lock is the node annotation
+        ``hami.io/mutex.lock: <RFC3339 time>,<namespace>,<pod>``, set with the node's
+        resourceVersion (a concurrent locker gets 409). A lock older than the expiry, or
+        whose pod is gone, is broken; one held by this pod counts as taken; another live
+        one is waited for until ``deadline``."""
+        delay = 0.1
+        while True:
+            node = self._call(self.core.read_node, spec.node)
+            assert node is not None
+            current = (node.metadata.annotations or {}).get(NODE_LOCK)
+            if current is not None and current.endswith(self._lock_owner(spec)):
+                return
+            if current is None or self._lock_is_stale(current):
+                value = (dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                         + self._lock_owner(spec))
+                patch = {"metadata": {"annotations": {NODE_LOCK: value},
+                                      "resourceVersion": node.metadata.resource_version}}
+                if self._call(self.core.patch_node, spec.node, patch, ok=(409,)) is not None:
+                    return
+            if time.monotonic() >= deadline:
+                raise BackendError(f"Node {spec.node} stayed locked by another pod's GPU allocation "
+                                   f"({current}) for {bind_timeout()} s", retryable=True)
+            self.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _lock_is_stale(self, value: str) -> bool:
+        parts = value.split(",")
+        try:
+            locked_at = dt.datetime.strptime(parts[0], "%Y-%m-%dT%H:%M:%S%z")
+        except ValueError:
+            return True  # unreadable: HAMi's ParseNodeLock fails and the lock is not honoured
+        if (dt.datetime.now(dt.UTC) - locked_at).total_seconds() > nodelock_expiry():
+            return True
+        if len(parts) == 3 and parts[1] and parts[2]:
+            # Dangling: its pod is gone (HAMi releases such a lock too).
+            return self._call(self.core.read_namespaced_pod, parts[2], parts[1], ok=(404,)) is None
+        return False
+
+    def _release_node_lock(self, spec: PodSpec) -> None:
+        """HAMi's ReleaseNodeLock with the owner check: drop the lock only if this pod holds it."""
+        node = self._call(self.core.read_node, spec.node, ok=(404,))
+        if node is None:
+            return
+        current = (node.metadata.annotations or {}).get(NODE_LOCK)
+        if current is None or not current.endswith(self._lock_owner(spec)):
+            return
+        self._call(self.core.patch_node, spec.node,
+                   {"metadata": {"annotations": {NODE_LOCK: None},
+                                 "resourceVersion": node.metadata.resource_version}}, ok=(409,))
 
     def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None:
         self._call(self.core.delete_namespaced_pod, name, namespace,

@@ -38,6 +38,13 @@ class Vendor:
     """The ``Type`` HAMi writes in the pod device encoding (default: ``name``)."""
     verified: bool = False
     """Checked against HAMi's sources (see the module docstring)."""
+    handshake_annotation: str = ""
+    """The node annotation HAMi's device plugin keeps alive (pkg/device/*: ``HandshakeAnnos``);
+    default ``hami.io/node-handshake-<type>``, NVIDIA's is plain ``hami.io/node-handshake``."""
+
+    @property
+    def handshake(self) -> str:
+        return self.handshake_annotation or f"hami.io/node-handshake-{self.hami_type}"
 
     @property
     def hami_type(self) -> str:
@@ -54,6 +61,7 @@ VENDORS: dict[str, Vendor] = {
         allocate_annotation="hami.io/vgpu-devices-to-allocate",
         allocated_annotation="hami.io/vgpu-devices-allocated",
         verified=True,
+        handshake_annotation="hami.io/node-handshake",
     ),
     "Ascend": Vendor(
         name="Ascend",

@@ -27,7 +27,11 @@ from scheduling.engine.model import (
     Wait,
 )
 from scheduling.engine.policies import Policy, Scorer, default_policy
-from scheduling.engine.state import ClusterState, NodeState, NodeStatic
+from scheduling.engine.state import WHOLE_CARD_FOR_SLICE, ClusterState, NodeState, NodeStatic
+
+# Larger than any policy's score spread: a slice on a whole exclusive-only card always ranks
+# below every placement on shareable cards.
+SLICE_ON_WHOLE_CARD_PENALTY = 1e9
 
 _MISS: tuple[float, Take] = (float("nan"), ())
 """Cache sentinel (compared by identity)."""
@@ -132,6 +136,10 @@ class Placer:
         best: tuple[float, Take] | None = None
         for take in enumerate_takes(ns, pod, strict_topology=self.scorer.strict_topology):
             s = self.scorer.score(ns, pod, take)
+            if any(d.alignment == WHOLE_CARD_FOR_SLICE for _, _, d in take):
+                # Rule (slices stay on shareable cards): a slice takes a whole exclusive-only
+                # card (a node without HAMi) only when no shareable card anywhere can hold it.
+                s -= SLICE_ON_WHOLE_CARD_PENALTY
             if best is None or s > best[0]:
                 best = (s, take)
         return best

@@ -41,6 +41,9 @@ class Demand:
     alignment: str = ""
 
 
+WHOLE_CARD_FOR_SLICE = "whole card (exclusive-only GPU)"
+"""The alignment of a fractional request on a card that cannot be shared (no HAMi there)."""
+
 _DEMAND_CACHE: dict[tuple[object, ...], Demand | None] = {}
 
 
@@ -77,7 +80,7 @@ def _align(
     if mem > memory_mib or cores > 100 or mem < 0 or cores < 0:
         return None
     if sharing == SharingMode.EXCLUSIVE_ONLY:
-        return Demand(memory_mib, 100, True, mem, cores, "whole card (exclusive-only GPU)")
+        return Demand(memory_mib, 100, True, mem, cores, WHOLE_CARD_FOR_SLICE)
     if sharing == SharingMode.TEMPLATES and templates:
         fitting = [t for t in templates if t.gpu_memory_mib >= mem and t.gpu_cores_percent >= cores]
         if not fitting:

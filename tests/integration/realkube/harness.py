@@ -210,7 +210,14 @@ def create_node(core: k8s.CoreV1Api, name: str, *, devices: list[dict[str, Any]]
                          "conditions": [{"type": "Ready", "status": "True" if ready else "False",
                                          "reason": "KubeletReady" if ready else "KubeletNotReady",
                                          "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}}
-    return core.patch_node_status(name, status)
+    core.patch_node_status(name, status)
+    # The apiserver's TaintNodesByCondition admission adds node.kubernetes.io/not-ready to
+    # every new node; the node lifecycle controller (not running here) lifts it once the node
+    # is Ready. Do what it would: keep only the taints asked for (and not-ready if not Ready).
+    wanted = list(taints or [])
+    if not ready:
+        wanted.append({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
+    return core.patch_node(name, {"spec": {"taints": wanted}})
 
 
 def _now() -> str:

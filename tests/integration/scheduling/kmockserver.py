@@ -34,7 +34,8 @@ def kmock_server() -> Iterator[Any]:
         assert time.monotonic() < deadline, "kmock did not start"
         time.sleep(0.02)
     try:
-        yield state["k"]
+        with hami_answers(state["k"]):
+            yield state["k"]
     finally:
         stop.set()
         thread.join(timeout=5)
@@ -49,3 +50,63 @@ def seed(k: Any, resource: tuple[str, str, str], namespace: str | None, name: st
 def stored(k: Any, plural: str, namespace: str | None, name: str) -> dict[str, Any]:
     group, version = ("", "v1")
     return dict(k.objects[(kmock.resource(group, version, plural), namespace, name)].raw)
+
+
+@contextmanager
+def hami_answers(k: Any) -> Iterator[None]:
+    """Answer HAMi's bind handshake for kmock's pods as the device plugin would (bind-phase
+    allocating → success), straight in the emulator's store. The real handshake, with the
+    node lock and the device checks, is tested on the real apiserver (tests/integration/
+    realkube); kmock tests only need the answer to check what Camp creates."""
+    stop = threading.Event()
+    pods = kmock.resource("", "v1", "pods")
+
+    bindings = kmock.resource("", "v1", "bindings")
+
+    def run() -> None:
+        while not stop.is_set():
+            # kmock stores a POSTed Binding as an object; the apiserver would set the pod's
+            # nodeName from it (pods/binding). Do that, once per Binding.
+            for key in [key for key in list(k.objects) if key[0] == bindings]:
+                try:
+                    target = dict(k.objects[key].raw).get("target") or {}
+                    pod = dict(k.objects[(pods, key[1], key[2])].raw)
+                except (KeyError, AttributeError, ValueError):
+                    continue
+                del k.objects[key]
+                pod["spec"] = {**pod.get("spec", {}), "nodeName": target.get("name", "")}
+                seed(k, ("", "v1", "pods"), key[1], key[2], pod)
+            for key in [key for key in list(k.objects) if key[0] == pods]:
+                try:
+                    raw = dict(k.objects[key].raw)
+                except (KeyError, AttributeError, ValueError):
+                    continue
+                ann = (raw.get("metadata") or {}).get("annotations") or {}
+                if ann.get("hami.io/bind-phase") == "allocating":
+                    raw["metadata"] = {**raw["metadata"],
+                                       "annotations": {**ann, "hami.io/bind-phase": "success"}}
+                    seed(k, ("", "v1", "pods"), key[1], key[2], raw)
+                    _release_lock(k, ann.get("hami.io/vgpu-node", ""), f",{key[1]},{key[2]}")
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def _release_lock(k: Any, node: str, owner: str) -> None:
+    """HAMi's ReleaseNodeLock after a successful allocation: the node lock goes if ours."""
+    key = (kmock.resource("", "v1", "nodes"), None, node)
+    try:
+        raw = dict(k.objects[key].raw)
+    except (KeyError, AttributeError, ValueError):
+        return
+    ann = dict((raw.get("metadata") or {}).get("annotations") or {})
+    if ann.get("hami.io/mutex.lock", "").endswith(owner):
+        del ann["hami.io/mutex.lock"]
+        raw["metadata"] = {**raw["metadata"], "annotations": ann}
+        seed(k, ("", "v1", "nodes"), None, node, raw)

@@ -198,7 +198,9 @@ def test_kubernetes_not_ready_node_force_deletes_and_resumes_elsewhere(world: An
         assert job.state == JobState.QUEUED
 
         services.cycle_run(cluster=cluster)
-        assert services.job_dispatch(job_id=job.pk) == "created"
+        outcome = services.job_dispatch(job_id=job.pk)
+        job.refresh_from_db()
+        assert outcome == "created", job.reason
         second = job.allocations.get().node.name
         assert second != first
         body = core.read_namespaced_pod(pod, ns)

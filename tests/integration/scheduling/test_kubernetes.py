@@ -149,8 +149,13 @@ def test_dispatch_creates_bound_annotated_pods(world: Any, kube: Any) -> None:
         ann = pod["metadata"]["annotations"]
         devices = "".join(f"{s.gpu.uuid},NVIDIA,20000,30:"
                           for s in sorted(a.slices.all(), key=lambda s: s.gpu.index))
+        # HAMi's contract: both encodings, Camp's scheduler name, bound through pods/binding
+        # (kmock's stand-in sets nodeName from the Binding) and answered by the device plugin.
         assert ann["hami.io/vgpu-devices-to-allocate"] == devices
-        assert ann["hami.io/vgpu-node"] == "gpu-a" and ann["hami.io/bind-phase"] == "allocating"
+        assert ann["hami.io/vgpu-devices-allocated"] == devices
+        assert pod["spec"]["schedulerName"] == "camp-scheduler"
+        assert ann["hami.io/vgpu-node"] == "gpu-a" and ann["hami.io/bind-phase"] == "success"
+        assert ann["hami.io/bind-time"].isdigit()
         assert ann["hami.io/vgpu-time"].isdigit()
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
         assert limits == {"cpu": "1000m", "memory": "1024Mi", "nvidia.com/gpu": "2",
