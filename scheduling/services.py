@@ -1127,7 +1127,7 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
             else:
                 summary.conflicts.append(job.pk)
         return taken
-    from .tasks import job_dispatch
+    from .tasks import jobs_dispatch
 
     history = []
     for job, placement, status in accepted:
@@ -1137,9 +1137,10 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
                                           kind=DecisionKind.ADMITTED,
                                           reason=_admit_reason(placement)[:500], placement=pj))
         _audit_job("job.admitted", job, after={"placement": pj, "borrowing": status.borrowing})
-        job_dispatch.delay_on_commit(job.pk)
         summary.admitted.append(job.pk)
     _record_all(history)
+    if accepted:
+        jobs_dispatch.delay_on_commit([job.pk for job, _, _ in accepted])
     return taken
 
 
