@@ -280,6 +280,11 @@ class CycleInputs:
     groups: dict[int, dict[str, PodGroup]]
     pools: PoolAccess = NO_POOLS
 
+    @classmethod
+    def empty(cls) -> CycleInputs:
+        """The inputs of a cycle with nothing pending (no decision to take)."""
+        return cls(E.ClusterSnapshot(nodes=()), QueueTree(tenants=()), [], [], {}, {}, {}, {})
+
 
 def cycle_inputs(cluster: Cluster) -> CycleInputs:
     nodes = {

@@ -896,7 +896,10 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
 
 
 def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs, list[JobStatus]]:
-    """The snapshot (one consistent read) and the engine's decisions (no transaction open)."""
+    """The snapshot (one consistent read) and the engine's decisions (no transaction open).
+    Nothing queued: nothing to decide, and no snapshot to read (an idle tick is one query)."""
+    if not Job.objects.filter(cluster=cluster, state=JobState.QUEUED).exists():
+        return selectors.CycleInputs.empty(), []
     with _consistent_read():
         inputs = selectors.cycle_inputs(cluster)
     if not inputs.pending:
