@@ -387,7 +387,12 @@ def main() -> None:
     Job.objects.filter(pk__in=pool).update(state=JobState.CANCELLED)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"service_cycle{'_' + args.label if args.label else ''}.json"
-    out.write_text(json.dumps({"load_average": os.getloadavg(), "rows": rows}, indent=1))
+    import resource
+
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    out.write_text(json.dumps({"load_average": os.getloadavg(), "peak_rss_mib": peak_mib,
+                               "rows": rows}, indent=1))
+    print(f"peak RSS of this process: {peak_mib:.0f} MiB")
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()), "→", out, file=sys.stderr)
 
 
