@@ -74,7 +74,9 @@ def _free_port() -> int:
 def _server(db: str, port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "camp.settings.production", "DATABASE_URL": db,
            "SECRET_KEY": secrets.token_urlsafe(50), "SECURE_SSL_REDIRECT": "0", "REDIS_URL": "",
-           "CELERY_BROKER_URL": "memory://", "DB_CONN_MAX_AGE": "60"}
+           "CELERY_BROKER_URL": "memory://",
+           # 0: under ASGI each request runs in its own thread, and kept connections pile up
+           "DB_CONN_MAX_AGE": "0"}
     return subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "camp.asgi:application", "--host", "127.0.0.1", "--port",
          str(port), "--workers", "2", "--log-level", "warning", "--no-access-log"],
