@@ -1,9 +1,43 @@
-FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# syntax=docker/dockerfile:1
+# Camp's image: one image for web (ASGI), worker, beat and the per-cluster watcher; the
+# command picks the role (docker-compose.yml, deploy/helm/camp).
+#
+# RUN lines use the ENV paths ($WHEELS, $VENV), never literal ones: the suite runs every
+# RUN line of this file in a fresh virtualenv (tests/integration/deploy/test_dockerfile.py),
+# since no Docker daemon runs on the project's machines.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# --- build: compilers and headers live only here ------------------------------------------
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 WHEELS=/wheels
+# python-ldap (requirements-ldap.txt) has no wheels: it compiles against these.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libldap2-dev libsasl2-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY requirements.txt requirements-ldap.txt ./
+RUN pip wheel --wheel-dir "$WHEELS" -r requirements.txt -r requirements-ldap.txt
+
+# --- runtime: no compiler, no headers, not root -------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VENV=/opt/venv WHEELS=/wheels PATH=/opt/venv/bin:$PATH \
+    DJANGO_SETTINGS_MODULE=camp.settings.production
+# python-ldap's shared libraries; xmlsec1, with which pysaml2 checks SAML signatures.
+RUN apt-get update && apt-get install -y --no-install-recommends libldap-2.5-0 libsasl2-2 xmlsec1 \
+    && rm -rf /var/lib/apt/lists/*
+RUN useradd --system --uid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin camp
 WORKDIR /app
-COPY requirements.txt .
-RUN pip install --no-cache-dir -r requirements.txt
+COPY requirements.txt requirements-ldap.txt ./
+# The wheels are bind-mounted from the build stage, so they never become a layer here.
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    python -m venv "$VENV" \
+    && "$VENV/bin/pip" install --no-index --find-links "$WHEELS" -r requirements.txt -r requirements-ldap.txt
 COPY . .
-RUN useradd --system --uid 1000 camp && mkdir -p var && chown -R camp var
-USER camp
+# Static files are collected into the image (whitenoise serves them, hashed and compressed),
+# so no pod writes to its filesystem. Production settings refuse a missing SECRET_KEY; this
+# throwaway one exists only for this build step and is not kept in the image.
+RUN SECRET_KEY=collectstatic-at-build-time-only-not-a-runtime-secret-0123456789 \
+    python manage.py collectstatic --noinput
+USER 10001:10001
 EXPOSE 8000
+CMD ["uvicorn", "camp.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers"]

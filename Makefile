@@ -2,24 +2,39 @@
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# The demo's install set (requirements.txt: wheels only, no compiler, no apt package) and the
+# suite's (requirements-dev.txt: adds the LDAP extra and the test tools).
+DEMO_STAMP := $(VENV)/.installed-demo
+STAMP      := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench schema clean
+.PHONY: demo test test-deps lint typecheck unit bench schema clean
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(VENV)/bin/python:
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+$(DEMO_STAMP): requirements.txt | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+# The suite's venv: the machine's test dependencies first (python-ldap compiles against them).
+$(STAMP): requirements.txt requirements-ldap.txt requirements-dev.txt | $(VENV)/bin/python
+	PYTHON=$(PYTHON) tools/test-deps.sh
 	$(PY) -m pip install --quiet -r requirements-dev.txt
-	touch $(STAMP)
+	touch $@ $(DEMO_STAMP)
 
 # The demo: SQLite, a filesystem Celery broker, the simulated cluster. Serves :8000.
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	mkdir -p var
 	$(PY) manage.py rundemo
 
+# What the suite needs from the machine (installed when run as root; listed otherwise).
+test-deps:
+	PYTHON=$(PYTHON) tools/test-deps.sh
+
 # The whole suite: lint, types, then every test on real PostgreSQL and Redis.
-test: $(STAMP)
+test: test-deps $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest

@@ -1,15 +1,15 @@
-from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from portal import views as portal_views
-from tenants.sso.views import LoginView
+from tenants.sso.views import LoginView, LogoutView
 
 urlpatterns = [
-    # Local, LDAP and OIDC login (tenants/sso, docs/AUTH.md).
+    # Local, LDAP, OIDC and SAML login; logout ends the provider session too (docs/AUTH.md).
     path("login/", LoginView.as_view(), name="login"),
     path("oidc/", include("tenants.sso.urls")),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("saml/", include("tenants.sso.saml_urls")),
+    path("logout/", LogoutView.as_view(), name="logout"),
     path("api/v1/", include("camp.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -54,6 +54,15 @@ class CampCollector(Collector):
                                        "Scheduling cycle duration over the last hour", labels=["cluster"])
         errors = CounterMetricFamily("camp_dispatch_errors", "Failed attempts to create pods",
                                      labels=["cluster"])
+        reachable = GaugeMetricFamily("camp_cluster_reachable",
+                                      "1 while the cluster's API server answers, 0 while reconcile "
+                                      "backs off from it", labels=["cluster"])
+        watch_ok = GaugeMetricFamily("camp_watch_healthy",
+                                     "1 unless the pod watcher's last error is newer than its last "
+                                     "event", labels=["cluster"])
+        watch_last = GaugeMetricFamily("camp_watch_last_event_timestamp_seconds",
+                                       "Unix time of the pod watcher's last applied event",
+                                       labels=["cluster"])
         since = timezone.now() - WINDOW
         error_counts = dict(DispatchError.objects.order_by().values_list("cluster_id")
                             .annotate(n=Count("id")))
@@ -76,5 +85,11 @@ class CampCollector(Collector):
             buckets, total = _histogram(durations, CYCLE_BUCKETS)
             cycles.add_metric([name], buckets, total)
             errors.add_metric([name], error_counts.get(cluster.pk, 0))
-        yield from (gpus, share, mem, cores, jobs, waits, cycles, errors)
+            reachable.add_metric([name], 1.0 if cluster.reachable else 0.0)
+            if cluster.backend == "kubernetes":
+                watch_ok.add_metric([name], 0.0 if cluster.watch_failing else 1.0)
+                if cluster.watch_last_event_at is not None:
+                    watch_last.add_metric([name], cluster.watch_last_event_at.timestamp())
+        yield from (gpus, share, mem, cores, jobs, waits, cycles, errors, reachable, watch_ok,
+                    watch_last)
         yield GaugeMetricFamily("camp_jobs_total", "Jobs known to Camp", value=Job.objects.count())

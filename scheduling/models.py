@@ -56,6 +56,15 @@ class Cluster(models.Model):
     last_inventory_at = models.DateTimeField(null=True, blank=True)
     last_cycle_at = models.DateTimeField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True)
+    # Reachability (reconcile): while the API server does not answer, the cluster is skipped
+    # until ``retry_at`` (exponential backoff per cluster), so it never holds up the others.
+    unreachable_since = models.DateTimeField(null=True, blank=True)
+    retry_at = models.DateTimeField(null=True, blank=True)
+    failures = models.PositiveIntegerField(default=0)
+    # The pod watcher's health (camp_watch): its last event, and its current error if any.
+    watch_last_event_at = models.DateTimeField(null=True, blank=True)
+    watch_error = models.CharField(max_length=500, blank=True)
+    watch_error_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -67,6 +76,37 @@ class Cluster(models.Model):
     @property
     def has_credentials(self) -> bool:
         return bool(self.credentials_encrypted)
+
+    @property
+    def watch_failing(self) -> bool:
+        """The watcher's last error is newer than its last event."""
+        return self.watch_error_since is not None and (
+            self.watch_last_event_at is None or self.watch_error_since > self.watch_last_event_at)
+
+    @property
+    def reachable(self) -> bool:
+        return self.unreachable_since is None
+
+
+class ProjectNamespace(models.Model):
+    """The namespace of one project on one cluster: stored, so that its name is chosen once
+    and never changes (its volumes stay where they are), and unique per cluster by a
+    constraint. New names embed the project's id (``services.namespace_spec``), so two
+    projects never share one, whatever their tenants' and projects' names."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="namespaces")
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=63, validators=[slug_validator])
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "project"], name="namespace_one_per_project"),
+            models.UniqueConstraint(fields=["cluster", "name"], name="namespace_unique_name"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class NodePool(models.Model):
@@ -234,6 +274,9 @@ class Job(models.Model):
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     attempts = models.PositiveIntegerField(default=0)
+    namespace = models.CharField(
+        max_length=63, blank=True,
+        help_text="The namespace its pods were created in (set at admission).")
     last_checkpoint = models.CharField(max_length=500, blank=True)
     submitted_at = models.DateTimeField(auto_now_add=True)
     admitted_at = models.DateTimeField(null=True, blank=True)

@@ -279,6 +279,7 @@ class CycleInputs:
     gpus: dict[tuple[str, int], GpuDevice]
     groups: dict[int, dict[str, PodGroup]]
     pools: PoolAccess = NO_POOLS
+    cluster: Cluster | None = None
 
     @classmethod
     def empty(cls) -> CycleInputs:
@@ -353,10 +354,21 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
         if job.pk not in waiting_for_victims:
             pending.append(engine_job(job, gs, access))
     return CycleInputs(snapshot, queue_tree(cluster), pending, running, jobs, nodes, gpus, groups,
-                       access)
+                       access, cluster)
 
 
 # --- reads for views ---------------------------------------------------------------------
+
+
+def project_namespace_name(*, cluster: Cluster, project: Any) -> str:
+    """The project's namespace on ``cluster``: the stored one (``ProjectNamespace``), else
+    the name it will get on its first admission (``services.project_namespace_ensure``)."""
+    from .backends.naming import namespace_name
+    from .models import ProjectNamespace
+
+    stored = ProjectNamespace.objects.filter(cluster=cluster, project=project).values_list(
+        "name", flat=True).first()
+    return stored or namespace_name(cluster.namespace_prefix, project.pk, project.name)
 
 
 def job_list(*, user: Any) -> QuerySet[Job]:

@@ -45,6 +45,7 @@ from .backends.base import (
     LABEL_JOB,
     LABEL_JOB_ID,
     LABEL_PROJECT,
+    LABEL_PROJECT_ID,
     LABEL_REPLICA,
     LABEL_ROLE,
     LABEL_TENANT,
@@ -79,6 +80,7 @@ from .models import (
     PodGroup,
     PodPhase,
     PriorityClass,
+    ProjectNamespace,
     SchedulingDecision,
 )
 
@@ -145,6 +147,20 @@ def cycle_request_taken(cluster_id: int) -> None:
     cache.delete(f"camp:cycle-queued:{cluster_id}")
 
 
+RECONCILE_REQUEST_SECONDS = 60
+"""A queued reconcile lost with a killed worker is asked for again after this long."""
+
+
+def reconcile_request(cluster_id: int) -> bool:
+    """Whether a reconcile of the cluster may be queued now: not while one is queued or
+    running (the key is dropped when it ends, or expires)."""
+    return bool(cache.add(f"camp:reconcile-queued:{cluster_id}", 1, timeout=RECONCILE_REQUEST_SECONDS))
+
+
+def reconcile_request_taken(cluster_id: int) -> None:
+    cache.delete(f"camp:reconcile-queued:{cluster_id}")
+
+
 # --- clusters ------------------------------------------------------------------------------
 
 
@@ -182,15 +198,32 @@ def _cluster_snapshot(cluster: Cluster) -> dict[str, Any]:
     return data
 
 
+def _verify_cluster(cluster: Cluster) -> None:
+    """A Kubernetes cluster must answer, accept the credentials and allow what Camp does
+    (``kubernetes.access_problems``); else a 400 naming the field, in words."""
+    if cluster.backend != Backend.KUBERNETES or not cluster.enabled:
+        return
+    from .backends.kubernetes import access_problems
+
+    problems = access_problems(cluster)
+    if problems:
+        raise ValidationError({k: [v] for k, v in problems.items()})
+
+
 @transaction.atomic
 def cluster_create(*, actor: User, name: str, credentials: dict[str, str] | None = None,
-                   **fields: Any) -> Cluster:
+                   verify: bool = True, **fields: Any) -> Cluster:
+    """Register a cluster. A Kubernetes one is checked first (reachable, credentials valid,
+    Camp's permissions granted). ``verify=False`` skips that check: only for tests of a
+    cluster that is meant to be dead (no API or console path passes it)."""
     cluster = Cluster(name=name, **fields)
     _require(actor, permissions.CREATE, cluster)
     _validate_cluster(cluster)
     if credentials:
         _validate_credentials(credentials)
         cluster.credentials_encrypted = encrypt_credentials(credentials)
+    if verify:
+        _verify_cluster(cluster)
     try:
         with transaction.atomic():
             cluster.save()
@@ -205,7 +238,9 @@ def cluster_create(*, actor: User, name: str, credentials: dict[str, str] | None
 
 @transaction.atomic
 def cluster_update(*, actor: User, cluster: Cluster, credentials: dict[str, str] | None = None,
-                   **changes: Any) -> Cluster:
+                   verify: bool = True, **changes: Any) -> Cluster:
+    """Change a cluster; a change of how Camp reaches a Kubernetes cluster (server,
+    credentials, backend, enabling it) is checked as at registration."""
     _require(actor, permissions.CHANGE, cluster)
     before = _cluster_snapshot(cluster)
     for key, value in changes.items():
@@ -216,6 +251,9 @@ def cluster_update(*, actor: User, cluster: Cluster, credentials: dict[str, str]
     if credentials is not None:
         _validate_credentials(credentials)
         cluster.credentials_encrypted = _merged_credentials(cluster, credentials)
+    reach = {"api_server", "backend", "enabled"}
+    if verify and (credentials or any(before.get(k) != getattr(cluster, k) for k in reach)):
+        _verify_cluster(cluster)
     try:
         with transaction.atomic():
             cluster.save()
@@ -1173,14 +1211,20 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
     """Jobs STARTING, their Allocation and GpuSlice rows, the GPUs' new totals: one
     statement per table. (Rows locked by the caller: ``attempts`` are current.)"""
     now = timezone.now()
+    # Each job records its project's namespace at admission (one lookup per project).
+    namespaces: dict[int, str] = {}
+    for job, _, _ in accepted:
+        if job.project_id not in namespaces:
+            namespaces[job.project_id] = project_namespace_ensure(
+                cluster=inputs.cluster or job.cluster, project=job.project)
     # Admission times follow the engine's order (a microsecond apart), as they did when jobs
     # were admitted one by one: preemption picks the most recently started victims first.
     _update_from_values(
         Job, [("state", "varchar"), ("admitted_at", "timestamptz"), ("reason", "varchar"),
               ("reason_kind", "varchar"), ("queue_position", "integer"),
-              ("queue_length", "integer"), ("attempts", "integer")],
+              ("queue_length", "integer"), ("attempts", "integer"), ("namespace", "varchar")],
         [(job.pk, JobState.STARTING.value, now + dt.timedelta(microseconds=i), "Admitted; creating pods",
-          status.kind, None, None, attempts[job.pk] + 1)
+          status.kind, None, None, attempts[job.pk] + 1, namespaces[job.project_id])
          for i, (job, _, status) in enumerate(accepted)])
     allocs: list[tuple[Allocation, E.PodPlacement]] = []
     for job, placement, _ in accepted:
@@ -1211,8 +1255,11 @@ def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, stat
     now = timezone.now()
     try:
         with transaction.atomic():
+            namespace = project_namespace_ensure(cluster=inputs.cluster or job.cluster,
+                                                 project=job.project)
             if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
                 state=JobState.STARTING, admitted_at=now, reason="Admitted; creating pods",
+                namespace=namespace,
                 reason_kind=status.kind, queue_position=None, queue_length=None,
                 attempts=F("attempts") + 1,
             ):
@@ -1352,9 +1399,35 @@ def _release(job: Job) -> int:
 # --- dispatch ------------------------------------------------------------------------------
 
 
+def project_namespace_ensure(*, cluster: Cluster, project: Project) -> str:
+    """The project's namespace on ``cluster``, stored on first use (``ProjectNamespace``):
+    ``naming.namespace_name`` (id-based, unique by construction), and should that name be
+    taken anyway (a namespace kept from before, ``0005_i11b``), one with a numbered suffix.
+    The unique constraint is the check: two projects never get one namespace."""
+    row = ProjectNamespace.objects.filter(cluster=cluster, project=project).first()
+    if row is not None:
+        return row.name
+    base = namespace_name(cluster.namespace_prefix, project.pk, project.name)
+    for n in range(10):
+        name = base if n == 0 else namespace_name(cluster.namespace_prefix, project.pk, f"{n}")
+        try:
+            with transaction.atomic():
+                row = ProjectNamespace.objects.create(cluster=cluster, project=project, name=name)
+                audit_record(actor=None, actor_username=SCHEDULER, action="namespace.assigned",
+                             target=row, tenant=project.tenant, project=project,
+                             after={"cluster": cluster.name, "namespace": name})
+                return row.name
+        except IntegrityError:
+            row = ProjectNamespace.objects.filter(cluster=cluster, project=project).first()
+            if row is not None:  # created concurrently for this project
+                return row.name
+    raise ValidationError({"namespace": [f"No free namespace name for project {project.name}."]})
+
+
 def namespace_spec(job: Job, cluster: Cluster) -> NamespaceSpec:
     project = job.project
-    labels = {MANAGED_BY: "camp", LABEL_TENANT: project.tenant.name, LABEL_PROJECT: project.name}
+    labels = {MANAGED_BY: "camp", LABEL_TENANT: project.tenant.name, LABEL_PROJECT: project.name,
+              LABEL_PROJECT_ID: str(project.pk)}
     quota: dict[str, str] = {}
     q = Quota.objects.filter(scope=QuotaScope.PROJECT, project=project).first()
     if q is not None:
@@ -1368,10 +1441,9 @@ def namespace_spec(job: Job, cluster: Cluster) -> NamespaceSpec:
         if q.gpus_limit is not None:
             # nvidia.com/gpu counts vGPU devices (slices), at most max sharers per card.
             quota["requests.nvidia.com/gpu"] = str(math.ceil(q.gpus_limit) * 10)
-    return NamespaceSpec(
-        name=namespace_name(cluster.namespace_prefix, project.tenant.name, project.name),
-        labels=labels, quota=quota,
-    )
+    # A job admitted before namespaces were stored keeps the one its pods are in.
+    name = job.namespace or selectors.project_namespace_name(cluster=cluster, project=project)
+    return NamespaceSpec(name=name, labels=labels, quota=quota)
 
 
 def job_specs(job: Job, cluster: Cluster) -> tuple[NamespaceSpec, JobObjects, list[PodSpec]]:
@@ -1509,6 +1581,11 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
         for spec in pods:
             backend.create_pod(spec)
     except BackendError as exc:
+        if Job.objects.filter(pk=job_id, state=JobState.RUNNING).exists():
+            # A redundant dispatch (redelivered after a worker died, or re-requested by
+            # reconcile) of a job whose pods all run: its failure harms nothing, and
+            # cleaning up would kill a healthy job.
+            return "running"
         if exc.retryable and not final_attempt:
             raise
         for spec in pods:
@@ -1519,6 +1596,12 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
         return "failed" if _dispatch_failed(job_id, str(exc)) else "aborted"
     with transaction.atomic():
         current = Job.objects.select_for_update().only("state").get(pk=job_id)
+        if current.state == JobState.RUNNING:
+            # Its pods were created (by this or an earlier dispatch) and all run: the watch
+            # saw them start while this one was still going. Nothing to undo.
+            Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(
+                phase=PodPhase.CREATED)
+            return "running"
         if current.state != JobState.STARTING:
             return "aborted"  # stopped while its pods were being created
         Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(phase=PodPhase.CREATED)
@@ -1612,13 +1695,52 @@ def _pods_gone(job_id: int) -> bool:
                 _audit_job("job.failed", job, after={"reason": job.reason})
         if released:
             request_cycle(job.cluster_id)
+    if released:
+        _job_objects_delete(job)
     return True
+
+
+def _job_objects_delete(job: Job) -> None:
+    """The job's pods are gone: delete its ConfigMap, headless Service and owned extras
+    (a requeued job's next dispatch makes them again, for its new placement). Best effort:
+    reconcile deletes what is left (``_sweep_job_objects``)."""
+    try:
+        backend_for(job.cluster).delete_job_objects(namespace_spec(job, job.cluster).name,
+                                                    job_object_name(job.name, job.pk))
+    except BackendError as exc:
+        logger.info("job %s: its objects are left for reconcile: %s", job.pk, exc)
+
+
+OBJECT_SWEEP_SECONDS = 60
+
+
+def _sweep_job_objects(backend: Any, cluster: Cluster, result: ReconcileResult) -> None:
+    """Per-job objects of jobs that hold nothing (ended, requeued or deleted) are deleted:
+    what ``_job_objects_delete`` could not (a crash, an unreachable API server). At most
+    once a minute per cluster (one list call)."""
+    if not cache.add(f"camp:objects-swept:{cluster.pk}", 1, timeout=OBJECT_SWEEP_SECONDS):
+        return
+    found = backend.list_job_objects()
+    if not found:
+        return
+    holding = set(Allocation.objects.filter(job_id__in={j for _, _, j in found}).values_list(
+        "job_id", flat=True))
+    starting = set(Job.objects.filter(pk__in={j for _, _, j in found},
+                                      state=JobState.STARTING).values_list("pk", flat=True))
+    for namespace, name, job_id in found:
+        if job_id in holding or job_id in starting:
+            continue
+        with contextlib.suppress(BackendError):
+            backend.delete_job_objects(namespace, name)
+            result.objects_deleted.append(name)
 
 
 # --- reconcile -----------------------------------------------------------------------------
 
 
-DISPATCH_GRACE_SECONDS = 15
+# How long an admitted job may miss pods before reconcile asks for its dispatch again (when
+# no dispatch of it is running). Short: a duplicate dispatch is harmless (idempotent).
+DISPATCH_GRACE_SECONDS = 5
 
 
 @dataclass
@@ -1627,17 +1749,60 @@ class ReconcileResult:
     finished: list[int] = field(default_factory=list)
     released: list[int] = field(default_factory=list)
     redispatched: list[int] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
     orphans_deleted: list[str] = field(default_factory=list)
+    objects_deleted: list[str] = field(default_factory=list)
 
 
-def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None) -> ReconcileResult:
+# Reachability: a cluster whose API server fails is skipped by the periodic ticks until its
+# ``retry_at``: 2, 4, 8 ... seconds after each failure, at most this long.
+MAX_RETRY_SECONDS = 300
+PROBE_TIMEOUT_SECONDS = (5.0, 30.0)
+"""Reconcile's one attempt per tick: connect within 5 s (a dead server), read within 30 s
+(listing a large cluster's pods takes a while)."""
+
+
+def cluster_reachability_record(*, cluster_id: int, error: str | None) -> None:
+    """Record a reconcile's outcome for the cluster's backoff: ``error`` None means it
+    answered. The first failure and the recovery are audited (the system as actor); the
+    cluster page and /metrics show the state."""
+    now = timezone.now()
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
+        if error is None:
+            if cluster.unreachable_since is None and not cluster.failures:
+                return
+            down_for = (now - cluster.unreachable_since).total_seconds() if cluster.unreachable_since else 0
+            Cluster.objects.filter(pk=cluster_id).update(
+                unreachable_since=None, retry_at=None, failures=0, last_error="")
+            audit_record(actor=None, actor_username=SCHEDULER, action="cluster.reachable",
+                         target=cluster, before={"failures": cluster.failures},
+                         after={"unreachable_seconds": round(down_for)})
+            return
+        failures = cluster.failures + 1
+        wait = min(2 ** failures, MAX_RETRY_SECONDS)
+        Cluster.objects.filter(pk=cluster_id).update(
+            failures=failures, retry_at=now + dt.timedelta(seconds=wait),
+            unreachable_since=cluster.unreachable_since or now, last_error=error[:500])
+        if cluster.unreachable_since is None:
+            audit_record(actor=None, actor_username=SCHEDULER, action="cluster.unreachable",
+                         target=cluster, after={"error": error[:500]})
+
+
+def cluster_due(cluster: Cluster, now: dt.datetime | None = None) -> bool:
+    """Whether the periodic ticks may talk to the cluster now (not backing off)."""
+    return cluster.retry_at is None or cluster.retry_at <= (now or timezone.now())
+
+
+def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None,
+                      backend: Any = None) -> ReconcileResult:
     """Converge the database and the cluster (after events, crashes or lost events).
 
     Rules: pod phases map to job states (all running → Running; all succeeded →
     Succeeded; any failed → Failed); a job whose pods are gone releases its resources
     (preempted ones are requeued); an admitted job whose pods were never created gets
     them (re)created; pods that belong to no admitted job (orphans) are deleted."""
-    backend = backend_for(cluster)
+    backend = backend or backend_for(cluster)
     if pods is None:
         pods = backend.list_pods()
     by_name = {p.name: p for p in pods}
@@ -1653,11 +1818,17 @@ def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None) 
             with contextlib.suppress(BackendError):
                 backend.delete_pod(p.namespace, p.name, grace_seconds=30)
             result.orphans_deleted.append(p.name)
+    _sweep_job_objects(backend, cluster, result)
     return result
 
 
 def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict[str, PodStatus],
-                   result: ReconcileResult) -> None:
+                   result: ReconcileResult, *, complete: bool = True, deleted: str = "") -> None:
+    """The reconcile rules for one job. ``complete``: ``pods`` is a full list of the cluster's
+    pods (a pod missing from it is gone); else it is the watcher's partial view, where only
+    ``deleted`` (the pod of a DELETED event) is known to be gone."""
+    if not rows:
+        return  # released meanwhile (another worker, an eviction): nothing left to converge
     job = rows[0].job
     present = [pods[a.pod_name] for a in rows if a.pod_name in pods]
     phases = [p.phase for p in present]
@@ -1696,16 +1867,30 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
         result.finished.append(job_id)
         _stop_after_commit_now(job_id)
         return
+    if job.state == JobState.RUNNING and not present:
+        if _pods_gone(job_id):
+            result.released.append(job_id)
+        return
+    # A pod that was created and then vanished (deleted, or being deleted: its node drained,
+    # someone ran kubectl delete) is lost. The job's other pods cannot go on without it
+    # (a gang's ranks wait on each other), so the whole job restarts (or ends).
+    # Only pods known to have existed: all of a running job's, or one seen running (a list
+    # taken just before a dispatch finished does not show its new pods yet).
+    seen = [a for a in rows if job.state == JobState.RUNNING or a.phase in (
+        PodPhase.RUNNING, PodPhase.SUCCEEDED) or a.pod_name == deleted]
+    lost = sorted(a.pod_name for a in seen if (
+        (a.pod_name in pods and pods[a.pod_name].deleting)
+        or (a.pod_name not in pods and (complete or a.pod_name == deleted))))
+    if lost:
+        if _job_lost_pod(job_id, lost[0]):
+            result.lost.append(job_id)
+        return
     if len(present) < len(rows):
         admitted = job.admitted_at or timezone.now()
-        if job.state == JobState.RUNNING and present:
-            pass  # a pod finished early and was cleaned up, or is being recreated below
-        if job.state == JobState.RUNNING and not present:
-            if _pods_gone(job_id):
-                result.released.append(job_id)
-            return
-        if timezone.now() - admitted > dt.timedelta(seconds=DISPATCH_GRACE_SECONDS):
-            # Admitted but pods missing: the dispatch was lost (crash) — create them again.
+        if job.state == JobState.STARTING and complete and timezone.now() - admitted > dt.timedelta(
+                seconds=DISPATCH_GRACE_SECONDS) and _dispatch_lost(job_id):
+            # Admitted but pods missing and no dispatch running: it was lost with a killed
+            # worker (its Redis message only comes back after the visibility timeout).
             from .tasks import job_dispatch
 
             job_dispatch.delay(job_id)
@@ -1722,29 +1907,61 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
                 result.started.append(job_id)
 
 
-def pod_event_apply(*, cluster: Cluster, pod_name: str, pods: dict[str, PodStatus]) -> str:
+def _dispatch_lost(job_id: int) -> bool:
+    """No dispatch of the job is running now (its advisory lock is free) and none was
+    re-requested in the last ``DISPATCH_GRACE_SECONDS`` (requests coalesce)."""
+    with transaction.atomic():
+        if _dispatch_in_flight(job_id):
+            return False
+    return bool(cache.add(f"camp:dispatch-requested:{job_id}", 1, timeout=DISPATCH_GRACE_SECONDS))
+
+
+def _job_lost_pod(job_id: int, pod: str) -> bool:
+    """A pod of a starting/running job is gone: restart the whole job (requeued; a
+    checkpoint-capable one resumes from its latest checkpoint), or fail it once it has used
+    its ``MAX_ATTEMPTS``. Its other pods are deleted and its resources released."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        if job.state not in (JobState.STARTING, JobState.RUNNING):
+            return False
+        what = f"pod {pod} was lost (deleted or evicted from its node)"
+        if job.attempts >= MAX_ATTEMPTS:
+            _finish(job, JobState.FAILED, f"{what[0].upper()}{what[1:]}; failed after "
+                                          f"{job.attempts} attempts")
+            _record(job, DecisionKind.FAILED, job.reason)
+            _audit_job("job.failed", job, after={"reason": job.reason})
+            _stop_after_commit(job.pk)
+            return True
+    return job_evict(job_id=job_id, reason=f"{what}; restarting all its pods")
+
+
+def pod_event_apply(*, cluster: Cluster, pod_name: str, pods: dict[str, PodStatus],
+                    deleted: bool = False) -> str:
     """Apply one watched pod event: the reconcile rules, for the one job the pod belongs to.
 
     ``pods`` is the watcher's current view of the cluster's managed pods (by name) with the
-    event already applied. A pod that belongs to no allocation is an orphan and deleted
-    (the same rule as ``cluster_reconcile``). Returns what was done, for logging."""
-    rows = list(Allocation.objects.filter(cluster=cluster, pod_name=pod_name).values_list(
-        "job_id", flat=True)[:1])
-    if not rows:
+    event already applied; ``deleted``: the event was DELETED (the pod is gone). A pod that
+    belongs to no allocation is an orphan and deleted (the same rule as
+    ``cluster_reconcile``). Returns what was done, for logging."""
+    job_id = Allocation.objects.filter(cluster=cluster, pod_name=pod_name).values_list(
+        "job_id", flat=True).first()
+    if job_id is None:
         pod = pods.get(pod_name)
         if pod is None or pod.deleting or pod.labels.get(MANAGED_BY) != "camp":
             return "ignored"
         with contextlib.suppress(BackendError):
             backend_for(cluster).delete_pod(pod.namespace, pod.name, grace_seconds=30)
         return "orphan-deleted"
-    job_id = rows[0]
+    # The job's allocations may be released between the two queries (an eviction or a stop
+    # on another worker): then there is nothing left to converge (``_reconcile_job``).
     allocs = list(Allocation.objects.filter(job_id=job_id).select_related("job", "node"))
     result = ReconcileResult()
-    _reconcile_job(backend_for(cluster), job_id, allocs, pods, result)
-    for name in ("started", "finished", "released", "redispatched"):
+    _reconcile_job(backend_for(cluster), job_id, allocs, pods, result, complete=False,
+                   deleted=pod_name if deleted else "")
+    for name in ("started", "finished", "released", "lost", "redispatched"):
         if job_id in getattr(result, name):
             return name
-    return "observed"
+    return "observed" if allocs else "released-meanwhile"
 
 
 def _update_phases(rows: list[Allocation], pods: dict[str, PodStatus]) -> None:

@@ -13,6 +13,7 @@ from celery import shared_task
 from django.db import OperationalError
 
 from . import services
+from .backends import backend_for
 from .backends.base import BackendError
 from .models import Cluster, Job
 
@@ -41,24 +42,47 @@ def cluster_cycle(cluster_id: int) -> dict[str, int] | str:
 
 @shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
 def cluster_reconcile(cluster_id: int) -> dict[str, int] | str:
+    """One reconcile: one attempt with a short timeout (no in-task retries), so a dead API
+    server holds a worker for seconds, once per backoff step, never for a retry ladder on
+    every tick; the outcome drives the cluster's backoff (``cluster_reachability_record``)."""
+    from .backends.kubernetes import KubernetesBackend
+
     cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
     if cluster is None:
+        services.reconcile_request_taken(cluster_id)
         return "disabled"
     try:
-        result = services.cluster_reconcile(cluster=cluster)
+        backend = backend_for(cluster)
+        if isinstance(backend, KubernetesBackend):  # a quick probe, then one attempt
+            backend.probe()
+            backend.retries = 0
+            backend.timeout = services.PROBE_TIMEOUT_SECONDS
+        result = services.cluster_reconcile(cluster=cluster, backend=backend)
     except BackendError as exc:
-        Cluster.objects.filter(pk=cluster_id).update(last_error=str(exc)[:500])
+        services.cluster_reachability_record(cluster_id=cluster_id, error=str(exc))
         return "error"
+    finally:
+        services.reconcile_request_taken(cluster_id)  # the next tick may queue one again
+    services.cluster_reachability_record(cluster_id=cluster_id, error=None)
     return {"started": len(result.started), "finished": len(result.finished),
             "released": len(result.released), "orphans": len(result.orphans_deleted)}
 
 
 @shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=2, max_retries=3)
 def cluster_inventory_sync(cluster_id: int) -> dict[str, int] | str:
+    from .backends.kubernetes import KubernetesBackend
+
     cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
     if cluster is None:
         return "disabled"
     try:
+        backend = backend_for(cluster)
+        if isinstance(backend, KubernetesBackend):
+            try:
+                backend.probe()  # a dead server: seconds, not the list's retry ladder
+            except BackendError as exc:
+                services.cluster_reachability_record(cluster_id=cluster_id, error=str(exc))
+                return "error"
         result = services.inventory_sync(cluster=cluster)
     except (BackendError, ValueError) as exc:
         Cluster.objects.filter(pk=cluster_id).update(last_error=str(exc)[:500])
@@ -123,9 +147,12 @@ def job_stop(job_id: int) -> str:
 def scheduler_tick() -> int:
     """Beat: reconcile and schedule every enabled cluster."""
     n = 0
-    for cluster_id in Cluster.objects.filter(enabled=True).values_list("pk", flat=True):
-        cluster_reconcile.delay(cluster_id)
-        services.request_cycle(cluster_id)
+    for cluster in Cluster.objects.filter(enabled=True).only("pk", "retry_at"):
+        # A cluster backing off is skipped until its retry time; a reconcile still queued
+        # or running is not queued again (ticks coalesce per cluster).
+        if services.cluster_due(cluster) and services.reconcile_request(cluster.pk):
+            cluster_reconcile.delay(cluster.pk)
+        services.request_cycle(cluster.pk)
         n += 1
     return n
 
@@ -134,7 +161,8 @@ def scheduler_tick() -> int:
 def inventory_tick() -> int:
     """Beat: full inventory list of every enabled cluster."""
     n = 0
-    for cluster_id in Cluster.objects.filter(enabled=True).values_list("pk", flat=True):
-        cluster_inventory_sync.delay(cluster_id)
-        n += 1
+    for cluster in Cluster.objects.filter(enabled=True).only("pk", "retry_at"):
+        if services.cluster_due(cluster):  # not while its API server is being backed off from
+            cluster_inventory_sync.delay(cluster.pk)
+            n += 1
     return n

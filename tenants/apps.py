@@ -8,3 +8,4 @@ class TenantsConfig(AppConfig):
     def ready(self) -> None:
         from . import signals  # noqa: F401  (login/logout audit receivers)
         from .api import schema  # noqa: F401  (OpenAPI security scheme)
+        from .sso import checks  # noqa: F401  (SSO start-up checks)

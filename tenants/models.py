@@ -18,10 +18,13 @@ class User(AbstractUser):
         default=False, help_text="Platform admins manage the whole platform."
     )
     # Single sign-on (tenants/sso, docs/AUTH.md). Accounts of different sources never
-    # merge: OIDC users are found by (issuer, subject) only, LDAP users by username
+    # merge: OIDC users are found by (issuer, subject) only, SAML users by (IdP entity
+    # id, NameID) in the same two fields, LDAP users by username
     # among LDAP-sourced accounts only.
     auth_source = models.CharField(
-        max_length=8, choices=[("local", "Local"), ("ldap", "LDAP"), ("oidc", "OpenID Connect")],
+        max_length=8,
+        choices=[("local", "Local"), ("ldap", "LDAP"), ("oidc", "OpenID Connect"),
+                 ("saml", "SAML 2.0")],
         default="local", help_text="Where this account signs in.",
     )
     sso_issuer = models.CharField(max_length=255, blank=True, default="")

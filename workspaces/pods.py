@@ -27,8 +27,8 @@ from django.conf import settings
 from registry.models import ExternalRegistry
 from registry.services import pull_secret_manifest, registry_for_reference
 from scheduling.backends.base import LABEL_JOB_ID, LABEL_REPLICA, LABEL_ROLE, ExtraObject, JobObjects, PodSpec
-from scheduling.backends.naming import namespace_name
 from scheduling.models import Job
+from scheduling.selectors import project_namespace_name
 
 from .models import DevEnvironment, EnvKind, TrainingFramework, TrainingJob
 from .selectors import authorized_keys, environment_path
@@ -93,7 +93,7 @@ def _pull_secret(project: Any, image: Any, reference: str) -> ExternalRegistry |
 
 def environment_objects(env: DevEnvironment) -> tuple[str, list[tuple[str, str]]]:
     """The namespace and (kind, name) of the objects an environment leaves behind."""
-    ns = namespace_name(env.cluster.namespace_prefix, env.tenant.name, env.project.name)
+    ns = project_namespace_name(cluster=env.cluster, project=env.project)
     objects = [("PersistentVolumeClaim", env.home_claim), ("Service", env.service_name)]
     if env.kind == EnvKind.SSH:
         objects.append(("ConfigMap", f"{env.service_name}-ssh"))

@@ -60,9 +60,9 @@ def ssh_command(env: DevEnvironment) -> str:
 
 
 def namespace_spec_for(env: DevEnvironment | TrainingJob) -> str:
-    from scheduling.backends.naming import namespace_name
+    from scheduling.selectors import project_namespace_name
 
-    return namespace_name(env.cluster.namespace_prefix, env.tenant.name, env.project.name)
+    return project_namespace_name(cluster=env.cluster, project=env.project)
 
 
 def authorized_keys(env: DevEnvironment) -> str:

@@ -207,6 +207,33 @@ def _clean_cluster(cluster: Cluster, actor: User) -> None:
         raise ValidationError({"cluster": ["This cluster does not exist or is disabled."]})
 
 
+_HOME_CLAIM = re.compile(r"ws-(\d+)-home")
+_CHECKPOINT_CLAIM = re.compile(r"tr-(\d+)-ckpt")
+
+
+def _clean_data_volume(actor: User, project: Project, name: str) -> None:
+    """A data volume is a PVC of the project's namespace that the submitter may use: a data
+    set, one of the project's checkpoint volumes, or the submitter's own home volume, never
+    a colleague's home (it holds their files and credentials) nor another project's volume."""
+    from scheduling.models import slug_validator
+
+    try:
+        slug_validator(name)
+    except ValidationError as exc:
+        raise ValidationError({"data_volume": ["The name of a PVC in the project's namespace."]}) from exc
+    home = _HOME_CLAIM.fullmatch(name)
+    if home:
+        env = DevEnvironment.objects.filter(pk=int(home[1])).only("project_id", "owner_id").first()
+        if env is None or env.project_id != project.pk or env.owner_id != actor.pk:
+            raise ValidationError({"data_volume": [
+                f"{name} is the home volume of another user's environment; you may mount only "
+                f"your own home volume, your project's checkpoint volumes or data sets."]})
+    ckpt = _CHECKPOINT_CLAIM.fullmatch(name)
+    if ckpt and not TrainingJob.objects.filter(pk=int(ckpt[1]), project=project).exists():
+        raise ValidationError({"data_volume": [
+            f"{name} is not a checkpoint volume of this project."]})
+
+
 def _save(obj: DevEnvironment | TrainingJob, message: str) -> None:
     try:
         obj.full_clean(
@@ -886,12 +913,7 @@ def training_submit(
     if checkpoint_volume_gib and not checkpoint_dir:
         raise ValidationError({"checkpoint_volume_gib": ["A checkpoint volume needs a checkpoint_dir."]})
     if data_volume:
-        from scheduling.models import slug_validator
-
-        try:
-            slug_validator(data_volume)
-        except ValidationError as exc:
-            raise ValidationError({"data_volume": ["The name of a PVC in the project's namespace."]}) from exc
+        _clean_data_volume(actor, project, data_volume)
     t.image, t.image_reference = _resolve_image(
         project=project,
         image=image,

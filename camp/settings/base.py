@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "axes",
+    "camp",
     "tenants",
     "scheduling",
     "workspaces",
@@ -38,10 +39,14 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: probes reach /healthz and /readyz by pod IP over plain HTTP (camp/health.py).
+    "camp.health.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "tenants.middleware.RequestContextMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # The SAML session cookie (djangosaml2); does nothing unless SAML_ENABLED.
+    "tenants.sso.saml_middleware.SAMLSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -89,7 +94,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# collectstatic's target (the container image collects at build time into /app/var/static).
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "var" / "static")))
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -34,14 +34,19 @@ class ClusterSerializer(serializers.ModelSerializer[Cluster]):
     ca_cert = serializers.CharField(write_only=True, required=False, allow_blank=True,
                                     trim_whitespace=False)
     has_credentials = serializers.BooleanField(read_only=True)
+    watch_failing = serializers.BooleanField(
+        read_only=True, help_text="The pod watcher's last error is newer than its last event.")
 
     class Meta:
         model = Cluster
         fields = ["id", "name", "display_name", "enabled", "backend", "placement_policy", "api_server",
                   "prometheus_url", "namespace_prefix", "inventory", "kubeconfig", "token", "ca_cert",
-                  "has_credentials", "last_inventory_at", "last_cycle_at", "last_error", "created_at"]
+                  "has_credentials", "last_inventory_at", "last_cycle_at", "last_error",
+                  "unreachable_since", "retry_at", "failures", "watch_last_event_at", "watch_error",
+                  "watch_error_since", "watch_failing", "created_at"]
         read_only_fields = ["id", "has_credentials", "last_inventory_at", "last_cycle_at",
-                            "last_error", "created_at"]
+                            "last_error", "unreachable_since", "retry_at", "failures",
+                            "watch_last_event_at", "watch_error", "watch_error_since", "created_at"]
         validators: list[Any] = []
 
 

@@ -15,8 +15,11 @@ from typing import Any, Protocol
 MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_TENANT = "camp.io/tenant"
 LABEL_PROJECT = "camp.io/project"
+LABEL_PROJECT_ID = "camp.io/project-id"
 LABEL_JOB = "camp.io/job"
 LABEL_JOB_ID = "camp.io/job-id"
+LABEL_JOB_OBJECT = "camp.io/job-object"
+"""On a job's owned extra objects: the name of its ConfigMap (deleted with it)."""
 LABEL_ROLE = "camp.io/role"
 LABEL_REPLICA = "camp.io/replica"
 
@@ -163,7 +166,13 @@ class ClusterBackend(Protocol):
 
     def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None: ...
 
-    def delete_job_objects(self, namespace: str, name: str) -> None: ...
+    def delete_job_objects(self, namespace: str, name: str) -> None:
+        """Delete the job's ConfigMap, headless Service and owned extras (idempotent)."""
+        ...
+
+    def list_job_objects(self) -> list[tuple[str, str, int]]:
+        """(namespace, name, job id) of every per-job ConfigMap on the cluster."""
+        ...
 
     def list_pods(self) -> list[PodStatus]:
         """Every pod this platform manages on the cluster."""

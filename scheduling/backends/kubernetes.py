@@ -42,6 +42,8 @@ from kubernetes.utils import parse_quantity
 from ..models import Cluster
 from .base import (
     LABEL_JOB_ID,
+    LABEL_JOB_OBJECT,
+    LABEL_PROJECT_ID,
     MANAGED_BY,
     BackendError,
     ExtraObject,
@@ -130,6 +132,12 @@ class KubernetesBackend:
         self.backoff = backoff
         self.sleep = sleep
         self._owner_uids: dict[tuple[str, str], str] = {}
+        self.timeout: float | tuple[float, float] = 30  # seconds, or (connect, read)
+        # ``_call`` retries with backoff itself; urllib3's own silent retries under it would
+        # multiply every wait on a dead server (and log a line per attempt).
+        pool = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
+        if pool is not None:
+            pool.connection_pool_kw["retries"] = False
 
     @classmethod
     def for_cluster(cls, cluster: Cluster) -> KubernetesBackend:
@@ -144,6 +152,8 @@ class KubernetesBackend:
             if cluster.api_server:
                 api.configuration.host = cluster.api_server
             return cls(api)
+        if not cluster.api_server:
+            raise BackendError("The cluster has no API server URL and no kubeconfig", status=400)
         configuration = k8s.Configuration()
         configuration.host = cluster.api_server
         if creds.get("token"):
@@ -159,7 +169,7 @@ class KubernetesBackend:
 
     def _call(self, fn: Callable[..., T], *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> T | None:
         """Call the API; statuses in ``ok`` return None; 5xx/429/timeouts retry with backoff."""
-        kwargs.setdefault("_request_timeout", 30)
+        kwargs.setdefault("_request_timeout", self.timeout)
         for attempt in range(self.retries + 1):
             try:
                 return fn(*args, **kwargs)
@@ -175,9 +185,23 @@ class KubernetesBackend:
                 if attempt < self.retries:
                     self.sleep(self.backoff * 2 ** attempt)
                     continue
-                raise BackendError(f"Kubernetes API unreachable: {type(exc).__name__}",
-                                   retryable=True) from exc
+                raise BackendError(f"Kubernetes API unreachable at {self.api.configuration.host} "
+                                   f"({_reason(exc)})", retryable=True) from exc
         raise AssertionError("unreachable")
+
+    def probe(self, *, timeout: float = 3.0) -> None:
+        """One quick ``GET /version`` (no retries): BackendError unless the server answers
+        within ``timeout`` seconds. Reconcile probes first, so a dead or hung API server
+        costs a worker seconds, not a request timeout."""
+        try:
+            k8s.VersionApi(self.api).get_code(_request_timeout=(timeout, timeout))
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                return  # it answered; what the credentials may do is checked elsewhere
+            raise BackendError(_describe(exc), status=exc.status, retryable=True) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise BackendError(f"Kubernetes API unreachable at {self.api.configuration.host} "
+                               f"({_reason(exc)})", retryable=True) from exc
 
     # -- inventory ---------------------------------------------------------------------------
 
@@ -226,6 +250,11 @@ class KubernetesBackend:
                        {"apiVersion": "v1", "kind": "Namespace",
                         "metadata": {"name": spec.name, "labels": dict(spec.labels)}}, ok=(409,))
         elif any((existing.metadata.labels or {}).get(k) != v for k, v in spec.labels.items()):
+            owner = (existing.metadata.labels or {}).get(LABEL_PROJECT_ID)
+            if owner and owner != spec.labels.get(LABEL_PROJECT_ID):
+                # Another project's namespace: never adopt it (its volumes and secrets are there).
+                raise BackendError(f"Namespace {spec.name} belongs to another project "
+                                   f"(camp.io/project-id={owner}); refusing to use it", status=409)
             self._call(self.core.patch_namespace, spec.name, {"metadata": {"labels": dict(spec.labels)}})
         if spec.quota:
             body = {"apiVersion": "v1", "kind": "ResourceQuota",
@@ -272,6 +301,7 @@ class KubernetesBackend:
         meta["namespace"] = objs.namespace
         meta.setdefault("labels", {}).update({MANAGED_BY: "camp"})
         if extra.owned:
+            meta["labels"][LABEL_JOB_OBJECT] = objs.name  # deleted with the job (delete_job_objects)
             refs = self._owner_refs(objs.namespace, objs.name)
             if refs:
                 meta["ownerReferences"] = refs
@@ -307,8 +337,36 @@ class KubernetesBackend:
                  "controller": True, "blockOwnerDeletion": True}]
 
     def delete_job_objects(self, namespace: str, name: str) -> None:
+        """Delete a job's ConfigMap, its headless Service and its owned extras (labelled
+        ``camp.io/job-object=<name>``). Explicitly: owner references cascade only where a
+        garbage collector runs (not on a bare API server, and never for an owner gone)."""
         self._call(self.core.delete_namespaced_config_map, name, namespace,
                    body=k8s.V1DeleteOptions(propagation_policy="Background"), ok=(404,))
+        self._call(self.core.delete_namespaced_service, name, namespace, ok=(404,))
+        self._owner_uids.pop((namespace, name), None)
+        for kind in ("Service", "Ingress", "ConfigMap"):
+            api, suffix = self._extra_api(kind)
+            listed = self._call(getattr(api, f"list_namespaced_{suffix}"), namespace,
+                                label_selector=f"{SELECTOR},{LABEL_JOB_OBJECT}={name}", ok=(404,))
+            for obj in (listed.items if listed is not None else []):
+                labels = obj.metadata.labels or {}
+                # Checked again here: a label selector is a server convenience, not a guarantee.
+                if labels.get(MANAGED_BY) == "camp" and labels.get(LABEL_JOB_OBJECT) == name:
+                    self._call(getattr(api, f"delete_namespaced_{suffix}"), obj.metadata.name,
+                               namespace, ok=(404,))
+
+    def list_job_objects(self) -> list[tuple[str, str, int]]:
+        """(namespace, owner name, job id) of every per-job ConfigMap Camp made (the owner of
+        its job's other objects): what reconcile checks for leftovers."""
+        listed = self._call(self.core.list_config_map_for_all_namespaces,
+                            label_selector=f"{SELECTOR},{LABEL_JOB_ID}")
+        out = []
+        for cm in (listed.items if listed is not None else []):
+            labels = cm.metadata.labels or {}
+            job_id = labels.get(LABEL_JOB_ID, "")
+            if labels.get(MANAGED_BY) == "camp" and job_id.isdigit():
+                out.append((cm.metadata.namespace, cm.metadata.name, int(job_id)))
+        return out
 
     # -- pods --------------------------------------------------------------------------------
 
@@ -488,8 +546,111 @@ def _pod_status(p: Any) -> PodStatus:
 
 
 def _describe(exc: ApiException) -> str:
+    if not exc.status:  # the client's wrapping of a TLS or connection failure: no answer
+        text = str(exc.reason or "")
+        if "CERTIFICATE_VERIFY_FAILED" in text:
+            return "The API server's TLS certificate could not be verified (wrong or missing CA certificate)"
+        return f"Kubernetes API unreachable ({text.splitlines()[0][:200] if text else 'no answer'})"
     try:
         message = json.loads(exc.body or "{}").get("message", "")
     except (ValueError, AttributeError):
         message = ""
     return f"Kubernetes API answered {exc.status} {exc.reason or ''}: {message}".strip(": ")[:400]
+
+
+# What Camp does in a cluster, as RBAC rules (verb, API group, resource[/subresource]);
+# docs/KUBERNETES.md lists the ClusterRole. Checked when a cluster is registered.
+REQUIRED_ACCESS: tuple[tuple[str, str, str], ...] = (
+    *((v, "", "nodes") for v in ("get", "list", "watch", "patch")),
+    *((v, "", "namespaces") for v in ("get", "create", "patch")),
+    *((v, "", "resourcequotas") for v in ("create", "patch")),
+    *((v, "", "pods") for v in ("get", "list", "watch", "create", "patch", "delete")),
+    ("create", "", "pods/binding"),
+    ("get", "", "pods/log"),
+    *((v, "", "configmaps") for v in ("get", "list", "create", "patch", "delete")),
+    *((v, "", "services") for v in ("list", "create", "delete")),
+    *((v, "", "secrets") for v in ("create", "patch", "delete")),
+    *((v, "", "persistentvolumeclaims") for v in ("create", "delete")),
+    *((v, "networking.k8s.io", "ingresses") for v in ("list", "create", "delete")),
+)
+CHECK_TIMEOUT_SECONDS = 5
+
+
+def access_problems(cluster: Cluster) -> dict[str, str]:
+    """Why Camp cannot work with ``cluster`` as registered, by form field (``api_server``,
+    ``credentials``), in words; empty when it can. One attempt per request, short timeouts:
+    reachability (``/version``), authentication, then every permission of ``REQUIRED_ACCESS``
+    through SelfSubjectAccessReview (the API that ``kubectl auth can-i`` uses)."""
+    creds = decrypt_credentials(cluster.credentials_encrypted) if cluster.credentials_encrypted else {}
+    if not cluster.api_server and not creds.get("kubeconfig"):
+        return {"api_server": "Give the API server URL (or a kubeconfig that names it)."}
+    if not any(creds.get(k) for k in ("kubeconfig", "token")):
+        return {"credentials": "No credentials: give a service account token or a kubeconfig."}
+    try:
+        backend = KubernetesBackend.for_cluster(cluster)
+    except (BackendError, ValueError, TypeError, KeyError) as exc:
+        return {"credentials": f"The kubeconfig cannot be used: {exc}"}
+    host = backend.api.configuration.host
+    timeout = CHECK_TIMEOUT_SECONDS
+    try:
+        k8s.VersionApi(backend.api).get_code(_request_timeout=timeout)
+    except urllib3.exceptions.SSLError as exc:
+        return {"api_server": f"The API server at {host} answered, but its TLS certificate could not "
+                              f"be verified ({_reason(exc)}); give the cluster's CA certificate."}
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        return {"api_server": f"The API server at {host} does not answer ({_reason(exc)})."}
+    except ApiException as exc:
+        if exc.status == 0:  # the client's wrapping of a connection or TLS failure
+            text = str(exc.reason or "")
+            if "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
+                return {"api_server": f"The API server at {host} answered, but its TLS certificate "
+                                      f"could not be verified; give the cluster's CA certificate."}
+            return {"api_server": f"The API server at {host} does not answer ({_reason(exc)})."}
+        if exc.status == 401:
+            return {"credentials": "The API server refused the credentials (401 Unauthorized): "
+                                   "the token is wrong or has expired."}
+        if exc.status not in (403,):  # /version may be closed to some identities: fine
+            return {"api_server": f"{host} does not look like a Kubernetes API server "
+                                  f"({_describe(exc)})."}
+    authz = k8s.AuthorizationV1Api(backend.api)
+    denied: list[str] = []
+    for verb, group, resource in REQUIRED_ACCESS:
+        res, _, sub = resource.partition("/")
+        attrs = {"verb": verb, "group": group, "resource": res}
+        if sub:
+            attrs["subresource"] = sub
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attrs}}
+        try:
+            review = authz.create_self_subject_access_review(body, _request_timeout=timeout)
+        except ApiException as exc:
+            if exc.status == 401:
+                return {"credentials": "The API server refused the credentials (401 Unauthorized): "
+                                       "the token is wrong or has expired."}
+            return {"credentials": f"Could not check the credentials' permissions ({_describe(exc)})."}
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return {"api_server": f"The API server at {host} stopped answering ({_reason(exc)})."}
+        if not (review.status and review.status.allowed):
+            denied.append(f"{verb} {resource}" + (f" ({group})" if group else ""))
+    if denied:
+        return {"credentials": "These credentials may not " + ", ".join(denied)
+                               + ": grant Camp's ClusterRole (docs/ARCHITECTURE.md, "
+                               "\"Registering a Kubernetes cluster\")."}
+    return {}
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a connection error, in words (not "MaxRetryError")."""
+    inner: BaseException = exc
+    while True:
+        nxt = getattr(inner, "reason", None) or inner.__cause__ or inner.__context__
+        if not isinstance(nxt, BaseException) or nxt is inner:
+            break
+        inner = nxt
+    text = str(inner)
+    for marker, words in (("Connection refused", "connection refused"),
+                          ("timed out", "timed out"), ("Name or service not known", "unknown host"),
+                          ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed")):
+        if marker in text:
+            return words
+    return text.split(": ", 1)[-1][:200] or type(inner).__name__

@@ -22,8 +22,13 @@ def dns_label(*parts: str, limit: int = 63) -> str:
     return f"{clean[: limit - 9].rstrip('-')}-{digest}"
 
 
-def namespace_name(prefix: str, tenant: str, project: str) -> str:
-    return dns_label(prefix, tenant, project)
+def namespace_name(prefix: str, project_id: int, project: str) -> str:
+    """``<prefix>-p<project id>-<project name>``: unique per project by construction (the
+    prefix is a fixed DNS label of the cluster and the id ends at the next ``-``, so two
+    projects never map to one name, whatever their tenants' and projects' names; a plain
+    join of tenant and project names collides: ``acme``/``ml-x`` and ``acme-ml``/``x``).
+    A long project name is truncated after the id, which stays whole."""
+    return dns_label(prefix, f"p{project_id}", project)
 
 
 def job_object_name(job_name: str, job_id: int) -> str:

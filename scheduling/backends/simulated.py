@@ -8,6 +8,7 @@ beat all see one cluster. Time is the wall clock: the periodic reconcile task is
 Inventory format (see scheduling/inventories/demo.yaml)::
 
     start_delay_seconds: 3          # Pending → Running
+    create_delay_seconds: 0         # the API server's time to create one pod
     default_duration_seconds: 60    # for jobs that declare none
     nodes:
       - name: h100-{i}              # {i} is replaced when count > 1
@@ -80,6 +81,9 @@ def parse_inventory(text: str) -> tuple[list[NodeInfo], dict[str, Any]]:
     options = {
         "start_delay_seconds": float(data.get("start_delay_seconds", 3)),
         "default_duration_seconds": float(data.get("default_duration_seconds", 60)),
+        # How long the simulated API server takes to create one pod (default 0): a slow
+        # dispatch, e.g. to kill a worker in the middle of one.
+        "create_delay_seconds": float(data.get("create_delay_seconds", 0)),
     }
     return nodes, options
 
@@ -130,6 +134,8 @@ class SimulatedBackend:
     def create_pod(self, spec: PodSpec) -> bool:
         if spec.node not in {n.name for n in self.nodes}:
             raise BackendError(f"node {spec.node} does not exist", status=422)
+        if self.options["create_delay_seconds"]:
+            time.sleep(self.options["create_delay_seconds"])
         now = timezone.now()
         start = now + dt.timedelta(seconds=self.options["start_delay_seconds"])
         duration = spec.duration_seconds or self.options["default_duration_seconds"]
@@ -163,6 +169,9 @@ class SimulatedBackend:
 
     def delete_job_objects(self, namespace: str, name: str) -> None:
         return None
+
+    def list_job_objects(self) -> list[tuple[str, str, int]]:
+        return []  # per-job objects are implicit in the simulation
 
     def list_pods(self) -> list[PodStatus]:
         now = timezone.now()

@@ -377,6 +377,10 @@ class QueueCycle:
         ask = self.ask(job)
         blocked = self.admission_block(job, ask)
         if blocked is not None:
+            if blocked[0] == Kind.QUOTA:
+                pre = self.try_preempt_within_limit(job, pods, ask)
+                if pre is not None:
+                    return pre, Kind.PREEMPTING, job.name in self.borrowing, False, None
             return Wait(job.name, blocked[1]), blocked[0], False, False, None
         exclude, bypassed = self.held_nodes(job)
         placement = self.try_place(job, pods, exclude)
@@ -687,6 +691,69 @@ class QueueCycle:
             return None
         self.admit(job, placement, u)
         return Preempt(job.name, tuple(v.name for v in victims), placement)
+
+    def try_preempt_within_limit(
+        self, job: Job, pods: Sequence[PodRequest], ask: Sequence[int]
+    ) -> Preempt | None:
+        """Rule (preemption within a limit): a job held back by a limit of its project, its
+        tenant or the cluster may evict lower-priority preemptible jobs charged to that
+        limit (Kueue's ``withinClusterQueue: LowerPriority``): the fewest, in preference
+        order (:func:`victim_key`), such that the job then stays within every limit on its
+        path and fits on the nodes. Nobody is evicted when that is not enough. Without this
+        rule a limit held by a tenant's own batch jobs would keep its urgent job waiting
+        until they end, however low their priority."""
+        cfg = self.config.preemption
+        if not cfg.enabled or not self.running:
+            return None
+        violation = self.tree.quota_violation(job.queue, ask)
+        if violation is None:
+            return None
+        limited = violation[0]
+        cands = [v for v in self.eligible_victims(job, reclaiming=False)
+                 if limited in self.tree.path_of(v.queue)]
+        if not cands:
+            return None
+        exclude, _ = self.held_nodes(job)
+
+        def ok() -> bool:
+            if self.tree.quota_violation(job.queue, ask) is not None:
+                return False
+            p = self._place(job, pods, exclude)
+            if p is None:
+                return False
+            for pp in p.pods:
+                self.state.unreserve(pp)
+            return True
+
+        chosen: list[RunningJob] = []
+        for v in cands:
+            self.evictor.remove(v)
+            self._release(v)
+            chosen.append(v)
+            if ok():
+                break
+        else:
+            for v in reversed(chosen):
+                self._unrelease(v)
+            return None
+        for v in reversed(list(chosen)):  # give back every victim not needed after all
+            self._unrelease(v)
+            if ok():
+                chosen.remove(v)
+                continue
+            self.evictor.remove(v)
+            self._release(v)
+        placement = self._place(job, pods, exclude)
+        u = placement_usage(placement.pods, self.card_memory) if placement is not None else list(ask)
+        if placement is None or self.admission_block(job, u) is not None:
+            if placement is not None:
+                for pp in placement.pods:
+                    self.state.unreserve(pp)
+            for v in reversed(chosen):
+                self._unrelease(v)
+            return None
+        self.admit(job, placement, u)
+        return Preempt(job.name, tuple(v.name for v in chosen), placement)
 
     def eligible_victims(self, job: Job, reclaiming: bool) -> list[RunningJob]:
         """The running jobs ``job`` may evict (:func:`may_preempt`), in preference order

@@ -1,4 +1,4 @@
-"""Single sign-on: OIDC and LDAP backends sharing one group → role mapping (docs/AUTH.md).
+"""Single sign-on: OIDC, SAML and LDAP backends sharing one group → role mapping (docs/AUTH.md).
 
 This package's ``__init__`` and ``mapping``/``config`` modules import no models, so
 settings can use them.

@@ -21,3 +21,21 @@ class LocalModelBackend(ModelBackend):
         if user is not None and getattr(user, "auth_source", "local") != "local":
             return None
         return user
+
+
+def lockout_parameters(request_or_attempt: Any, credentials: dict[str, Any] | None = None
+                       ) -> list[str | list[str]]:
+    """django-axes AXES_LOCKOUT_PARAMETERS: per username and per address, or per address only.
+
+    A failed OIDC or SAML sign-in has no username; axes would file it under username
+    "None" and, once any few such failures happened anywhere, lock single sign-on for
+    everyone. Those count per client address only.
+    """
+    from axes.helpers import get_client_username
+    from axes.models import AccessBase
+
+    if isinstance(request_or_attempt, AccessBase):
+        username = request_or_attempt.username
+    else:
+        username = get_client_username(request_or_attempt, credentials)
+    return [["username"], ["ip_address"]] if username else [["ip_address"]]

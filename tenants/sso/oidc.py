@@ -5,14 +5,20 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any, NoReturn
+from urllib.parse import urlencode
 
+import jwt
+import requests
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
+from django.http import HttpRequest
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from tenants.models import User
 
+from .discovery import KeyChoiceError, ProviderError, choose_key, endpoints, forget_provider_metadata, jwks
 from .services import group_role_mapping, sso_login_refused, sso_sync_memberships, sso_user_created
 
 logger = logging.getLogger(__name__)
@@ -22,6 +28,33 @@ CLASH_MESSAGE = (
     "was created for this sign-in. Ask a platform admin to resolve the clash."
 )
 GENERIC_MESSAGE = "Single sign-on did not complete. Try again or ask a platform admin."
+UNREACHABLE_MESSAGE = (
+    "Camp could not reach the identity provider, so you were not signed in. Try again in a "
+    "moment; if it keeps failing, tell a platform admin."
+)
+STATE_MESSAGE = (
+    "This sign-in attempt is not one Camp started, or it was already used or has expired. "
+    "Start again from this page."
+)
+UNVERIFIED_MESSAGE = (
+    "The identity provider's answer could not be verified, so you were not signed in. "
+    "A platform admin can find the reason in the audit log."
+)
+EXPIRED_MESSAGE = (
+    "The identity provider's answer was expired or dated in the future (are the clocks of "
+    "Camp and the provider in sync?), so you were not signed in."
+)
+
+
+class TokenRefused(SuspiciousOperation):
+    """An ID token Camp will not accept; ``reason`` is audited, ``message`` is shown."""
+
+    def __init__(self, reason: str, message: str = UNVERIFIED_MESSAGE) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.message = message
+
+
 _NOT_USERNAME = re.compile(r"[^\w.@+-]")
 
 
@@ -52,7 +85,104 @@ def claim_groups(claims: dict[str, Any], path: str) -> set[str]:
 
 
 class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
-    """Find the account by (issuer, subject) — never by e-mail — or create it; re-sync roles."""
+    """Find the account by (issuer, subject) — never by e-mail — or create it; re-sync roles.
+
+    Endpoints come from discovery at login time (tenants/sso/discovery.py); ID tokens are
+    verified here against the cached JWKS, with Camp's audience, issuer and clock checks.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Not the library's __init__: it reads endpoint URLs once from settings and refuses
+        # an RS256 setup without a JWKS URL, but with discovery the endpoints are only
+        # known at login time (and the provider may be down when Camp starts).
+        self.UserModel = get_user_model()
+        self.OIDC_RP_CLIENT_ID = _setting("OIDC_RP_CLIENT_ID")
+        self.OIDC_RP_CLIENT_SECRET = _setting("OIDC_RP_CLIENT_SECRET")
+        self.OIDC_RP_SIGN_ALGO = _setting("OIDC_RP_SIGN_ALGO")
+        self.OIDC_RP_IDP_SIGN_KEY = None
+        self.OIDC_OP_TOKEN_ENDPOINT = self.OIDC_OP_USER_ENDPOINT = ""
+        self.OIDC_OP_JWKS_ENDPOINT = ""
+
+    def authenticate(self, request: HttpRequest | None, **kwargs: Any) -> User | None:
+        # Password logins reach every backend too: only an OIDC callback is ours, and it
+        # alone may cause network calls.
+        if request is None or "username" in kwargs or "nonce" not in kwargs:
+            return None
+        if not (request.GET.get("code") and request.GET.get("state")):
+            return None
+        found = endpoints()  # ProviderError when the provider cannot be reached
+        self.OIDC_OP_TOKEN_ENDPOINT = found.token_endpoint
+        self.OIDC_OP_USER_ENDPOINT = found.userinfo_endpoint
+        self.OIDC_OP_JWKS_ENDPOINT = found.jwks_uri
+        try:
+            user: User | None = super().authenticate(request, **kwargs)
+        except requests.RequestException as exc:
+            # The cached endpoints may be stale (the provider moved): rediscover next time.
+            forget_provider_metadata()
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            raise ProviderError(
+                f"token or userinfo request failed ({type(exc).__name__}"
+                f"{f' {status}' if status else ''})") from exc
+        return user
+
+    def retrieve_matching_jwk(self, token: str) -> jwt.PyJWK:
+        """The JWKS key for ``token``; an unknown key refreshes the cached JWKS once."""
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.DecodeError as exc:
+            raise TokenRefused("ID token is not a JWS") from exc
+        alg, kid = header.get("alg"), header.get("kid")
+        if alg != self.OIDC_RP_SIGN_ALGO:
+            raise TokenRefused(f"ID token algorithm {str(alg)[:16]!r} is not OIDC_SIGN_ALGO")
+        kid = None if kid is None else str(kid)
+        try:
+            jwk = choose_key(jwks(self.OIDC_OP_JWKS_ENDPOINT)["keys"], kid=kid, alg=alg)
+        except KeyChoiceError:
+            # Key rotation: the provider may have published a key since the JWKS was cached.
+            try:
+                jwk = choose_key(jwks(self.OIDC_OP_JWKS_ENDPOINT, refresh=True)["keys"],
+                                 kid=kid, alg=alg)
+            except KeyChoiceError as exc:
+                raise TokenRefused(exc.reason) from exc
+        try:
+            return jwt.PyJWK(jwk, algorithm=alg)
+        except jwt.PyJWTError as exc:
+            raise TokenRefused("the provider's signing key is unusable") from exc
+
+    def get_payload_data(self, token: str, key: Any) -> dict[str, Any]:
+        """Verify signature, issuer, audience and times (OIDC Core §3.1.3.7), with leeway.
+
+        Replaces the library's check, which skips the audience, never allows unsigned
+        tokens here, and lets PyJWT's time errors escape as server errors.
+        """
+        if isinstance(key, jwt.PyJWK):
+            key = key.key
+        try:
+            payload: dict[str, Any] = jwt.decode(
+                token, key, algorithms=[self.OIDC_RP_SIGN_ALGO],
+                audience=self.OIDC_RP_CLIENT_ID, issuer=str(_setting("OIDC_ISSUER")),
+                leeway=int(_setting("OIDC_CLOCK_SKEW_SECONDS")),
+                options={"require": ["exp", "iat", "iss", "aud", "sub"]},
+            )
+        except jwt.ExpiredSignatureError as exc:
+            raise TokenRefused("ID token expired", EXPIRED_MESSAGE) from exc
+        except jwt.ImmatureSignatureError as exc:
+            raise TokenRefused("ID token issued in the future beyond the allowed clock skew",
+                               EXPIRED_MESSAGE) from exc
+        except jwt.InvalidAudienceError as exc:
+            raise TokenRefused("ID token audience does not include this client") from exc
+        except jwt.InvalidIssuerError as exc:
+            raise TokenRefused("ID token issuer does not match OIDC_ISSUER") from exc
+        except jwt.InvalidSignatureError as exc:
+            raise TokenRefused("ID token signature does not verify") from exc
+        except jwt.PyJWTError as exc:
+            raise TokenRefused(f"ID token invalid ({type(exc).__name__})") from exc
+        audience = payload["aud"]
+        # OIDC Core §3.1.3.7 (4, 5): with several audiences, azp must name this client.
+        if isinstance(audience, list) and len(audience) > 1 and (
+                payload.get("azp") != self.OIDC_RP_CLIENT_ID):
+            raise TokenRefused("ID token has several audiences and azp is not this client")
+        return payload
 
     def _refuse(self, username: str, reason: str, message: str = GENERIC_MESSAGE) -> NoReturn:
         sso_login_refused(request=getattr(self, "request", None), source="oidc",
@@ -64,14 +194,8 @@ class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
         issuer = str(_setting("OIDC_ISSUER"))
         subject = str(payload.get("sub") or "")
         hint = str(payload.get(_setting("OIDC_USERNAME_CLAIM")) or subject)[:150]
-        # The library checks signature, expiry and nonce; the issuer and audience
-        # checks of OIDC Core §3.1.3.7 are ours.
-        if payload.get("iss") != issuer:
-            self._refuse(hint, "ID token issuer does not match OIDC_ISSUER")
-        audience = payload.get("aud")
-        audiences = [audience] if isinstance(audience, str) else list(audience or [])
-        if self.OIDC_RP_CLIENT_ID not in audiences:
-            self._refuse(hint, "ID token audience does not include this client")
+        # Signature, issuer, audience and times were checked in get_payload_data, the
+        # nonce by the library.
         if not subject:
             self._refuse(hint, "ID token has no subject")
         userinfo: dict[str, Any] = {}
@@ -128,3 +252,26 @@ class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
         if not isinstance(given, str) and isinstance(claims.get("name"), str):
             first, _, last = claims["name"].partition(" ")
             user.first_name, user.last_name = first[:150], last[:150]
+
+
+def provider_logout_url(request: HttpRequest, post_logout_redirect: str) -> str | None:
+    """Where to send the browser to end the provider's session too (RP-Initiated Logout 1.0).
+
+    None when the provider offers no end_session_endpoint or cannot be reached: the
+    Camp session ends either way.
+    """
+    if not (_setting("OIDC_ENABLED") and _setting("OIDC_LOGOUT_AT_PROVIDER")):
+        return None
+    try:
+        endpoint = endpoints().end_session_endpoint
+    except ProviderError as exc:
+        logger.warning("No logout at the OpenID provider: %s", exc.reason)
+        return None
+    if not endpoint:
+        return None
+    params = {"client_id": str(_setting("OIDC_RP_CLIENT_ID")),
+              "post_logout_redirect_uri": post_logout_redirect}
+    id_token = request.session.get("oidc_id_token")
+    if id_token:
+        params["id_token_hint"] = str(id_token)
+    return f"{endpoint}{'&' if '?' in endpoint else '?'}{urlencode(params)}"

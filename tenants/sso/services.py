@@ -1,7 +1,7 @@
 """Writes for single sign-on: membership re-sync and refused logins, all audited.
 
 The actor of these changes is the identity source, not a person: events carry no
-actor id and ``actor_username`` ``sso:oidc`` / ``sso:ldap``.
+actor id and ``actor_username`` ``sso:oidc`` / ``sso:ldap`` / ``sso:saml``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .mapping import (
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("ldap", "oidc")
+SOURCES = ("ldap", "oidc", "saml")
 
 
 def group_role_mapping() -> GroupRoleMapping:

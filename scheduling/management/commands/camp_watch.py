@@ -6,6 +6,12 @@ and applies each through ``services.pod_event_apply``, so phase changes reach jo
 moments instead of at the next periodic reconcile. The periodic reconcile task stays the
 safety net (e.g. for pods deleted while the stream was away: a relist reports what exists,
 not what vanished). One process per cluster; docker-compose runs it as ``watcher``.
+
+It never dies on one bad event (the error is recorded and the next event applied), and
+during an API server outage it backs off quietly: exponential waits capped at a minute,
+one log line when the watch fails and one when it recovers, not one per retry. Its health
+(last event, current error and since when) is stored on the cluster: the console's cluster
+page and /metrics show it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,46 @@ from scheduling.backends.base import BackendError, PodStatus
 from scheduling.models import Cluster
 
 logger = logging.getLogger("scheduling.watch")
+
+MAX_BACKOFF_SECONDS = 60.0
+HEALTH_WRITE_SECONDS = 5.0
+"""The last event's time is written at most this often (not once per event)."""
+
+
+class Health:
+    """The watcher's state as the cluster row shows it (``watch_last_event_at``, and the last
+    error with its time: failing while that error is newer than the last event); logs only
+    when it changes."""
+
+    def __init__(self, cluster_id: int, name: str) -> None:
+        self.cluster_id, self.name = cluster_id, name
+        self.error = ""
+        self.written_at = 0.0
+
+    def event(self) -> None:
+        now = time.monotonic()
+        if self.error:
+            logger.info("watch of %s recovered", self.name)
+            self.error = ""
+        elif now - self.written_at < HEALTH_WRITE_SECONDS:
+            return
+        Cluster.objects.filter(pk=self.cluster_id).update(watch_last_event_at=_now())
+        self.written_at = now
+
+    def failed(self, message: str, *, exc_info: bool = False) -> None:
+        message = message[:500]
+        if message == self.error:
+            return  # the same problem again: already logged and shown
+        self.error = message
+        logger.warning("watch of %s: %s", self.name, message, exc_info=exc_info)
+        Cluster.objects.filter(pk=self.cluster_id).update(watch_error=message,
+                                                          watch_error_since=_now())
+
+
+def _now() -> Any:
+    from django.utils import timezone
+
+    return timezone.now()
 
 
 class Command(BaseCommand):
@@ -50,18 +96,32 @@ class Command(BaseCommand):
                 signal.signal(sig, _stop)
             except ValueError:  # not the main thread (tests): stop via --max-events/--duration
                 pass
+        # The client's connection pool logs every retry of a dead server (several lines a
+        # second); the watcher reports the outage itself, once.
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         deadline = time.monotonic() + options["duration"] if options["duration"] else None
         max_events = options["max_events"]
         seen = 0
         backoff = 1.0
+        health: Health | None = None
+
+        def pause(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            if deadline is not None:
+                end = min(end, deadline)
+            while not stop["now"] and time.monotonic() < end:
+                time.sleep(min(0.2, max(0.0, end - time.monotonic())))
+
         while not stop["now"] and (deadline is None or time.monotonic() < deadline):
             if not connection.in_atomic_block:  # a long-lived process: drop dead connections
                 close_old_connections()
             cluster = Cluster.objects.filter(name=name).first()
             if cluster is None:
                 raise CommandError(f"No cluster named {name!r}.")
+            if health is None:
+                health = Health(cluster.pk, cluster.name)
             if not cluster.enabled:
-                time.sleep(5)
+                pause(5)
                 continue
             window = options["window"]
             if deadline is not None:
@@ -73,17 +133,25 @@ class Command(BaseCommand):
                         pods.pop(event.pod.name, None)
                     else:
                         pods[event.pod.name] = event.pod
-                    outcome = services.pod_event_apply(cluster=cluster, pod_name=event.pod.name,
-                                                       pods=pods)
-                    logger.info("%s %s %s (%s): %s", cluster.name, event.type, event.pod.name,
-                                event.pod.phase, outcome)
+                    try:
+                        outcome = services.pod_event_apply(
+                            cluster=cluster, pod_name=event.pod.name, pods=pods,
+                            deleted=event.type == "DELETED")
+                    except Exception as exc:  # noqa: BLE001 (one bad event must not stop the watch)
+                        if not connection.in_atomic_block:
+                            close_old_connections()
+                        health.failed(f"applying {event.type} {event.pod.name} failed: "
+                                      f"{type(exc).__name__}: {exc}", exc_info=True)
+                        continue
+                    health.event()
+                    logger.debug("%s %s %s (%s): %s", cluster.name, event.type, event.pod.name,
+                                 event.pod.phase, outcome)
                     seen += 1
                     if (max_events and seen >= max_events) or stop["now"] or (
                             deadline is not None and time.monotonic() >= deadline):
                         return
                 backoff = 1.0
             except BackendError as exc:
-                logger.warning("watch of %s failed: %s; retrying in %.0fs", name, exc, backoff)
-                Cluster.objects.filter(pk=cluster.pk).update(last_error=str(exc)[:500])
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 60.0)
+                health.failed(f"{exc}; retrying with backoff (at most {MAX_BACKOFF_SECONDS:.0f} s)")
+                pause(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)

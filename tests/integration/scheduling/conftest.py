@@ -49,3 +49,11 @@ def submit(world: Any, cluster: Any, name: str, *, side: str = "a", user: str = 
     groups = kw.pop("groups", None) or [gpu_group(**kw.pop("group", {}))]
     return services.job_submit(actor=getattr(tw, user), project=tw.project, cluster=cluster,
                                name=name, groups=groups, **kw)
+
+
+def project_ns(world: Any, side: str = "a", prefix: str = "camp") -> str:
+    """The namespace of the tenant's first project (id-based: ``naming.namespace_name``)."""
+    from scheduling.backends.naming import namespace_name
+
+    project = getattr(world, side).project
+    return namespace_name(prefix, project.pk, project.name)

@@ -18,7 +18,7 @@ from scheduling import services
 from scheduling.models import GpuDevice, Job, JobState, Node, SimulatedPod
 from tests.conftest import client_for
 
-from .conftest import gpu_group, submit
+from .conftest import gpu_group, project_ns, submit
 from .test_kubernetes import HAMI_GPUS, _serve_namespace, _serve_owner_uid
 
 pytestmark = pytest.mark.django_db
@@ -169,9 +169,10 @@ def test_kubernetes_not_ready_node_force_deletes_and_resumes_elsewhere(world: An
             core.create_node(kube_node(name, annotations={
                 "hami.io/node-nvidia-register": json.dumps(HAMI_GPUS)}))
         cluster = services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
-                                          api_server=url, credentials={"token": "t"})
+                                          api_server=url, credentials={"token": "t"},
+                                          verify=False)  # kmock: no RBAC to check
         services.inventory_sync(cluster=cluster)
-        ns = "camp-acme-acme-p1"
+        ns = project_ns(world)
         _serve_namespace(k, ns)
         job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
                                   name="train", checkpoint_capable=True,
@@ -221,9 +222,10 @@ def test_kubernetes_unhealthy_gpu_from_hami_registration(world: Any) -> None:
         core.create_node(kube_node("gpu-a", annotations={
             "hami.io/node-nvidia-register": json.dumps(HAMI_GPUS)}))
         cluster = services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
-                                          api_server=url, credentials={"token": "t"})
+                                          api_server=url, credentials={"token": "t"},
+                                          verify=False)  # kmock: no RBAC to check
         services.inventory_sync(cluster=cluster)
-        ns = "camp-acme-acme-p1"
+        ns = project_ns(world)
         _serve_namespace(k, ns)
         job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
                                   name="inf", groups=[gpu_group(gpu_memory_mib=20000)])

@@ -22,7 +22,7 @@ from scheduling import services
 from scheduling.backends.kubernetes import KubernetesBackend, parse_hami_register
 from scheduling.models import GpuDevice, Job, JobState, Node
 
-from .conftest import gpu_group
+from .conftest import gpu_group, project_ns
 from .kmockserver import kmock_server, stored
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +57,8 @@ def kube(world: Any) -> Any:
         core.create_node(_node("gpu-b", gpus=2, labels={
             "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.memory": "15360"}))
         cluster = services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
-                                          api_server=url, credentials={"token": "test-token"})
+                                          api_server=url, credentials={"token": "test-token"},
+                                          verify=False)  # kmock: no RBAC to check
         yield k, core, cluster
 
 
@@ -114,7 +115,7 @@ def _namespace_patch(k: Any, ns: str) -> dict[str, Any]:
 def _dispatched(world: Any, kube: Any, **job: Any) -> tuple[Job, str]:
     k, core, cluster = kube
     services.inventory_sync(cluster=cluster)
-    ns = "camp-acme-acme-p1"
+    ns = project_ns(world)
     _serve_namespace(k, ns)
     j = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
                             name="ddp", kind="pytorch", **job)
@@ -131,7 +132,8 @@ def test_dispatch_creates_bound_annotated_pods(world: Any, kube: Any) -> None:
     job, ns = _dispatched(world, kube, groups=[gpu_group(
         replicas=2, gpu_count=2, gpu_memory_mib=20000, gpu_cores_percent=30, image="pytorch:2")])
     assert _namespace_patch(k, ns)["metadata"]["labels"] == {
-        "app.kubernetes.io/managed-by": "camp", "camp.io/tenant": "acme", "camp.io/project": "acme-p1"}
+        "app.kubernetes.io/managed-by": "camp", "camp.io/tenant": "acme", "camp.io/project": "acme-p1",
+        "camp.io/project-id": str(world.a.project.pk)}
     owner = f"ddp-{job.pk}"
     cm = stored(k, "configmaps", ns, owner)
     assert cm["data"] == {"job": "ddp", "job-id": str(job.pk)}
@@ -180,16 +182,17 @@ def test_transient_500s_are_retried(world: Any, kube: Any) -> None:
 def test_persistent_error_removes_the_gang_and_requeues(world: Any, kube: Any) -> None:
     k, core, cluster = kube
     services.inventory_sync(cluster=cluster)
-    _serve_namespace(k, "camp-acme-acme-p1")
+    ns = project_ns(world)
+    _serve_namespace(k, ns)
     job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
                               name="gang", groups=[gpu_group(replicas=2)])
     services.cycle_run(cluster=cluster)
-    k["post /api/v1/namespaces/camp-acme-acme-p1/pods"][1:] << 403  # the second pod is refused
+    k[f"post /api/v1/namespaces/{ns}/pods"][1:] << 403  # the second pod is refused
     assert services.job_dispatch(job_id=job.pk) == "failed"
     job.refresh_from_db()
     assert job.state == JobState.QUEUED and "403" in job.reason
     assert not job.allocations.exists()
-    pods = core.list_namespaced_pod("camp-acme-acme-p1").items
+    pods = core.list_namespaced_pod(ns).items
     assert pods == []  # all or nothing: the first pod was removed again
 
 
@@ -242,3 +245,52 @@ def test_watch_relists_on_410_gone(world: Any, kube: Any) -> None:
     assert [e.pod.name for e in events] == [job.allocations.get().pod_name] * 2
     lists = [r for r in k["get /api/v1/pods"] if "watch" not in r.params]
     assert len(lists) >= 2
+
+
+def test_per_job_objects_are_deleted_when_the_job_ends(world: Any, kube: Any) -> None:
+    """No garbage collector deletes a finished job's ConfigMap and headless Service (none
+    runs on a bare API server, and owner references cascade only through one): Camp does,
+    and reconcile deletes leftovers. Objects of other jobs and the project's are kept."""
+    k, core, cluster = kube
+    job, ns = _dispatched(world, kube, groups=[gpu_group(replicas=2, gpu_count=1)])
+    owner = f"ddp-{job.pk}"
+    assert stored(k, "configmaps", ns, owner) and stored(k, "services", ns, owner)
+    keep = {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "ws-1", "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "camp"}},
+        "spec": {"ports": [{"port": 80}]}}
+    core.create_namespaced_service(ns, keep)  # an environment's Service: outlives runs
+    for a in job.allocations.all():
+        core.patch_namespaced_pod_status(a.pod_name, ns, {"status": {"phase": "Succeeded"}})
+    services.cluster_reconcile(cluster=cluster)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert services.job_stop(job_id=job.pk) == "released"
+    assert [c.metadata.name for c in core.list_namespaced_config_map(ns).items] == []
+    assert [s.metadata.name for s in core.list_namespaced_service(ns).items] == ["ws-1"]
+
+
+def test_reconcile_deletes_leftover_job_objects(world: Any, kube: Any) -> None:
+    from django.core.cache import cache
+
+    k, core, cluster = kube
+    job, ns = _dispatched(world, kube, groups=[gpu_group(replicas=2, gpu_count=1)])
+    owner = f"ddp-{job.pk}"
+    # The job ended while the API server was away: its objects were left behind.
+    services.job_cancel(actor=world.a.member, job=job)
+    for a in job.allocations.all():
+        core.delete_namespaced_pod(a.pod_name, ns, grace_period_seconds=0)
+    services._pods_gone(job.pk)  # released; suppose its object deletion failed
+    core.create_namespaced_config_map(ns, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": owner, "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "camp",
+                                                   "camp.io/job-id": str(job.pk)}}})
+    core.create_namespaced_service(ns, {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": owner, "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "camp",
+                                                   "camp.io/job-id": str(job.pk)}},
+        "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}})
+    cache.delete(f"camp:objects-swept:{cluster.pk}")
+    result = services.cluster_reconcile(cluster=cluster)
+    assert result.objects_deleted == [owner]
+    assert core.list_namespaced_config_map(ns).items == []
+    assert core.list_namespaced_service(ns).items == []
+    # A second pass finds nothing to do (idempotent) and waits its minute anyway.
+    assert services.cluster_reconcile(cluster=cluster).objects_deleted == []

@@ -13,7 +13,7 @@ from kubernetes import client as k8s
 from scheduling import services
 from scheduling.models import GpuDevice
 
-from .conftest import gpu_group
+from .conftest import gpu_group, project_ns
 from .kmockserver import kmock_server, stored
 from .test_kubernetes import _node, _serve_namespace, _serve_owner_uid
 
@@ -30,14 +30,15 @@ def test_ascend_910b_inventory_and_pod_annotations(world: Any) -> None:
         core.create_node(_node("npu-0", annotations={
             "hami.io/node-register-Ascend910B": json.dumps(NPUS)}))
         cluster = services.cluster_create(actor=world.admin, name="npu", backend="kubernetes",
-                                          api_server=cfg.host, credentials={"token": "t"})
+                                          api_server=cfg.host, credentials={"token": "t"},
+                                          verify=False)  # kmock: no RBAC to check
         services.inventory_sync(cluster=cluster)
         npu = GpuDevice.objects.get(index=0)
         assert (npu.vendor, npu.model, npu.memory_mib, npu.sharing, npu.max_sharers) == (
             "Ascend", "Ascend910B", 65536, "templates", 4)
         assert [t["name"] for t in npu.templates] == ["vir05_1c_16g", "vir10_3c_32g", "full"]
 
-        ns = "camp-acme-acme-p1"
+        ns = project_ns(world)
         _serve_namespace(k, ns)
         job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
                                   name="npu", groups=[gpu_group(gpu_memory_mib=10000)])

@@ -19,13 +19,19 @@ from scheduling import services
 from scheduling.models import Job, JobState
 
 from . import test_kubernetes
-from .conftest import gpu_group
+from .conftest import gpu_group, project_ns
 from .kmockserver import stored
 from .test_kubernetes import _serve_namespace, _serve_owner_uid
 
 pytestmark = pytest.mark.django_db
 kube = test_kubernetes.kube  # the same kmock-backed cluster fixture
-NS = "camp-acme-acme-p1"
+NS = ""  # the project's namespace, set per test (ids differ between tests)
+
+
+@pytest.fixture(autouse=True)
+def _project_namespace(world: Any) -> None:
+    global NS
+    NS = project_ns(world)
 
 
 def _admit(world: Any, kube: Any, name: str, kind: str, groups: list[dict[str, Any]]) -> Job:
@@ -101,3 +107,67 @@ def test_mpi_job_gets_a_hostfile_of_its_workers(world: Any, kube: Any) -> None:
     mounts = {m.name: m.mount_path for m in launcher.spec.containers[0].volume_mounts}
     assert mounts["camp"] == "/etc/camp"  # the hostfile is at /etc/camp/hostfile
     assert stored(k, "services", NS, owner)["spec"]["clusterIP"] == "None"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_watch_during_an_outage_backs_off_quietly_and_reports_its_health(
+        world: Any, caplog: Any) -> None:
+    """An API server that does not answer: the watcher writes one line (not one per retry
+    of every request), keeps trying with backoff, and the cluster page and /metrics say so."""
+    import logging
+
+    from django.test import Client
+
+    from tests.integration.portal.test_portal import _metrics
+
+    cluster = services.cluster_create(actor=world.admin, name="dead", backend="kubernetes",
+                                      api_server=f"http://127.0.0.1:{_free_port()}",
+                                      credentials={"token": "t"}, verify=False)
+    caplog.set_level(logging.DEBUG)
+    call_command("camp_watch", cluster="dead", duration=6)
+    noisy = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(noisy) == 1, [r.getMessage() for r in noisy]
+    assert noisy[0].getMessage().startswith("watch of dead: Kubernetes API unreachable")
+    cluster.refresh_from_db()
+    assert cluster.watch_failing and cluster.watch_error_since is not None
+    assert "unreachable" in cluster.watch_error
+    client = Client()
+    client.force_login(world.admin)
+    page = client.get("/scheduling/clusters/").content.decode()
+    assert "Pod watcher:" in page and "failing since" in page and "unreachable" in page
+    m = _metrics(Client())
+    assert m["camp_watch_healthy"][(("cluster", "dead"),)] == 0.0
+
+
+def test_watch_survives_a_bad_event_and_records_it(world: Any, kube: Any, monkeypatch: Any) -> None:
+    k, core, cluster = kube
+    job = _admit(world, kube, "train", "pytorch", [gpu_group(gpu_count=1)])
+    assert services.job_dispatch(job_id=job.pk) == "created"
+    pod = job.allocations.get().pod_name
+    core.patch_namespaced_pod_status(pod, NS, {"status": {"phase": "Running"}})
+    running = stored(k, "pods", NS, pod)
+    k["get /api/v1/pods?watch=True"] << ({"type": "MODIFIED", "object": running},)
+    real = services.pod_event_apply
+    calls = {"n": 0}
+
+    def first_one_breaks(**kw: Any) -> str:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("a malformed event")
+        return real(**kw)
+
+    monkeypatch.setattr(services, "pod_event_apply", first_one_breaks)
+    # 1: the initial list's event fails to apply; 2: the streamed one starts the job.
+    call_command("camp_watch", cluster="kube", max_events=1, window=5)
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    cluster.refresh_from_db()
+    assert "a malformed event" in cluster.watch_error and not cluster.watch_failing
+    assert cluster.watch_last_event_at is not None

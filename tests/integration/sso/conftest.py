@@ -16,7 +16,9 @@ from .servers import (
     CHROMIUM,
     HERE,
     LDAP_SUFFIX,
+    EdgeProvider,
     IdentityProvider,
+    SamlIdentityProvider,
     Slapd,
     require_binary,
 )
@@ -57,7 +59,7 @@ def ldap_config(slapd: Slapd, group_type: str = "groupOfNames") -> dict[str, Any
 
 
 def configure(settings: Any, *, local: bool = True, ldap: dict[str, Any] | None = None,
-              oidc: dict[str, Any] | None = None) -> None:
+              oidc: dict[str, Any] | None = None, saml: dict[str, Any] | None = None) -> None:
     """Switch integrations on exactly as camp/settings/auth.py does from the environment."""
     from tenants.sso.config import authentication_backends
     from tenants.sso.mapping import parse_group_roles
@@ -65,10 +67,11 @@ def configure(settings: Any, *, local: bool = True, ldap: dict[str, Any] | None 
     settings.LOCAL_LOGIN_ENABLED = local
     settings.LDAP_ENABLED = ldap is not None
     settings.OIDC_ENABLED = oidc is not None
+    settings.SAML_ENABLED = saml is not None
     settings.AUTHENTICATION_BACKENDS = authentication_backends(
-        local=local, ldap=ldap is not None, oidc=oidc is not None)
+        local=local, ldap=ldap is not None, oidc=oidc is not None, saml=saml is not None)
     settings.SSO_GROUP_ROLES = parse_group_roles(GROUP_ROLES)
-    for name, value in {**(ldap or {}), **(oidc or {})}.items():
+    for name, value in {**(ldap or {}), **(oidc or {}), **(saml or {})}.items():
         setattr(settings, name, value)
     settings.OIDC_PROVIDER_NAME = "Test IdP"
 
@@ -100,6 +103,26 @@ def acme(db: Any) -> Acme:
 @pytest.fixture(scope="session")
 def idp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IdentityProvider]:
     provider = IdentityProvider(tmp_path_factory.mktemp("idp"))
+    try:
+        provider.start()
+        yield provider
+    finally:
+        provider.stop()
+
+
+@pytest.fixture(scope="session")
+def edge_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EdgeProvider]:
+    provider = EdgeProvider(tmp_path_factory.mktemp("edge-idp"))
+    try:
+        provider.start()
+        yield provider
+    finally:
+        provider.stop()
+
+
+@pytest.fixture(scope="session")
+def saml_idp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SamlIdentityProvider]:
+    provider = SamlIdentityProvider(tmp_path_factory.mktemp("saml-idp"))
     try:
         provider.start()
         yield provider

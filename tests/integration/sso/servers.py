@@ -203,15 +203,164 @@ class IdentityProvider:
         if self.proc is not None:
             stop(self.proc)
 
-    def camp_settings(self) -> dict[str, Any]:
+    def camp_settings(self, **overrides: Any) -> dict[str, Any]:
+        """Camp's OIDC settings from the issuer alone: every endpoint comes from discovery."""
         from tenants.sso.config import oidc_settings
 
         return oidc_settings(
             enabled=True, issuer=self.issuer, client_id=self.client_id,
-            client_secret=self.client_secret,
-            authorization_endpoint=f"{self.issuer}/authorize/",
-            token_endpoint=f"{self.issuer}/token/",
-            userinfo_endpoint=f"{self.issuer}/userinfo/",
-            jwks_endpoint=f"{self.issuer}/.well-known/jwks.json",
-            scopes="openid email profile", timeout=10,
+            client_secret=self.client_secret, scopes="openid email profile", timeout=10,
+            **overrides,
         )
+
+
+# --- the OpenID provider that misbehaves on request ---------------------------------------
+
+def rsa_pem() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+class EdgeProvider:
+    """tests/integration/sso/oidc_provider.py as a subprocess, steered by a control file."""
+
+    client_id = "camp-edge-client"
+    client_secret = "camp-edge-secret-0123456789"
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        self.port = free_port()
+        self.issuer = f"http://127.0.0.1:{self.port}"
+        self.control_file = workdir / "control.json"
+        self.stats_file = workdir / "stats.json"
+        self.key_a, self.key_b = rsa_pem(), rsa_pem()
+        self.proc: subprocess.Popen[Any] | None = None
+        self.reset()
+
+    def reset(self, **control: Any) -> None:
+        """Back to a well-behaved single-key provider (kid "a"), then apply ``control``."""
+        import json
+
+        data: dict[str, Any] = {
+            "client_id": self.client_id, "client_secret": self.client_secret,
+            "keys": [{"kid": "a", "pem": self.key_a}],
+            "user": {"sub": "edge-0001", "preferred_username": "edna",
+                     "email": "edna@example.test", "groups": ["acme-ml"]},
+            **control,
+        }
+        tmp = self.control_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.control_file)
+
+    def hits(self, path: str) -> int:
+        import json
+
+        if not self.stats_file.exists():
+            return 0
+        return int(json.loads(self.stats_file.read_text()).get(path, 0))
+
+    def start(self) -> None:
+        self.proc = start([sys.executable, "-m", "tests.integration.sso.oidc_provider",
+                           str(self.port), str(self.control_file), str(self.stats_file)],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                          log=self.dir / "provider.log")
+        wait_for(lambda: port_open(self.port), "the edge-case OpenID provider", self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def camp_settings(self, **overrides: Any) -> dict[str, Any]:
+        from tenants.sso.config import oidc_settings
+
+        return oidc_settings(enabled=True, issuer=self.issuer, client_id=self.client_id,
+                             client_secret=self.client_secret, timeout=5, **overrides)
+
+
+# --- the SAML identity provider ----------------------------------------------------------
+
+def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
+    """A throwaway RSA key and self-signed certificate (SAML metadata carries certificates)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .sign(key, hashes.SHA256()))
+    key_path, cert_path = directory / f"{name}.key", directory / f"{name}.crt"
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.TraditionalOpenSSL,
+                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return key_path, cert_path
+
+
+class SamlIdentityProvider:
+    """tests/integration/sso/saml_idp.py (pysaml2's IdP) as a subprocess."""
+
+    def __init__(self, workdir: Path) -> None:
+        require_binary("/usr/bin/xmlsec1", "xmlsec1")
+        self.dir = workdir
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.entity_id = f"{self.base}/metadata"
+        self_signed(workdir, "idp")
+        self.sp_key, self.sp_cert = self_signed(workdir, "camp-sp")
+        self.proc: subprocess.Popen[Any] | None = None
+        self.control: dict[str, Any] = {"users": {}, "sign_assertion": True,
+                                        "sign_response": False}
+        self.write()
+
+    def write(self, **changes: Any) -> None:
+        import json
+
+        self.control.update(changes)
+        tmp = self.dir / "control.tmp"
+        tmp.write_text(json.dumps(self.control))
+        tmp.replace(self.dir / "control.json")
+
+    def add_user(self, username: str, password: str, name_id: str,
+                 attributes: dict[str, list[str]]) -> None:
+        self.control["users"][username] = {"password": password, "name_id": name_id,
+                                           "attributes": attributes}
+        self.write()
+
+    def hits(self, what: str) -> int:
+        import json
+
+        stats = self.dir / "stats.json"
+        return int(json.loads(stats.read_text()).get(what, 0)) if stats.exists() else 0
+
+    def start(self) -> None:
+        self.proc = start([sys.executable, "-m", "tests.integration.sso.saml_idp",
+                           str(self.port), str(self.dir)],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                          log=self.dir / "idp.log")
+        wait_for(lambda: port_open(self.port), "the SAML identity provider", self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def camp_settings(self, base_url: str, **overrides: Any) -> dict[str, Any]:
+        from tenants.sso.config import saml_settings
+
+        args: dict[str, Any] = {
+            "idp_metadata_url": f"{self.base}/metadata",
+            "attr_groups": "http://schemas.microsoft.com/ws/2008/06/identity/claims/groups",
+            **overrides}
+        return saml_settings(enabled=True, base_url=base_url, sp_key_file=str(self.sp_key),
+                             sp_cert_file=str(self.sp_cert), timeout=5, **args)

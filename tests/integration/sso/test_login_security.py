@@ -175,3 +175,62 @@ def test_settings_come_from_the_environment(tmp_path: Any) -> None:
     assert done.returncode != 0 and "OIDC_CLIENT_ID" in done.stderr
     done = _settings_from_env({"SSO_GROUP_ROLES": '{"g": "owner"}'})
     assert done.returncode != 0 and "SSO_GROUP_ROLES" in done.stderr
+    done = _settings_from_env({"SAML_ENABLED": "true", "SAML_IDP_METADATA_URL": "https://idp/md"})
+    assert done.returncode != 0 and "SAML_BASE_URL" in done.stderr and "SAML_SP_KEY_FILE" in done.stderr
+    done = _settings_from_env({"OIDC_ENABLED": "true", "OIDC_ISSUER": "https://kc",
+                               "OIDC_CLIENT_ID": "camp", "OIDC_CLIENT_SECRET": "x",
+                               "OIDC_CLOCK_SKEW_SECONDS": "3600"})
+    assert done.returncode != 0 and "OIDC_CLOCK_SKEW_SECONDS" in done.stderr
+
+
+def test_saml_and_oidc_issuer_alone_are_enough_from_the_environment(tmp_path: Any) -> None:
+    from .servers import self_signed
+
+    key, cert = self_signed(tmp_path, "sp")
+    code = ("import django; from django.conf import settings; django.setup(); "
+            "print(settings.AUTHENTICATION_BACKENDS[-2:]); print(settings.SAML_SP_ENTITY_ID); "
+            "print(settings.SAML_ATTRIBUTES['groups']); print(repr(settings.OIDC_OP_TOKEN_ENDPOINT))")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LDAP_", "OIDC_", "SSO_", "SAML_"))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          timeout=60, env={
+                              **base, "DJANGO_SETTINGS_MODULE": "camp.settings",
+                              "OIDC_ENABLED": "true", "OIDC_ISSUER": "https://kc/realms/camp",
+                              "OIDC_CLIENT_ID": "camp", "OIDC_CLIENT_SECRET": "x",
+                              "SAML_ENABLED": "true", "SAML_BASE_URL": "https://camp.example.com/",
+                              "SAML_IDP_METADATA_URL": "https://idp.example.com/metadata",
+                              "SAML_SP_KEY_FILE": str(key), "SAML_SP_CERT_FILE": str(cert),
+                              "SAML_ATTR_GROUPS": "http://schemas.xmlsoap.org/claims/Group"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        str(["tenants.sso.oidc.CampOIDCBackend", "tenants.sso.saml.CampSAMLBackend"]),
+        "https://camp.example.com/saml/metadata/", "http://schemas.xmlsoap.org/claims/Group", "''"]
+
+
+def test_check_deploy_is_clean_with_sso_on_and_names_what_is_wrong(tmp_path: Any) -> None:
+    from .servers import self_signed
+
+    key, cert = self_signed(tmp_path, "sp")
+    secret = tmp_path / "secret"
+    secret.write_text("x" * 20 + "a-long-random-production-secret-key-0123456789")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("LDAP_", "OIDC_", "SSO_", "SAML_", "SECRET_KEY"))}
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "camp.settings.production", "SECRET_KEY_FILE": str(secret),
+        "ALLOWED_HOSTS": "camp.example.com",
+        "OIDC_ENABLED": "true", "OIDC_ISSUER": "https://kc.example.com/realms/camp",
+        "OIDC_CLIENT_ID": "camp", "OIDC_CLIENT_SECRET": "x",
+        "SAML_ENABLED": "true", "SAML_BASE_URL": "https://camp.example.com",
+        "SAML_IDP_METADATA_URL": "https://idp.example.com/metadata",
+        "SAML_SP_KEY_FILE": str(key), "SAML_SP_CERT_FILE": str(cert)})
+
+    def check(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level",
+                               "WARNING"], cwd=REPO, env={**env, **extra}, capture_output=True,
+                              text=True, timeout=120)
+
+    done = check()
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = check(SAML_IDP_METADATA_URL="http://idp.example.com/metadata")
+    assert done.returncode != 0 and "camp.W103" in done.stderr and "SAML_IDP_METADATA_URL" in done.stderr
+    done = check(SAML_XMLSEC_BINARY="xmlsec1-missing")
+    assert done.returncode != 0 and "camp.E102" in done.stderr and "apt-get install xmlsec1" in done.stderr

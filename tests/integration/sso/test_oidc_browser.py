@@ -1,6 +1,7 @@
 """OIDC sign-in through a real django-oauth-toolkit provider, in real Chromium.
 
-Camp runs as pytest-django's live server; the provider runs as its own process.
+Camp runs as pytest-django's live server; the provider runs as its own process and Camp
+knows only its issuer URL (OpenID Connect Discovery).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def roles_of(user: User) -> set[str]:
 @pytest.fixture
 def oidc_on(settings: Any, idp: IdentityProvider, live_server: Any) -> str:
     configure(settings, oidc=idp.camp_settings())
+    # Only the issuer is configured: every endpoint comes from DOT's discovery document.
+    assert not (settings.OIDC_OP_AUTHORIZATION_ENDPOINT or settings.OIDC_OP_TOKEN_ENDPOINT
+                or settings.OIDC_OP_JWKS_ENDPOINT or settings.OIDC_OP_USER_ENDPOINT)
     make_acme()
     # The provider accepts any port on the loopback IP (RFC 8252), not on "localhost".
     return str(live_server.url).replace("localhost", "127.0.0.1")

@@ -105,7 +105,7 @@ def test_notebook_and_ddp_job_through_api_and_cli(world: Any, live_server: Any, 
         assert len(admitted.placement) == 4
         pods = _pods(job)
         envs = [p.annotations["camp.io/env"] for p in pods]
-        master = f"ddp-{job.pk}-worker-0.ddp-{job.pk}.camp-acme-acme-p1.svc"
+        master = f"ddp-{job.pk}-worker-0.ddp-{job.pk}.{job.namespace}.svc"
         assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
         assert {(e["WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"], e["PET_NNODES"],
                  e["PET_NPROC_PER_NODE"]) for e in envs} == {("4", master, "29500", "4", "2")}

@@ -15,6 +15,7 @@ import pytest
 from registry import services as registry_services
 from registry.models import Image
 from scheduling import services as scheduling_services
+from tests.integration.scheduling.conftest import project_ns
 from tests.integration.scheduling.kmockserver import stored
 from tests.integration.scheduling.test_kubernetes import _serve_namespace, _serve_owner_uid, kube  # noqa: F401
 from workspaces import services, tasks
@@ -24,7 +25,13 @@ from workspaces.pods import environment_objects
 from .test_ssh_keys import public_key
 
 pytestmark = pytest.mark.django_db
-NS = "camp-acme-acme-p1"
+NS = ""  # the project's namespace, set per test (ids differ between tests)
+
+
+@pytest.fixture(autouse=True)
+def _project_namespace(world: Any) -> None:
+    global NS
+    NS = project_ns(world)
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAID9iGbd4jNEsHIMHFZ0h4o7jyUuNlZ13tMfUpp8WPm6m alice@laptop"
 
 

@@ -694,6 +694,98 @@ NP_CASES = [
 CASES += NP_CASES
 
 
+# --- preemption within a limit (issue 11, bug 4) -------------------------------------------
+
+LIMITED_PROJECT = tree({"t": {"p": Quota(gpus_limit=4), "q": Quota()}})
+LIMITED_TENANT = tree({"t": {"p": Quota(), "q": Quota()}, "u": {"r": Quota()}},
+                      tenants={"t": Quota(gpus_limit=4)})
+
+
+def _preempts(victims: tuple[str, ...], job: str = "urgent") -> Callable[[CycleResult], None]:
+    def check(r: CycleResult) -> None:
+        d = r.statuses[job].decision
+        assert isinstance(d, Preempt), d
+        assert sorted(d.victims) == sorted(victims)
+        assert r.statuses[job].kind == Kind.PREEMPTING
+
+    return check
+
+
+def _waits_on_quota(job: str = "urgent") -> Callable[[CycleResult], None]:
+    def check(r: CycleResult) -> None:
+        assert r.statuses[job].kind == Kind.QUOTA, r.statuses[job]
+        assert isinstance(r.statuses[job].decision, Wait)
+
+    return check
+
+
+LIMIT_CASES = [
+    Case(
+        "preemption within a limit: a project's urgent job evicts its own batch job holding the limit",
+        TWO8,
+        [gjob("urgent", 2, "t/p", priority=100)],
+        _preempts(("batch",)),
+        qtree=LIMITED_PROJECT,
+        run=[running("batch", "n1", (0, 1, 2, 3), "t/p", priority=10)],
+    ),
+    Case(
+        "preemption within a limit: the fewest victims, lowest priority first",
+        TWO8,
+        [gjob("urgent", 2, "t/p", priority=100)],
+        _preempts(("low",)),
+        qtree=LIMITED_PROJECT,
+        run=[running("low", "n1", (0, 1), "t/p", priority=10),
+             running("mid", "n1", (2, 3), "t/p", priority=50)],
+    ),
+    Case(
+        "preemption within a limit: a tenant limit frees room among the tenant's other projects",
+        TWO8,
+        [gjob("urgent", 2, "t/p", priority=100)],
+        _preempts(("other",)),
+        qtree=LIMITED_TENANT,
+        run=[running("other", "n1", (0, 1, 2, 3), "t/q", priority=10),
+             running("stranger", "n2", (0, 1, 2, 3), "u/r", priority=0)],
+    ),
+    Case(
+        "preemption within a limit: never jobs outside the limit (another tenant's)",
+        cluster(node("n1", 8)),
+        [gjob("urgent", 2, "t/p", priority=100)],
+        _waits_on_quota(),
+        qtree=LIMITED_TENANT,
+        run=[running("mine", "n1", (0, 1, 2, 3), "t/q", priority=100),
+             running("stranger", "n1", (4, 5, 6, 7), "u/r", priority=0)],
+    ),
+    Case(
+        "preemption within a limit: never equal or higher priority, never non-preemptible",
+        TWO8,
+        [gjob("urgent", 2, "t/p", priority=100)],
+        _waits_on_quota(),
+        qtree=LIMITED_PROJECT,
+        run=[running("peer", "n1", (0, 1), "t/p", priority=100),
+             running("pinned", "n1", (2, 3), "t/p", priority=10, preemptible=False)],
+    ),
+    Case(
+        "preemption within a limit: nobody is evicted when that would not be enough",
+        TWO8,
+        [gjob("urgent", 4, "t/p", priority=100)],
+        _waits_on_quota(),
+        qtree=LIMITED_PROJECT,
+        run=[running("low", "n1", (0, 1), "t/p", priority=10),
+             running("peer", "n1", (2, 3), "t/p", priority=100)],
+    ),
+    Case(
+        "preemption within a limit: off when preemption is off",
+        TWO8,
+        [gjob("urgent", 2, "t/p", priority=100)],
+        _waits_on_quota(),
+        qtree=LIMITED_PROJECT,
+        run=[running("batch", "n1", (0, 1, 2, 3), "t/p", priority=10)],
+        config=CycleConfig(preemption=PreemptionConfig(enabled=False)),
+    ),
+]
+CASES += LIMIT_CASES
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_rule(case: Case) -> None:
     r = cycle(case.snapshot, case.pending, case.qtree, run=case.run, now=case.now, config=case.config)

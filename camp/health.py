@@ -1,0 +1,112 @@
+"""Liveness and readiness for probes and load balancers: ``/healthz`` and ``/readyz``.
+
+Served by a middleware placed first, before host validation, the HTTPS redirect,
+sessions and django-axes: a kubelet probes ``http://<pod IP>:8000/readyz``, which is
+neither an allowed host nor HTTPS, and must still get an answer. The answers carry no
+secret: component names and an exception class, never a URL or a message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+import redis
+from django.conf import settings
+from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
+from django.http import HttpRequest, HttpResponse
+
+logger = logging.getLogger("camp.health")
+
+HEALTH_PATHS = ("/healthz", "/readyz")
+_migrations_done = False  # once applied, a process's code cannot gain new migrations
+
+
+def database_problem() -> str | None:
+    try:
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:  # any driver error means "not ready"
+        logger.warning("readiness: database unreachable: %s", exc)
+        return f"unreachable ({type(exc).__name__})"
+    return None
+
+
+def redis_urls() -> list[str]:
+    """The Redis servers this process needs: cache and channel layer, and the broker."""
+    urls = [settings.REDIS_URL] if settings.REDIS_URL else []
+    broker = str(getattr(settings, "CELERY_BROKER_URL", ""))
+    if broker.startswith(("redis://", "rediss://")) and broker not in urls:
+        urls.append(broker)
+    return urls
+
+
+def redis_problem() -> str | None:
+    for index, url in enumerate(redis_urls()):
+        try:
+            client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+            try:
+                client.ping()
+            finally:
+                client.close()
+        except Exception as exc:  # noqa: BLE001 - any client error means "not ready"
+            logger.warning("readiness: redis #%d unreachable: %s", index, type(exc).__name__)
+            name = "REDIS_URL" if url == settings.REDIS_URL else "CELERY_BROKER_URL"
+            return f"{name} unreachable ({type(exc).__name__})"
+    return None
+
+
+def migrations_problem() -> str | None:
+    global _migrations_done
+    if _migrations_done:
+        return None
+    try:
+        executor = MigrationExecutor(connections["default"])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except Exception as exc:  # noqa: BLE001 - the database check names the cause
+        return f"unknown ({type(exc).__name__})"
+    if plan:
+        names = ", ".join(f"{m.app_label}.{m.name}" for m, _ in plan[:5])
+        more = f" and {len(plan) - 5} more" if len(plan) > 5 else ""
+        return f"{len(plan)} not applied: {names}{more} (run manage.py migrate)"
+    _migrations_done = True
+    return None
+
+
+def readiness() -> dict[str, str]:
+    """Each component → "ok" or what is wrong. Migrations are only asked of a reachable DB."""
+    result: dict[str, str] = {}
+    db = database_problem()
+    result["database"] = db or "ok"
+    if redis_urls():
+        result["redis"] = redis_problem() or "ok"
+    result["migrations"] = "unknown (database unreachable)" if db else (migrations_problem() or "ok")
+    return result
+
+
+def _json(status: int, body: dict[str, object]) -> HttpResponse:
+    response = HttpResponse(json.dumps(body), status=status, content_type="application/json")
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+class HealthCheckMiddleware:
+    """Answers the two probe paths; everything else passes through."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path not in HEALTH_PATHS:
+            return self.get_response(request)
+        if request.method not in ("GET", "HEAD"):
+            response = _json(405, {"status": "method not allowed"})
+            response["Allow"] = "GET, HEAD"
+            return response
+        if request.path == "/healthz":
+            return _json(200, {"status": "ok"})
+        checks = readiness()
+        ready = all(value == "ok" for value in checks.values())
+        return _json(200 if ready else 503, {"status": "ok" if ready else "unavailable", "checks": checks})

@@ -1,0 +1,196 @@
+"""The Helm charts lint, render with several value sets, and the real kube-apiserver accepts
+every rendered object (server-side dry-run); camp-agent's RBAC grants what the backend needs.
+
+The apiserver is ../shared/tools' kube-apiserver v1.24 (DESIGN.md §6), started here on
+fresh ports in a fresh directory and stopped in a finaliser. A small helper of its own: the
+general real-apiserver fixture lives on another branch and may replace it later.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .tools import ROOT, install_tools
+
+SHARED_TOOLS = ROOT.parent / "shared" / "tools"
+CHART = ROOT / "deploy" / "helm" / "camp"
+AGENT_CHART = ROOT / "deploy" / "helm" / "camp-agent"
+BASE_VALUES = ["--set", "secretKey=an-example-secret-key-that-is-long-enough-0123456789",
+               "--set", "database.url=postgres://camp:pw@db.example:5432/camp",
+               "--set", "redis.url=redis://redis.example:6379/0"]
+# Value sets a platform team would use: the defaults; ingress with TLS, two watchers and
+# extra secrets; an existing Secret with one replica each and no NetworkPolicy/beat/migrations.
+VALUE_SETS: dict[str, list[str]] = {
+    "defaults": BASE_VALUES,
+    "ingress-watchers": [*BASE_VALUES, "--set", "ingress.enabled=true",
+                         "--set", "ingress.className=nginx",
+                         "--set", "ingress.tls[0].secretName=camp-tls",
+                         "--set", "ingress.tls[0].hosts[0]=camp.example.com",
+                         "--set", "watcher.clusters={prod-a100,research}",
+                         "--set", "extraSecrets.CAMP_ENCRYPTION_KEY=k",
+                         "--set", "env.OIDC_ENABLED=false",
+                         "--set", "networkPolicy.egressTo[0].ipBlock.cidr=10.0.0.0/8"],
+    "existing-secret": ["--set", "existingSecret.name=camp-settings",
+                        "--set", "web.replicas=1", "--set", "worker.replicas=1",
+                        "--set", "networkPolicy.enabled=false", "--set", "beat.enabled=false",
+                        "--set", "migrations.enabled=false"],
+}
+
+
+@pytest.fixture(scope="module")
+def tools() -> dict[str, Path]:
+    return install_tools()
+
+
+def _run(cmd: list[str | Path], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=180, **kwargs)
+
+
+def _render(helm: Path, chart: Path, args: list[str], namespace: str = "camp") -> list[dict[str, Any]]:
+    result = _run([helm, "template", "r1", chart, "--namespace", namespace, *args])
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def kubeconfig() -> Iterator[Path]:
+    start = SHARED_TOOLS / "start-kube-apiserver.sh"
+    if not start.exists():
+        pytest.skip(f"no real kube-apiserver: {SHARED_TOOLS} is absent (DESIGN.md §6)")
+    base = Path(tempfile.mkdtemp(prefix="camp-helm-kube-"))
+    env = {**os.environ, "BASE": str(base), "RUN": str(base / "run"),
+           "API_PORT": str(_free_port()), "ETCD_PORT": str(_free_port()),
+           "ETCD_PEER_PORT": str(_free_port())}
+    try:
+        started = subprocess.run(["bash", str(start)], env=env, capture_output=True, text=True,
+                                 timeout=120)
+        assert started.returncode == 0, started.stderr
+        yield Path(started.stdout.strip().splitlines()[-1])
+    finally:
+        subprocess.run(["bash", str(SHARED_TOOLS / "stop-kube-apiserver.sh")], env=env,
+                       capture_output=True, timeout=60)
+        subprocess.run(["rm", "-rf", str(base)], timeout=60)
+
+
+def test_charts_lint(tools: dict[str, Path]) -> None:
+    for args in VALUE_SETS.values():
+        result = _run([tools["helm"], "lint", "--strict", CHART, *args])
+        assert result.returncode == 0, result.stdout + result.stderr
+    result = _run([tools["helm"], "lint", "--strict", AGENT_CHART])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_chart_refuses_missing_or_wrong_settings(tools: dict[str, Path]) -> None:
+    missing = _run([tools["helm"], "template", "r1", CHART])
+    assert missing.returncode != 0 and "secretKey is required" in missing.stderr
+    wrong = _run([tools["helm"], "template", "r1", CHART, *BASE_VALUES,
+                  "--set", "database.url=mysql://x/camp"])
+    assert wrong.returncode != 0 and "/database/url" in wrong.stderr
+    bad_cluster = _run([tools["helm"], "template", "r1", CHART, *BASE_VALUES,
+                        "--set", "watcher.clusters={Prod_A}"])
+    assert bad_cluster.returncode != 0 and "/watcher/clusters/0" in bad_cluster.stderr
+
+
+def test_default_render_has_every_role_hardened(tools: dict[str, Path]) -> None:
+    docs = _render(tools["helm"], CHART, VALUE_SETS["ingress-watchers"])
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    deployments = {d["metadata"]["name"]: d for d in by_kind["Deployment"]}
+    # web, worker, one beat, one watcher per cluster
+    assert set(deployments) == {"r1-camp-web", "r1-camp-worker", "r1-camp-beat",
+                                "r1-camp-watch-prod-a100", "r1-camp-watch-research"}
+    assert deployments["r1-camp-beat"]["spec"]["replicas"] == 1
+    assert deployments["r1-camp-beat"]["spec"]["strategy"]["type"] == "Recreate"
+    watch = deployments["r1-camp-watch-research"]["spec"]["template"]["spec"]["containers"][0]
+    assert watch["command"][-2:] == ["--cluster", "research"]
+    web = deployments["r1-camp-web"]["spec"]["template"]["spec"]
+    container = web["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    for deployment in deployments.values():
+        spec = deployment["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["automountServiceAccountToken"] is False
+        c = spec["containers"][0]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+        env = {e["name"]: e["value"] for e in c["env"]}
+        # Secrets come as files, never as values in the pod spec.
+        assert env["SECRET_KEY_FILE"] == "/run/secrets/camp/SECRET_KEY"
+        assert env["CAMP_ENCRYPTION_KEY_FILE"] == "/run/secrets/camp/CAMP_ENCRYPTION_KEY"
+        assert not any("postgres://" in str(e) for e in c["env"])
+    job = next(d for d in by_kind["Job"])
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["migrate", "--noinput"]
+    assert {p["metadata"]["name"] for p in by_kind["PodDisruptionBudget"]} == {"r1-camp-web",
+                                                                            "r1-camp-worker"}
+    assert by_kind["Ingress"][0]["spec"]["tls"][0]["secretName"] == "camp-tls"
+
+
+def test_rendered_objects_are_accepted_by_a_real_apiserver(
+    tools: dict[str, Path], kubeconfig: Path, tmp_path: Path
+) -> None:
+    kubectl = [tools["kubectl"], "--kubeconfig", kubeconfig]
+    for index, (name, args) in enumerate(VALUE_SETS.items()):
+        namespace = f"camp-{index}"
+        assert _run([*kubectl, "create", "namespace", namespace]).returncode == 0
+        manifest = tmp_path / f"{name}.yaml"
+        docs = _render(tools["helm"], CHART, args, namespace)
+        manifest.write_text(yaml.safe_dump_all(docs))
+        result = _run([*kubectl, "apply", "--dry-run=server", "-n", namespace, "-f", manifest])
+        assert result.returncode == 0, f"{name}: {result.stderr}"
+        accepted = [line for line in result.stdout.splitlines() if "(server dry run)" in line]
+        assert len(accepted) == len(docs), f"{name}: {result.stdout}"
+    agent = tmp_path / "agent.yaml"
+    agent_docs = _render(tools["helm"], AGENT_CHART, [], "camp-system")
+    agent.write_text(yaml.safe_dump_all(agent_docs))
+    assert _run([*kubectl, "create", "namespace", "camp-system"]).returncode == 0
+    result = _run([*kubectl, "apply", "--dry-run=server", "-f", agent])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("(server dry run)") == len(agent_docs)
+
+
+def test_camp_agent_rbac_grants_what_the_backend_needs_and_no_more(
+    tools: dict[str, Path], kubeconfig: Path, tmp_path: Path
+) -> None:
+    kubectl = [tools["kubectl"], "--kubeconfig", kubeconfig]
+    agent = tmp_path / "agent.yaml"
+    agent.write_text(yaml.safe_dump_all(_render(tools["helm"], AGENT_CHART, [], "camp-agent-ns")))
+    _run([*kubectl, "create", "namespace", "camp-agent-ns"])
+    applied = _run([*kubectl, "apply", "-f", agent])
+    assert applied.returncode == 0, applied.stderr
+    who = "system:serviceaccount:camp-agent-ns:camp"
+
+    def can(verb: str, resource: str, namespace: str = "team-a") -> bool:
+        resource, _, sub = resource.partition("/")
+        extra = ["--subresource", sub] if sub else []
+        result = _run([*kubectl, "auth", "can-i", verb, resource, *extra, "-n", namespace, "--as", who])
+        return result.stdout.strip() == "yes"
+
+    # What the backend does (scheduling/backends/kubernetes.py) and HAMi's bind handshake.
+    for verb, resource in [("list", "nodes"), ("patch", "nodes"), ("create", "namespaces"),
+                           ("create", "pods"), ("watch", "pods"), ("create", "pods/binding"),
+                           ("get", "pods/log"), ("create", "secrets"), ("patch", "configmaps"),
+                           ("create", "ingresses.networking.k8s.io"), ("create", "resourcequotas")]:
+        assert can(verb, resource), f"camp-agent cannot {verb} {resource}"
+    # Never: read Secrets (other people's credentials), delete nodes or namespaces, escalate.
+    for verb, resource in [("get", "secrets"), ("list", "secrets"), ("delete", "nodes"),
+                           ("delete", "namespaces"), ("create", "clusterrolebindings"),
+                           ("create", "pods/exec"), ("update", "pods/status")]:
+        assert not can(verb, resource), f"camp-agent may {verb} {resource}"
