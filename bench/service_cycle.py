@@ -298,10 +298,11 @@ def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
     inputs = selectors.cycle_inputs(cluster)
     snap_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    run_cycle(inputs.snapshot, inputs.pending, inputs.tree, now=timezone.now().timestamp(),
-              running=inputs.running,
-              config=CycleConfig(heads_per_queue=settings.SCHEDULER_HEADS_PER_QUEUE or None),
-              policy=services.engine_policy(cluster.placement_policy))
+    if inputs.pending:
+        run_cycle(inputs.snapshot, inputs.pending, inputs.tree, now=timezone.now().timestamp(),
+                  running=inputs.running,
+                  config=CycleConfig(heads_per_queue=settings.SCHEDULER_HEADS_PER_QUEUE or None),
+                  policy=services.engine_policy(cluster.placement_policy))
     engine_s = time.perf_counter() - t0
     del inputs
     queries = 0
@@ -334,7 +335,8 @@ def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pending", default="2000,10000,20000", help="comma-separated sizes")
+    ap.add_argument("--pending", default="2000,10000,20000",
+                    help="comma-separated sizes (0: an idle tick, nothing pending)")
     ap.add_argument("--alloc", default="0,50,90", help="comma-separated GPU allocation %%")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--drain", action="store_true", help="also time cycles until nothing fits")
@@ -378,14 +380,19 @@ def main() -> None:
             rows.append(row)
             print(f"{n:>8} {pct:>7} {running_n:>8} {med['admitted']:>8.0f} {med['waiting']:>8.0f} "
                   f"{med['queries']:>8.0f} {med['cycle_s']:>8.2f} {med['engine_s']:>8.2f} "
-                  f"{med['snapshot_s']:>7.2f} {med['cycle_s'] / med['engine_s']:>6.1f}"
+                  f"{med['snapshot_s']:>7.2f} {med['cycle_s'] / max(med['engine_s'], 1e-9):>6.1f}"
                   + (f"  {med['drain_s']:.2f} ({med['drain_cycles']:.0f}, {med['drain_admitted']:.0f})"
                      if args.drain else ""), flush=True)
-            print("   runs (cycle s):", ", ".join(f"{r['cycle_s']:.2f}" for r in runs), flush=True)
+            print("   runs (cycle s):", ", ".join(f"{r['cycle_s']:.3f}" for r in runs), flush=True)
     Job.objects.filter(pk__in=pool).update(state=JobState.CANCELLED)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"service_cycle{'_' + args.label if args.label else ''}.json"
-    out.write_text(json.dumps({"load_average": os.getloadavg(), "rows": rows}, indent=1))
+    import resource
+
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    out.write_text(json.dumps({"load_average": os.getloadavg(), "peak_rss_mib": peak_mib,
+                               "rows": rows}, indent=1))
+    print(f"peak RSS of this process: {peak_mib:.0f} MiB")
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()), "→", out, file=sys.stderr)
 
 

@@ -6,7 +6,8 @@ by ``--token`` / ``CAMP_TOKEN`` or saved by ``camp login``; the server by ``--ur
 are printed field by field and exit with status 1.
 
     camp login --url https://camp.example.com --token camp_…
-    camp submit -f job.yaml          # kind: TrainingJob (default) or DevEnvironment
+    camp submit -f job.yaml          # kind: TrainingJob (default), DevEnvironment or Job;
+                                     # many documents: the Jobs go in one bulk request
     camp ls
     camp logs JOB [--tail 100] [-f]
     camp why JOB
@@ -125,22 +126,50 @@ def _image_id(api: Api, name: str) -> int:
     return int(found[0]["id"])
 
 
+BULK_JOBS = 1000
+"""Jobs per ``POST jobs/bulk/`` (the server's limit)."""
+
+
 @cli.command()
 @click.option("-f", "--file", "path", required=True, type=click.File("r"), help="A job.yaml ('-': stdin)")
 @click.pass_context
 def submit(ctx: click.Context, path: Any) -> None:
-    """Submit a training job or launch a dev environment from a YAML file."""
+    """Submit training jobs, dev environments or plain jobs from a YAML file.
+
+    The file may hold many documents (separated by ``---``). Documents of ``kind: Job``
+    (a scheduling job: name, project, cluster, groups, priority_class, ...) are submitted
+    together through the bulk endpoint, all or nothing; the others one by one."""
     try:
-        spec = yaml.safe_load(path)
+        specs = [d for d in yaml.safe_load_all(path) if d is not None]
     except yaml.YAMLError as exc:
         raise click.ClickException(f"{path.name} is not valid YAML: {exc}") from exc
-    if not isinstance(spec, dict):
-        raise click.ClickException(f"{path.name}: a mapping of fields is expected.")
+    if not specs or not all(isinstance(d, dict) for d in specs):
+        raise click.ClickException(f"{path.name}: a mapping of fields is expected in each document.")
     api = _api(ctx)
-    kind = str(spec.pop("kind", "TrainingJob"))
-    body = dict(spec)
-    if "project" in body:
-        body["project"] = _project_id(api, body["project"])
+    projects: dict[Any, int] = {}
+
+    def project_of(ref: Any) -> int:
+        if ref not in projects:
+            projects[ref] = _project_id(api, ref)
+        return projects[ref]
+
+    jobs = []
+    for spec in specs:
+        kind = str(spec.pop("kind", "TrainingJob"))
+        body = dict(spec)
+        if "project" in body:
+            body["project"] = project_of(body["project"])
+        if kind == "Job":
+            jobs.append(body)
+        else:
+            _submit_one(api, kind, body)
+    for i in range(0, len(jobs), BULK_JOBS):
+        done = api.call("POST", "jobs/bulk/", json={"jobs": jobs[i:i + BULK_JOBS]})
+        for j in done["jobs"]:
+            click.echo(f"job {j['name']} (#{j['id']}) {j['state']}")
+
+
+def _submit_one(api: Api, kind: str, body: dict[str, Any]) -> None:
     if isinstance(body.get("image"), str):
         body["image"] = _image_id(api, body["image"])
     if kind == "DevEnvironment":
@@ -153,7 +182,7 @@ def submit(ctx: click.Context, path: Any) -> None:
                 click.echo(f"ssh: {v}")
         return
     if kind != "TrainingJob":
-        raise click.ClickException("kind: TrainingJob or DevEnvironment.")
+        raise click.ClickException("kind: TrainingJob, DevEnvironment or Job.")
     t = api.call("POST", "training-jobs/", json=body)
     click.echo(f"training job {t['name']} (#{t['id']}) {t['state']}")
 

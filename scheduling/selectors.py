@@ -295,9 +295,10 @@ class CycleInputs:
     pools: PoolAccess = NO_POOLS
     cluster: Cluster | None = None
 
-
-def _groups_prefetch() -> Prefetch[Any]:
-    return Prefetch("groups", queryset=PodGroup.objects.order_by("id"))
+    @classmethod
+    def empty(cls) -> CycleInputs:
+        """The inputs of a cycle with nothing pending (no decision to take)."""
+        return cls(E.ClusterSnapshot(nodes=()), QueueTree(tenants=()), [], [], {}, {}, {}, {})
 
 
 def cycle_inputs(cluster: Cluster) -> CycleInputs:
@@ -336,11 +337,16 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
         runtime_estimates={k: float(j.duration_seconds) for k, j in jobs.items()
                            if j.duration_seconds},
     )
+    # Tens of thousands of pending jobs: their tenants and projects (a few hundred) are read
+    # once and attached, and their pod groups read with one join, rather than built per row
+    # by select_related / prefetch_related (the snapshot's largest cost, issue 13).
     pending_rows = list(
-        Job.objects.filter(cluster=cluster, state=JobState.QUEUED)
-        .select_related("tenant", "project").prefetch_related(_groups_prefetch())
-        .order_by("submitted_at", "id")
-    )
+        Job.objects.filter(cluster=cluster, state=JobState.QUEUED).order_by("submitted_at", "id"))
+    tenants = {t.pk: t for t in Tenant.objects.filter(pk__in={j.tenant_id for j in pending_rows})}
+    projects = {p.pk: p for p in Project.objects.filter(pk__in={j.project_id for j in pending_rows})}
+    pending_groups: dict[int, list[PodGroup]] = defaultdict(list)
+    for g in PodGroup.objects.filter(job__cluster=cluster, job__state=JobState.QUEUED).order_by("id"):
+        pending_groups[g.job_id].append(g)
     # A preemptor waits, out of the queue, until its victims have released their resources.
     waiting_for_victims = set(
         Job.objects.filter(cluster=cluster, state=JobState.PREEMPTING, preempted_by__isnull=False)
@@ -349,8 +355,14 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
     pending = []
     groups: dict[int, dict[str, PodGroup]] = {}
     for job in pending_rows:
+        job.tenant = tenants[job.tenant_id]
+        job.project = projects[job.project_id]
         job.project.tenant = job.tenant  # str(job) names the tenant: no query per audit event
-        gs = list(job.groups.all())
+        gs = pending_groups[job.pk]
+        if not gs:  # left QUEUED between the two reads (only without REPEATABLE READ: SQLite)
+            continue
+        for g in gs:
+            g.job = job
         groups[job.pk] = {g.name: g for g in gs}
         jobs[str(job.pk)] = job
         if job.pk not in waiting_for_victims:

@@ -934,7 +934,10 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
 
 
 def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs, list[JobStatus]]:
-    """The snapshot (one consistent read) and the engine's decisions (no transaction open)."""
+    """The snapshot (one consistent read) and the engine's decisions (no transaction open).
+    Nothing queued: nothing to decide, and no snapshot to read (an idle tick is one query)."""
+    if not Job.objects.filter(cluster=cluster, state=JobState.QUEUED).exists():
+        return selectors.CycleInputs.empty(), []
     with _consistent_read():
         inputs = selectors.cycle_inputs(cluster)
     if not inputs.pending:
@@ -1165,7 +1168,7 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
             else:
                 summary.conflicts.append(job.pk)
         return taken
-    from .tasks import job_dispatch
+    from .tasks import jobs_dispatch
 
     history = []
     for job, placement, status in accepted:
@@ -1175,9 +1178,10 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
                                           kind=DecisionKind.ADMITTED,
                                           reason=_admit_reason(placement)[:500], placement=pj))
         _audit_job("job.admitted", job, after={"placement": pj, "borrowing": status.borrowing})
-        job_dispatch.delay_on_commit(job.pk)
         summary.admitted.append(job.pk)
     _record_all(history)
+    if accepted:
+        jobs_dispatch.delay_on_commit([job.pk for job, _, _ in accepted])
     return taken
 
 

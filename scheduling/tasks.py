@@ -127,6 +127,15 @@ def job_dispatch(self, job_id: int) -> str:  # type: ignore[no-untyped-def]
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
 
 
+@shared_task(**_OPTS)
+def jobs_dispatch(job_ids: list[int]) -> int:
+    """Queue ``job_dispatch`` for each job a cycle admitted: the cycle queues this one task
+    instead of one per job, and the dispatches still run in parallel on every worker."""
+    for job_id in job_ids:
+        job_dispatch.delay(job_id)
+    return len(job_ids)
+
+
 @shared_task(**_OPTS, autoretry_for=(OperationalError, BackendError), retry_backoff=1, max_retries=5)
 def job_stop(job_id: int) -> str:
     if not Job.objects.filter(pk=job_id).exists():

@@ -86,3 +86,39 @@ def test_bulk_submit_needs_the_right_to_submit(world: Any, sim_cluster: Any) -> 
     assert client_for(world.outsider).post(URL, body, format="json").status_code == 400  # unseen project
     assert client_for(None).post(URL, body, format="json").status_code in (401, 403)
     assert not Job.objects.filter(name="nope").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_camp_submit_sends_many_job_documents_in_one_bulk_request(
+        world: Any, sim_cluster: Any, live_server: Any, tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    from tenants import services as tenant_services
+
+    _, token = tenant_services.token_create(actor=world.a.member, name="cli")
+    project = f"{world.a.tenant.name}/{world.a.project.name}"
+    docs = "\n---\n".join(
+        f"kind: Job\nname: lr-{i}\nproject: {project}\ncluster: {sim_cluster.name}\n"
+        f"priority_class: batch\ngroups: [{{name: worker, gpu_count: 1}}]" for i in range(5))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(docs + "\n")
+    env = {**os.environ, "CAMP_URL": live_server.url, "CAMP_TOKEN": token,
+           "CAMP_CONFIG": str(tmp_path / "config.json")}
+
+    def camp(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "camp_cli", *args], env=env, cwd=settings.BASE_DIR,
+                              capture_output=True, text=True, timeout=60)
+
+    done = camp("submit", "-f", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line.split()[1] for line in done.stdout.splitlines()] == [f"lr-{i}" for i in range(5)]
+    assert Job.objects.filter(project=world.a.project, name__startswith="lr-").count() == 5
+    # all or nothing: a sweep naming a taken job queues none of it, and says which one
+    path.write_text(docs.replace("lr-0", "lr-new") + "\n")
+    refused = camp("submit", "-f", str(path))
+    assert refused.returncode == 1 and "jobs[1].name" in refused.stdout + refused.stderr
+    assert not Job.objects.filter(name="lr-new").exists()

@@ -156,3 +156,15 @@ def test_bulk_written_decisions_reach_live_pages(world: Any, sim_cluster: Any, s
         message = async_to_sync(receive)()
         pushed[message["job"]["id"]] = message["job"]["state"]
     assert pushed == {jobs[0].pk: "starting", jobs[1].pk: "starting", jobs[2].pk: "queued"}
+
+
+def test_idle_tick_reads_no_snapshot(world: Any, sim_cluster: Any) -> None:
+    for i in range(2):
+        submit(world, sim_cluster, f"runs-{i}", group={"gpu_count": 2})
+    assert len(services.cycle_run(cluster=sim_cluster).admitted) == 2  # type: ignore[union-attr]
+    seen = _Statements()
+    with connection.execute_wrapper(seen):
+        summary = services.cycle_run(cluster=sim_cluster)
+    assert summary is not None and not (summary.admitted or summary.waiting)
+    assert not any("scheduling_node" in s or "scheduling_allocation" in s for s in seen.sql)
+    assert len([s for s in seen.sql if "SAVEPOINT" not in s]) <= 5, seen.sql

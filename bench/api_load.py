@@ -1,0 +1,196 @@
+"""API latency and submit throughput under load (issue 13), against uvicorn on loopback.
+
+Setup (in the database of ``bench/service_cycle.py``, default ``bench_i13``): the openb
+cluster and 200 projects of that benchmark, at least ``--jobs`` job rows (finished ones
+written in bulk with the rows ``job_submit`` writes, audit events included) and about
+1,000 running ones. The server is ``uvicorn camp.asgi:application --workers 2`` on
+127.0.0.1 with ``camp.settings.production`` (DEBUG off; TLS redirect off since loopback is
+plain HTTP; Celery's broker in memory, so cycles requested by submits are not run).
+Clients: ``--clients`` asyncio/aiohttp tasks with a tenant owner's API token, for
+``--seconds`` per scenario, all requests counted (errors too).
+
+Scenarios: read mix (jobs list filtered by project and state, one job, its decisions,
+audit events of the tenant); single submits (``POST /jobs/``); bulk submits of
+``--batch`` jobs (``POST /jobs/bulk/``).
+
+    .venv/bin/python -m bench.api_load --jobs 100000 --clients 50 --seconds 60
+    .venv/bin/python -m bench.api_load --jobs 20000 --clients 20 --seconds 10   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import service_cycle as sc
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _seed(min_jobs: int) -> tuple[str, int, list[int], int]:
+    """A tenant owner's token, their tenant id, some job ids of theirs, a project id."""
+    from scheduling.models import Job, JobState
+    from tenants import services as tenant_services
+    from tenants.models import Membership, Role, User
+
+    admin, cluster, projects = sc._world()
+    have = Job.objects.filter(cluster=cluster).count()
+    if have < min_jobs:
+        specs = sc._pending_specs(min_jobs - have, seed=have)
+        for i in range(0, len(specs), 10_000):
+            jobs = sc._bulk_jobs(admin, cluster, projects, specs[i:i + 10_000], JobState.SUCCEEDED,
+                                 f"done{have + i}")
+            Job.objects.filter(pk__in=[j.pk for j in jobs]).update(reason="All pods succeeded")
+    if Job.objects.filter(cluster=cluster, state=JobState.RUNNING).count() < 900:
+        sc._set_running(admin, cluster, projects, 15, seed=9)
+    tenant = projects[0].tenant
+    owner, _ = User.objects.get_or_create(username="bench-owner")
+    Membership.objects.get_or_create(user=owner, tenant=tenant, project=None,
+                                     defaults={"role": Role.TENANT_OWNER})
+    _, token = tenant_services.token_create(actor=owner, name=f"bench-{secrets.token_hex(4)}")
+    ids = list(Job.objects.filter(tenant=tenant).order_by("-id").values_list("pk", flat=True)[:200])
+    return token, tenant.pk, ids, projects[0].pk
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _server(db: str, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "camp.settings.production", "DATABASE_URL": db,
+           "SECRET_KEY": secrets.token_urlsafe(50), "SECURE_SSL_REDIRECT": "0", "REDIS_URL": "",
+           "CELERY_BROKER_URL": "memory://",
+           # 0: under ASGI each request runs in its own thread, and kept connections pile up
+           "DB_CONN_MAX_AGE": "0"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "camp.asgi:application", "--host", "127.0.0.1", "--port",
+         str(port), "--workers", "2", "--log-level", "warning", "--no-access-log"],
+        env=env, start_new_session=True, cwd=Path(__file__).resolve().parent.parent)
+
+
+async def _run(base: str, token: str, clients: int, seconds: float,
+               request: Any) -> dict[str, Any]:
+    import aiohttp
+
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    items = 0
+    deadline = time.monotonic() + seconds
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+    async with aiohttp.ClientSession(base, headers=headers,
+                                     connector=aiohttp.TCPConnector(limit=clients)) as session:
+        counter = itertools.count()
+
+        async def client() -> None:
+            nonlocal items
+            while time.monotonic() < deadline:
+                method, path, body, n = request(next(counter))
+                t0 = time.perf_counter()
+                try:
+                    async with session.request(method, path, json=body) as r:
+                        await r.read()
+                        ok = r.status < 400
+                        key = str(r.status)
+                except aiohttp.ClientError as exc:
+                    ok, key = False, type(exc).__name__
+                latencies.append(time.perf_counter() - t0)
+                if ok:
+                    items += n
+                else:
+                    errors[key] = errors.get(key, 0) + 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
+    return {"requests": len(latencies), "errors": errors, "items_per_s": items / wall,
+            "req_per_s": len(latencies) / wall, "p50_ms": q[49] * 1000, "p95_ms": q[94] * 1000,
+            "p99_ms": q[98] * 1000}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=100_000, help="job rows at least")
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--batch", type=int, default=100, help="jobs per bulk submit")
+    ap.add_argument("--db", default=os.environ.get("BENCH_DATABASE_URL", sc.DEFAULT_DB))
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+    sc._setup_django(args.db)
+    token, tenant_id, job_ids, project_id = _seed(args.jobs)
+    from django.db import connections
+
+    from scheduling.models import Job
+
+    rows = Job.objects.count()
+    connections.close_all()
+    port = _free_port()
+    server = _server(args.db, port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):  # until uvicorn listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.3)
+        time.sleep(2)  # both workers up
+        rng = random.Random(1)
+        reads = [
+            lambda i: ("GET", f"/api/v1/jobs/?project={project_id}&state=succeeded", None, 1),
+            lambda i: ("GET", f"/api/v1/jobs/{rng.choice(job_ids)}/", None, 1),
+            lambda i: ("GET", f"/api/v1/jobs/{rng.choice(job_ids)}/decisions/", None, 1),
+            lambda i: ("GET", f"/api/v1/audit-events/?tenant={tenant_id}", None, 1),
+        ]
+        run_id = secrets.token_hex(3)
+        group = {"name": "worker", "gpu_count": 1, "gpu_memory_mib": 2000, "gpu_cores_percent": 10}
+
+        def single(i: int) -> tuple[str, str, Any, int]:
+            return ("POST", "/api/v1/jobs/", {"project": project_id, "cluster": "openb",
+                                              "name": f"s{run_id}-{i}", "groups": [group]}, 1)
+
+        def bulk(i: int) -> tuple[str, str, Any, int]:
+            return ("POST", "/api/v1/jobs/bulk/", {"jobs": [
+                {"project": project_id, "cluster": "openb", "name": f"b{run_id}-{i}-{k}",
+                 "groups": [group]} for k in range(args.batch)]}, args.batch)
+
+        out: dict[str, Any] = {"rows": rows, "clients": args.clients, "seconds": args.seconds}
+        for name, req in [("read mix", lambda i: reads[i % len(reads)](i)),
+                          *[(f"read: {p}", r) for p, r in zip(
+                              ["jobs list (project, state)", "one job", "decisions", "audit list"],
+                              reads, strict=True)],
+                          ("submit single", single), (f"submit bulk ×{args.batch}", bulk)]:
+            res = asyncio.run(_run(base, token, args.clients, args.seconds, req))
+            out[name] = res
+            print(f"{name:<32} {res['requests']:>7} req {res['req_per_s']:>7.1f}/s "
+                  f"{res['items_per_s']:>8.1f} items/s  p50 {res['p50_ms']:>7.1f} ms  "
+                  f"p95 {res['p95_ms']:>7.1f} ms  p99 {res['p99_ms']:>7.1f} ms  errors {res['errors']}",
+                  flush=True)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=20)
+    out["load_average"] = os.getloadavg()
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"api_load{'_' + args.label if args.label else ''}.json"
+    path.write_text(json.dumps(out, indent=1))
+    print(f"{rows} job rows; load average", " ".join(f"{x:.2f}" for x in os.getloadavg()), "→", path)
+
+
+if __name__ == "__main__":
+    main()
