@@ -141,24 +141,35 @@ def _settled(stack: Stack) -> bool:
 def test_burst_survives_worker_redis_postgres_and_web_crashes(stack: Stack) -> None:
     project, token = stack.python(SEED.format(inventory=INVENTORY)).split()
     client = Client(stack, token)
-    n_jobs, faults, in_flight, samples = 90, [], [], []
-    names = [f"burst-{i}" for i in range(n_jobs)]
+    faults: list[tuple[str, float]] = []
+    in_flight: list[tuple[str, int, int]] = []
+    samples: list[int] = []
     submitted: dict[str, int] = {}
-    done = threading.Event()
-
-    def one(i: int) -> None:
-        gpus = 16 if i % 30 == 29 else 1 + (i % 2)  # a few can never fit: rejected
-        job_id = client.submit(int(project), names[i], gpus)
-        submitted[names[i]] = job_id
-        if i % 3 == 0:
-            client.cancel(job_id)
-
+    names: list[str] = []
+    counter = iter(range(10_000))
+    names_lock = threading.Lock()
+    stop, done = threading.Event(), threading.Event()
     errors: list[BaseException] = []
+
+    def submitter() -> None:
+        # Submits (every third one cancelled) until the faults are over, paced so that the
+        # burst spans them all.
+        while not stop.is_set():
+            with names_lock:
+                i = next(counter)
+                names.append(f"burst-{i}")
+            gpus = 16 if i % 30 == 29 else 1 + (i % 2)  # a few can never fit: rejected
+            job_id = client.submit(int(project), f"burst-{i}", gpus)
+            submitted[f"burst-{i}"] = job_id
+            if i % 3 == 0:
+                client.cancel(job_id)
+            time.sleep(0.2)
 
     def burst() -> None:
         try:
             with ThreadPoolExecutor(max_workers=4) as pool:
-                list(pool.map(one, range(n_jobs)))
+                for f in [pool.submit(submitter) for _ in range(4)]:
+                    f.result()
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
         finally:
@@ -169,36 +180,45 @@ def test_burst_survives_worker_redis_postgres_and_web_crashes(stack: Stack) -> N
             (n,), = _rows(stack, "SELECT count(*) FROM scheduling_job WHERE state IN"
                                  " ('starting', 'running', 'preempting')")
             return int(n)
-        except Exception:  # PostgreSQL is down right now
+        except psycopg.OperationalError:  # PostgreSQL is down right now
             return -1
 
+    def sample() -> None:
+        try:
+            bad = _over_capacity(stack)
+        except psycopg.OperationalError:
+            return  # PostgreSQL restarting: nothing to read
+        samples.append(len(bad))
+        assert not bad, f"GPU over-allocated during the burst: {bad}"
+
     def inject(name: str, action: Any) -> None:
+        # Each fault strikes while jobs are admitted or running (the worker needs a few
+        # seconds to come back from the previous one).
+        deadline = time.monotonic() + 30
+        while active() <= 0 and time.monotonic() < deadline:
+            sample()
+            time.sleep(0.2)
         in_flight.append((name, active(), len(submitted)))
         action()
         faults.append((name, time.monotonic()))
+        for _ in range(5):
+            sample()
+            time.sleep(0.4)
 
     runner = threading.Thread(target=burst, daemon=True)
     started = time.monotonic()
     runner.start()
-    time.sleep(2)
     inject("SIGKILL Celery worker (with beat)", stack.worker.restart)
-    time.sleep(3)
     inject("restart Redis (broker + cache, nothing persisted)", stack.redis.restart)
-    time.sleep(3)
     inject("crash PostgreSQL (immediate stop, WAL recovery)", stack.pg.restart)
-    time.sleep(3)
     inject("SIGKILL web server mid-request", stack.web.restart)
+    stop.set()
     while not done.is_set():
-        try:
-            bad = _over_capacity(stack)
-        except psycopg.OperationalError:
-            bad = []  # PostgreSQL restarting: nothing to read
-        else:
-            samples.append(len(bad))
-        assert not bad, f"GPU over-allocated during the burst: {bad}"
+        sample()
         time.sleep(0.5)
     runner.join()
     assert not errors, errors
+    n_jobs = len(names)
     last_fault = faults[-1][1]
 
     deadline = time.monotonic() + 120
@@ -209,14 +229,14 @@ def test_burst_survives_worker_redis_postgres_and_web_crashes(stack: Stack) -> N
 
     # every submitted job exists exactly once (names are unique per submission)
     rows = _rows(stack, "SELECT name, count(*) FROM scheduling_job GROUP BY name")
-    assert sorted(rows) == sorted((n, 1) for n in names)
+    assert sorted(rows) == sorted((n, 1) for n in names) and n_jobs >= 40
     assert sorted(submitted) == sorted(names)
     # ... and is final, or waits with a reason
     states = dict(_rows(stack, "SELECT state, count(*) FROM scheduling_job GROUP BY state"))
     assert set(states) <= {*FINAL, "queued"}
     assert not _rows(stack, "SELECT id FROM scheduling_job WHERE state = 'queued' AND reason = ''")
-    assert states.get("cancelled", 0) >= n_jobs // 3 - 3  # some cancels came after the end
-    assert states.get("rejected", 0) == 3
+    assert states.get("cancelled", 0) >= (n_jobs + 2) // 3 - 4  # a cancel may come after the end
+    assert states.get("rejected", 0) == n_jobs // 30
     # no GPU beyond capacity, nothing held by a finished job
     assert not _over_capacity(stack)
     # no job ran twice: one start each, on one attempt
