@@ -72,10 +72,8 @@ class Postgres:
         self._ctl("restart", "-m", "immediate")
 
     def stop(self) -> None:
-        with_timeout = subprocess.run(_as_postgres([
-            str(PG_BIN / "pg_ctl"), "-D", str(self.dir), "-m", "immediate", "stop"]),
-            capture_output=True, timeout=60)
-        del with_timeout
+        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.dir), "-m",
+                                     "immediate", "stop"]), capture_output=True, timeout=60)
 
     def connect(self, dbname: str = "camp") -> psycopg.Connection[Any]:
         return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname,
