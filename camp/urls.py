@@ -20,3 +20,5 @@ urlpatterns = [
     path("", include("portal.urls")),
     path("", include("tenants.urls")),
 ]
+
+handler404 = "tenants.api.exceptions.not_found"

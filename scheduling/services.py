@@ -132,15 +132,27 @@ def request_cycle(cluster_id: int, *, countdown: float | None = None) -> None:
     """Ask for one scheduling cycle of a cluster after the current transaction commits.
 
     Requests coalesce: while one cycle is queued and not yet started, more requests add
-    nothing (the queued one will see every job committed before it starts)."""
+    nothing (the queued one will see every job committed before it starts). The marker
+    lives two beat ticks at most, so a request lost with its message (a broker restart)
+    holds back no later one for longer. A broker or cache that is down never fails the
+    caller's committed work: the beat's ``scheduler_tick`` asks again from the database."""
     from .tasks import cluster_cycle
 
-    if not cache.add(f"camp:cycle-queued:{cluster_id}", 1, timeout=30):
+    try:
+        if not cache.add(f"camp:cycle-queued:{cluster_id}", 1,
+                         timeout=max(5, 2 * settings.SCHEDULER_TICK_SECONDS)):
+            return
+    except Exception:  # redis-py's ConnectionError and kin: the cache is down
+        logger.warning("cycle request for cluster %s not queued (cache unavailable)", cluster_id)
         return
-    if countdown:
-        transaction.on_commit(lambda: cluster_cycle.apply_async((cluster_id,), countdown=countdown))
-    else:
-        cluster_cycle.delay_on_commit(cluster_id)
+    _send_after_commit(cluster_cycle, cluster_id, countdown=countdown)
+
+
+def _send_after_commit(task: Any, *args: Any, countdown: float | None = None) -> None:
+    """Queue ``task`` once the transaction commits; a broker that is down is logged, not
+    raised (robust on_commit): the row is the truth and the periodic tick re-requests it."""
+    kwargs = {"countdown": countdown} if countdown else {}
+    transaction.on_commit(lambda: task.apply_async(args, **kwargs), robust=True)
 
 
 def cycle_request_taken(cluster_id: int) -> None:
@@ -798,7 +810,7 @@ def _finish(job: Job, state: str, reason: str) -> None:
 def _stop_after_commit(job_id: int) -> None:
     from .tasks import job_stop
 
-    job_stop.delay_on_commit(job_id)
+    _send_after_commit(job_stop, job_id)
 
 
 def job_evict(*, job_id: int, reason: str) -> bool:

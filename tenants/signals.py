@@ -39,12 +39,17 @@ def _login_failed(sender: Any, credentials: dict[str, Any], request: Any = None,
 @receiver(user_locked_out)
 def _locked_out(sender: Any, request: Any = None, username: str | None = None,
                 ip_address: str | None = None, **kwargs: Any) -> None:
-    # django-axes signals this on every refused attempt; record each lockout once.
+    # django-axes signals this on every refused attempt; record each lockout once: a pair
+    # once per (username, address), an address once whatever names are tried from it
+    # (CampAxesHandler says which one tripped).
     from django.conf import settings
     from django.core.cache import cache
 
-    key = f"camp:audit-lockout:{username}:{ip_address}"
+    scope = getattr(request, "camp_lockout_scope", "") or "account+address"
+    name = "" if scope == "address" else str(username or "")[:150]
+    key = f"camp:audit-lockout:{scope}:{name}:{ip_address}"
     if not cache.add(key, 1, timeout=int(float(settings.AXES_COOLOFF_TIME) * 3600) or 900):
         return
-    audit_record(actor=None, actor_username=str(username or "")[:150], action="auth.locked_out",
-                 target_repr=str(username or ""), after={"ip_address": ip_address})
+    audit_record(actor=None, actor_username=name, action="auth.locked_out",
+                 target_repr=name or str(ip_address or ""),
+                 after={"ip_address": ip_address, "scope": scope})

@@ -94,9 +94,13 @@ OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
 OIDC_CREATE_USER = env_bool("OIDC_CREATE_USER", True)
 
 # --- Throttling (django-axes) ----------------------------------------------------------------
-# Lock a username, and separately a client IP, after N failures; a success resets
-# it. Covers every password login (local and LDAP) and failed OIDC/SAML sign-ins.
+# Lock a (username, client IP) pair after N failures, and a client IP on its own after
+# LOGIN_FAILURE_LIMIT_PER_IP; a success resets it. Never a username alone: failures from one
+# address must not lock the account's owner out elsewhere. Covers every password login
+# (local and LDAP) and failed OIDC/SAML sign-ins.
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+LOGIN_FAILURE_LIMIT_PER_IP = env_int("LOGIN_FAILURE_LIMIT_PER_IP", 20)
+AXES_HANDLER = "tenants.sso.local.CampAxesHandler"
 AXES_COOLOFF_TIME = env_int("LOGIN_COOLOFF_MINUTES", 15) / 60  # hours
 # (Sign-ins without a username — OIDC, SAML — count per IP only: tenants/sso/local.py.)
 AXES_LOCKOUT_PARAMETERS = "tenants.sso.local.lockout_parameters"

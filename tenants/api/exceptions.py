@@ -8,7 +8,8 @@ from typing import Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DataError, IntegrityError
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import page_not_found
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -33,6 +34,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.PermissionDenied(str(exc) or None)
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
+    elif isinstance(exc, exceptions.ValidationError) and isinstance(exc.detail, list):
+        # e.g. DRF's search filter refusing a NUL: the 400 body is always an object
+        exc = exceptions.ValidationError({"non_field_errors": exc.detail})
     elif isinstance(exc, (IntegrityError, DataError)):
         # A constraint the validators did not foresee: still the client's input.
         logger.warning("database refused a write: %s", type(exc).__name__)
@@ -41,3 +45,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             status=status.HTTP_400_BAD_REQUEST,
         )
     return drf_exception_handler(exc, context)
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """handler404: under /api/ a path no route matches (e.g. a non-integer id) is the same JSON
+    404 as a missing object, as the schema documents; elsewhere Django's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
+    return page_not_found(request, exception or Http404())

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from axes.handlers.database import AxesDatabaseHandler
+from axes.helpers import get_failure_limit, get_lockout_parameters
+from django.conf import settings
 from django.contrib.auth.backends import ModelBackend
+from django.db.models import Sum
 from django.http import HttpRequest
 
 
@@ -25,8 +29,11 @@ class LocalModelBackend(ModelBackend):
 
 def lockout_parameters(request_or_attempt: Any, credentials: dict[str, Any] | None = None
                        ) -> list[str | list[str]]:
-    """django-axes AXES_LOCKOUT_PARAMETERS: per username and per address, or per address only.
+    """django-axes AXES_LOCKOUT_PARAMETERS: per (username, address) and per address.
 
+    Never per username alone: then anyone anywhere could lock a victim out by failing
+    with the victim's name (a denial of service); a guesser is held by the pair, and a
+    guesser spraying many names from one address by the address (CampAxesHandler).
     A failed OIDC or SAML sign-in has no username; axes would file it under username
     "None" and, once any few such failures happened anywhere, lock single sign-on for
     everyone. Those count per client address only.
@@ -38,4 +45,31 @@ def lockout_parameters(request_or_attempt: Any, credentials: dict[str, Any] | No
         username = request_or_attempt.username
     else:
         username = get_client_username(request_or_attempt, credentials)
-    return [["username"], ["ip_address"]] if username else [["ip_address"]]
+    return [["username", "ip_address"], ["ip_address"]] if username else [["ip_address"]]
+
+
+class CampAxesHandler(AxesDatabaseHandler):
+    """axes' database handler with a separate, higher limit for an address on its own.
+
+    axes applies one AXES_FAILURE_LIMIT to every lockout parameter set, which would make
+    the (username, address) pair pointless (its count never exceeds the address's) and
+    lock a whole office behind one NAT after a few typos. So the address's count is
+    scaled onto that limit: it locks at LOGIN_FAILURE_LIMIT_PER_IP failures. Which set
+    tripped is left on the request for the audit (tenants/signals.py).
+    """
+
+    def get_failures(self, request: Any, credentials: dict[str, Any] | None = None) -> int:
+        limit = get_failure_limit(request, credentials)
+        per_ip = max(int(settings.LOGIN_FAILURE_LIMIT_PER_IP), limit)
+        worst, scope = 0, ""
+        for params, attempts in zip(get_lockout_parameters(request, credentials),
+                                    self.get_user_attempts(request, credentials), strict=True):
+            count = attempts.aggregate(n=Sum("failures_since_start"))["n"] or 0
+            address_only = params in (["ip_address"], "ip_address")
+            if address_only:
+                count = count * limit // per_ip
+            if count > worst or (count == worst and not scope):
+                worst, scope = count, "address" if address_only else "account+address"
+        if worst >= limit and request is not None:
+            request.camp_lockout_scope = scope
+        return worst

@@ -59,6 +59,9 @@ LOG_RENDERERS = [
 ]
 
 
+# Detail actions that answer a plain list: no list filters, no pagination (in the schema too).
+NOT_A_LIST: dict[str, Any] = {"filter_backends": [], "pagination_class": None}
+
 LOG_PARAMS = [
     OpenApiParameter("tail", OpenApiTypes.INT, description="Lines per pod (1–5000, default 200)"),
     OpenApiParameter("pod", OpenApiTypes.STR, description="Only this pod"),
@@ -205,7 +208,7 @@ class EnvironmentViewSet(
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(parameters=LOG_PARAMS, responses=LOG_RESPONSES)
-    @action(detail=True, methods=["get"], renderer_classes=LOG_RENDERERS)
+    @action(detail=True, methods=["get"], renderer_classes=LOG_RENDERERS, **NOT_A_LIST)
     def logs(self, request: Request, pk: str | None = None) -> HttpResponseBase:
         """The pods' logs (synthetic on the simulated backend); ``follow=true`` streams them."""
         return _logs(request, self.get_object().job)
@@ -262,7 +265,7 @@ class TrainingViewSet(
         )
 
     @extend_schema(parameters=LOG_PARAMS, responses=LOG_RESPONSES)
-    @action(detail=True, methods=["get"], renderer_classes=LOG_RENDERERS)
+    @action(detail=True, methods=["get"], renderer_classes=LOG_RENDERERS, **NOT_A_LIST)
     def logs(self, request: Request, pk: str | None = None) -> HttpResponseBase:
         """The pods' logs (synthetic on the simulated backend); ``follow=true`` streams them."""
         return _logs(request, self.get_object().job)
@@ -278,7 +281,7 @@ class TrainingViewSet(
 
     @extend_schema(methods=["GET"], responses=CheckpointSerializer(many=True))
     @extend_schema(methods=["POST"], request=CheckpointSerializer, responses=CheckpointSerializer(many=True))
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], **NOT_A_LIST)
     def checkpoints(self, request: Request, pk: str | None = None) -> Response:
         """Checkpoints seen so far, newest first; a training script may POST one (the next
         run gets ``CAMP_RESUME_FROM`` pointing to the latest)."""

@@ -76,25 +76,39 @@ def test_local_off_with_ldap_on_keeps_the_form_for_directory_accounts(
 
 
 @pytest.mark.django_db
-def test_throttling_locks_an_account_for_local_and_ldap_logins(
+def test_throttling_locks_an_account_from_an_address_for_local_and_ldap_logins(
         settings: Any, slapd: Slapd, acme: Acme) -> None:
     configure(settings, ldap=ldap_config(slapd))
     settings.AXES_FAILURE_LIMIT = 3
-    for ip in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):  # per account, whatever the address
-        Client(REMOTE_ADDR=ip).post("/login/", {"username": "alice", "password": "guess"})
-    locked = Client(REMOTE_ADDR="10.0.0.4").post(
+    settings.LOGIN_FAILURE_LIMIT_PER_IP = 6
+    attacker = "10.0.0.66"
+    for _ in range(5):  # an attacker guesses alice's password from one address
+        Client(REMOTE_ADDR=attacker).post("/login/", {"username": "alice", "password": "guess"})
+    locked = Client(REMOTE_ADDR=attacker).post(
         "/login/", {"username": "alice", "password": "alice-ldap-pw"})
     assert locked.status_code == 429 and b"Too many failed logins" in locked.content
     assert not User.objects.filter(username="alice").exists()  # the right password did not help
-    # failures before the limit are audited one by one, reaching it once as auth.locked_out
-    assert AuditEvent.objects.filter(action="auth.login_failed", actor_username="alice").count() >= 2
-    assert AuditEvent.objects.filter(action="auth.locked_out", actor_username="alice").exists()
+    # ... but cannot lock alice out: from her own address she signs in (LDAP)
+    assert Client(REMOTE_ADDR="10.0.0.4").post(
+        "/login/", {"username": "alice", "password": "alice-ldap-pw"}).status_code == 302
+    # the failures before the limit are audited one by one, the third as the lockout, once
+    # for all five tries
+    assert AuditEvent.objects.filter(action="auth.login_failed", actor_username="alice").count() == 2
+    lockouts = AuditEvent.objects.filter(action="auth.locked_out")
+    assert [(e.actor_username, e.after) for e in lockouts] == [
+        ("alice", {"ip_address": attacker, "scope": "account+address"})]
 
+    # spraying many names from one address locks that address (at its own, higher limit) ...
     local_user()
-    for name in ("x1", "x2", "x3"):  # per address, whatever the account
-        Client(REMOTE_ADDR="10.9.9.9").post("/login/", {"username": name, "password": "guess"})
-    locked = Client(REMOTE_ADDR="10.9.9.9").post("/login/", {"username": "lena", "password": PASSWORD})
+    sprayer = "10.9.9.9"
+    for i in range(8):
+        Client(REMOTE_ADDR=sprayer).post("/login/", {"username": f"x{i}", "password": "guess"})
+    locked = Client(REMOTE_ADDR=sprayer).post("/login/", {"username": "lena", "password": PASSWORD})
     assert locked.status_code == 429
+    # ... audited once for the address, however many names it tries
+    assert AuditEvent.objects.filter(action="auth.locked_out", after__scope="address").count() == 1
+    # ... and no one else: lena from another address, and single sign-on refusals there
+    # (no username) count per address only
     assert Client(REMOTE_ADDR="10.9.9.8").post(
         "/login/", {"username": "lena", "password": PASSWORD}).status_code == 302
 

@@ -225,6 +225,7 @@ def _http_login(client: Client) -> Any:
 def test_refused_sso_logins_from_many_addresses_do_not_lock_out_everyone(
         settings: Any, edge: str, edge_provider: EdgeProvider) -> None:
     settings.AXES_FAILURE_LIMIT = 3
+    settings.LOGIN_FAILURE_LIMIT_PER_IP = 3
     settings.OIDC_CREATE_USER = False  # every callback below is refused by the backend
     for n in range(4):
         response = _http_login(Client(REMOTE_ADDR=f"10.1.0.{n + 1}"))
@@ -235,6 +236,9 @@ def test_refused_sso_logins_from_many_addresses_do_not_lock_out_everyone(
     settings.OIDC_CREATE_USER = True
     assert _http_login(Client(REMOTE_ADDR="10.2.0.1")).status_code == 429
     assert not User.objects.filter(auth_source="oidc").exists()
+    # A password guesser locking a name and its own address locks no one's SSO elsewhere.
+    for _ in range(4):
+        Client(REMOTE_ADDR="10.3.0.1").post("/login/", {"username": "alice", "password": "guess"})
     # Everyone else signs in.
     response = _http_login(Client(REMOTE_ADDR="10.1.0.99"))
     assert response.status_code == 302 and response["Location"] != "/login/", response

@@ -1,0 +1,194 @@
+"""Throwaway real services for fault injection: a PostgreSQL cluster, a Redis server, Camp's
+web server (uvicorn) and a Celery worker with its beat, each on a spare 127.0.0.1 port and
+each killed in a finaliser. Never the shared PostgreSQL and Redis of the machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+REPO = Path(__file__).resolve().parents[3]
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    # initdb and postgres refuse to run as root.
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+def _wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port} after {timeout}s")
+
+
+class Postgres:
+    def __init__(self, root: Path) -> None:
+        self.dir = root / "pg"
+        self.dir.mkdir(mode=0o700)
+        if os.geteuid() == 0:
+            shutil.chown(root, "postgres")
+            shutil.chown(self.dir, "postgres")
+        self.port = free_port()
+        subprocess.run(_as_postgres([str(PG_BIN / "initdb"), "-D", str(self.dir), "-U", "postgres",
+                                     "--auth=trust", "-E", "UTF8", "--no-sync"]),
+                       check=True, capture_output=True)
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/camp"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(_as_postgres([
+            str(PG_BIN / "pg_ctl"), "-D", str(self.dir), "-w", "-l", str(self.dir / "log"),
+            "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off",
+            *args]), check=True, capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        self._ctl("start")
+
+    def restart(self) -> None:
+        """A crash: every connection dies, WAL recovery on start."""
+        self._ctl("restart", "-m", "immediate")
+
+    def stop(self) -> None:
+        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.dir), "-m",
+                                     "immediate", "stop"]), capture_output=True, timeout=60)
+
+    def connect(self, dbname: str = "camp") -> psycopg.Connection[Any]:
+        return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname,
+                               autocommit=True, connect_timeout=5)
+
+
+class Redis:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        # No persistence: a restart loses every queued message and cache key.
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, start_new_session=True)
+        _wait_port(self.port)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@dataclass
+class Service:
+    """A Camp process (web or worker) in its own process group."""
+
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    port: int | None = None
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=REPO, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        if self.port:
+            _wait_port(self.port, timeout=60)
+
+    def kill(self) -> None:
+        """SIGKILL, the whole group (a prefork worker's children too)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@dataclass
+class Stack:
+    pg: Postgres
+    redis: Redis
+    web: Service
+    worker: Service
+    env: dict[str, str]
+    root: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.web.port}"
+
+    def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "manage.py", *args], env=self.env, cwd=REPO,
+                              capture_output=True, text=True, timeout=300, check=check)
+
+    def python(self, code: str) -> str:
+        done = subprocess.run([sys.executable, "-c", "import django; django.setup()\n" + code],
+                              env=self.env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+
+@contextmanager
+def camp_stack(*, tick_seconds: int = 2) -> Iterator[Stack]:
+    """PostgreSQL + Redis + uvicorn + a Celery worker with embedded beat, all throwaway."""
+    with ExitStack() as stack:
+        root = Path(tempfile.mkdtemp(prefix="camp-faults-"))
+        stack.callback(shutil.rmtree, root, True)
+        pg = Postgres(root)
+        pg.start()
+        stack.callback(pg.stop)
+        redis = Redis()
+        redis.start()
+        stack.callback(redis.kill)
+        with pg.connect("postgres") as conn:
+            conn.execute("CREATE DATABASE camp")
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "REDIS_",
+                                                                          "CELERY_"))},
+               "DJANGO_SETTINGS_MODULE": "camp.settings.test", "DATABASE_URL": pg.url,
+               "REDIS_URL": redis.url, "CELERY_BROKER_URL": redis.url,
+               "CAMP_TEST_RUN_ID": f"faults-{os.getpid()}",
+               "SCHEDULER_TICK_SECONDS": str(tick_seconds), "PYTHONUNBUFFERED": "1"}
+        migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], env=env,
+                                 cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert migrate.returncode == 0, migrate.stderr
+        web_port = free_port()
+        web = Service([sys.executable, "-m", "uvicorn", "camp.asgi:application", "--host",
+                       "127.0.0.1", "--port", str(web_port), "--workers", "1", "--no-access-log"],
+                      env, root / "web.log", port=web_port)
+        worker = Service([sys.executable, "-m", "celery", "-A", "camp", "worker", "-B",
+                          "--schedule", str(root / "beat-schedule"), "--pool=prefork",
+                          "--concurrency=2", "--loglevel=WARNING", "--without-gossip",
+                          "--without-mingle", "-n", f"faults-{os.getpid()}@localhost"],
+                         env, root / "worker.log")
+        web.start()
+        stack.callback(web.kill)
+        worker.start()
+        stack.callback(worker.kill)
+        yield Stack(pg=pg, redis=redis, web=web, worker=worker, env=env, root=root)
