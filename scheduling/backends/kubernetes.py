@@ -1,15 +1,14 @@
 """The Kubernetes backend: the only module that talks to a cluster (DESIGN.md §4).
 
-Placement reaches the node the way HAMi's device plugin expects it (verified against
-HAMi's sources, pkg/util and pkg/device/nvidia): the pod is created already bound
-(``spec.nodeName``) and annotated as HAMi's scheduler would annotate it:
-
-* ``hami.io/vgpu-node``: the node; ``hami.io/vgpu-time`` / ``hami.io/bind-time``: unix time;
-* ``hami.io/bind-phase``: ``allocating`` (the device plugin turns it into success/failed);
-* ``hami.io/vgpu-devices-to-allocate``: per device ``UUID,Type,Usedmem,Usedcores:``,
-  containers joined by ``;`` (HAMi's EncodePodDevices);
-* container limits ``nvidia.com/gpu`` (devices), ``nvidia.com/gpumem`` (MiB per device),
-  ``nvidia.com/gpucores`` (% per device).
+Placement reaches the node the way HAMi expects it (verified against HAMi v2.10.0's
+sources; docs/KUBERNETES.md): pods carry Camp's scheduler name and no ``nodeName`` (HAMi's
+webhook refuses GPU pods already bound), then are bound through ``pods/binding``. On a HAMi
+node, first HAMi's bind handshake: the pod carries ``hami.io/vgpu-node``, ``hami.io/vgpu-time``
+and both device encodings (``…-to-allocate`` and ``…-allocated``: ``UUID,Type,mem,cores:`` per
+device, containers joined by ``;``) with the ``gpu``/``gpumem``/``gpucores`` limits; Camp takes
+the node lock ``hami.io/mutex.lock``, sets ``hami.io/bind-phase: allocating`` and
+``hami.io/bind-time``, binds, and waits for the device plugin's ``success``/``failed``. Nodes
+without HAMi get whole cards (``nvidia.com/gpu`` only) and no HAMi annotation.
 
 Inventory comes from the nodes: ``hami.io/node-nvidia-register`` (a JSON array of
 DeviceInfo ``{id, index, count, devmem, devcore, type, numa, mode, health}``; older
