@@ -82,7 +82,8 @@ def hami_answers(k: Any) -> Iterator[None]:
                 except (KeyError, AttributeError, ValueError):
                     continue
                 ann = (raw.get("metadata") or {}).get("annotations") or {}
-                if ann.get("hami.io/bind-phase") == "allocating":
+                # As HAMi's GetPendingPod: only a pod already bound to its node is answered.
+                if ann.get("hami.io/bind-phase") == "allocating" and (raw.get("spec") or {}).get("nodeName"):
                     raw["metadata"] = {**raw["metadata"],
                                        "annotations": {**ann, "hami.io/bind-phase": "success"}}
                     seed(k, ("", "v1", "pods"), key[1], key[2], raw)
