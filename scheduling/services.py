@@ -418,6 +418,7 @@ def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult,
             node.quarantine_reason = ""
     node.save()
     existing = {g.index: g for g in GpuDevice.objects.select_for_update().filter(node=node)}
+    rows: list[GpuDevice] = []
     for g in info.gpus:
         row = existing.pop(g.index, None) or GpuDevice(node=node, index=g.index)
         row.uuid = g.uuid
@@ -431,11 +432,40 @@ def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult,
         row.templates = [dict(t) for t in g.templates]
         row.max_sharers = max(g.max_sharers, row.sharers)
         row.quarantined = not g.healthy
+        row.foreign_memory_mib = max(0, g.foreign_memory_mib)
+        row.foreign_cores = max(0, g.foreign_cores_percent)
+        row.foreign_sharers = max(0, g.foreign_sharers)
+        row.foreign_exclusive = False
+        row.foreign_pods = list(g.foreign_pods)
+        rows.append(row)
+    _foreign_whole_cards(node, info, rows)
+    for row in rows:
         row.save()
     for gone in existing.values():
         gone.healthy = False
         gone.quarantined = True
         gone.save(update_fields=["healthy", "quarantined"])
+
+
+def _foreign_whole_cards(node: Node, info: NodeInfo, rows: list[GpuDevice]) -> None:
+    """Rule (foreign whole cards): pods Camp did not create that ask ``nvidia.com/gpu`` on
+    this node without HAMi's per-device annotation (the default scheduler's pods) hold that
+    many whole cards, but which ones the cluster does not say. The device plugin gives such a
+    pod cards no other pod holds, so Camp marks that many of the cards free of Camp's and of
+    other HAMi pods' slices as taken, highest index first (stable from one sync to the next:
+    Camp never places on a card so marked). Cards short (the node is over-committed) are
+    logged, never invented."""
+    want = info.foreign_whole_cards
+    if want <= 0:
+        return
+    free = sorted((r for r in rows if r.sharers == 0 and not r.exclusive_held and r.foreign_sharers == 0),
+                  key=lambda r: -r.index)
+    for row in free[:want]:
+        row.foreign_exclusive = True
+        row.foreign_pods = [*row.foreign_pods, *info.foreign_card_pods]
+    if len(free) < want:
+        logger.warning("node %s: pods %s hold %d whole GPUs, only %d are free of other pods",
+                       node.name, ", ".join(info.foreign_card_pods), want, len(free))
 
 
 @transaction.atomic
@@ -1145,10 +1175,12 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
     current = {row[0]: row[1:] for row in GpuDevice.objects.select_for_update().filter(
         pk__in=sorted(used)).order_by("pk").values_list(
         "pk", "memory_allocated_mib", "cores_allocated", "sharers", "exclusive_held", "memory_mib",
-        "max_sharers")}
+        "max_sharers", "foreign_memory_mib", "foreign_cores", "foreign_sharers", "foreign_exclusive")}
+    # Moved also when an inventory sync changed what other schedulers' pods hold there.
     moved = {pk for pk, gpu in used.items() if current.get(pk) != (
         gpu.memory_allocated_mib, gpu.cores_allocated, gpu.sharers, gpu.exclusive_held,
-        gpu.memory_mib, gpu.max_sharers)}
+        gpu.memory_mib, gpu.max_sharers, gpu.foreign_memory_mib, gpu.foreign_cores,
+        gpu.foreign_sharers, gpu.foreign_exclusive)}
     totals = {pk: list(row[:4]) for pk, row in current.items()}
     accepted: list[tuple[Job, E.Placement, JobStatus]] = []
     taken: list[Job] = []

@@ -960,7 +960,32 @@ class QueueCycle:
             msg += f"the largest free block is {best} (on {_nodes(best_nodes)})"
         if short_cpu_ram:
             msg += f"; {_nodes(short_cpu_ram)} have the GPUs free but lack CPU, RAM or pod slots"
+        if best < need:
+            msg += self._foreign_note(p, c0, exclude)
         return msg
+
+    def _foreign_note(self, p: PodRequest, c: GpuRequest, exclude: frozenset[str]) -> str:
+        """Rule (reason, foreign pods): when cards that would take the pod are held by pods
+        another scheduler placed, say how many and name a few of those pods."""
+        cards = 0
+        pods: list[str] = []
+        for names in self.state.groups.values():
+            ns = self.state.nodes[names[0]]
+            if not any(gs.device.foreign for gs in ns.static.gpus):
+                continue
+            for name in names:
+                if name in exclude:
+                    continue
+                node = self.state.nodes[name]
+                for i, d in self._class_demands(node, p, c):
+                    if not node.gpu_fits(i, d) and node.gpu_fits_but_for_foreign(i, d):
+                        cards += 1
+                        pods.extend(x for x in node.static.gpus[i].device.foreign_pods if x not in pods)
+        if not cards:
+            return ""
+        shown = ", ".join(pods[:3]) + (f" and {len(pods) - 3} more" if len(pods) > 3 else "")
+        s = "s" if cards > 1 else ""
+        return f"; {cards} GPU{s} that would fit are held by pods Camp did not create ({shown})"
 
     def _class_demands(
         self, ns: NodeState, p: PodRequest, c: GpuRequest

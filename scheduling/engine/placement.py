@@ -27,7 +27,7 @@ from scheduling.engine.model import (
     Wait,
 )
 from scheduling.engine.policies import Policy, Scorer, default_policy
-from scheduling.engine.state import WHOLE_CARD_FOR_SLICE, ClusterState, NodeState, NodeStatic
+from scheduling.engine.state import WHOLE_CARD_FOR_SLICE, ClusterState, NodeState, NodeStatic, empty_node
 
 # Larger than any policy's score spread: a slice on a whole exclusive-only card always ranks
 # below every placement on shareable cards.
@@ -98,7 +98,8 @@ def _static_fits(static: NodeStatic, pod: PodRequest, strict_topology: bool) -> 
         return False
     if not pod.containers:
         return True
-    return bool(enumerate_takes(NodeState(static), pod, strict_topology=strict_topology, max_takes=1))
+    empty = NodeState(static, foreign=False)  # other schedulers' pods end too: never "never"
+    return bool(enumerate_takes(empty, pod, strict_topology=strict_topology, max_takes=1))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -400,7 +401,7 @@ class Placer:
         empty; a distinct-nodes job needs as many nodes as pods."""
         if job.affinity == JobAffinity.SAME_NODE and len(pods) > 1:
             for ns in self.state.nodes.values():
-                trial = ClusterState(ClusterSnapshot(nodes=(ns.static.node,)))
+                trial = ClusterState(ClusterSnapshot(nodes=(empty_node(ns.static.node),)))
                 trial_placer = Placer(trial, self.policy)
                 if all(trial_placer.place_pod(p) is not None for p in pods):
                     return None
