@@ -41,7 +41,13 @@ from scheduling.engine.model import (
     Reject,
     Wait,
 )
-from scheduling.engine.placement import Placer, describe_gpu_ask, node_filter, profile_for
+from scheduling.engine.placement import (
+    Placer,
+    describe_gpu_ask,
+    node_filter,
+    one_model_variants,
+    profile_for,
+)
 from scheduling.engine.policies import Policy, default_policy
 from scheduling.engine.preemption import (
     Evictor,
@@ -529,6 +535,16 @@ class QueueCycle:
         return (tuple(shape_key(p) for p in pods), job.gang, job.affinity)
 
     def _place(
+        self, job: Job, pods: Sequence[PodRequest], exclude: frozenset[str]
+    ) -> Placement | None:
+        """Rule (one GPU model per job): each allowed model in turn (``one_model_variants``)."""
+        for variant in one_model_variants(job, pods, self.state, self.placer):
+            placed = self._place_as_is(job, variant, exclude)
+            if placed is not None:
+                return placed
+        return None
+
+    def _place_as_is(
         self, job: Job, pods: Sequence[PodRequest], exclude: frozenset[str]
     ) -> Placement | None:
         placer = self.placer

@@ -231,6 +231,8 @@ class Job:
     start_time: float | None = None
     checkpointable: bool = False
     affinity: JobAffinity = JobAffinity.NONE
+    mixed_gpu_models: bool = False
+    """Its pods may run on GPUs of different models (by default all on one model)."""
 
     def pods(self) -> tuple[PodRequest, ...]:
         """Expand the groups into named pods: ``<job>-<group>-<i>``."""

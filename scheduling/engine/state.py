@@ -249,6 +249,8 @@ class ClusterState:
         self._class_demands: dict[int, dict[tuple[object, ...], tuple[tuple[Demand | None, ...], ...]]] = {}
         self._class_allowed: dict[int, dict[tuple[frozenset[str], frozenset[str]], int]] = {}
         self.version = 0
+        self.gpu_models: set[str] = set()
+        """Every GPU model of the cluster's nodes."""
         for node in snapshot.nodes:
             self._add_node(node)
         for alloc in snapshot.allocations:
@@ -315,6 +317,7 @@ class ClusterState:
             allowed=self._class_allowed.setdefault(cid, {}),
         )
         ns = NodeState(static)
+        self.gpu_models |= static.models
         self.nodes[node.name] = ns
         self._regroup(ns)
 
