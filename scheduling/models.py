@@ -270,6 +270,9 @@ class Job(models.Model):
     preemptible = models.BooleanField(default=False)
     checkpoint_capable = models.BooleanField(default=False)
     gang = models.BooleanField(default=True)
+    mixed_gpu_models = models.BooleanField(
+        default=False, help_text="Its pods may run on GPUs of different models (by default all of "
+                                 "a job's GPUs are of one model).")
     duration_seconds = models.PositiveIntegerField(
         null=True, blank=True, help_text="Expected run time (the simulated backend runs this long)."
     )

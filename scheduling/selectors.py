@@ -245,7 +245,7 @@ def engine_job(job: Job, groups: list[PodGroup], access: PoolAccess = NO_POOLS) 
         priority_class=job.priority_class, queue=queue_name(job.tenant.name, job.project.name),
         preemptible=job.preemptible, submit_time=job.submitted_at.timestamp(),
         runtime_estimate_s=float(job.duration_seconds) if job.duration_seconds else None,
-        checkpointable=job.checkpoint_capable,
+        checkpointable=job.checkpoint_capable, mixed_gpu_models=job.mixed_gpu_models,
     )
 
 

@@ -90,7 +90,7 @@ SCHEDULER = "scheduler"  # actor_username of the scheduler's own audit events
 CLUSTER_FIELDS = ("name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
                   "namespace_prefix", "placement_policy")
 JOB_FIELDS = ("name", "kind", "priority_class", "priority", "preemptible", "checkpoint_capable",
-              "gang", "duration_seconds", "state", "reason")
+              "gang", "mixed_gpu_models", "duration_seconds", "state", "reason")
 GROUP_FIELDS = ("name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
                 "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env")
 MAX_ATTEMPTS = 5
@@ -658,6 +658,7 @@ def _job_build(
     checkpoint_capable: bool = False,
     gang: bool = True,
     duration_seconds: int | None = None,
+    mixed_gpu_models: bool = False,
 ) -> tuple[Job, list[PodGroup]]:
     """A validated, unsaved job and its pod groups (the rules of a submit, without writes)."""
     if priority_class not in PRIORITY_VALUES:
@@ -670,7 +671,7 @@ def _job_build(
         tenant=project.tenant, project=project, owner=actor, cluster=cluster, name=name, kind=kind,
         priority_class=priority_class, priority=PRIORITY_VALUES[priority_class],
         preemptible=preemptible, checkpoint_capable=checkpoint_capable, gang=gang,
-        duration_seconds=duration_seconds, state=JobState.QUEUED,
+        mixed_gpu_models=mixed_gpu_models, duration_seconds=duration_seconds, state=JobState.QUEUED,
     )
     _require(actor, permissions.CREATE, job)
     if not cluster.enabled:
@@ -712,13 +713,15 @@ def job_submit(
     checkpoint_capable: bool = False,
     gang: bool = True,
     duration_seconds: int | None = None,
+    mixed_gpu_models: bool = False,
 ) -> Job:
     """Queue a job (state QUEUED) and ask for a scheduling cycle after commit (requests
     coalesce per cluster: ``request_cycle``)."""
     job, rows = _job_build(
         actor=actor, project=project, cluster=cluster, name=name, groups=groups, kind=kind,
         priority_class=priority_class, preemptible=preemptible,
-        checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds)
+        checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds,
+        mixed_gpu_models=mixed_gpu_models)
     try:
         with transaction.atomic():
             job.save()
