@@ -928,9 +928,11 @@ class QueueCycle:
                 break
         held = f"; {_nodes(len(exclude))} held for larger jobs waiting ahead" if exclude else ""
         if blocking is None:
+            one_model = one_model_variants(job, pods, self.state, self.placer)[0] != tuple(pods)
             return (
                 f"Gang of {len(pods)} pods: each pod fits somewhere, but not all of them at "
-                f"once{held}"
+                f"once{' on GPUs of one model (the job does not allow mixing models)' if one_model else ''}"
+                f"{held}"
             )
         prefix = f"Gang of {len(pods)} pods: " if len(pods) > 1 else ""
         return prefix + self._pod_reason(blocking, exclude) + held

@@ -52,6 +52,7 @@ def test_a_jobs_pods_stay_on_one_gpu_model_unless_it_allows_mixing(world: Any) -
     services.cycle_run(cluster=cluster)
     job = Job.objects.get(pk=four["id"])
     assert job.state == JobState.QUEUED and not job.allocations.exists(), job.reason
+    assert "on GPUs of one model (the job does not allow mixing models)" in job.reason, job.reason
 
     r = client_for(world.a.member).post("/api/v1/jobs/", {
         "name": "bad", "project": world.a.project.pk, "cluster": "sim",
