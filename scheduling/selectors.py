@@ -176,7 +176,6 @@ def _engine_gpu(g: GpuDevice, node_usable: bool, pool: str = "") -> E.GpuDevice:
         max_sharers=g.max_sharers, utilization_percent=_fresh_utilization(g),
         foreign_memory_mib=g.foreign_memory_mib, foreign_cores_percent=g.foreign_cores,
         foreign_sharers=g.foreign_sharers, foreign_exclusive=g.foreign_exclusive,
-        foreign_pods=tuple(str(x) for x in (g.foreign_pods or [])),
     )
 
 

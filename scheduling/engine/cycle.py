@@ -984,9 +984,9 @@ class QueueCycle:
 
     def _foreign_note(self, p: PodRequest, c: GpuRequest, exclude: frozenset[str]) -> str:
         """Rule (reason, foreign pods): when cards that would take the pod are held by pods
-        another scheduler placed, say how many and name a few of those pods."""
+        another scheduler placed, say how many. Not which pods: they are outside Camp's
+        tenants (their names go to the cluster's admins: the console's node page)."""
         cards = 0
-        pods: list[str] = []
         for names in self.state.groups.values():
             ns = self.state.nodes[names[0]]
             if not any(gs.device.foreign for gs in ns.static.gpus):
@@ -998,12 +998,11 @@ class QueueCycle:
                 for i, d in self._class_demands(node, p, c):
                     if not node.gpu_fits(i, d) and node.gpu_fits_but_for_foreign(i, d):
                         cards += 1
-                        pods.extend(x for x in node.static.gpus[i].device.foreign_pods if x not in pods)
         if not cards:
             return ""
-        shown = ", ".join(pods[:3]) + (f" and {len(pods) - 3} more" if len(pods) > 3 else "")
-        s = "s" if cards > 1 else ""
-        return f"; {cards} GPU{s} that would fit are held by pods Camp did not create ({shown})"
+        if cards == 1:
+            return "; 1 GPU that would fit is held by pods Camp did not create (another scheduler's)"
+        return f"; {cards} GPUs that would fit are held by pods Camp did not create (another scheduler's)"
 
     def _class_demands(
         self, ns: NodeState, p: PodRequest, c: GpuRequest

@@ -69,8 +69,6 @@ class GpuDevice:
     foreign_sharers: int = 0
     foreign_exclusive: bool = False
     """The whole card is held by such a pod."""
-    foreign_pods: tuple[str, ...] = ()
-    """Who holds it (named in waiting reasons)."""
 
     @property
     def foreign(self) -> bool:

@@ -228,8 +228,8 @@ def empty_node(node: Node) -> Node:
     if not any(g.foreign for g in node.gpus):
         return node
     return dataclasses.replace(node, gpus=tuple(dataclasses.replace(
-        g, foreign_memory_mib=0, foreign_cores_percent=0, foreign_sharers=0, foreign_exclusive=False,
-        foreign_pods=()) for g in node.gpus))
+        g, foreign_memory_mib=0, foreign_cores_percent=0, foreign_sharers=0, foreign_exclusive=False)
+        for g in node.gpus))
 
 
 class ReservationError(ValueError):

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import pytest
+from django.test import Client
 
 from scheduling import services
 from scheduling.models import GpuDevice, Job, JobState
@@ -28,6 +29,12 @@ def _foreign_pod(kube: Any, name: str, node: str, *, scheduler: str, gpus: int =
         "spec": {"schedulerName": scheduler, "nodeName": node, "containers": [{
             "name": "main", "image": "pytorch/pytorch:2",
             "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}})
+
+
+def _console(user: Any) -> Client:
+    c = Client()
+    c.force_login(user)
+    return c
 
 
 def _submit(world: Any, cluster: Any, name: str, **group: Any) -> Job:
@@ -91,8 +98,14 @@ def test_a_pod_of_another_scheduler_holding_a_gpu_is_respected(
     second.refresh_from_db()
     whole.refresh_from_db()
     assert second.state == JobState.QUEUED and not second.allocations.exists()
-    assert "held by pods Camp did not create" in second.reason and "default/hami-pod" in second.reason
-    assert whole.state == JobState.QUEUED and "default/plain-pod" in whole.reason, whole.reason
+    assert "1 GPU that would fit is held by pods Camp did not create" in second.reason, second.reason
+    assert whole.state == JobState.QUEUED and "held by pods Camp did not create" in whole.reason, whole.reason
+    # Those pods are outside Camp's tenants: their names reach the cluster's admins only.
+    assert "hami-pod" not in second.reason + whole.reason and "plain-pod" not in whole.reason
+    admin_page = _console(world.admin).get("/scheduling/clusters/real/nodes/").content.decode()
+    member_page = _console(world.a.member).get("/scheduling/clusters/real/nodes/").content.decode()
+    assert "default/hami-pod" in admin_page and "default/plain-pod" in admin_page
+    assert "70000 MiB, 60%" in member_page and "hami-pod" not in member_page
     # A re-sync keeps the figures (nothing changed on the cluster).
     services.inventory_sync(cluster=cluster)
     services.cycle_run(cluster=cluster)
@@ -129,4 +142,4 @@ def test_a_pod_copying_camps_label_is_still_foreign(world: Any, kube: Any) -> No
     job = _submit(world, cluster, "j")
     services.cycle_run(cluster=cluster)
     job.refresh_from_db()
-    assert job.state == JobState.QUEUED and "default/lookalike" in job.reason
+    assert job.state == JobState.QUEUED and "held by pods Camp did not create" in job.reason

@@ -17,7 +17,7 @@ from tests.unit.queueing.builders import cycle, gjob, running, tree
 def held(n: Node, index: int, **foreign: object) -> Node:
     """``n`` with card ``index`` partly or wholly held by another scheduler's pod."""
     gpus = list(n.gpus)
-    gpus[index] = dataclasses.replace(gpus[index], foreign_pods=("ml/other-pod",), **foreign)  # type: ignore[arg-type]
+    gpus[index] = dataclasses.replace(gpus[index], **foreign)  # type: ignore[arg-type]
     return dataclasses.replace(n, gpus=tuple(gpus))
 
 
@@ -63,12 +63,13 @@ def test_a_job_too_large_only_because_of_foreign_pods_waits_not_rejected() -> No
 
 
 
-def test_the_waiting_reason_names_the_foreign_pods() -> None:
+def test_the_waiting_reason_names_the_cause() -> None:
     snap = cluster(held(node("a", 1), 0, **HAMI_POD))
     result = cycle(snap, [_slice_job()], tree({"t": {"p": Quota()}}))
     status = result.statuses["j"]
     assert isinstance(status.decision, Wait)
-    assert "held by pods Camp did not create (ml/other-pod)" in status.decision.reason, status.decision.reason
+    assert "1 GPU that would fit is held by pods Camp did not create" in status.decision.reason, (
+        status.decision.reason)
     # Where nothing foreign is in the way, no such words.
     other = cycle(cluster(node("a", 1)), [_slice_job(), dataclasses.replace(_slice_job(), name="k")],
                   tree({"t": {"p": Quota()}}))
