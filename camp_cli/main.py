@@ -137,8 +137,9 @@ def submit(ctx: click.Context, path: Any) -> None:
     """Submit training jobs, dev environments or plain jobs from a YAML file.
 
     The file may hold many documents (separated by ``---``). Documents of ``kind: Job``
-    (a scheduling job: name, project, cluster, groups, priority_class, ...) are submitted
-    together through the bulk endpoint, all or nothing; the others one by one."""
+    (a scheduling job: name, project, cluster, groups, priority_class, mixed_gpu_models,
+    ...) are submitted together through the bulk endpoint, all or nothing; the others one
+    by one."""
     try:
         specs = [d for d in yaml.safe_load_all(path) if d is not None]
     except yaml.YAMLError as exc:

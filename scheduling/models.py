@@ -179,6 +179,14 @@ class GpuDevice(models.Model):
     cores_allocated = models.IntegerField(default=0)
     sharers = models.IntegerField(default=0)
     exclusive_held = models.BooleanField(default=False)
+    # Held by pods Camp did not create (kept by the inventory sync from the cluster's pods;
+    # docs/KUBERNETES.md): not Camp's to give out, so subtracted in every cycle's snapshot.
+    foreign_memory_mib = models.IntegerField(default=0)
+    foreign_cores = models.IntegerField(default=0)
+    foreign_sharers = models.IntegerField(default=0)
+    foreign_exclusive = models.BooleanField(
+        default=False, help_text="The whole card is taken by a pod Camp did not create.")
+    foreign_pods = models.JSONField(default=list, blank=True, help_text="namespace/name of those pods.")
     # The optional utilisation feed (Prometheus: DCGM exporter or HAMi's monitor).
     utilization_percent = models.FloatField(null=True, blank=True)
     memory_used_mib = models.IntegerField(null=True, blank=True)
@@ -262,6 +270,9 @@ class Job(models.Model):
     preemptible = models.BooleanField(default=False)
     checkpoint_capable = models.BooleanField(default=False)
     gang = models.BooleanField(default=True)
+    mixed_gpu_models = models.BooleanField(
+        default=False, help_text="Its pods may run on GPUs of different models (by default all of "
+                                 "a job's GPUs are of one model).")
     duration_seconds = models.PositiveIntegerField(
         null=True, blank=True, help_text="Expected run time (the simulated backend runs this long)."
     )

@@ -174,6 +174,8 @@ def _engine_gpu(g: GpuDevice, node_usable: bool, pool: str = "") -> E.GpuDevice:
         # as "never fits" (the engine treats an unhealthy GPU as gone for good).
         numa_node=g.numa_node, healthy=g.usable or not node_usable, sharing=sharing, templates=templates,
         max_sharers=g.max_sharers, utilization_percent=_fresh_utilization(g),
+        foreign_memory_mib=g.foreign_memory_mib, foreign_cores_percent=g.foreign_cores,
+        foreign_sharers=g.foreign_sharers, foreign_exclusive=g.foreign_exclusive,
     )
 
 
@@ -242,7 +244,7 @@ def engine_job(job: Job, groups: list[PodGroup], access: PoolAccess = NO_POOLS) 
         priority_class=job.priority_class, queue=queue_name(job.tenant.name, job.project.name),
         preemptible=job.preemptible, submit_time=job.submitted_at.timestamp(),
         runtime_estimate_s=float(job.duration_seconds) if job.duration_seconds else None,
-        checkpointable=job.checkpoint_capable,
+        checkpointable=job.checkpoint_capable, mixed_gpu_models=job.mixed_gpu_models,
     )
 
 

@@ -90,7 +90,7 @@ SCHEDULER = "scheduler"  # actor_username of the scheduler's own audit events
 CLUSTER_FIELDS = ("name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
                   "namespace_prefix", "placement_policy")
 JOB_FIELDS = ("name", "kind", "priority_class", "priority", "preemptible", "checkpoint_capable",
-              "gang", "duration_seconds", "state", "reason")
+              "gang", "mixed_gpu_models", "duration_seconds", "state", "reason")
 GROUP_FIELDS = ("name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
                 "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env")
 MAX_ATTEMPTS = 5
@@ -418,6 +418,7 @@ def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult,
             node.quarantine_reason = ""
     node.save()
     existing = {g.index: g for g in GpuDevice.objects.select_for_update().filter(node=node)}
+    rows: list[GpuDevice] = []
     for g in info.gpus:
         row = existing.pop(g.index, None) or GpuDevice(node=node, index=g.index)
         row.uuid = g.uuid
@@ -431,11 +432,40 @@ def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult,
         row.templates = [dict(t) for t in g.templates]
         row.max_sharers = max(g.max_sharers, row.sharers)
         row.quarantined = not g.healthy
+        row.foreign_memory_mib = max(0, g.foreign_memory_mib)
+        row.foreign_cores = max(0, g.foreign_cores_percent)
+        row.foreign_sharers = max(0, g.foreign_sharers)
+        row.foreign_exclusive = False
+        row.foreign_pods = list(g.foreign_pods)
+        rows.append(row)
+    _foreign_whole_cards(node, info, rows)
+    for row in rows:
         row.save()
     for gone in existing.values():
         gone.healthy = False
         gone.quarantined = True
         gone.save(update_fields=["healthy", "quarantined"])
+
+
+def _foreign_whole_cards(node: Node, info: NodeInfo, rows: list[GpuDevice]) -> None:
+    """Rule (foreign whole cards): pods Camp did not create that ask ``nvidia.com/gpu`` on
+    this node without HAMi's per-device annotation (the default scheduler's pods) hold that
+    many whole cards, but which ones the cluster does not say. The device plugin gives such a
+    pod cards no other pod holds, so Camp marks that many of the cards free of Camp's and of
+    other HAMi pods' slices as taken, highest index first (stable from one sync to the next:
+    Camp never places on a card so marked). Cards short (the node is over-committed) are
+    logged, never invented."""
+    want = info.foreign_whole_cards
+    if want <= 0:
+        return
+    free = sorted((r for r in rows if r.sharers == 0 and not r.exclusive_held and r.foreign_sharers == 0),
+                  key=lambda r: -r.index)
+    for row in free[:want]:
+        row.foreign_exclusive = True
+        row.foreign_pods = [*row.foreign_pods, *info.foreign_card_pods]
+    if len(free) < want:
+        logger.warning("node %s: pods %s hold %d whole GPUs, only %d are free of other pods",
+                       node.name, ", ".join(info.foreign_card_pods), want, len(free))
 
 
 @transaction.atomic
@@ -628,6 +658,7 @@ def _job_build(
     checkpoint_capable: bool = False,
     gang: bool = True,
     duration_seconds: int | None = None,
+    mixed_gpu_models: bool = False,
 ) -> tuple[Job, list[PodGroup]]:
     """A validated, unsaved job and its pod groups (the rules of a submit, without writes)."""
     if priority_class not in PRIORITY_VALUES:
@@ -640,7 +671,7 @@ def _job_build(
         tenant=project.tenant, project=project, owner=actor, cluster=cluster, name=name, kind=kind,
         priority_class=priority_class, priority=PRIORITY_VALUES[priority_class],
         preemptible=preemptible, checkpoint_capable=checkpoint_capable, gang=gang,
-        duration_seconds=duration_seconds, state=JobState.QUEUED,
+        mixed_gpu_models=mixed_gpu_models, duration_seconds=duration_seconds, state=JobState.QUEUED,
     )
     _require(actor, permissions.CREATE, job)
     if not cluster.enabled:
@@ -682,13 +713,15 @@ def job_submit(
     checkpoint_capable: bool = False,
     gang: bool = True,
     duration_seconds: int | None = None,
+    mixed_gpu_models: bool = False,
 ) -> Job:
     """Queue a job (state QUEUED) and ask for a scheduling cycle after commit (requests
     coalesce per cluster: ``request_cycle``)."""
     job, rows = _job_build(
         actor=actor, project=project, cluster=cluster, name=name, groups=groups, kind=kind,
         priority_class=priority_class, preemptible=preemptible,
-        checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds)
+        checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds,
+        mixed_gpu_models=mixed_gpu_models)
     try:
         with transaction.atomic():
             job.save()
@@ -1145,10 +1178,12 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
     current = {row[0]: row[1:] for row in GpuDevice.objects.select_for_update().filter(
         pk__in=sorted(used)).order_by("pk").values_list(
         "pk", "memory_allocated_mib", "cores_allocated", "sharers", "exclusive_held", "memory_mib",
-        "max_sharers")}
+        "max_sharers", "foreign_memory_mib", "foreign_cores", "foreign_sharers", "foreign_exclusive")}
+    # Moved also when an inventory sync changed what other schedulers' pods hold there.
     moved = {pk for pk, gpu in used.items() if current.get(pk) != (
         gpu.memory_allocated_mib, gpu.cores_allocated, gpu.sharers, gpu.exclusive_held,
-        gpu.memory_mib, gpu.max_sharers)}
+        gpu.memory_mib, gpu.max_sharers, gpu.foreign_memory_mib, gpu.foreign_cores,
+        gpu.foreign_sharers, gpu.foreign_exclusive)}
     totals = {pk: list(row[:4]) for pk, row in current.items()}
     accepted: list[tuple[Job, E.Placement, JobStatus]] = []
     taken: list[Job] = []

@@ -273,7 +273,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     class Meta:
         model = Job
         fields = ["id", "name", "tenant", "project", "cluster", "owner", "kind", "priority_class",
-                  "priority", "preemptible", "checkpoint_capable", "gang", "duration_seconds",
+                  "priority", "preemptible", "checkpoint_capable", "gang", "mixed_gpu_models",
+                  "duration_seconds",
                   "groups", "state", "reason", "reason_kind", "queue_position", "queue_length",
                   "preempted_by", "attempts", "submitted_at", "admitted_at", "started_at",
                   "finished_at", "allocations", "last_decision"]

@@ -49,6 +49,13 @@ class GpuInfo:
     sharing: str = "shareable"
     templates: tuple[Mapping[str, Any], ...] = ()
     max_sharers: int = 10
+    # Held by pods Camp did not create (HAMi's ``…-devices-allocated`` of other pods, decoded
+    # as HAMi's scheduler does): subtracted from what Camp may place on this card.
+    foreign_memory_mib: int = 0
+    foreign_cores_percent: int = 0
+    foreign_sharers: int = 0
+    foreign_pods: tuple[str, ...] = ()
+    """``namespace/name`` of those pods (for the reasons users read)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,11 @@ class NodeInfo:
     cordoned: bool = False
     gpus: tuple[GpuInfo, ...] = ()
     nvlink_islands: tuple[tuple[int, ...], ...] = ()
+    foreign_whole_cards: int = 0
+    """Whole cards asked (``nvidia.com/gpu``) by pods Camp did not create that are bound here
+    without HAMi's per-device annotation: the inventory sync takes that many free cards off."""
+    foreign_card_pods: tuple[str, ...] = ()
+    """``namespace/name`` of those pods."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ without HAMi get whole cards (``nvidia.com/gpu`` only) and no HAMi annotation.
 Inventory comes from the nodes: ``hami.io/node-nvidia-register`` (a JSON array of
 DeviceInfo ``{id, index, count, devmem, devcore, type, numa, mode, health}``; older
 releases wrote ``id,count,devmem,devcore,type,numa,health[,index,mode]:`` entries), else
-``nvidia.com/gpu`` capacity with the GPU feature-discovery labels.
+``nvidia.com/gpu`` capacity with the GPU feature-discovery labels; what pods Camp did not
+create hold on them (HAMi's ``…-devices-allocated`` of its pods, whole cards of other pods
+asking ``nvidia.com/gpu``) comes with them (``_foreign``, docs/KUBERNETES.md).
 
 Every call retries 5xx, 429 and timeouts with exponential backoff; a create answered
 409 Conflict means "already done" (names are deterministic).
@@ -21,6 +23,7 @@ Every call retries 5xx, 429 and timeouts with exponential backoff; a create answ
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -137,6 +140,78 @@ def parse_hami_register(value: str) -> list[GpuInfo]:
     return out
 
 
+class DeviceAnnotationError(ValueError):
+    """A pod's HAMi device annotation HAMi itself could not decode (the pod is not counted)."""
+
+
+def decode_pod_devices(value: str) -> list[list[tuple[str, str, int, int]]]:
+    """HAMi's DecodePodDevices for one annotation (pkg/device/devices.go, v2.10.0): containers
+    split on ``;`` (empty ones kept: the index is the container's), devices on ``:``; an entry
+    with a comma is ``UUID,Type,Usedmem,Usedcores`` (fewer than four fields, or a number that
+    does not parse as a 32-bit integer, is an error); entries without a comma are skipped."""
+    out: list[list[tuple[str, str, int, int]]] = []
+    for container in value.split(";"):
+        devices: list[tuple[str, str, int, int]] = []
+        for entry in container.split(":") if container else ():
+            if "," not in entry:
+                continue
+            items = entry.split(",")
+            if len(items) < 4:
+                raise DeviceAnnotationError(f"missing fields in {entry!r}")
+            numbers = []
+            for what, raw in (("memory", items[2]), ("core", items[3])):
+                try:
+                    n = int(raw, 10)  # Go's ParseInt(s, 10, 32): no spaces, no underscores
+                except ValueError:
+                    raise DeviceAnnotationError(f"invalid {what} field {raw!r}") from None
+                if raw.strip() != raw or "_" in raw or not -2**31 <= n < 2**31:
+                    raise DeviceAnnotationError(f"invalid {what} field {raw!r}")
+                numbers.append(n)
+            devices.append((items[0], items[1], numbers[0], numbers[1]))
+        out.append(devices)
+    return out
+
+
+def pod_device_usage(value: str, init_containers: int = 0) -> dict[str, tuple[int, int, int]]:
+    """Per device UUID, what a pod holds: (memory MiB, cores %, slots), HAMi's
+    CollapseInitContainerUsage (pkg/device/initContainer.go): init containers run one after
+    another (their peak counts, one slot), app containers together (summed, a slot each); a
+    device takes the larger of the two, at least one slot."""
+    init: dict[str, list[int]] = {}
+    app: dict[str, list[int]] = {}
+    for i, devices in enumerate(decode_pod_devices(value)):
+        for uuid, _type, mem, cores in devices:
+            if i < init_containers:
+                u = init.setdefault(uuid, [0, 0, 0])
+                u[0], u[1], u[2] = max(u[0], mem), max(u[1], cores), 1
+            else:
+                u = app.setdefault(uuid, [0, 0, 0])
+                u[0], u[1], u[2] = u[0] + mem, u[1] + cores, u[2] + 1
+    out = {}
+    for uuid in sorted(set(init) | set(app)):
+        a, b = init.get(uuid, [0, 0, 0]), app.get(uuid, [0, 0, 0])
+        out[uuid] = (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2], 1))
+    return out
+
+
+def _resource_count(pod: Any, resource: str) -> int:
+    """The pod's effective request of an extended resource, as kube-scheduler computes it:
+    the larger of the app containers' sum and the largest init container (limits, else
+    requests; the two are equal for extended resources)."""
+    def one(c: Any) -> int:
+        res = c.resources
+        for part in ((res.limits if res else None) or {}, (res.requests if res else None) or {}):
+            if resource in part:
+                try:
+                    return max(0, int(parse_quantity(part[resource])))
+                except (ValueError, TypeError):
+                    return 0
+        return 0
+    app = sum(one(c) for c in (pod.spec.containers or []))
+    init = max((one(c) for c in (pod.spec.init_containers or [])), default=0)
+    return max(app, init)
+
+
 def _gfd_gpus(name: str, capacity: dict[str, str], labels: dict[str, str]) -> list[GpuInfo]:
     """GPUs from ``nvidia.com/gpu`` capacity and GPU feature discovery labels."""
     count = int(capacity.get("nvidia.com/gpu", "0") or 0) or int(labels.get("nvidia.com/gpu.count", "0"))
@@ -239,9 +314,81 @@ class KubernetesBackend:
     # -- inventory ---------------------------------------------------------------------------
 
     def list_nodes(self) -> list[NodeInfo]:
+        """The nodes, each GPU with what pods Camp did not create hold on it (``_foreign``)."""
         nodes = self._call(self.core.list_node)
         assert nodes is not None
-        return [self._node(n) for n in nodes.items]
+        infos = [self._node(n) for n in nodes.items]
+        if not any(i.gpus for i in infos):
+            return infos
+        by_uuid, cards = self._foreign()
+        out = []
+        for info in infos:
+            gpus = tuple(dataclasses.replace(
+                g, foreign_memory_mib=by_uuid[g.uuid][0], foreign_cores_percent=by_uuid[g.uuid][1],
+                foreign_sharers=by_uuid[g.uuid][2], foreign_pods=tuple(by_uuid[g.uuid][3]))
+                if g.uuid in by_uuid else g for g in info.gpus)
+            count, pods = cards.get(info.name, (0, []))
+            out.append(dataclasses.replace(info, gpus=gpus, foreign_whole_cards=count,
+                                           foreign_card_pods=tuple(pods)))
+        return out
+
+    def _is_camps(self, pod: Any) -> bool:
+        """A pod Camp created: its label and Camp's scheduler name (a pod that only copies
+        the label is not Camp's, and its GPUs count as taken)."""
+        return ((pod.metadata.labels or {}).get(MANAGED_BY) == "camp"
+                and (pod.spec.scheduler_name or "") == scheduler_name())
+
+    def _foreign(self) -> tuple[dict[str, tuple[int, int, int, list[str]]], dict[str, tuple[int, list[str]]]]:
+        """GPUs held by pods Camp did not create and that have not ended (Succeeded/Failed;
+        a terminating pod still holds its devices, as HAMi counts it):
+
+        * a pod HAMi placed (``hami.io/vgpu-node``) holds, per device UUID, what its
+          ``…-devices-allocated`` annotation says, decoded and collapsed as HAMi's scheduler
+          does (``pod_device_usage``): {uuid: (memory MiB, cores %, slots, pods)};
+        * any other bound pod (no ``hami.io/vgpu-node``) asking for a vendor's GPU resource
+          (``nvidia.com/gpu``: the default scheduler's whole cards) holds that many whole
+          cards of its node, which ones unknown: {node: (cards, pods)} (the inventory sync picks free ones).
+
+        An annotation HAMi could not decode is logged and the pod ignored (as HAMi's
+        scheduler ignores it); it never stops the sync."""
+        # Not by label: a pod copying Camp's label is not Camp's. Checked again client-side.
+        listed = self._call(self.core.list_pod_for_all_namespaces, field_selector=(
+            f"spec.schedulerName!={scheduler_name()},status.phase!=Succeeded,status.phase!=Failed"),
+            ok=(404,))  # (only a stand-in server without pods answers 404 here)
+        by_uuid: dict[str, tuple[int, int, int, list[str]]] = {}
+        cards: dict[str, tuple[int, list[str]]] = {}
+        for pod in (listed.items if listed is not None else []):
+            phase = (pod.status.phase if pod.status else None) or "Pending"
+            if phase in ("Succeeded", "Failed") or self._is_camps(pod):
+                continue
+            name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            ann = pod.metadata.annotations or {}
+            usage: dict[str, tuple[int, int, int]] = {}
+            if ann.get("hami.io/vgpu-node"):
+                for v in VENDORS.values():
+                    raw = ann.get(v.allocated_annotation)
+                    if not raw:
+                        continue
+                    try:
+                        found = pod_device_usage(raw, len(pod.spec.init_containers or []))
+                    except DeviceAnnotationError as exc:
+                        logger.warning("pod %s: ignoring its %s %r (HAMi cannot decode it either: %s)",
+                                       name, v.allocated_annotation, raw[:200], exc)
+                        continue
+                    for uuid, (mem, cores, slots) in found.items():
+                        m, c, n = usage.get(uuid, (0, 0, 0))
+                        usage[uuid] = (m + mem, c + cores, n + slots)
+            for uuid, (mem, cores, slots) in usage.items():
+                m, c, n, pods = by_uuid.get(uuid, (0, 0, 0, []))
+                by_uuid[uuid] = (m + mem, c + cores, n + slots, [*pods, name])
+            node = pod.spec.node_name
+            if ann.get("hami.io/vgpu-node") or not node:
+                continue  # HAMi's pods count by their annotation only, as HAMi counts them
+            count = sum(_resource_count(pod, v.count_resource) for v in VENDORS.values())
+            if count:
+                have, pods = cards.get(node, (0, []))
+                cards[node] = (have + count, [*pods, name])
+        return by_uuid, cards
 
     def _node(self, n: Any) -> NodeInfo:
         meta, status = n.metadata, n.status

@@ -41,7 +41,13 @@ from scheduling.engine.model import (
     Reject,
     Wait,
 )
-from scheduling.engine.placement import Placer, describe_gpu_ask, node_filter, profile_for
+from scheduling.engine.placement import (
+    Placer,
+    describe_gpu_ask,
+    node_filter,
+    one_model_variants,
+    profile_for,
+)
 from scheduling.engine.policies import Policy, default_policy
 from scheduling.engine.preemption import (
     Evictor,
@@ -531,6 +537,16 @@ class QueueCycle:
     def _place(
         self, job: Job, pods: Sequence[PodRequest], exclude: frozenset[str]
     ) -> Placement | None:
+        """Rule (one GPU model per job): each allowed model in turn (``one_model_variants``)."""
+        for variant in one_model_variants(job, pods, self.state, self.placer):
+            placed = self._place_as_is(job, variant, exclude)
+            if placed is not None:
+                return placed
+        return None
+
+    def _place_as_is(
+        self, job: Job, pods: Sequence[PodRequest], exclude: frozenset[str]
+    ) -> Placement | None:
         placer = self.placer
         if job.affinity == JobAffinity.SAME_NODE and len(pods) > 1:
             for _, name, _ in placer.ranked(pods[0], exclude=exclude)[:64]:
@@ -912,9 +928,11 @@ class QueueCycle:
                 break
         held = f"; {_nodes(len(exclude))} held for larger jobs waiting ahead" if exclude else ""
         if blocking is None:
+            one_model = one_model_variants(job, pods, self.state, self.placer)[0] != tuple(pods)
             return (
                 f"Gang of {len(pods)} pods: each pod fits somewhere, but not all of them at "
-                f"once{held}"
+                f"once{' on GPUs of one model (the job does not allow mixing models)' if one_model else ''}"
+                f"{held}"
             )
         prefix = f"Gang of {len(pods)} pods: " if len(pods) > 1 else ""
         return prefix + self._pod_reason(blocking, exclude) + held
@@ -960,7 +978,31 @@ class QueueCycle:
             msg += f"the largest free block is {best} (on {_nodes(best_nodes)})"
         if short_cpu_ram:
             msg += f"; {_nodes(short_cpu_ram)} have the GPUs free but lack CPU, RAM or pod slots"
+        if best < need:
+            msg += self._foreign_note(p, c0, exclude)
         return msg
+
+    def _foreign_note(self, p: PodRequest, c: GpuRequest, exclude: frozenset[str]) -> str:
+        """Rule (reason, foreign pods): when cards that would take the pod are held by pods
+        another scheduler placed, say how many. Not which pods: they are outside Camp's
+        tenants (their names go to the cluster's admins: the console's node page)."""
+        cards = 0
+        for names in self.state.groups.values():
+            ns = self.state.nodes[names[0]]
+            if not any(gs.device.foreign for gs in ns.static.gpus):
+                continue
+            for name in names:
+                if name in exclude:
+                    continue
+                node = self.state.nodes[name]
+                for i, d in self._class_demands(node, p, c):
+                    if not node.gpu_fits(i, d) and node.gpu_fits_but_for_foreign(i, d):
+                        cards += 1
+        if not cards:
+            return ""
+        if cards == 1:
+            return "; 1 GPU that would fit is held by pods Camp did not create (another scheduler's)"
+        return f"; {cards} GPUs that would fit are held by pods Camp did not create (another scheduler's)"
 
     def _class_demands(
         self, ns: NodeState, p: PodRequest, c: GpuRequest

@@ -62,6 +62,18 @@ class GpuDevice:
     """Maximum number of pods that may share this card (HAMi's ``count``)."""
     utilization_percent: float | None = None
     """Measured utilisation, when the snapshot carries metrics (used by the load-aware policy)."""
+    foreign_memory_mib: int = 0
+    """Held by pods this scheduler did not place (another scheduler's), like the next two: the
+    card starts the cycle with that much in use, and it is never given back by preemption."""
+    foreign_cores_percent: int = 0
+    foreign_sharers: int = 0
+    foreign_exclusive: bool = False
+    """The whole card is held by such a pod."""
+
+    @property
+    def foreign(self) -> bool:
+        return bool(self.foreign_memory_mib or self.foreign_cores_percent or self.foreign_sharers
+                    or self.foreign_exclusive)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +229,8 @@ class Job:
     start_time: float | None = None
     checkpointable: bool = False
     affinity: JobAffinity = JobAffinity.NONE
+    mixed_gpu_models: bool = False
+    """Its pods may run on GPUs of different models (by default all on one model)."""
 
     def pods(self) -> tuple[PodRequest, ...]:
         """Expand the groups into named pods: ``<job>-<group>-<i>``."""

@@ -9,6 +9,7 @@ job, honouring gangs (all or nothing, rolled back with ``unreserve``) and job-le
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 
@@ -27,7 +28,7 @@ from scheduling.engine.model import (
     Wait,
 )
 from scheduling.engine.policies import Policy, Scorer, default_policy
-from scheduling.engine.state import WHOLE_CARD_FOR_SLICE, ClusterState, NodeState, NodeStatic
+from scheduling.engine.state import WHOLE_CARD_FOR_SLICE, ClusterState, NodeState, NodeStatic, empty_node
 
 # Larger than any policy's score spread: a slice on a whole exclusive-only card always ranks
 # below every placement on shareable cards.
@@ -98,7 +99,47 @@ def _static_fits(static: NodeStatic, pod: PodRequest, strict_topology: bool) -> 
         return False
     if not pod.containers:
         return True
-    return bool(enumerate_takes(NodeState(static), pod, strict_topology=strict_topology, max_takes=1))
+    empty = NodeState(static, foreign=False)  # other schedulers' pods end too: never "never"
+    return bool(enumerate_takes(empty, pod, strict_topology=strict_topology, max_takes=1))
+
+
+def model_family(model: str) -> str:
+    """The physical GPU model an engine model name stands for: the part before ``@`` (a suffix
+    marks the same cards elsewhere, e.g. in a dedicated pool)."""
+    return model.split("@", 1)[0]
+
+
+def one_model_variants(
+    job: Job, pods: Sequence[PodRequest], state: ClusterState, placer: Placer
+) -> list[tuple[PodRequest, ...]]:
+    """Rule (one GPU model per job): unless the job allows mixing, all the GPUs of its pods are
+    of one model. Returns the pod lists to try in turn, each restricted to one model family
+    that every GPU pod of the job allows: first the family the placer would pick for the first
+    GPU pod, then the others by name. A job with one GPU, or whose pods' model lists share no
+    family (it asked for different models itself), is tried as it is."""
+    gpu_pods = [p for p in pods if p.containers]
+    if job.mixed_gpu_models or sum(p.gpu_count for p in gpu_pods) < 2 or len(state.gpu_models) < 2:
+        return [tuple(pods)]
+    families: dict[str, set[str]] = {}
+    for m in state.gpu_models:
+        families.setdefault(model_family(m), set()).add(m)
+    common = sorted(f for f, ms in families.items()
+                    if all(any(p.allows_model(m) for m in ms) for p in gpu_pods))
+    if not common:
+        return [tuple(pods)]
+    if len(common) > 1:
+        first = placer.find(gpu_pods[0])
+        preferred = model_family(first.gpus[0].gpu_model) if first is not None and first.gpus else ""
+        if preferred in common:
+            common.remove(preferred)
+            common.insert(0, preferred)
+    out = []
+    for f in common:
+        ms = families[f]
+        out.append(tuple(
+            dataclasses.replace(p, gpu_models=frozenset(m for m in ms if p.allows_model(m)))
+            if p.containers else p for p in pods))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -346,10 +387,15 @@ class Placer:
         static_reason = self._affinity_never_fits(job, pods)
         if static_reason is not None:
             return Reject(job.name, static_reason)
-        if job.affinity == JobAffinity.SAME_NODE:
-            decision = self._place_same_node(job, pods)
-        else:
-            decision = self._place_sequential(job, pods)
+        decision: Decision | None = None
+        for variant in one_model_variants(job, pods, self.state, self):
+            attempt = (self._place_same_node(job, variant) if job.affinity == JobAffinity.SAME_NODE
+                       else self._place_sequential(job, variant))
+            if decision is None or isinstance(attempt, Admit):
+                decision = attempt
+            if isinstance(attempt, Admit):
+                break
+        assert decision is not None
         if isinstance(decision, Admit) and not reserve:
             for pp in decision.placement.pods:
                 self.state.unreserve(pp)
@@ -400,7 +446,7 @@ class Placer:
         empty; a distinct-nodes job needs as many nodes as pods."""
         if job.affinity == JobAffinity.SAME_NODE and len(pods) > 1:
             for ns in self.state.nodes.values():
-                trial = ClusterState(ClusterSnapshot(nodes=(ns.static.node,)))
+                trial = ClusterState(ClusterSnapshot(nodes=(empty_node(ns.static.node),)))
                 trial_placer = Placer(trial, self.policy)
                 if all(trial_placer.place_pod(p) is not None for p in pods):
                     return None

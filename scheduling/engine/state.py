@@ -10,6 +10,7 @@ signature), which is what makes placement fast on large clusters.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -145,18 +146,22 @@ class NodeState:
         "sig_id",
     )
 
-    def __init__(self, static: NodeStatic) -> None:
+    def __init__(self, static: NodeStatic, *, foreign: bool = True) -> None:
         n = static.node
-        g = len(static.gpus)
         self.static = static
         self.name = n.name
         self.cpu_free = n.cpu_millicores
         self.ram_free = n.ram_mib
         self.pods_free = n.max_pods
-        self.mem_used = [0] * g
-        self.cores_used = [0] * g
-        self.sharers = [0] * g
-        self.exclusive = [False] * g
+        # Rule (foreign usage): what pods of other schedulers hold is in use from the start
+        # (``foreign=False``: the node as if even they were gone, for "could it ever fit").
+        devs = [gs.device if foreign else None for gs in static.gpus]
+        self.mem_used = [0 if d is None else gs.memory_capacity_mib if d.foreign_exclusive
+                         else d.foreign_memory_mib for gs, d in zip(static.gpus, devs, strict=True)]
+        self.cores_used = [0 if d is None else gs.cores_capacity if d.foreign_exclusive
+                           else d.foreign_cores_percent for gs, d in zip(static.gpus, devs, strict=True)]
+        self.sharers = [0 if d is None else d.foreign_sharers + int(d.foreign_exclusive) for d in devs]
+        self.exclusive = [d is not None and d.foreign_exclusive for d in devs]
         self.sig_id = -1
 
     def signature(self) -> tuple[object, ...]:
@@ -187,6 +192,25 @@ class NodeState:
             and self.cores_used[i] + d.gpu_cores_percent <= gs.cores_capacity
         )
 
+    def gpu_fits_but_for_foreign(self, i: int, d: Demand) -> bool:
+        """Whether card ``i`` would take ``d`` were it not for pods of other schedulers."""
+        gs = self.static.gpus[i]
+        dev = gs.device
+        if not dev.foreign or not gs.device.healthy:
+            return False
+        if dev.foreign_exclusive:
+            return self.sharers[i] == 1 and (d.exclusive or d.gpu_memory_mib <= gs.memory_capacity_mib)
+        sharers = self.sharers[i] - dev.foreign_sharers
+        if self.exclusive[i]:
+            return False
+        if d.exclusive:
+            return sharers == 0
+        return (
+            sharers < dev.max_sharers
+            and self.mem_used[i] - dev.foreign_memory_mib + d.gpu_memory_mib <= gs.memory_capacity_mib
+            and self.cores_used[i] - dev.foreign_cores_percent + d.gpu_cores_percent <= gs.cores_capacity
+        )
+
     def free_share(self, i: int, memory_weight: float) -> float:
         """Free fraction of card ``i`` (0..1), memory weighted above compute."""
         gs = self.static.gpus[i]
@@ -197,6 +221,15 @@ class NodeState:
         m = max(0, gs.memory_capacity_mib - self.mem_used[i]) / gs.memory_capacity_mib
         c = max(0, gs.cores_capacity - self.cores_used[i]) / gs.cores_capacity
         return memory_weight * min(m, 1.0) + (1.0 - memory_weight) * min(c, 1.0)
+
+
+def empty_node(node: Node) -> Node:
+    """``node`` as it would be with nothing running, not even other schedulers' pods."""
+    if not any(g.foreign for g in node.gpus):
+        return node
+    return dataclasses.replace(node, gpus=tuple(dataclasses.replace(
+        g, foreign_memory_mib=0, foreign_cores_percent=0, foreign_sharers=0, foreign_exclusive=False)
+        for g in node.gpus))
 
 
 class ReservationError(ValueError):
@@ -216,6 +249,8 @@ class ClusterState:
         self._class_demands: dict[int, dict[tuple[object, ...], tuple[tuple[Demand | None, ...], ...]]] = {}
         self._class_allowed: dict[int, dict[tuple[frozenset[str], frozenset[str]], int]] = {}
         self.version = 0
+        self.gpu_models: set[str] = set()
+        """Every GPU model of the cluster's nodes."""
         for node in snapshot.nodes:
             self._add_node(node)
         for alloc in snapshot.allocations:
@@ -263,6 +298,11 @@ class ClusterState:
                     g.device.max_sharers,
                     g.device.utilization_percent,
                     g.island,
+                    # Per-class caches (e.g. "could this node host it") see foreign usage.
+                    g.device.foreign_memory_mib,
+                    g.device.foreign_cores_percent,
+                    g.device.foreign_sharers,
+                    g.device.foreign_exclusive,
                 )
                 for g in gpus
             ),
@@ -277,6 +317,7 @@ class ClusterState:
             allowed=self._class_allowed.setdefault(cid, {}),
         )
         ns = NodeState(static)
+        self.gpu_models |= static.models
         self.nodes[node.name] = ns
         self._regroup(ns)
 

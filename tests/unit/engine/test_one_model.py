@@ -1,0 +1,77 @@
+"""One job's pods never mix GPU models unless the job allows it (issue 11)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from scheduling.engine import Admit, Job, PodGroup, Wait, pod, schedule
+from scheduling.engine.queueing import Quota
+from tests.unit.engine.builders import cluster, job, node
+from tests.unit.queueing.builders import cycle, tree
+
+WORKER = pod("w", gpu_count=1)
+
+
+def _models(d: object) -> set[str]:
+    assert isinstance(d, Admit), d
+    return {g.gpu_model for pp in d.placement.pods for g in pp.gpus}
+
+
+def test_a_gang_with_no_model_constraint_stays_on_one_model() -> None:
+    # 2 A100 + 2 H100 free: four workers fit only by mixing, so the job waits...
+    snap = cluster(node("a", 2, model="A100"), node("h", 2, model="H100"))
+    [d] = schedule(snap, [job("j", WORKER, replicas=4)])
+    assert isinstance(d, Wait)
+    # ...unless it allows mixing.
+    mixed = dataclasses.replace(job("j", WORKER, replicas=4), mixed_gpu_models=True)
+    [d] = schedule(snap, [mixed])
+    assert _models(d) == {"A100", "H100"}
+
+
+def test_the_job_goes_to_the_model_that_can_hold_all_of_it() -> None:
+    # The placer's favourite for one pod is the emptier node (3 H100), yet only the A100s can
+    # hold all four workers.
+    snap = cluster(node("a1", 2, model="A100"), node("a2", 2, model="A100"), node("h", 3, model="H100"))
+    [d] = schedule(snap, [job("j", WORKER, replicas=4)])
+    assert _models(d) == {"A100"}
+    [d] = schedule(snap, [job("j", WORKER, replicas=2)])
+    assert len(_models(d)) == 1
+
+
+def test_one_pod_with_several_gpus_on_a_mixed_node_gets_one_model() -> None:
+    mixed_node = dataclasses.replace(
+        node("m", 4), gpus=tuple(dataclasses.replace(g, model="A100" if g.index < 2 else "V100")
+                                 for g in node("m", 4).gpus))
+    [d] = schedule(cluster(mixed_node), [job("j", pod("p", gpu_count=2))])
+    assert len(_models(d)) == 1
+    [d] = schedule(cluster(mixed_node), [job("j", pod("p", gpu_count=3))])
+    assert isinstance(d, Wait)
+
+
+def test_groups_naming_different_models_get_them() -> None:
+    """A job whose groups ask different models itself has allowed the mix."""
+    snap = cluster(node("a", 2, model="A100"), node("t", 2, model="T4"))
+    j = Job(name="j", groups=(PodGroup("ps", pod("ps", gpu_count=1, gpu_models=("T4",)), 1),
+                              PodGroup("w", pod("w", gpu_count=1, gpu_models=("A100",)), 2)))
+    [d] = schedule(snap, [j])
+    assert _models(d) == {"A100", "T4"}
+
+
+def test_a_pool_suffix_is_the_same_model() -> None:
+    """Cards of a dedicated pool appear as ``model@pool``: the same physical model."""
+    snap = cluster(node("a", 2, model="A100"), node("p", 2, model="A100@train"))
+    [d] = schedule(snap, [job("j", WORKER, replicas=4)])
+    assert _models(d) == {"A100", "A100@train"}
+
+
+def test_the_queue_cycle_applies_the_rule_too() -> None:
+    snap = cluster(node("a", 2, model="A100"), node("h", 2, model="H100"))
+    four = Job(name="j", groups=(PodGroup("w", WORKER, 4),), queue="t/p")
+    result = cycle(snap, [four], tree({"t": {"p": Quota()}}))
+    assert isinstance(result.statuses["j"].decision, Wait)
+    result = cycle(snap, [dataclasses.replace(four, mixed_gpu_models=True)], tree({"t": {"p": Quota()}}))
+    assert _models(result.statuses["j"].decision) == {"A100", "H100"}
+    two = Job(name="k", groups=(PodGroup("w", WORKER, 2),), queue="t/p")
+    result = cycle(snap, [two, dataclasses.replace(two, name="l")], tree({"t": {"p": Quota()}}))
+    for s in result.statuses.values():
+        assert len(_models(s.decision)) == 1
