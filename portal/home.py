@@ -170,4 +170,11 @@ def home(user: Any) -> dict[str, Any]:
         "start_now": can_start_now(user),
         "owner": [owner_view(t) for t in owned[:3]],
         "admin": admin_view() if scope.platform_admin else [],
+        "demo_load": _demo_load() if scope.platform_admin else None,
     }
+
+
+def _demo_load() -> Any:
+    from .demo import state
+
+    return state()

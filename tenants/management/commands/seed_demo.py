@@ -91,6 +91,7 @@ class Command(BaseCommand):
                 self._tenant(admin, tenant_name, projects, owner, padmin, member)
         self._jobs(cluster)
         self._workloads(cluster, admin)
+        self._living(admin)
         self.stdout.write(f"Demo logins (password for all: {DEMO_PASSWORD}):")
         self.stdout.write("  admin            platform admin")
         for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
@@ -162,6 +163,21 @@ class Command(BaseCommand):
                     workers=2, gpu_count=2, cpu_millicores=8000, ram_mib=32768,
                     command=["torchrun", "train.py"], checkpoint_dir="/ckpt", checkpoint_every=30,
                     priority_class="batch", duration_seconds=240, log_dir="/logs")
+
+    def _living(self, admin: User) -> None:
+        """The load generator's row (portal/demo.py) and a workspace policy that culls idle
+        demo notebooks after 5 minutes, so culling shows within the first quarter hour."""
+        from portal.models import DemoLoad
+        from workspaces import services as workspace_services
+        from workspaces.models import WorkspacePolicy
+
+        if not DemoLoad.objects.exists():
+            DemoLoad.objects.create()
+        for project in Project.objects.filter(tenant__name__in=[t[0] for t in DEMO_TENANTS]):
+            if not WorkspacePolicy.objects.filter(project=project).exists():
+                workspace_services.workspace_policy_set(
+                    actor=admin, project=project, idle_minutes=5, max_lifetime_hours=None,
+                    warning_minutes=2, storage_gib_limit=None)
 
     def _user(self, username: str) -> User:
         user = User.objects.filter(username=username).first()
