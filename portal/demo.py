@@ -29,7 +29,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from scheduling.models import Cluster, JobState
+from scheduling.models import Cluster, Job, JobState
 from tenants.audit import audit_record
 from tenants.models import Membership, Project, Role, User
 
@@ -39,9 +39,12 @@ logger = logging.getLogger(__name__)
 
 KEEP = 40  # finished demo workloads of each kind kept for the lists and history
 KEEP_RUNS = 200  # finished demo runs (scheduling jobs) kept for the job list
-NOTEBOOKS = 8  # notebooks kept open
-TRAININGS = 6  # training jobs running or waiting, outside a burst
-BURST = 16  # ... and during one
+NOTEBOOKS = 6  # notebooks kept open
+TRAININGS = 5  # training jobs running or waiting, outside a burst
+BURST = 12  # ... and during one
+# Self-throttle: with this many runs admitted over a minute ago and still not started, the
+# worker is behind (a busy laptop); the tick then only prunes, so the backlog cannot grow.
+BACKLOG = 4
 BURST_EVERY = dt.timedelta(minutes=6)
 BURST_LENGTH = dt.timedelta(minutes=1)
 PREFIX = "demo-"  # names of the workloads it starts (only those are stopped or deleted)
@@ -115,6 +118,11 @@ def tick(*, now: dt.datetime | None = None, seed: int | None = None) -> dict[str
         counter += 1
         return f"{PREFIX}{kind}-{counter}"
 
+    behind = Job.objects.filter(state=JobState.STARTING, admitted_at__lt=now - dt.timedelta(minutes=1))
+    if behind.count() >= BACKLOG:
+        done["pruned"] = _prune()
+        DemoLoad.objects.filter(pk=row.pk).update(last_tick_at=now)
+        return {**done, "throttled": True}
     open_envs = DevEnvironment.objects.filter(name__startswith=PREFIX, job__state__in=ACTIVE)
     for _ in range(min(2, NOTEBOOKS - open_envs.count())):
         user, project = rng.choice(people)
@@ -198,7 +206,7 @@ def _prune() -> int:
             pass
     # Runs of deleted workloads stay in the job history (training_delete says so); the demo
     # keeps the newest KEEP_RUNS of its own finished runs (groups and decisions cascade).
-    from scheduling.models import FINAL_STATES, Job
+    from scheduling.models import FINAL_STATES
 
     old = list(Job.objects.filter(name__startswith=PREFIX, state__in=FINAL_STATES)
                .order_by("-finished_at", "-id").values_list("pk", flat=True)[KEEP_RUNS:KEEP_RUNS + 200])

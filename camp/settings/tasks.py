@@ -80,7 +80,7 @@ CELERY_BEAT_SCHEDULE["usage-sample"] = {
 }
 # The demo's load generator (portal/demo.py): `manage.py rundemo` turns it on for its worker.
 DEMO_LOAD = env_bool("DEMO_LOAD", False)
-DEMO_LOAD_SECONDS = env_int("DEMO_LOAD_SECONDS", 15)
+DEMO_LOAD_SECONDS = env_int("DEMO_LOAD_SECONDS", 20)
 DEMO_LOAD_MAX_HOURS = env_int("DEMO_LOAD_MAX_HOURS", 12)
 if DEMO_LOAD:
     CELERY_BEAT_SCHEDULE["demo-load"] = {

@@ -103,3 +103,18 @@ def test_it_prunes_its_own_finished_work(world: Any, demo_world: Any, monkeypatc
     assert Job.objects.filter(name__startswith="demo-").count() <= 3
     assert TrainingJob.objects.filter(name="not-the-demos").exists()  # not its own: untouched
     assert AuditEvent.objects.filter(action="training.deleted").count() == 4
+
+
+def test_it_holds_back_while_the_worker_is_behind(world: Any, demo_world: Any) -> None:
+    from scheduling.models import Job, JobState
+
+    demo.tick(seed=1)
+    now = timezone.now()
+    started = Job.objects.filter(name__startswith="demo-")
+    assert started.exists()
+    # runs admitted long ago but never started: the worker has not dispatched them
+    started.update(state=JobState.STARTING, admitted_at=now - dt.timedelta(minutes=5))
+    before = DevEnvironment.objects.count() + TrainingJob.objects.count()
+    assert started.count() >= demo.BACKLOG
+    assert demo.tick(now=now, seed=2)["throttled"] is True
+    assert DevEnvironment.objects.count() + TrainingJob.objects.count() == before
