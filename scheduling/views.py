@@ -118,7 +118,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
     """Jobs the reader may see: search, filters, sortable columns, pages and bulk stop."""
     jobs = selectors.job_list(user=request.user).select_related("owner")
     f = JobListFilter(request.GET or None, queryset=jobs, request=request)
-    qs = f.qs if f.is_bound and f.is_valid() else jobs
+    # an unreadable filter lists nothing and says which one (never "everything")
+    qs = jobs if not f.is_bound else f.qs if f.is_valid() else jobs.none()
     if not request.GET.get("sort"):
         qs = qs.order_by("-submitted_at", "-id")
     try:

@@ -76,3 +76,14 @@ def test_bulk_stop_checks_each_job_and_audits_it(world: Any, jobs: list[Any]) ->
     # the checkbox is offered only where stopping is allowed
     listing = member.get("/scheduling/jobs/?q=owner-job").content.decode()
     assert 'name="job"' not in listing
+
+
+def test_hostile_list_parameters_answer_200_and_say_what_is_wrong(world: Any, jobs: list[Any]) -> None:
+    c = _client(world.a.member)
+    for query in ("project=99999999999999999999999", "project=abc", "state=nope", "sort=password",
+                  "per_page=-1", "page=999", "cluster=%00", "q=" + "x" * 5000, "kind=<script>"):
+        r = c.get(f"/scheduling/jobs/?{query}")
+        assert r.status_code == 200, query
+        assert "<script>" not in r.content.decode().split("<main>")[1], query
+    bad = c.get("/scheduling/jobs/?state=nope").content.decode()
+    assert "Select a valid choice" in bad and "<strong>0</strong> jobs" in bad
