@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP      := $(VENV)/.installed
 
-.PHONY: demo test test-deps lint typecheck unit bench schema clean
+.PHONY: demo test test-deps lint typecheck unit bench schema clean e2e-deps
 
 $(VENV)/bin/python:
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
@@ -33,8 +33,15 @@ demo: $(DEMO_STAMP)
 test-deps:
 	PYTHON=$(PYTHON) tools/test-deps.sh
 
+# Browser-test helpers from the npm registry, pinned by tests/e2e/package-lock.json (axe-core
+# for the accessibility scan). Without npm or the registry the scan skips and says why.
+AXE := tests/e2e/node_modules/axe-core/axe.min.js
+$(AXE): tests/e2e/package.json tests/e2e/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix tests/e2e --no-audit --no-fund --loglevel=error || echo "npm ci failed: the accessibility scan will skip"; else echo "npm not found: the accessibility scan will skip"; fi
+e2e-deps: $(AXE)
+
 # The whole suite: lint, types, then every test on real PostgreSQL and Redis.
-test: test-deps $(STAMP)
+test: test-deps $(STAMP) e2e-deps
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest

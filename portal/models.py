@@ -62,3 +62,18 @@ class DispatchError(models.Model):
     job_id = models.BigIntegerField()
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     message = models.CharField(max_length=500)
+
+
+class DemoLoad(models.Model):
+    """The demo's load generator (portal/demo.py): one row, made by ``seed_demo``. Platform
+    admins pause and resume it from the home page (audited); it also stops by itself once
+    ``DEMO_LOAD_MAX_HOURS`` have passed since it started, so a forgotten demo stops growing."""
+
+    paused = models.BooleanField(default=False)
+    started_at = models.DateTimeField(auto_now_add=True)
+    launched = models.PositiveIntegerField(default=0, help_text="Workloads it has started (names them).")
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return "demo load (paused)" if self.paused else "demo load"

@@ -27,3 +27,11 @@ def live_push_jobs(job_ids: list[int]) -> int:
     from .live import push_jobs
 
     return push_jobs(job_ids)
+
+
+@shared_task(ignore_result=True)
+def demo_load_tick() -> dict[str, object]:
+    """Beat (only with DEMO_LOAD on, as `rundemo` sets it): one step of the demo's load."""
+    from . import demo
+
+    return demo.tick()

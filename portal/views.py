@@ -10,10 +10,11 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.dateparse import parse_date
+from django.views.decorators.http import require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from scheduling.models import Cluster
@@ -178,3 +179,24 @@ def preemptions(request: HttpRequest) -> HttpResponse:
               .order_by("-created_at"))
     page = Paginator(events, 50).get_page(request.GET.get("page"))
     return render(request, "portal/preemptions.html", {"page": page})
+
+
+@login_required
+@require_POST
+def demo_load(request: HttpRequest) -> HttpResponseBase:
+    """Pause or resume the demo's load generator (platform admins; audited)."""
+    from django.contrib import messages
+    from django.core.exceptions import ValidationError
+
+    from tenants.permissions import actor_of
+
+    from . import demo
+
+    paused = request.POST.get("paused") == "1"
+    try:
+        demo.set_paused(actor=actor_of(request), paused=paused)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, "Demo load paused." if paused else "Demo load running again.")
+    return redirect("console:home")

@@ -11,15 +11,17 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Prefetch
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from tenants.forms import apply_service_errors
 from tenants.permissions import CHANGE, CREATE, actor_of, can, restrict
 
 from . import selectors, services
-from .models import Cluster, GpuDevice, Job, JobState, Node, NodePool
+from .filters import JobListFilter
+from .models import Cluster, GpuDevice, Job, Node, NodePool
 
 
 class ClusterForm(forms.ModelForm[Cluster]):
@@ -108,15 +110,68 @@ def node_quarantine(request: HttpRequest, pk: int) -> HttpResponseBase:
     return redirect("scheduling:nodes", cluster_name=node.cluster.name)
 
 
+PAGE_SIZES = (25, 50, 100)
+
+
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
-    jobs = selectors.job_list(user=request.user)
-    state = request.GET.get("state", "")
-    if state in JobState.values:
-        jobs = jobs.filter(state=state)
-    page = Paginator(jobs, 50).get_page(request.GET.get("page"))
+    """Jobs the reader may see: search, filters, sortable columns, pages and bulk stop."""
+    jobs = selectors.job_list(user=request.user).select_related("owner")
+    f = JobListFilter(request.GET or None, queryset=jobs, request=request)
+    # an unreadable filter lists nothing and says which one (never "everything")
+    qs = jobs if not f.is_bound else f.qs if f.is_valid() else jobs.none()
+    if not request.GET.get("sort"):
+        qs = qs.order_by("-submitted_at", "-id")
+    try:
+        per_page = int(request.GET.get("per_page", 25))
+    except ValueError:
+        per_page = 25
+    per_page = per_page if per_page in PAGE_SIZES else 25
+    page = Paginator(qs, per_page).get_page(request.GET.get("page"))
+    params = request.GET.copy()
+    params.pop("page", None)
+    sort_params = params.copy()
+    sort_params.pop("sort", None)
+    current = request.GET.get("sort", "")
+    columns = []
+    for key, label in (("name", "Job"), ("project", "Project"), ("owner", "Owner"), ("state", "State"),
+                       ("priority", "Priority"), ("submitted", "Submitted")):
+        direction = "ascending" if current == key else "descending" if current == f"-{key}" else ""
+        sort_params["sort"] = f"-{key}" if current == key else key
+        columns.append({"key": key, "label": label, "aria": direction,
+                        "href": "?" + sort_params.urlencode()})
+    stoppable = {j.pk for j in page if not j.is_final and can(request.user, "delete", j)}
     return render(request, "scheduling/jobs.html", {
-        "page": page, "states": JobState.choices, "state": state})
+        "page": page, "filter": f, "query": params.urlencode(), "columns": columns,
+        "per_page": per_page, "page_sizes": PAGE_SIZES, "stoppable": stoppable,
+        "count": page.paginator.count})
+
+
+@login_required
+@require_POST
+def job_bulk_stop(request: HttpRequest) -> HttpResponseBase:
+    """Stop the chosen jobs one by one through job_cancel (its permission check and audit
+    event per job); jobs outside the reader's reach are skipped as if they did not exist."""
+    ids = [int(x) for x in request.POST.getlist("job") if x.isdigit()][:200]
+    jobs = restrict(Job.objects.filter(pk__in=ids), request.user)
+    stopped, refused = [], []
+    for job in jobs:
+        try:
+            services.job_cancel(actor=actor_of(request), job=job)
+        except (ValidationError, PermissionDenied):
+            refused.append(job.name)
+        else:
+            stopped.append(job.name)
+    if stopped:
+        messages.success(request, f"Stopped {len(stopped)} job{'s' if len(stopped) != 1 else ''}: "
+                                  f"{', '.join(stopped)}.")
+    if refused:
+        messages.error(request, f"Not stopped (already ended or not yours to stop): {', '.join(refused)}.")
+    if not stopped and not refused:
+        messages.error(request, "Choose the jobs to stop first.")
+    # back to the same filtered page (re-encoded: only a query string, never a location)
+    back = QueryDict(request.POST.get("next", "")[:2000]).urlencode()
+    return redirect(reverse("scheduling:jobs") + (f"?{back}" if back else ""))
 
 
 @login_required
@@ -130,6 +185,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "scheduling/job.html", {
         "job": job, "groups": job.groups.all(), "allocations": allocations,
         "decisions": decisions, "visible_preemptors": set(preemptors.values_list("pk", flat=True)),
+        "pods_total": sum(g.replicas for g in job.groups.all()),
         "can_cancel": not job.is_final and can(request.user, "delete", job)})
 
 

@@ -71,7 +71,10 @@ def home(request: HttpRequest) -> HttpResponse:
         projects = [p for p in tenant.projects.all() if permissions.can(user, "view", p)]
         rows.append({"tenant": tenant, "owner": tenant.pk in scope.owner_tenants, "projects": projects})
     memberships = Membership.objects.filter(user=user).select_related("tenant", "project")
-    return render(request, "console/home.html", {"rows": rows, "memberships": memberships})
+    from portal.home import home as home_parts
+
+    return render(request, "console/home.html", {"rows": rows, "memberships": memberships,
+                                                 **home_parts(user)})
 
 
 @login_required

@@ -1,4 +1,6 @@
 """Screenshots of the main pages of a running demo (`make demo`) for docs/screenshots/.
+Take them ten minutes or more after the start: the demo's load generator has filled the
+cluster, queues, preemptions and culled notebooks by then.
 
     .venv/bin/python tools/screenshots.py [--base http://127.0.0.1:8000] [--out docs/screenshots]
 
@@ -33,12 +35,16 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     base = args.base
     shots: list[tuple[str, str, str]] = [
+        ("vince", "/", "home-member"),
         ("vince", "/workspaces/environments/", "environments"),
         ("vince", "/workspaces/environments/new/", "launch-environment"),
+        ("vince", "/workspaces/training/new/", "launch-training"),
         ("vince", "/scheduling/jobs/", "jobs"),
+        ("vera", "/", "home-owner"),
         ("vera", "/t/vision/", "tenant-console"),
         ("vera", "/t/vision/usage/", "usage-showback"),
         ("vera", "/audit/", "audit-log"),
+        ("admin", "/", "home-admin"),
         ("admin", "/dashboard/", "dashboard"),
         ("admin", "/admin/clusters/sim/gpus/", "gpu-map"),
         ("admin", "/admin/clusters/sim/queues/", "queue-tree"),

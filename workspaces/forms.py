@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import shlex
 from typing import Any
 
@@ -29,28 +30,76 @@ def parse_env(text: str) -> dict[str, str]:
     return env
 
 
+def _default_name(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(2)}"
+
+
+class _ImageChoice(forms.ModelChoiceField):  # type: ignore[type-arg]
+    def label_from_instance(self, obj: Any) -> str:
+        badges = [obj.get_framework_display()] if obj.framework and obj.framework != "other" else []
+        tag = obj.reference.rsplit(":", 1)[1] if ":" in obj.reference.rsplit("/", 1)[-1] else ""
+        if tag:
+            badges.append(tag)
+        return f"{obj.display_name or obj.name}" + (f" ({', '.join(badges)})" if badges else "")
+
+
+class _PresetChoice(forms.ModelChoiceField):  # type: ignore[type-arg]
+    def label_from_instance(self, obj: Any) -> str:
+        return str(obj)
+
+
+def _default_preset(form: forms.Form, *, slice_first: bool) -> None:
+    """Preselect a preset: for notebooks the first GPU slice (the usual ask), else the first."""
+    from .presets import is_slice
+
+    fields: Any = form.fields
+    offered = list(fields["profile"].queryset)
+    pick = next((p for p in offered if is_slice(p)), None) if slice_first else None
+    pick = pick or (offered[0] if offered else None)
+    if pick is not None:
+        form.initial.setdefault("profile", pick.pk)
+
+
+# Fields a launch form shows up front; everything else folds into "Advanced".
 class _WorkloadForm(forms.Form):
-    project = forms.ModelChoiceField(queryset=Project.objects.none())
-    cluster = forms.ModelChoiceField(queryset=Cluster.objects.none(), to_field_name="name")
-    name = forms.CharField(max_length=40, help_text="Lowercase letters, digits and '-'.")
-    image = forms.ModelChoiceField(
+    basic: tuple[str, ...] = ()
+
+    project = forms.ModelChoiceField(queryset=Project.objects.none(), label="Project",
+                                     empty_label="Choose a project")
+    cluster = forms.ModelChoiceField(queryset=Cluster.objects.none(), to_field_name="name",
+                                     label="Cluster", empty_label="Choose a cluster")
+    name = forms.CharField(max_length=40, label="Name", help_text="Lowercase letters, digits and '-'.")
+    profile = _PresetChoice(
+        queryset=Profile.objects.none(),
+        required=False,
+        label="Compute preset",
+        empty_label="Custom shape (set it under Advanced)",
+        help_text="A preset sets the GPUs, CPU and RAM for you.",
+    )
+    image = _ImageChoice(
         queryset=Image.objects.none(),
         required=False,
-        help_text="From the catalog; or give a reference below.",
+        label="Image",
+        help_text="From the catalog; or give an image reference under Advanced.",
     )
-    image_reference = forms.CharField(max_length=512, required=False)
-    gpu_count = forms.IntegerField(min_value=0, max_value=64, initial=1)
+    image_reference = forms.CharField(max_length=512, required=False, label="Image reference",
+                                      help_text="Any registry image, e.g. pytorch/pytorch:2.4.0 "
+                                                "(used when no catalog image is chosen).")
+    gpu_count = forms.IntegerField(min_value=0, max_value=64, initial=1, label="GPUs",
+                                   help_text="0 for a CPU-only workload.")
     gpu_memory_mib = forms.IntegerField(
-        min_value=0, initial=0, label="GPU memory per GPU (MiB)", help_text="0 with 0% compute: whole cards."
-    )
+        min_value=0, initial=0, label="GPU memory per GPU (MiB)",
+        help_text="A slice of a card: its memory. 0 here and below: whole cards.")
     gpu_cores_percent = forms.IntegerField(
-        min_value=0, max_value=100, initial=0, label="GPU compute per GPU (%)"
-    )
-    exclusive = forms.BooleanField(required=False)
-    cpu_millicores = forms.IntegerField(min_value=100, initial=2000, label="CPU (millicores)")
+        min_value=0, max_value=100, initial=0, label="GPU compute per GPU (%)",
+        help_text="A slice of a card: its share of the compute.")
+    exclusive = forms.BooleanField(required=False, label="Whole cards, not shared with anyone")
+    cpu_millicores = forms.IntegerField(min_value=100, initial=2000, label="CPU (millicores)",
+                                        help_text="1000 = one core.")
     ram_mib = forms.IntegerField(min_value=128, initial=8192, label="RAM (MiB)")
     env = forms.CharField(
         required=False,
+        label="Environment variables",
         widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}),
         help_text="NAME=value, one per line.",
     )
@@ -62,21 +111,34 @@ class _WorkloadForm(forms.Form):
         fields["cluster"].queryset = restrict(Cluster.objects.filter(enabled=True), user)
         images = restrict(Image.objects.filter(enabled=True), user)
         fields["image"].queryset = images.filter(variant=variant) if variant else images
+        fields["profile"].queryset = restrict(Profile.objects.filter(enabled=True), user)
+        # One choice is no choice: preselect it.
+        for name in ("project", "cluster"):
+            only = list(fields[name].queryset[:2])
+            if len(only) == 1:
+                self.initial.setdefault(name, only[0].name if name == "cluster" else only[0].pk)
 
     def clean_env(self) -> dict[str, str]:
         return parse_env(self.cleaned_data.get("env", ""))
 
+    def basic_fields(self) -> list[Any]:
+        return [self[n] for n in self.basic]
+
+    def advanced_fields(self) -> list[Any]:
+        return [self[n] for n in self.fields if n not in self.basic and n != "profile"]
+
+    def advanced_has_errors(self) -> bool:
+        return any(self[n].errors for n in self.fields if n not in self.basic and n != "profile")
+
 
 class EnvironmentForm(_WorkloadForm):
-    kind = forms.ChoiceField(choices=EnvKind.choices)
-    profile = forms.ModelChoiceField(
-        queryset=Profile.objects.none(),
-        required=False,
-        help_text="A profile sets the shape (and image) for you.",
-    )
-    home_gib = forms.IntegerField(min_value=1, max_value=10240, initial=10, label="Home volume (GiB)")
+    basic = ("project", "cluster", "name", "kind", "image")
+    kind = forms.ChoiceField(choices=EnvKind.choices, label="Environment", initial=EnvKind.JUPYTER)
+    home_gib = forms.IntegerField(min_value=1, max_value=10240, initial=10, label="Home volume (GiB)",
+                                  help_text="Kept across stops; deleted with the environment.")
     ssh_public_keys = forms.CharField(
         required=False,
+        label="Extra SSH public keys",
         widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
         help_text="SSH environments use your stored SSH keys; add extra ones here, one per line.",
     )
@@ -88,36 +150,91 @@ class EnvironmentForm(_WorkloadForm):
         fields["image"].queryset = restrict(
             Image.objects.filter(enabled=True).exclude(variant="training"), user
         )
-        fields["profile"].queryset = restrict(Profile.objects.filter(enabled=True), user)
+        fields["image"].empty_label = "The preset's image"
+        self.initial.setdefault("name", _default_name("notebook"))
+        _default_preset(self, slice_first=True)
 
 
 class TrainingForm(_WorkloadForm):
-    framework = forms.ChoiceField(choices=TrainingFramework.choices)
-    workers = forms.IntegerField(min_value=1, max_value=128, initial=2)
+    basic = ("project", "cluster", "name", "framework", "image", "workers", "command")
+    framework = forms.ChoiceField(choices=TrainingFramework.choices, label="Framework")
+    workers = forms.IntegerField(min_value=1, max_value=128, initial=2, label="Workers",
+                                 help_text="Each worker gets the preset (or custom shape) once.")
     command = forms.CharField(
-        required=False, max_length=4096, help_text="As in a shell, e.g. torchrun train.py --epochs 10"
+        required=False, max_length=4096, label="Command",
+        help_text="As in a shell, e.g. torchrun train.py --epochs 10"
     )
-    checkpoint_dir = forms.CharField(required=False, max_length=255, initial="/checkpoints")
-    checkpoint_volume_gib = forms.IntegerField(min_value=0, initial=0, label="Checkpoint volume (GiB)")
-    data_volume = forms.CharField(required=False, max_length=253, help_text="An existing PVC, at /data.")
-    log_dir = forms.CharField(required=False, max_length=255, help_text="TensorBoard log directory.")
-    max_runtime_seconds = forms.IntegerField(min_value=60, required=False)
-    retry_limit = forms.IntegerField(min_value=0, max_value=10, initial=0)
-    priority_class = forms.ChoiceField(choices=PriorityClass.choices, initial="normal")
-    preemptible = forms.BooleanField(required=False, initial=True)
+    checkpoint_dir = forms.CharField(required=False, max_length=255, initial="/checkpoints",
+                                     label="Checkpoint directory",
+                                     help_text="Where the job writes checkpoints; it resumes from the "
+                                               "latest after a preemption.")
+    checkpoint_volume_gib = forms.IntegerField(min_value=0, initial=0, label="Checkpoint volume (GiB)",
+                                               help_text="0: no volume of its own.")
+    data_volume = forms.CharField(required=False, max_length=253, label="Data volume",
+                                  help_text="An existing PVC, mounted read-only at /data.")
+    log_dir = forms.CharField(required=False, max_length=255, label="TensorBoard log directory")
+    max_runtime_seconds = forms.IntegerField(min_value=60, required=False, label="Time limit (seconds)",
+                                             help_text="Stopped after this long; empty: no limit.")
+    retry_limit = forms.IntegerField(min_value=0, max_value=10, initial=0, label="Retries on failure")
+    priority_class = forms.ChoiceField(choices=PriorityClass.choices, initial="normal", label="Priority")
+    preemptible = forms.BooleanField(required=False, initial=True,
+                                     label="May be preempted (lets it borrow idle GPUs beyond the "
+                                           "project's guarantee)")
     duration_seconds = forms.IntegerField(
-        min_value=1, required=False, help_text="Simulated clusters: how long it runs."
+        min_value=1, required=False, label="Expected run time (seconds)",
+        help_text="Simulated clusters run it this long; it also feeds start estimates."
     )
-    field_order = ["project", "cluster", "name", "framework", "image", "image_reference", "workers"]
+    field_order = ["project", "cluster", "name", "framework", "profile", "workers", "image",
+                   "image_reference", "command"]
 
     def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, user=user, variant="training", **kwargs)
+        fields: Any = self.fields
+        fields["image"].empty_label = "Choose an image"
+        self.initial.setdefault("name", _default_name("train"))
+        first_image = fields["image"].queryset.first()
+        if first_image is not None:
+            self.initial.setdefault("image", first_image.pk)
+        _default_preset(self, slice_first=False)
 
     def clean_command(self) -> list[str]:
         try:
             return shlex.split(self.cleaned_data.get("command") or "")
         except ValueError as exc:
             raise forms.ValidationError(f"Cannot split this command: {exc}") from exc
+
+
+class PresetForm(forms.ModelForm[Profile]):
+    """A compute preset, for platform admins (services.profile_create/update audit it)."""
+
+    class Meta:
+        model = Profile
+        fields = ["name", "display_name", "description", "gpu_model", "gpu_count", "gpu_memory_mib",
+                  "gpu_cores_percent", "exclusive", "cpu_millicores", "ram_mib", "home_gib", "image",
+                  "tenants", "projects", "enabled"]
+        labels = {"display_name": "Title on the card", "gpu_model": "GPU model", "gpu_count": "GPUs",
+                  "gpu_memory_mib": "GPU memory per GPU (MiB)",
+                  "gpu_cores_percent": "GPU compute per GPU (%)",
+                  "exclusive": "Whole cards, not shared", "cpu_millicores": "CPU (millicores)",
+                  "ram_mib": "RAM (MiB)", "home_gib": "Home volume (GiB)", "image": "Image for notebooks",
+                  "tenants": "Only for these tenants", "projects": "Only for these projects"}
+        help_texts = {"name": "A short identifier, e.g. a100-quarter.",
+                      "display_name": "What users read, e.g. ¼ A100 · 20 GB.",
+                      "gpu_memory_mib": "With the compute share: a slice of one card. 0 and 0: whole cards.",
+                      "tenants": "Neither tenants nor projects: offered to everyone."}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        fields: Any = self.fields
+        fields["image"].queryset = Image.objects.filter(scope="platform", enabled=True).exclude(
+            variant="training")
+        fields["image"].required = False
+        from scheduling.models import GpuDevice
+
+        models_ = sorted(set(GpuDevice.objects.values_list("model", flat=True).distinct()))
+        self.fields["gpu_model"] = forms.ChoiceField(
+            choices=[("", "Any model")] + [(m, m) for m in models_ if "@" not in m],
+            required=False, label="GPU model", help_text=Profile._meta.get_field("gpu_model").help_text)
 
 
 class PolicyForm(forms.ModelForm[WorkspacePolicy]):

@@ -72,7 +72,8 @@ class WorkspacePolicy(models.Model):
 
 
 class Profile(models.Model):
-    """An admin-defined shape (and optionally image) users launch environments with.
+    """An admin-defined compute preset: a shape (and optionally an image and a GPU model)
+    users launch environments with, and training jobs use per worker ("workers × preset").
     Limited to chosen tenants and/or projects; with neither, everyone may use it."""
 
     name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
@@ -80,6 +81,10 @@ class Profile(models.Model):
     description = models.TextField(blank=True)
     image = models.ForeignKey("registry.Image", on_delete=models.SET_NULL, null=True, blank=True,
                               related_name="profiles")
+    gpu_model = models.CharField(
+        max_length=100, blank=True,
+        help_text="The GPU model this preset runs on, as the inventory names it (e.g. A100-80G); "
+                  "empty: any model.")
     gpu_count = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(16)])
     gpu_memory_mib = models.PositiveIntegerField(default=0)
     gpu_cores_percent = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)])
@@ -115,6 +120,8 @@ class DevEnvironment(models.Model):
     gpu_memory_mib = models.PositiveIntegerField(default=0)
     gpu_cores_percent = models.PositiveSmallIntegerField(default=0)
     exclusive = models.BooleanField(default=False)
+    gpu_models = models.JSONField(default=list, blank=True,
+                                  help_text="Allowed GPU models (from its preset); empty: any.")
     cpu_millicores = models.PositiveIntegerField(default=2000)
     ram_mib = models.PositiveIntegerField(default=8192)
     home_gib = models.PositiveIntegerField(default=10)

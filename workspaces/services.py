@@ -63,6 +63,7 @@ ENV_FIELDS = (
     "gpu_memory_mib",
     "gpu_cores_percent",
     "exclusive",
+    "gpu_models",
     "cpu_millicores",
     "ram_mib",
     "home_gib",
@@ -77,6 +78,7 @@ TRAINING_FIELDS = (
     "gpu_memory_mib",
     "gpu_cores_percent",
     "exclusive",
+    "gpu_models",
     "cpu_millicores",
     "ram_mib",
     "checkpoint_dir",
@@ -308,6 +310,7 @@ PROFILE_FIELDS = (
     "display_name",
     "description",
     "image",
+    "gpu_model",
     "gpu_count",
     "gpu_memory_mib",
     "gpu_cores_percent",
@@ -434,6 +437,7 @@ def _env_group(env: DevEnvironment) -> dict[str, Any]:
         "gpu_memory_mib": env.gpu_memory_mib,
         "gpu_cores_percent": env.gpu_cores_percent,
         "exclusive": env.exclusive,
+        "gpu_models": list(env.gpu_models or []),
         "cpu_millicores": env.cpu_millicores,
         "ram_mib": env.ram_mib,
         "image": env.image_reference,
@@ -505,15 +509,9 @@ def environment_launch(
         "home_gib": home_gib,
     }
     if profile is not None:
-        if (
-            not profile.enabled
-            or not permissions.can(actor, permissions.VIEW, profile)
-            or not (permissions.restrict(Profile.objects.filter(pk=profile.pk), actor).exists())
-        ):
-            raise ValidationError({"profile": ["This profile does not exist or is not offered to you."]})
-        if not _profile_allows(profile, project):
-            raise ValidationError({"profile": ["This profile is not offered to this project."]})
+        _check_profile(actor, profile, project)
         shape = {k: getattr(profile, k) for k in shape}
+        row.gpu_models = [profile.gpu_model] if profile.gpu_model else []
         if image is None and not image_reference:
             image = profile.image
     _clean_shape(shape)
@@ -542,6 +540,18 @@ def environment_launch(
     _start_run(actor, row)
     _audit("environment.launched", row, actor=actor, after=snapshot(row, ENV_FIELDS))
     return row, token
+
+
+def _check_profile(actor: User, profile: Profile, project: Project) -> None:
+    """A preset the actor may use, enabled and offered to the project (else a field error)."""
+    if (
+        not profile.enabled
+        or not permissions.can(actor, permissions.VIEW, profile)
+        or not (permissions.restrict(Profile.objects.filter(pk=profile.pk), actor).exists())
+    ):
+        raise ValidationError({"profile": ["This profile does not exist or is not offered to you."]})
+    if not _profile_allows(profile, project):
+        raise ValidationError({"profile": ["This profile is not offered to this project."]})
 
 
 def _profile_allows(profile: Profile, project: Project) -> bool:
@@ -856,9 +866,17 @@ def training_submit(
     preemptible: bool | None = None,
     duration_seconds: int | None = None,
     depends_on: list[TrainingJob] | None = None,
+    profile: Profile | None = None,
 ) -> TrainingJob:
     """Create a training job: a gang of ``workers`` (plus a launcher for DeepSpeed and MPI),
-    submitted now, or once every job it depends on has succeeded."""
+    submitted now, or once every job it depends on has succeeded. With a compute preset
+    (``profile``) each worker takes the preset's shape and GPU model ("workers × preset")."""
+    if profile is not None:
+        _check_profile(actor, profile, project)
+        gpu_count, gpu_memory_mib = profile.gpu_count, profile.gpu_memory_mib
+        gpu_cores_percent, exclusive = profile.gpu_cores_percent, profile.exclusive
+        cpu_millicores, ram_mib = profile.cpu_millicores, profile.ram_mib
+        gpu_models = [profile.gpu_model] if profile.gpu_model else []
     if framework not in TrainingFramework.values:
         raise ValidationError({"framework": [f"Choose one of: {', '.join(TrainingFramework.values)}."]})
     if priority_class not in PriorityClass.values:
@@ -943,7 +961,8 @@ def training_submit(
         "training.submitted",
         t,
         actor=actor,
-        after={**snapshot(t, TRAINING_FIELDS), "depends_on": [d.pk for d in deps]},
+        after={**snapshot(t, TRAINING_FIELDS), "depends_on": [d.pk for d in deps],
+               **({"preset": profile.name} if profile is not None else {})},
     )
     return t
 

@@ -15,6 +15,8 @@ urlpatterns = [
     path("training/<int:pk>/stop/", views.training_stop, name="training-stop"),
     path("policy/<int:project_id>/", views.policy_edit, name="policy"),
     path("profiles/", views.profile_list, name="profiles"),
+    path("profiles/new/", views.preset_edit, name="preset-new"),
+    path("profiles/<int:pk>/edit/", views.preset_edit, name="preset-edit"),
     path("ssh-keys/", views.ssh_keys, name="ssh-keys"),
     path("ssh-keys/<int:pk>/delete/", views.ssh_key_delete, name="ssh-key-delete"),
     # ingress-nginx external auth for environment URLs (no login redirect: 200 or 401)

@@ -20,15 +20,22 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
+from scheduling.models import Cluster
 from tenants.forms import apply_service_errors
 from tenants.permissions import CHANGE, DELETE, actor_of, can, restrict
 
-from . import selectors, services
-from .forms import EnvironmentForm, PolicyForm, SshKeyForm, TrainingForm
+from . import presets, selectors, services
+from .forms import EnvironmentForm, PolicyForm, PresetForm, SshKeyForm, TrainingForm
 from .models import DevEnvironment, Profile, SshKey, TrainingJob
 from .pods import tensorboard_path
 
 COOKIE_MAX_AGE = 12 * 3600
+
+
+def _cards(form: Any, request: HttpRequest) -> list[presets.PresetCard]:
+    """The form's presets as cards, with what is free now on each cluster it offers."""
+    fields: Any = form.fields
+    return presets.preset_cards(fields["profile"].queryset, fields["cluster"].queryset, request.user)
 
 
 @login_required
@@ -49,7 +56,7 @@ def environment_new(request: HttpRequest) -> HttpResponseBase:
         else:
             messages.success(request, f"Environment {env.name} queued.")
             return redirect("workspaces:environment", pk=env.pk)
-    return render(request, "workspaces/environment_form.html", {"form": form})
+    return render(request, "workspaces/environment_form.html", {"form": form, "cards": _cards(form, request)})
 
 
 @login_required
@@ -173,7 +180,7 @@ def training_new(request: HttpRequest) -> HttpResponseBase:
         else:
             messages.success(request, f"Training job {t.name} submitted.")
             return redirect("workspaces:training", pk=t.pk)
-    return render(request, "workspaces/training_form.html", {"form": form})
+    return render(request, "workspaces/training_form.html", {"form": form, "cards": _cards(form, request)})
 
 
 @login_required
@@ -248,7 +255,38 @@ def profile_list(request: HttpRequest) -> HttpResponse:
     profiles = restrict(
         Profile.objects.select_related("image").prefetch_related("tenants", "projects"), request.user
     )
-    return render(request, "workspaces/profiles.html", {"profiles": profiles})
+    cards = {c.profile.pk: c for c in presets.preset_cards(
+        profiles, restrict(Cluster.objects.filter(enabled=True), request.user), request.user)}
+    return render(request, "workspaces/profiles.html", {
+        "rows": [(p, cards[p.pk]) for p in profiles],
+        "can_edit": getattr(request.user, "platform_admin", False)})
+
+
+@login_required
+def preset_edit(request: HttpRequest, pk: int | None = None) -> HttpResponseBase:
+    """Platform admins define compute presets here (or through /api/v1/profiles/)."""
+    profile = get_object_or_404(Profile, pk=pk) if pk else None
+    if not getattr(request.user, "platform_admin", False):
+        raise PermissionDenied
+    form = PresetForm(request.POST or None, instance=profile)
+    if request.method == "POST" and form.is_valid():
+        data = dict(form.cleaned_data)
+        tenants, projects = list(data.pop("tenants")), list(data.pop("projects"))
+        try:
+            if profile is None:
+                profile = services.profile_create(actor=actor_of(request), tenants=tenants,
+                                                  projects=projects, **data)
+            else:
+                # the form's instance already holds the new values; compare against the stored row
+                stored = Profile.objects.get(pk=profile.pk)
+                profile = services.profile_update(actor=actor_of(request), profile=stored,
+                                                  tenants=tenants, projects=projects, **data)
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"Preset {profile} saved.")
+            return redirect("workspaces:profiles")
+    return render(request, "workspaces/preset_form.html", {"form": form, "profile": profile})
 
 
 @login_required

@@ -78,6 +78,14 @@ METRICS_PUBLIC = env_bool("METRICS_PUBLIC", True)
 CELERY_BEAT_SCHEDULE["usage-sample"] = {
     "task": "portal.tasks.usage_sample_all", "schedule": float(USAGE_SAMPLE_SECONDS),
 }
+# The demo's load generator (portal/demo.py): `manage.py rundemo` turns it on for its worker.
+DEMO_LOAD = env_bool("DEMO_LOAD", False)
+DEMO_LOAD_SECONDS = env_int("DEMO_LOAD_SECONDS", 20)
+DEMO_LOAD_MAX_HOURS = env_int("DEMO_LOAD_MAX_HOURS", 12)
+if DEMO_LOAD:
+    CELERY_BEAT_SCHEDULE["demo-load"] = {
+        "task": "portal.tasks.demo_load_tick", "schedule": float(DEMO_LOAD_SECONDS),
+    }
 
 # --- Kubernetes (scheduling/backends/kubernetes.py, docs/KUBERNETES.md) ---------------------
 # Camp's pods name Camp as their scheduler: HAMi's webhook leaves such pods alone (it takes

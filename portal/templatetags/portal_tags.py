@@ -46,3 +46,18 @@ def estimated_start(job: Any) -> dict[str, Any]:
     if job is None:
         return {"estimate": None}
     return {"estimate": selectors.estimate_start(job)}
+
+
+@register.filter
+def duration_words(value: Any) -> str:
+    """A timedelta (or seconds) as people say it: "45 s", "12 min", "3 h 5 min", "2 days"."""
+    seconds = int(value.total_seconds() if hasattr(value, "total_seconds") else value or 0)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    if seconds < 86400:
+        h, m = divmod(seconds // 60, 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    d = seconds // 86400
+    return f"{d} day{'s' if d != 1 else ''}"

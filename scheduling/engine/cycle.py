@@ -940,7 +940,8 @@ class QueueCycle:
     def _pod_reason(self, p: PodRequest, exclude: frozenset[str]) -> str:
         extras = []
         if p.cpu_millicores:
-            extras.append(f"{p.cpu_millicores / 1000:g} CPU cores")
+            cores = p.cpu_millicores / 1000
+            extras.append(f"{cores:g} CPU core{'' if cores == 1 else 's'}")
         if p.ram_mib:
             extras.append(f"{_mib(p.ram_mib)} RAM")
         cpu_ram = " and ".join(extras)
@@ -1053,7 +1054,7 @@ class QueueCycle:
                         key, self.capacity_reason(job, exclude)
                     )
                     if name in reserved:
-                        reason += f"; {_nodes(reserved[name])} held for it"
+                        reason += _held_for(reserved[name], len(self._pods(job)))
                 elif kind == Kind.BEHIND:
                     reason = _behind(p - 1)
                 qname = job.queue or "the default queue"
@@ -1080,7 +1081,18 @@ def _borrow_what(r: int) -> str:
 
 
 def _behind(ahead: int) -> str:
+    if ahead == 0:
+        # Beyond the heads tried this cycle, though those ahead of it have just started.
+        return "Next in its queue; it is tried at the next scheduling cycle"
     return f"Waiting for {ahead} earlier job{'s' if ahead != 1 else ''} in its queue to start first"
+
+
+def _held_for(nodes: int, pods: int) -> str:
+    """Capacity reserved for a waiting large job, in plain words: a one-pod job is told that
+    GPUs are being kept for it, not how many candidate nodes the reservation spans."""
+    if pods <= 1:
+        return "; GPUs are being kept free for it as running jobs end"
+    return f"; {_nodes(nodes)} being kept free for it as running jobs end"
 
 
 def job_shape(job: Job) -> tuple[object, ...]:

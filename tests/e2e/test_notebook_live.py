@@ -53,10 +53,12 @@ def test_launch_notebook_and_watch_it_run(world: World, asgi_server: str, page: 
     page.fill("#id_name", "my-notebook")
     page.select_option("#id_kind", value="jupyter")
     page.select_option("#id_image", index=1)
+    page.check("#preset-custom")  # no preset: the shape is set under Advanced
+    page.click("details.advanced summary")
     page.fill("#id_gpu_count", "1")
     page.fill("#id_gpu_memory_mib", "20000")
     page.fill("#id_gpu_cores_percent", "25")
-    page.click("main form button[type=submit]")
+    page.click("main form button.primary-launch")
     page.wait_for_url(f"{base}/workspaces/environments/*/")
     state = page.locator("h1 [data-live-field=state]")
     assert state.inner_text() == "Queued"

@@ -91,11 +91,12 @@ class EnvironmentSerializer(MaskedEnvMixin, serializers.ModelSerializer[DevEnvir
         model = DevEnvironment
         fields = ["id", "name", "tenant", "project", "project_name", "cluster", "owner", "kind", "profile",
                   "image", "image_reference", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
-                  "cpu_millicores", "ram_mib", "home_gib", "env", "ssh_public_keys", "state", "run",
+                  "gpu_models", "cpu_millicores", "ram_mib", "home_gib", "env", "ssh_public_keys", "state",
+                  "run",
                   "runs", "last_activity_at", "cull_warning", "cull_at", "stop_reason", "how_to_open",
                   "access_url", "created_at"]
-        read_only_fields = ["id", "runs", "last_activity_at", "cull_warning", "cull_at", "stop_reason",
-                            "created_at"]
+        read_only_fields = ["id", "runs", "gpu_models", "last_activity_at", "cull_warning", "cull_at",
+                            "stop_reason", "created_at"]
         extra_kwargs = {"image_reference": {"required": False, "allow_blank": True}}
         validators: list[Any] = []
 
@@ -124,6 +125,10 @@ class TrainingSerializer(MaskedEnvMixin, serializers.ModelSerializer[TrainingJob
     gpu_models = serializers.ListField(child=serializers.CharField(max_length=100), required=False,
                                        max_length=20)
     depends_on = VisiblePKField(queryset=TrainingJob.objects.all(), many=True, required=False)
+    profile = VisiblePKField(
+        queryset=Profile.objects.all(), required=False, allow_null=True, write_only=True,
+        help_text="A compute preset: each worker takes its shape and GPU model (the shape fields "
+                  "given beside it are ignored).")
     state = serializers.CharField(read_only=True)
     run = RunSerializer(source="job", read_only=True, allow_null=True)
     last_checkpoint = serializers.SerializerMethodField()
@@ -136,7 +141,7 @@ class TrainingSerializer(MaskedEnvMixin, serializers.ModelSerializer[TrainingJob
                   "exclusive", "gpu_models", "cpu_millicores", "ram_mib", "command", "env", "data_volume",
                   "checkpoint_dir", "checkpoint_every", "checkpoint_volume_gib", "log_dir",
                   "max_runtime_seconds", "retry_limit", "priority_class", "preemptible",
-                  "duration_seconds", "depends_on", "state", "run", "blocked_reason", "retries",
+                  "duration_seconds", "depends_on", "profile", "state", "run", "blocked_reason", "retries",
                   "restarts", "lost_gpu_seconds", "last_checkpoint", "tensorboard_url", "stop_reason",
                   "created_at"]
         read_only_fields = ["id", "blocked_reason", "retries", "restarts", "lost_gpu_seconds",
@@ -187,7 +192,8 @@ class ProfileSerializer(serializers.ModelSerializer[Profile]):
 
     class Meta:
         model = Profile
-        fields = ["id", "name", "display_name", "description", "image", "gpu_count", "gpu_memory_mib",
+        fields = ["id", "name", "display_name", "description", "image", "gpu_model", "gpu_count",
+                  "gpu_memory_mib",
                   "gpu_cores_percent", "exclusive", "cpu_millicores", "ram_mib", "home_gib", "tenants",
                   "projects", "enabled", "created_at"]
         read_only_fields = ["id", "created_at"]

@@ -1,4 +1,6 @@
-"""Run the demo: migrate, seed, a real Celery worker (with beat) and the web server."""
+"""Run the demo: migrate, seed, a real Celery worker (with beat) and the web server. The
+worker also runs the demo's load generator (portal/demo.py; DEMO_LOAD=false turns it off),
+which platform admins pause from the home page."""
 
 import os
 import signal
@@ -24,7 +26,9 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo")
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get(
-            "DJANGO_SETTINGS_MODULE", "camp.settings")}
+            "DJANGO_SETTINGS_MODULE", "camp.settings"),
+            # the living demo: the worker's beat runs portal.tasks.demo_load_tick
+            "DEMO_LOAD": os.environ.get("DEMO_LOAD", "true")}
         worker = subprocess.Popen(  # noqa: S603 (fixed argv: this interpreter running celery)
             [sys.executable, "-m", "celery", "-A", "camp", "worker", "--beat", "--loglevel=WARNING",
              "--concurrency=1", "--schedule", str(settings.BASE_DIR / "var" / "celerybeat-schedule")],

@@ -40,6 +40,18 @@ DEMO_JOBS: list[tuple[str, str, str, str, str, list[dict[str, Any]], int]] = [
 # Jobs larger than their project's guarantee: preemptible, so they borrow idle GPUs (or wait).
 DEMO_BORROWERS = {"yolo-train", "big-sweep"}
 
+# Compute presets (workspaces.Profile) the launch forms offer as cards: (name, title, shape).
+DEMO_PRESETS: list[tuple[str, str, dict[str, Any]]] = [
+    ("a100-quarter", "¼ A100 · 20 GB", dict(gpu_model="A100-80G", gpu_count=1, gpu_memory_mib=20480,
+                                           gpu_cores_percent=25, cpu_millicores=4000, ram_mib=16384)),
+    ("a100-1", "1× A100", dict(gpu_model="A100-80G", gpu_count=1, cpu_millicores=8000, ram_mib=65536)),
+    ("h100-4", "4× H100 NVLink", dict(gpu_model="H100-80G", gpu_count=4, cpu_millicores=32000,
+                                      ram_mib=262144)),
+    ("l4-half", "½ L4 · 11 GB", dict(gpu_model="L4", gpu_count=1, gpu_memory_mib=11264,
+                                     gpu_cores_percent=50, cpu_millicores=4000, ram_mib=16384)),
+    ("cpu-small", "CPU only", dict(gpu_count=0, cpu_millicores=2000, ram_mib=8192)),
+]
+
 DEMO_PASSWORD = "camp-demo-2026"  # noqa: S105 (demo data only, printed on purpose)
 
 # (tenant, projects, owner, project admin, member)
@@ -79,6 +91,7 @@ class Command(BaseCommand):
                 self._tenant(admin, tenant_name, projects, owner, padmin, member)
         self._jobs(cluster)
         self._workloads(cluster, admin)
+        self._living(admin)
         self.stdout.write(f"Demo logins (password for all: {DEMO_PASSWORD}):")
         self.stdout.write("  admin            platform admin")
         for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
@@ -135,6 +148,10 @@ class Command(BaseCommand):
                     actor=admin, name="vision-full-gpu", display_name="Full GPU (vision only)",
                     image=jupyter, gpu_count=1, cpu_millicores=8000, ram_mib=65536, home_gib=50,
                     tenants=[vision])
+            for name, display, kw in DEMO_PRESETS:
+                if not Profile.objects.filter(name=name).exists():
+                    workspace_services.profile_create(actor=admin, name=name, display_name=display,
+                                                      image=jupyter, **kw)
             if not DevEnvironment.objects.filter(project=detection, name="explore").exists():
                 workspace_services.environment_launch(
                     actor=vince, project=detection, cluster=cluster, name="explore", kind="jupyter",
@@ -146,6 +163,21 @@ class Command(BaseCommand):
                     workers=2, gpu_count=2, cpu_millicores=8000, ram_mib=32768,
                     command=["torchrun", "train.py"], checkpoint_dir="/ckpt", checkpoint_every=30,
                     priority_class="batch", duration_seconds=240, log_dir="/logs")
+
+    def _living(self, admin: User) -> None:
+        """The load generator's row (portal/demo.py) and a workspace policy that culls idle
+        demo notebooks after 5 minutes, so culling shows within the first quarter hour."""
+        from portal.models import DemoLoad
+        from workspaces import services as workspace_services
+        from workspaces.models import WorkspacePolicy
+
+        if not DemoLoad.objects.exists():
+            DemoLoad.objects.create()
+        for project in Project.objects.filter(tenant__name__in=[t[0] for t in DEMO_TENANTS]):
+            if not WorkspacePolicy.objects.filter(project=project).exists():
+                workspace_services.workspace_policy_set(
+                    actor=admin, project=project, idle_minutes=5, max_lifetime_hours=None,
+                    warning_minutes=2, storage_gib_limit=None)
 
     def _user(self, username: str) -> User:
         user = User.objects.filter(username=username).first()

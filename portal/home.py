@@ -1,0 +1,180 @@
+"""Reads for the home page: what a member, a tenant owner and a platform admin each need
+first. Built from the dashboards' selectors (quota bars, cluster state, held resources) and
+the launch forms' preset cards; each part runs a fixed number of queries, whatever the
+number of workloads (the lists are cut to a few rows)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count, Min, Q
+from django.utils import timezone
+
+from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, Job, JobState, Node
+from tenants.models import Project, Quota, QuotaScope, Tenant, User
+from tenants.permissions import restrict, scope_of
+
+from . import selectors
+
+ROWS = 8  # rows per list on the home page; the full lists are a click away
+
+
+@dataclass
+class WorkloadRow:
+    kind: str  # "notebook" | "training" | "job"
+    name: str
+    url: str
+    project: str
+    state: str
+    state_label: str
+    gpu: str
+    since: dt.datetime | None
+    waiting_reason: str
+    obj: Any
+
+
+def _gpu_words(gpu_count: int, mem: int, cores: int, exclusive: bool, models: list[str],
+               workers: int = 1) -> str:
+    if not gpu_count:
+        return "no GPU"
+    model = models[0].split("@", 1)[0] if models else "GPU"
+    if mem or cores:
+        part = f"slice of {'an' if model[:1] in 'AEFHILMNORSX8' else 'a'} {model}"
+        part += f" ({mem // 1024} GB" if mem else " ("
+        part += f"{', ' if mem and cores else ''}{cores} %)" if cores else ")"
+        each = part if gpu_count == 1 else f"{gpu_count}× {part}"
+    else:
+        each = f"{gpu_count}× {model}"
+    return each if workers == 1 else f"{workers} workers × {each}"
+
+
+def my_workloads(user: Any) -> list[WorkloadRow]:
+    """The user's notebooks and training jobs that run or wait (newest first)."""
+    from workspaces.models import DevEnvironment, TrainingJob
+
+    live = list(ACTIVE_STATES) + [JobState.QUEUED]
+    rows: list[WorkloadRow] = []
+    envs = (DevEnvironment.objects.filter(owner=user, job__state__in=live)
+            .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
+    for e in envs:
+        rows.append(WorkloadRow(
+            "notebook", e.name, f"/workspaces/environments/{e.pk}/", str(e.project), e.state,
+            e.job.get_state_display() if e.job else e.state, _gpu_words(
+                e.gpu_count, e.gpu_memory_mib, e.gpu_cores_percent, e.exclusive, e.gpu_models),
+            e.job.started_at if e.job else None, e.job.reason if e.job and e.state == "queued" else "", e))
+    trainings = (TrainingJob.objects.filter(owner=user)
+                 .filter(Q(job__state__in=live) | Q(job__isnull=True, failed_dependency=False))
+                 .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
+    for t in trainings:
+        rows.append(WorkloadRow(
+            "training", t.name, f"/workspaces/training/{t.pk}/", str(t.project), t.state,
+            t.job.get_state_display() if t.job else "Waiting", _gpu_words(
+                t.gpu_count, t.gpu_memory_mib, t.gpu_cores_percent, t.exclusive, t.gpu_models,
+                t.workers),
+            t.job.started_at if t.job else None,
+            (t.job.reason if t.job and t.state == "queued" else t.blocked_reason), t))
+    rows.sort(key=lambda r: (r.state != "running", r.name))
+    return rows[:ROWS]
+
+
+def quota_left(user: Any) -> list[dict[str, Any]]:
+    """GPU quota bars for each project the user may see (one query per table)."""
+    projects = list(restrict(Project.objects.select_related("tenant"), user)[:ROWS])
+    usage = selectors.project_usage([p.pk for p in projects])
+    quotas = {q.project_id: q for q in Quota.objects.filter(scope=QuotaScope.PROJECT, project__in=projects)}
+    out = []
+    for p in projects:
+        bars = selectors.quota_bars(quotas.get(p.pk), usage.get(p.pk, selectors.Held()))
+        gpu = bars[0]
+        left = (gpu.limit if gpu.limit is not None else gpu.guaranteed) - gpu.used
+        out.append({"project": p, "bars": bars[:1], "left": round(max(0.0, left), 2),
+                    "guaranteed_left": round(max(0.0, gpu.guaranteed - gpu.used), 2)})
+    return out
+
+
+def can_start_now(user: Any) -> list[dict[str, Any]]:
+    """Per cluster: the presets that could start at once, e.g. "3× ¼ A100"."""
+    from workspaces.presets import offered_presets, preset_cards
+
+    clusters = list(restrict(Cluster.objects.filter(enabled=True), user))
+    cards = preset_cards(offered_presets(user), clusters, user)
+    out = []
+    for i, c in enumerate(clusters):
+        free = [(card.title, card.free_now[i][1]) for card in cards if card.free_now[i][1]]
+        out.append({"cluster": c, "free": free})
+    return out
+
+
+def owner_view(tenant: Tenant) -> dict[str, Any]:
+    """A tenant's usage against guarantee and limit per project, top consumers, waiting jobs."""
+    tenant_bars, per_project = selectors.tenant_quota_bars(tenant)
+    projects = {p.pk: p for p in Project.objects.filter(tenant=tenant)}
+    held = selectors.held_by(Allocation.objects.filter(job__tenant=tenant))
+    per_user: dict[int | None, float] = defaultdict(float)
+    for (_t, _p, user_id), h in held.items():
+        per_user[user_id] += h.gpus
+    names = dict(User.objects.filter(pk__in=[u for u in per_user if u]).values_list("pk", "username"))
+    top = sorted(((names.get(u, "—") if u else "—", round(g, 2)) for u, g in per_user.items() if g),
+                 key=lambda x: -x[1])[:5]
+    waiting_qs = Job.objects.filter(tenant=tenant, state=JobState.QUEUED)
+    waiting = list(waiting_qs.select_related("project", "owner").order_by("submitted_at")[:5])
+    return {
+        "tenant": tenant,
+        "bars": tenant_bars[:1],
+        "projects": [(projects[pk], bars[:1]) for pk, bars in per_project.items() if pk in projects],
+        "top": top,
+        "waiting": waiting,
+        "waiting_count": waiting_qs.count(),
+    }
+
+
+def admin_view() -> list[dict[str, Any]]:
+    """Per enabled cluster: health, GPUs allocated and used, queue length and longest wait."""
+    now = timezone.now()
+    out = []
+    for cluster in Cluster.objects.filter(enabled=True):
+        state = selectors.cluster_now(cluster)
+        nodes = Node.objects.filter(cluster=cluster, present=True).aggregate(
+            total=Count("id"),
+            down=Count("id", filter=Q(ready=False) | Q(cordoned=True) | Q(quarantined=True)))
+        sick = GpuDevice.objects.filter(node__cluster=cluster, node__present=True).filter(
+            Q(healthy=False) | Q(quarantined=True)).count()
+        oldest = Job.objects.filter(cluster=cluster, state=JobState.QUEUED).aggregate(
+            at=Min("submitted_at"))["at"]
+        queued = state.jobs_by_state.get(JobState.QUEUED, 0)
+        out.append({
+            "cluster": cluster,
+            "now": state,
+            "alloc_pct": (round(100 * state.gpu_share_allocated / state.gpus_total, 1)
+                          if state.gpus_total else 0),
+            "nodes": nodes["total"],
+            "nodes_down": nodes["down"],
+            "gpus_sick": sick,
+            "queued": queued,
+            "running": state.jobs_by_state.get(JobState.RUNNING, 0),
+            "longest_wait": (now - oldest) if oldest else None,
+            "healthy": not nodes["down"] and not sick,
+        })
+    return out
+
+
+def home(user: Any) -> dict[str, Any]:
+    scope = scope_of(user)
+    owned = list(Tenant.objects.filter(pk__in=scope.owner_tenants)) if scope.owner_tenants else []
+    return {
+        "workloads": my_workloads(user),
+        "quota_left": quota_left(user),
+        "start_now": can_start_now(user),
+        "owner": [owner_view(t) for t in owned[:3]],
+        "admin": admin_view() if scope.platform_admin else [],
+        "demo_load": _demo_load() if scope.platform_admin else None,
+    }
+
+
+def _demo_load() -> Any:
+    from .demo import state
+
+    return state()

@@ -1,0 +1,153 @@
+"""Compute presets (``Profile`` rows) as launch forms show them: a plain-words summary (the
+GPU slice as a fraction of a named card, MiB and % for those who care) and how many could
+start now on each cluster.
+
+"Free now" is counted from the inventory's per-card allocation (``GpuDevice``) the scheduler
+keeps current, over the nodes a user's jobs may use (schedulable, present, not in another
+tenant's dedicated pool). It is a count of GPU fits only (CPU and RAM are rarely what a
+preset waits for, and the card says so); the scheduler decides for real at its next cycle.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from scheduling.models import Cluster, GpuDevice
+from scheduling.selectors import hidden_pools, plain_model
+
+from .models import Profile
+
+# Fractions people say out loud; anything else is shown as a percentage of the card.
+_NAMED = {Fraction(1, 8): "⅛", Fraction(1, 4): "¼", Fraction(1, 3): "⅓", Fraction(1, 2): "½",
+          Fraction(2, 3): "⅔", Fraction(3, 4): "¾"}
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:g} GB" if mib % 1024 == 0 else f"{mib / 1024:.1f} GB"
+
+
+def is_slice(p: Any) -> bool:
+    return bool(p.gpu_count and not p.exclusive and (p.gpu_memory_mib or p.gpu_cores_percent))
+
+
+def fraction_label(memory_mib: int, cores_percent: int, card_mib: int) -> str:
+    """The larger of the memory and compute shares of one card, as "¼" or "30 %"."""
+    share = max(Fraction(memory_mib, card_mib) if card_mib else Fraction(0), Fraction(cores_percent, 100))
+    near = min(_NAMED, key=lambda f: abs(f - share))
+    if abs(near - share) <= Fraction(1, 50):
+        return _NAMED[near]
+    return f"{round(float(share) * 100)} %"
+
+
+@dataclass
+class PresetCard:
+    profile: Profile
+    title: str
+    gpu: str
+    detail: str
+    host: str
+    free_now: list[tuple[Cluster, int | None]] = field(default_factory=list)
+    """Per cluster: how many more could start now (None: CPU-only, not counted)."""
+
+
+def describe(p: Profile, card_mib: dict[str, int]) -> PresetCard:
+    """Title (the admin's name), the GPU part in words, its MiB/% detail and CPU/RAM."""
+    model = plain_model(p.gpu_model) if p.gpu_model else ""
+    card = model or "GPU"
+    if not p.gpu_count:
+        gpu, detail = "No GPU", ""
+    elif is_slice(p):
+        mib = card_mib.get(p.gpu_model) or max(card_mib.values(), default=0)
+        frac = fraction_label(p.gpu_memory_mib, p.gpu_cores_percent, mib)
+        each = f"{frac} of {'an' if card[:1] in 'AEFHILMNORSX8' else 'a'} {card}"
+        gpu = each if p.gpu_count == 1 else f"{p.gpu_count}× {each}"
+        parts = []
+        if p.gpu_memory_mib:
+            parts.append(f"{_gib(p.gpu_memory_mib)} GPU memory ({p.gpu_memory_mib} MiB)")
+        if p.gpu_cores_percent:
+            parts.append(f"{p.gpu_cores_percent} % of its compute")
+        detail = " · ".join(parts) + (" per GPU" if p.gpu_count > 1 else "")
+    else:
+        gpu = f"{p.gpu_count}× {card}" + (" (whole card)" if p.gpu_count == 1 else " (whole cards)")
+        detail = "Not shared with anyone" if p.exclusive else ""
+    host = f"{p.cpu_millicores / 1000:g} CPU cores · {_gib(p.ram_mib)} RAM"
+    return PresetCard(profile=p, title=str(p), gpu=gpu, detail=detail, host=host)
+
+
+def _free_count(p: Profile, cards: list[tuple[Any, ...]]) -> int:
+    """How many copies of the preset's GPU ask fit in the free parts of these cards."""
+    per_node: dict[int, list[int]] = defaultdict(list)
+    for node_id, model, mem, mem_alloc, cores_alloc, sharers, max_sharers, exclusive_held in cards:
+        if p.gpu_model and model != p.gpu_model:
+            continue
+        if is_slice(p):
+            if exclusive_held:
+                continue
+            fits = [max_sharers - sharers]
+            if p.gpu_memory_mib:
+                fits.append((mem - mem_alloc) // p.gpu_memory_mib)
+            if p.gpu_cores_percent:
+                fits.append((100 - cores_alloc) // p.gpu_cores_percent)
+            per_node[node_id].append(max(0, min(fits)))
+        else:
+            per_node[node_id].append(int(not exclusive_held and sharers == 0 and mem_alloc == 0))
+    total = 0
+    for slots in per_node.values():
+        if sum(1 for s in slots if s) >= p.gpu_count:
+            total += sum(slots) // p.gpu_count
+    return total
+
+
+def preset_cards(profiles: Iterable[Profile], clusters: Iterable[Cluster], user: Any) -> list[PresetCard]:
+    """One card per preset, with what is free now on each cluster (two queries per cluster)."""
+    clusters = list(clusters)
+    hidden = hidden_pools(user)
+    inventory: dict[int, list[tuple[Any, ...]]] = {}
+    card_mib: dict[str, int] = {}
+    for c in clusters:
+        rows = (
+            GpuDevice.objects.filter(
+                node__cluster=c, node__present=True, node__ready=True, node__cordoned=False,
+                node__quarantined=False, healthy=True, quarantined=False,
+            )
+            .values_list("node_id", "node__pool", "model", "memory_mib", "memory_allocated_mib",
+                         "cores_allocated", "sharers", "max_sharers", "exclusive_held")
+        )
+        usable: list[tuple[Any, ...]] = []
+        for row in rows:
+            node_id, pool, model, memory = row[0], str(row[1]), str(row[2]), int(row[3])
+            card_mib[model] = max(card_mib.get(model, 0), memory)
+            if (c.pk, pool) not in hidden:
+                usable.append((node_id, *row[2:]))
+        inventory[c.pk] = usable
+    out = []
+    for p in profiles:
+        card = describe(p, card_mib)
+        for c in clusters:
+            card.free_now.append((c, _free_count(p, inventory[c.pk]) if p.gpu_count else None))
+        out.append(card)
+    return out
+
+
+def offered_presets(user: Any, project_ids: Iterable[int] | None = None) -> list[Profile]:
+    """Enabled presets the user may use (for any of the given projects, when given)."""
+    from tenants.models import Project
+    from tenants.permissions import restrict
+
+    qs = restrict(Profile.objects.filter(enabled=True), user).select_related("image").prefetch_related(
+        "tenants", "projects")
+    profiles = list(qs)
+    if project_ids is None:
+        return profiles
+    projects = list(Project.objects.filter(pk__in=list(project_ids)).only("pk", "tenant_id"))
+    out = []
+    for p in profiles:
+        tenants = {t.pk for t in p.tenants.all()}
+        pids = {x.pk for x in p.projects.all()}
+        if (not tenants and not pids) or any(pr.tenant_id in tenants or pr.pk in pids for pr in projects):
+            out.append(p)
+    return out
