@@ -65,6 +65,13 @@ def _seed(min_jobs: int) -> tuple[str, int, list[int], int]:
     return token, tenant.pk, ids, projects[0].pk
 
 
+def _owner() -> Any:
+    """The tenant owner whose token and session the clients use."""
+    from tenants.models import User
+
+    return User.objects.get(username="bench-owner")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
