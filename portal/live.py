@@ -51,13 +51,14 @@ def job_changed(job_id: int) -> None:
 
     A submit saves its job and then records its decision (two signals): the second joins
     the push the first registered, so a transaction pushes each job once, in one query and
-    one hand-off to the channel layer. Only a push registered in the same savepoint scope
-    is joined (Django drops a rolled-back savepoint's callbacks, and ours with them)."""
+    one hand-off to the channel layer. Joining any pending push loses nothing: Django drops
+    a callback only when a savepoint it was registered under rolls back, and every such
+    savepoint still open is one ours is registered under too (a released one cannot roll
+    back alone). A job whose own change rolled back is pushed as it is, which is harmless."""
     connection = transaction.get_connection()
     if connection.in_atomic_block:
-        scope = tuple(connection.savepoint_ids)
-        for sids, func, _robust in reversed(connection.run_on_commit):
-            if isinstance(func, _Push) and tuple(sids) == scope:
+        for _sids, func, _robust in reversed(connection.run_on_commit):
+            if isinstance(func, _Push):
                 func.job_ids.add(job_id)
                 return
     push = _Push()
