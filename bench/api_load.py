@@ -133,19 +133,24 @@ async def _login(base: str) -> str:
 
 
 class _Connections(threading.Thread):
-    """The largest ``count(*) FROM pg_stat_activity`` seen while it runs (every 0.5 s)."""
+    """The largest ``count(*) FROM pg_stat_activity`` seen while it runs (every 0.5 s), and
+    the mean number of sessions then waiting for an advisory lock (the audit chain's)."""
 
     def __init__(self, db: str) -> None:
         super().__init__(daemon=True)
         self.db, self.peak, self.stop = db, 0, threading.Event()
+        self.lock_waits: list[int] = []
 
     def run(self) -> None:
         import psycopg
 
         with psycopg.connect(self.db, autocommit=True) as conn:
             while not self.stop.is_set():
-                row = conn.execute("SELECT count(*) FROM pg_stat_activity").fetchone()
-                self.peak = max(self.peak, int(row[0]) if row else 0)
+                row = conn.execute("SELECT count(*), count(*) FILTER (WHERE wait_event = 'advisory') "
+                                   "FROM pg_stat_activity").fetchone()
+                if row:
+                    self.peak = max(self.peak, int(row[0]))
+                    self.lock_waits.append(int(row[1]))
                 self.stop.wait(0.5)
 
 
@@ -266,12 +271,14 @@ def main() -> None:
             watch.stop.set()
             watch.join()
             res["db_connections_peak"] = watch.peak
+            res["advisory_lock_waiters_mean"] = statistics.fmean(watch.lock_waits or [0])
             res["load_average"] = os.getloadavg()
             out[name] = res
             print(f"{name:<32} {res['requests']:>7} req {res['req_per_s']:>7.1f}/s "
                   f"{res['items_per_s']:>8.1f} items/s  p50 {res['p50_ms']:>7.1f} ms  "
                   f"p95 {res['p95_ms']:>7.1f} ms  p99 {res['p99_ms']:>7.1f} ms  errors {res['errors']}  "
-                  f"db conns ≤ {watch.peak}  load {res['load_average'][0]:.1f}", flush=True)
+                  f"db conns ≤ {watch.peak} (lock waits {res['advisory_lock_waiters_mean']:.1f})  "
+                  f"load {res['load_average'][0]:.1f}", flush=True)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=20)
