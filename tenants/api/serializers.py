@@ -41,7 +41,7 @@ class VisiblePKField(serializers.PrimaryKeyRelatedField):  # type: ignore[type-a
         return resolved_once(self, data, super().to_internal_value)
 
 
-def resolved_once(field: serializers.Field[Any, Any, Any, Any], data: Any,
+def resolved_once(field: serializers.RelatedField[Any, Any, Any], data: Any,
                   resolve: Any) -> Any:
     """``resolve(data)``, remembered in the serializer context for the rest of the request:
     the items of a bulk submit name the same project and cluster, and each lookup was a
@@ -50,7 +50,7 @@ def resolved_once(field: serializers.Field[Any, Any, Any, Any], data: Any,
     if not isinstance(context, dict) or not isinstance(data, str | int):
         return resolve(data)
     cache = context.setdefault("resolved_references", {})
-    key = (type(field), field.get_queryset().model, str(data))
+    key = (type(field.parent), field.field_name, str(data))  # e.g. (JobSerializer, "project", "7")
     if key not in cache:
         cache[key] = resolve(data)
     return cache[key]
