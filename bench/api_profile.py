@@ -4,7 +4,8 @@ One request at a time, in process (Django's test client through the full middlew
 ``camp.settings.production`` less the TLS redirect), against the database of
 ``bench/api_load.py`` (seeded there). For each endpoint: the median wall time of ``--repeat``
 requests, the statements one request runs and their total time, and the slowest statements
-(``--sql`` prints them; ``--explain`` runs EXPLAIN ANALYZE on the slowest one). A job's
+(``--sql`` prints them; ``--explain`` runs EXPLAIN ANALYZE on the slowest one); for a write,
+how long the audit chain's lock was held (from acquiring it to the commit). A job's
 "why" is its ``reason`` and queue position, part of the one-job answer.
 
     .venv/bin/python -m bench.api_profile --db postgres://postgres@127.0.0.1:5432/bench_r3i13b
@@ -38,7 +39,7 @@ def main() -> None:
     sc._setup_django(args.db)
 
     from django.conf import settings
-    from django.db import connection
+    from django.db import connection, transaction
     from django.test import Client
 
     from bench import api_load
@@ -80,18 +81,22 @@ def main() -> None:
         if args.only and args.only not in label:
             continue
         timings: list[float] = []
+        holds: list[float] = []
         statements: list[tuple[float, str, Any]] = []
         status = 0
         for i in range(args.repeat + 1):  # the first one warms caches and is not counted
             log: list[tuple[float, str, Any]] = []
 
             def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any,
-                        log: list[tuple[float, str, Any]] = log) -> Any:
+                        log: list[tuple[float, str, Any]] = log, holds: list[float] = holds) -> Any:
                 t = time.perf_counter()
                 try:
                     return execute(sql, params, many, context)
                 finally:
                     log.append((time.perf_counter() - t, sql, params))
+                    if "pg_advisory_xact_lock" in sql:  # the audit chain's lock: held until commit
+                        locked = time.perf_counter()
+                        transaction.on_commit(lambda: holds.append(time.perf_counter() - locked))
 
             with connection.execute_wrapper(wrapper):
                 t0 = time.perf_counter()
@@ -105,8 +110,9 @@ def main() -> None:
                 statements = log
         sql_ms = sum(t for t, _, _ in statements) * 1000
         wall = statistics.median(timings) * 1000
+        hold = f"  chain lock held {statistics.median(holds) * 1000:.1f} ms" if holds else ""
         print(f"{label:<44} {status} {wall:>8.1f} ms  {len(statements):>3} statements "
-              f"{sql_ms:>7.1f} ms SQL  {wall - sql_ms:>7.1f} ms other", flush=True)
+              f"{sql_ms:>7.1f} ms SQL  {wall - sql_ms:>7.1f} ms other{hold}", flush=True)
         if args.sql:
             for t, sql, _ in statements:
                 print(f"    {t * 1000:>7.2f} ms  {sql[:220]}")
