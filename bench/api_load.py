@@ -21,8 +21,12 @@ Scenarios: read mix (jobs list filtered by project and state, one job, its decis
 audit events of the tenant); each of them alone; the portal's jobs page and dashboard;
 single submits (``POST /jobs/``); bulk submits of ``--batch`` jobs (``POST /jobs/bulk/``).
 
-    .venv/bin/python -m bench.api_load --jobs 100000 --clients 50 --seconds 60
+    .venv/bin/python -m bench.api_load --db postgres://postgres@127.0.0.1:5439/bench_api \
+        --jobs 100000 --clients 50 --seconds 60
     .venv/bin/python -m bench.api_load --jobs 20000 --clients 20 --seconds 10   # quick
+
+50 clients hold up to ~60 server connections: run it against a PostgreSQL of its own (the
+commands in docs/BENCHMARKS.md §6), not a shared one.
 """
 
 from __future__ import annotations
