@@ -37,7 +37,7 @@ def job_payload(job: Any) -> dict[str, Any]:
 
 
 class _Push:
-    """One on-commit push for every job changed within the same savepoint scope."""
+    """One on-commit push for the jobs a transaction changed (``job_changed``)."""
 
     def __init__(self) -> None:
         self.job_ids: set[int] = set()
