@@ -36,28 +36,35 @@ def job_payload(job: Any) -> dict[str, Any]:
     }
 
 
-def _send(project_id: int, payload: dict[str, Any]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    message = {"type": "job.update", "job": payload, "project_id": project_id}
-    try:
-        for group in (project_group(project_id), ALL_GROUP):
-            async_to_sync(layer.group_send)(group, message)
-    except Exception:  # a live page is a convenience: never fail the write that caused it
-        logger.warning("could not push a job update to live pages", exc_info=True)
+class _Push:
+    """One on-commit push for the jobs a transaction changed (``job_changed``)."""
+
+    def __init__(self) -> None:
+        self.job_ids: set[int] = set()
+        self.sent = False  # a test's captured callbacks stay listed after they ran
+
+    def __call__(self) -> None:
+        self.sent = True
+        push_jobs(sorted(self.job_ids))
 
 
 def job_changed(job_id: int) -> None:
-    """Push ``job``'s committed state to live pages once the current transaction commits."""
+    """Push ``job``'s committed state to live pages once the current transaction commits.
 
-    def push() -> None:
-        from scheduling.models import Job
-
-        job = Job.objects.filter(pk=job_id).first()
-        if job is not None:
-            _send(job.project_id, job_payload(job))
-
+    A submit saves its job and then records its decision (two signals): the second joins
+    the push the first registered, so a transaction pushes each job once, in one query and
+    one hand-off to the channel layer. Joining any pending push loses nothing: Django drops
+    a callback only when a savepoint it was registered under rolls back, and every such
+    savepoint still open is one ours is registered under too (a released one cannot roll
+    back alone). A job whose own change rolled back is pushed as it is, which is harmless."""
+    connection = transaction.get_connection()
+    if connection.in_atomic_block:
+        for _sids, func, _robust in reversed(connection.run_on_commit):
+            if isinstance(func, _Push) and not func.sent:
+                func.job_ids.add(job_id)
+                return
+    push = _Push()
+    push.job_ids.add(job_id)
     transaction.on_commit(push)
 
 

@@ -390,8 +390,9 @@ def project_namespace_name(*, cluster: Cluster, project: Any) -> str:
 def job_list(*, user: Any) -> QuerySet[Job]:
     """The jobs ``user`` may see, newest first (an indexed order: ``Job.Meta.indexes``),
     with what every list renders; the portal's jobs page and the API list both use it."""
+    # preempted_by is rendered as its id (preempted_by_id), so it is not joined.
     return restrict(Job.objects.all(), user).select_related(
-        "tenant", "project__tenant", "owner", "cluster", "preempted_by").order_by("-submitted_at", "-id")
+        "tenant", "project__tenant", "owner", "cluster").order_by("-submitted_at", "-id")
 
 
 def job_decisions(*, job: Job, limit: int = 50) -> list[SchedulingDecision]:

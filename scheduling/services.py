@@ -716,22 +716,27 @@ def job_submit(
     mixed_gpu_models: bool = False,
 ) -> Job:
     """Queue a job (state QUEUED) and ask for a scheduling cycle after commit (requests
-    coalesce per cluster: ``request_cycle``)."""
+    coalesce per cluster: ``request_cycle``).
+
+    The audit event is appended as the transaction's last statement (``audit_batch``): the
+    chain lock every writer of the audit log queues on is then held only for that insert
+    and the commit, not for the rest of the submit."""
     job, rows = _job_build(
         actor=actor, project=project, cluster=cluster, name=name, groups=groups, kind=kind,
         priority_class=priority_class, preemptible=preemptible,
         checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds,
         mixed_gpu_models=mixed_gpu_models)
-    try:
-        with transaction.atomic():
-            job.save()
-    except IntegrityError as exc:
-        raise ValidationError({"name": ["This project already has a job with this name."]}) from exc
-    for g in rows:
-        g.job = job
-    PodGroup.objects.bulk_create(rows)
-    _job_submitted(actor, job, rows).save()
-    request_cycle(cluster.pk)
+    with audit_batch():
+        try:
+            with transaction.atomic():
+                job.save()
+        except IntegrityError as exc:
+            raise ValidationError({"name": ["This project already has a job with this name."]}) from exc
+        for g in rows:
+            g.job = job
+        PodGroup.objects.bulk_create(rows)
+        _job_submitted(actor, job, rows).save()
+        request_cycle(cluster.pk)
     return job
 
 

@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import ipaddress
 import json
+import secrets
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -57,12 +58,31 @@ def _normalize_ip(ip: str | None) -> str | None:
         return None
 
 
-def compute_hash(fields: dict[str, Any], prev_hash: str) -> str:
-    payload = json.dumps(
+def _payload(fields: dict[str, Any], prev_hash: str) -> str:
+    return json.dumps(
         _canonical({**fields, "prev_hash": prev_hash}), sort_keys=True, separators=(",", ":"),
         default=str,
     )
-    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def compute_hash(fields: dict[str, Any], prev_hash: str) -> str:
+    return hashlib.sha256(_payload(fields, prev_hash).encode()).hexdigest()
+
+
+class _Prepared:
+    """An event's hashed payload serialised before the chain lock is taken, with a random
+    stand-in where the previous hash goes: under the lock only the stand-in is replaced and
+    the SHA-256 taken, so the lock is not held while JSON is built (the bytes hashed, and so
+    the hash, are exactly ``compute_hash``'s)."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        stand_in = secrets.token_hex(32)  # 256 random bits: appears nowhere else in the text
+        self.head, _, self.tail = _payload(fields, stand_in).partition(stand_in)
+
+    def hash(self, prev_hash: str) -> str:
+        return hashlib.sha256(f"{self.head}{prev_hash}{self.tail}".encode()).hexdigest()
 
 
 def _hashed_fields(event: AuditEvent) -> dict[str, Any]:
@@ -144,13 +164,14 @@ def _append(events: list[AuditEvent]) -> None:
     """Chain and insert ``events`` in order, under the chain lock (held until commit)."""
     if not events:
         return
+    prepared = [_Prepared(_hashed_fields(event)) for event in events]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
     prev_hash = AuditEvent.objects.order_by("-id").values_list("hash", flat=True).first() or GENESIS_HASH
-    for event in events:
+    for event, payload in zip(events, prepared, strict=True):
         event.prev_hash = prev_hash
-        event.hash = compute_hash(_hashed_fields(event), prev_hash)
+        event.hash = payload.hash(prev_hash)
         prev_hash = event.hash
     # bulk_create inserts in list order, so ids follow the chain.
     AuditEvent.objects.bulk_create(events)

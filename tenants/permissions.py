@@ -328,7 +328,16 @@ def restrict(queryset: QuerySet[M], user: Any) -> QuerySet[M]:
     if scope.platform_admin:
         return queryset
     q = _visible_q(model, scope, user)
-    return queryset.filter(q).distinct() if q is not None else queryset.none()
+    if q is None:
+        return queryset.none()
+    # DISTINCT only where the condition joins a many-valued relation (a row could match
+    # twice): on jobs or audit events it would sort every visible row before LIMIT, and
+    # count them the same way, where an index gives the first page directly.
+    return queryset.filter(q).distinct() if model in _MANY_VALUED_RULES else queryset.filter(q)
+
+
+# The models whose visibility condition joins a many-valued relation (see _visible_q).
+_MANY_VALUED_RULES: frozenset[type[Model]] = frozenset({NodePool, Profile, User})
 
 
 def _visible_q(model: type[Model], scope: Scope, user: User) -> Q | None:

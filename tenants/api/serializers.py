@@ -37,6 +37,24 @@ class VisiblePKField(serializers.PrimaryKeyRelatedField):  # type: ignore[type-a
         assert queryset is not None
         return restrict(queryset, request.user if request else None)
 
+    def to_internal_value(self, data: Any) -> Any:
+        return resolved_once(self, data, super().to_internal_value)
+
+
+def resolved_once(field: serializers.RelatedField[Any, Any, Any], data: Any,
+                  resolve: Any) -> Any:
+    """``resolve(data)``, remembered in the serializer context for the rest of the request:
+    the items of a bulk submit name the same project and cluster, and each lookup was a
+    query per item. Only successes are kept (a bad reference is an error every time)."""
+    context = field.context
+    if not isinstance(context, dict) or not isinstance(data, str | int):
+        return resolve(data)
+    cache = context.setdefault("resolved_references", {})
+    key = (type(field.parent), field.field_name, str(data))  # e.g. (JobSerializer, "project", "7")
+    if key not in cache:
+        cache[key] = resolve(data)
+    return cache[key]
+
 
 class TenantSerializer(serializers.ModelSerializer[Tenant]):
     class Meta:

@@ -75,3 +75,37 @@ def test_page_size_is_bounded(busy: Any) -> None:
     # a huge page_size is cut to the bound rather than refused
     assert CampPagination.max_page_size == 500
     assert len(client.get("/api/v1/jobs/", {"page_size": 10**9}).json()["results"]) == 30
+
+
+def _statements(client: Any, url: str, **params: Any) -> list[str]:
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(url, params)
+    assert response.status_code == 200, response.content
+    return [q["sql"] for q in ctx.captured_queries]
+
+
+@pytest.mark.parametrize("who", ["member", "owner"])
+def test_list_pages_are_read_in_index_order_not_deduplicated(busy: Any, who: str) -> None:
+    """A job or audit row matches a reader's scope at most once, so its page is read as the
+    index gives it: with DISTINCT, PostgreSQL sorted and counted every visible row (all
+    100,000 of a tenant) before taking the first page."""
+    client = client_for(getattr(busy.a, who))
+    urls = ["/api/v1/jobs/", f"/api/v1/jobs/?project={busy.a.project.pk}&state=queued"]
+    if who == "owner":
+        urls.append(f"/api/v1/audit-events/?tenant={busy.a.tenant.pk}")
+    for url in urls:
+        sql = _statements(client, url)
+        assert not [s for s in sql if "DISTINCT" in s.upper()], url
+        assert any(s.startswith('SELECT COUNT(*) AS "__count" FROM') for s in sql), url
+
+
+def test_many_valued_scopes_still_list_each_row_once(busy: Any) -> None:
+    """Users are seen through their memberships: one in two of the owner's projects is
+    still listed once (those rules keep DISTINCT)."""
+    from tenants.models import Membership, Role
+
+    Membership.objects.create(user=busy.a.member, tenant=busy.a.tenant,
+                              project=busy.a.other_project, role=Role.PROJECT_MEMBER)
+    names = [u["username"] for u in client_for(busy.a.owner).get(
+        "/api/v1/users/", {"page_size": 100}).json()["results"]]
+    assert names.count(busy.a.member.username) == 1

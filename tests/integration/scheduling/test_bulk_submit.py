@@ -122,3 +122,31 @@ def test_camp_submit_sends_many_job_documents_in_one_bulk_request(
     refused = camp("submit", "-f", str(path))
     assert refused.returncode == 1 and "jobs[1].name" in refused.stdout + refused.stderr
     assert not Job.objects.filter(name="lr-new").exists()
+
+
+def test_bulk_submit_statements_do_not_grow_with_the_jobs(world: Any, sim_cluster: Any) -> None:
+    """Each item names the same project and cluster; they are looked up once per request,
+    not once per item (100 jobs took 311 statements, 3 of them per job)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client = client_for(world.a.member)
+    counts = []
+    for n in (2, 12):
+        body = {"jobs": [_item(world, sim_cluster, f"n{n}-{i}") for i in range(n)]}
+        with CaptureQueriesContext(connection) as ctx:
+            response = client.post(URL, body, format="json")
+        assert response.status_code == 201, response.content
+        counts.append(len(ctx.captured_queries))
+    assert counts[0] == counts[1], counts
+    assert not list(verify_chain())
+
+
+def test_a_foreign_project_in_a_later_item_is_still_refused(world: Any, sim_cluster: Any) -> None:
+    """Lookups are remembered per request only for what resolved: every item is checked."""
+    client = client_for(world.a.member)
+    body = {"jobs": [_item(world, sim_cluster, "mine"),
+                     {**_item(world, sim_cluster, "theirs"), "project": world.b.project.pk}]}
+    response = client.post(URL, body, format="json")
+    assert response.status_code == 400 and "jobs[1].project" in response.json(), response.content
+    assert not Job.objects.filter(name__in=["mine", "theirs"]).exists()
