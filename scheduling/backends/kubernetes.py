@@ -711,7 +711,11 @@ class KubernetesBackend:
                 for p in pods:
                     yield PodEvent("MODIFIED", p)
             except (urllib3.exceptions.HTTPError, OSError):
-                self.sleep(self.backoff)  # dropped stream: reconnect from the last rv
+                # Dropped stream: reconnect from the last rv, if the server answers. A server
+                # that does not (restarting, gone) is an outage for the caller to report and
+                # back off from (BackendError), not a silent reconnect loop.
+                self.probe()
+                self.sleep(self.backoff)
 
 
 def _pod_status(p: Any) -> PodStatus:
