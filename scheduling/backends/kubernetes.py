@@ -835,4 +835,7 @@ def _reason(exc: BaseException) -> str:
                           ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed")):
         if marker in text:
             return words
-    return text.split(": ", 1)[-1][:200] or type(inner).__name__
+    text = text.split(": ", 1)[-1][:200]
+    if text in ("", "b''"):  # an empty read: the server closed the connection (a stream cut)
+        return "connection closed by the server"
+    return text

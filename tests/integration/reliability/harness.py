@@ -180,7 +180,10 @@ def camp_stack(*, tick_seconds: int = 2) -> Iterator[Stack]:
     """PostgreSQL + Redis + uvicorn + a Celery worker with embedded beat, all throwaway."""
     with ExitStack() as stack:
         root = Path(tempfile.mkdtemp(prefix="camp-faults-"))
-        stack.callback(shutil.rmtree, root, True)
+        if os.environ.get("CAMP_FAULTS_KEEP_LOGS"):  # debugging: keep the processes' logs
+            print(f"fault-suite logs in {root}")
+        else:
+            stack.callback(shutil.rmtree, root, True)
         pg = Postgres(root)
         pg.start()
         stack.callback(pg.stop)
