@@ -257,6 +257,10 @@ def test_apiserver_restart_mid_burst_loses_nothing_and_pods_equal_allocations(
             "SELECT action FROM tenants_auditevent WHERE action LIKE 'cluster.%%reachable'"
             " AND created_at >= %s ORDER BY id", down_at)]
         assert audited[:1] == ["cluster.unreachable"] and audited[-1] == "cluster.reachable", audited
+        (reachable_at,), = rows("SELECT max(created_at) FROM tenants_auditevent"
+                                " WHERE action = 'cluster.reachable'")
+        (first_start,), = rows("SELECT min(created_at) FROM scheduling_schedulingdecision"
+                               " WHERE kind = 'started' AND created_at > %s", back_at)
         # The steady jobs ran through it on their one pod each.
         assert all(len(kubelet.runs[str(j)]) == 1 for j in steady)
 
@@ -302,6 +306,8 @@ def test_apiserver_restart_mid_burst_loses_nothing_and_pods_equal_allocations(
         "capacity_samples": len(samples),
         "over_capacity_samples": sum(samples),
         "client_calls_retried": client.failed_calls,
+        "reachable_again_seconds_after_back": round((reachable_at - back_at).total_seconds(), 1),
+        "first_job_started_seconds_after_back": round((first_start - back_at).total_seconds(), 1),
         "converged_seconds_after_back": round(converged_after, 1),
         "burst_ended_seconds_after_back": round(burst_ended - back, 1),
         "watch_error_during_outage": watch_row[2][:120],
