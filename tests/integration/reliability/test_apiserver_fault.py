@@ -236,7 +236,7 @@ def test_apiserver_restart_mid_burst_loses_nothing_and_pods_equal_allocations(
 
         wait_until(converged, "allocations and pods to converge after the restart "
                    f"(unsettled: {inv.unsettled(rows, still_running=steady)}; "
-                   f"pods: {pods_vs_allocations()})", timeout=120, interval=0.5)
+                   f"pods: {pods_vs_allocations()})", timeout=180, interval=0.5)
         converged_after = time.monotonic() - back
         # The watcher reconnected: it saw events after the restart and is not failing.
         health = wait_until(lambda: (h := cluster_health())["watch_last_event_at"] and not h[
