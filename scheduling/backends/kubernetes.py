@@ -867,6 +867,6 @@ def _reason(exc: BaseException) -> str:
         if marker in text:
             return words
     text = text.split(": ", 1)[-1][:200]
-    if text in ("", "b''"):  # an empty read: the server closed the connection (a stream cut)
+    if text == "b''":  # an empty read: the server closed the connection (a stream cut)
         return "connection closed by the server"
-    return text
+    return text or type(inner).__name__
