@@ -94,6 +94,23 @@ JOB_FIELDS = ("name", "kind", "priority_class", "priority", "preemptible", "chec
 GROUP_FIELDS = ("name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
                 "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env")
 MAX_ATTEMPTS = 5
+# Row locks here are ``select_for_update(no_key=True)``: FOR NO KEY UPDATE on PostgreSQL
+# (ignored where row locks are not supported), and on a job of the job row only
+# (``_locked_job``). Every update here leaves keys alone, and a plain FOR UPDATE would
+# also block the foreign-key checks (FOR KEY SHARE) of other transactions
+# inserting rows that point at the locked one (a decision or an audit event naming the job,
+# its tenant, its project). Those checks run at COMMIT (deferred constraints), after the
+# audit chain lock is taken: a cycle committing its decisions waited for a cancel's job lock
+# while the cancel waited for the chain lock — a deadlock (seen in the apiserver fault test).
+
+
+def _locked_job(pk: int) -> Job:
+    """The job, its row locked (FOR NO KEY UPDATE of the job row alone) until the
+    transaction ends, with its tenant and project read (not locked)."""
+    return Job.objects.select_for_update(no_key=True, of=("self",)).select_related(
+        "tenant", "project").get(pk=pk)
+
+
 _CYCLE_LOCK_CLASS = 0x43414D50  # "CAMP": first key of the two-int advisory lock
 _DISPATCH_LOCK_CLASS = 0x43414D44  # "CAMD": a job's dispatch in flight (key 2: job id)
 
@@ -385,7 +402,7 @@ def broken_jobs(*, cluster: Cluster) -> dict[int, str]:
 
 def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult,
                  pools: list[NodePool]) -> None:
-    node, _ = Node.objects.select_for_update().get_or_create(cluster=cluster, name=info.name)
+    node, _ = Node.objects.select_for_update(no_key=True).get_or_create(cluster=cluster, name=info.name)
     node.cpu_millicores = info.cpu_millicores
     node.ram_mib = info.ram_mib
     node.max_pods = info.max_pods
@@ -417,7 +434,7 @@ def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult,
             node.quarantined = False
             node.quarantine_reason = ""
     node.save()
-    existing = {g.index: g for g in GpuDevice.objects.select_for_update().filter(node=node)}
+    existing = {g.index: g for g in GpuDevice.objects.select_for_update(no_key=True).filter(node=node)}
     rows: list[GpuDevice] = []
     for g in info.gpus:
         row = existing.pop(g.index, None) or GpuDevice(node=node, index=g.index)
@@ -797,7 +814,7 @@ def job_submit_many(*, actor: User, jobs: list[dict[str, Any]]) -> list[Job]:
 def job_cancel(*, actor: User, job: Job) -> Job:
     """Cancel a job: a queued one at once; an admitted one once its pods are gone."""
     with transaction.atomic():
-        locked = Job.objects.select_for_update().get(pk=job.pk)
+        locked = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
         _require(actor, permissions.DELETE, locked)
         if locked.is_final:
             raise ValidationError({"state": [f"The job is already {locked.get_state_display().lower()}."]})
@@ -818,7 +835,7 @@ def job_terminate(*, job_id: int, reason: str, by: str = SCHEDULER) -> bool:
     dependency (workspaces/) — with ``reason`` recorded as given and ``by`` as the audit
     actor name. Like ``job_cancel`` but without a user; False if it had already ended."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        job = _locked_job(job_id)
         if job.is_final:
             return False
         before = job.state
@@ -855,7 +872,7 @@ def job_evict(*, job_id: int, reason: str) -> bool:
     """Take a running job off broken hardware: stop its pods and requeue it (checkpoint-
     capable jobs resume from their latest checkpoint). Returns False if nothing to do."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        job = _locked_job(job_id)
         if job.state not in (JobState.STARTING, JobState.RUNNING):
             return False
         job.state = JobState.PREEMPTING
@@ -876,7 +893,7 @@ def job_checkpoint_record(*, job: Job, path: str, actor: User | None = None) -> 
     if not path or len(path) > 500:
         raise ValidationError({"path": ["A checkpoint path of 1 to 500 characters."]})
     with transaction.atomic():
-        locked = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job.pk)
+        locked = _locked_job(job.pk)
         if actor is not None:
             _require(actor, permissions.CHANGE, locked)
         if not locked.checkpoint_capable:
@@ -1175,12 +1192,12 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
     is admitted on its own (``_admit``), as before."""
     if not admits:
         return []
-    queued = dict(Job.objects.select_for_update().filter(
+    queued = dict(Job.objects.select_for_update(no_key=True).filter(
         pk__in=[job.pk for job, _, _ in admits], state=JobState.QUEUED).order_by("pk")
         .values_list("pk", "attempts"))
     used = {inputs.gpus[(pp.node, g.index)].pk: inputs.gpus[(pp.node, g.index)]
             for _, placement, _ in admits for pp in placement.pods for g in pp.gpus}
-    current = {row[0]: row[1:] for row in GpuDevice.objects.select_for_update().filter(
+    current = {row[0]: row[1:] for row in GpuDevice.objects.select_for_update(no_key=True).filter(
         pk__in=sorted(used)).order_by("pk").values_list(
         "pk", "memory_allocated_mib", "cores_allocated", "sharers", "exclusive_held", "memory_mib",
         "max_sharers", "foreign_memory_mib", "foreign_cores", "foreign_sharers", "foreign_exclusive")}
@@ -1424,7 +1441,7 @@ def _preempt(inputs: selectors.CycleInputs, job: Job, d: E.Preempt) -> list[int]
 
 def _release(job: Job) -> int:
     """Give back everything the job holds (call inside a transaction with the job locked)."""
-    allocs = list(Allocation.objects.select_for_update().filter(job=job).order_by("pk"))
+    allocs = list(Allocation.objects.select_for_update(no_key=True).filter(job=job).order_by("pk"))
     if not allocs:
         return 0
     delta: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
@@ -1647,7 +1664,7 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
             backend.delete_job_objects(objs.namespace, objs.name)
         return "failed" if _dispatch_failed(job_id, str(exc)) else "aborted"
     with transaction.atomic():
-        current = Job.objects.select_for_update().only("state").get(pk=job_id)
+        current = Job.objects.select_for_update(no_key=True).only("state").get(pk=job_id)
         if current.state == JobState.RUNNING:
             # Its pods were created (by this or an earlier dispatch) and all run: the watch
             # saw them start while this one was still going. Nothing to undo.
@@ -1664,7 +1681,7 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
     """Release and requeue (or fail) a job whose pods could not be created; False if the
     job had already left STARTING (its stop then takes over)."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        job = _locked_job(job_id)
         if job.state != JobState.STARTING:
             return False
         _release(job)
@@ -1720,7 +1737,7 @@ def _pods_gone(job_id: int) -> bool:
     with transaction.atomic():
         if _dispatch_in_flight(job_id):
             return False
-        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        job = _locked_job(job_id)
         released = _release(job)
         if job.state == JobState.PREEMPTING:
             preemptor = job.preempted_by
@@ -1820,7 +1837,7 @@ def cluster_reachability_record(*, cluster_id: int, error: str | None) -> None:
     cluster page and /metrics show the state."""
     now = timezone.now()
     with transaction.atomic():
-        cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
+        cluster = Cluster.objects.select_for_update(no_key=True).get(pk=cluster_id)
         if error is None:
             if cluster.unreachable_since is None and not cluster.failures:
                 return
@@ -1973,7 +1990,7 @@ def _job_lost_pod(job_id: int, pod: str) -> bool:
     checkpoint-capable one resumes from its latest checkpoint), or fail it once it has used
     its ``MAX_ATTEMPTS``. Its other pods are deleted and its resources released."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        job = _locked_job(job_id)
         if job.state not in (JobState.STARTING, JobState.RUNNING):
             return False
         what = f"pod {pod} was lost (deleted or evicted from its node)"
@@ -2029,7 +2046,7 @@ def _update_phases(rows: list[Allocation], pods: dict[str, PodStatus]) -> None:
 
 def _end(job_id: int, state: str, reason: str) -> None:
     with transaction.atomic():
-        job = Job.objects.select_for_update().select_related("tenant", "project").get(pk=job_id)
+        job = _locked_job(job_id)
         if job.state not in (JobState.STARTING, JobState.RUNNING):
             return
         _finish(job, state, reason)

@@ -621,13 +621,23 @@ class KubernetesBackend:
         left as it is. A GPU pod on a HAMi node goes through HAMi's bind handshake
         (``_hami_bind``); a failed or unanswered handshake deletes the pod and raises."""
         existing = self._call(self.core.read_namespaced_pod, spec.name, spec.namespace, ok=(404,))
-        if existing is not None and existing.spec.node_name:
-            return False
         node = self._call(self.core.read_node, spec.node, ok=(404,))
         if node is None:
             raise BackendError(f"Node {spec.node} is gone from the cluster", status=404)
         hami = bool(spec.slices) and bool(
             (node.metadata.annotations or {}).get(vendor(spec.slices[0].vendor).register_annotation))
+        if existing is not None and not self._same_placement(existing, spec, hami):
+            # A pod of an earlier attempt of this job (pod names are deterministic) left
+            # placed elsewhere: its cleanup failed (the API server was down) and the job was
+            # admitted again. Reusing it would bind a pod whose HAMi annotations name
+            # another node or other devices (the device plugin never answers, the node
+            # stays locked), or leave it running where the database says it is not.
+            self._call(self.core.delete_namespaced_pod, spec.name, spec.namespace,
+                       grace_period_seconds=0, ok=(404,))
+            self._await_gone(spec)
+            existing = None
+        if existing is not None and existing.spec.node_name:
+            return False
         created = existing is None and self._call(
             self.core.create_namespaced_pod, spec.namespace, self.pod_body(spec, hami=hami),
             ok=(409,)) is not None
@@ -636,6 +646,27 @@ class KubernetesBackend:
         else:
             self._bind(spec)
         return created
+
+    def _same_placement(self, pod: Any, spec: PodSpec, hami: bool) -> bool:
+        """Whether an existing pod is the one ``spec`` describes: bound to its node (or not
+        bound yet) and, on a HAMi node, carrying its node and device annotations."""
+        if pod.spec.node_name and pod.spec.node_name != spec.node:
+            return False
+        if not hami:
+            return True
+        have = pod.metadata.annotations or {}
+        return (have.get("hami.io/vgpu-node") == spec.node and have.get(
+            vendor(spec.slices[0].vendor).allocate_annotation) == encode_devices(spec.slices))
+
+    def _await_gone(self, spec: PodSpec, seconds: float = 10.0) -> None:
+        """Wait until a pod deleted with grace 0 is gone (immediate on the API server)."""
+        deadline = time.monotonic() + seconds
+        while self._call(self.core.read_namespaced_pod, spec.name, spec.namespace,
+                         ok=(404,)) is not None:
+            if time.monotonic() >= deadline:
+                raise BackendError(f"Pod {spec.name} of an earlier attempt is still being deleted",
+                                   retryable=True)
+            self.sleep(0.2)
 
     # -- HAMi's bind handshake (HAMi v2.10.0: pkg/scheduler/scheduler.go Bind, pkg/util/nodelock)
 
@@ -858,7 +889,11 @@ class KubernetesBackend:
                 for p in pods:
                     yield PodEvent("MODIFIED", p)
             except (urllib3.exceptions.HTTPError, OSError):
-                self.sleep(self.backoff)  # dropped stream: reconnect from the last rv
+                # Dropped stream: reconnect from the last rv, if the server answers. A server
+                # that does not (restarting, gone) is an outage for the caller to report and
+                # back off from (BackendError), not a silent reconnect loop.
+                self.probe()
+                self.sleep(self.backoff)
 
 
 def _pod_status(p: Any) -> PodStatus:
@@ -978,4 +1013,7 @@ def _reason(exc: BaseException) -> str:
                           ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed")):
         if marker in text:
             return words
-    return text.split(": ", 1)[-1][:200] or type(inner).__name__
+    text = text.split(": ", 1)[-1][:200]
+    if text == "b''":  # an empty read: the server closed the connection (a stream cut)
+        return "connection closed by the server"
+    return text or type(inner).__name__

@@ -51,6 +51,9 @@ class Health:
         if self.error:
             logger.info("watch of %s recovered", self.name)
             self.error = ""
+            # The API server answers again: end the reconcile's backoff now (its next try
+            # could be minutes away after a long outage), so the next tick reconciles.
+            services.cluster_reachability_record(cluster_id=self.cluster_id, error=None)
         elif now - self.written_at < HEALTH_WRITE_SECONDS:
             return
         Cluster.objects.filter(pk=self.cluster_id).update(watch_last_event_at=_now())

@@ -1,17 +1,14 @@
 """The Helm charts lint, render with several value sets, and the real kube-apiserver accepts
 every rendered object (server-side dry-run); camp-agent's RBAC grants what the backend needs.
 
-The apiserver is ../shared/tools' kube-apiserver v1.24 (DESIGN.md §6), started here on
-fresh ports in a fresh directory and stopped in a finaliser. A small helper of its own: the
-general real-apiserver fixture lives on another branch and may replace it later.
+The apiserver is ../shared/tools' kube-apiserver v1.24 (DESIGN.md §6), started on fresh
+ports in a fresh directory by the real-apiserver harness (tests/integration/realkube/harness.py)
+and stopped in a finaliser.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integration.realkube.harness import KubeApiserver, unavailable_reason
+
 from .tools import ROOT, install_tools
 
-SHARED_TOOLS = ROOT.parent / "shared" / "tools"
 CHART = ROOT / "deploy" / "helm" / "camp"
 AGENT_CHART = ROOT / "deploy" / "helm" / "camp-agent"
 BASE_VALUES = ["--set", "secretKey=an-example-secret-key-that-is-long-enough-0123456789",
@@ -61,30 +59,16 @@ def _render(helm: Path, chart: Path, args: list[str], namespace: str = "camp") -
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def kubeconfig() -> Iterator[Path]:
-    start = SHARED_TOOLS / "start-kube-apiserver.sh"
-    if not start.exists():
-        pytest.skip(f"no real kube-apiserver: {SHARED_TOOLS} is absent (DESIGN.md §6)")
-    base = Path(tempfile.mkdtemp(prefix="camp-helm-kube-"))
-    env = {**os.environ, "BASE": str(base), "RUN": str(base / "run"),
-           "API_PORT": str(_free_port()), "ETCD_PORT": str(_free_port()),
-           "ETCD_PEER_PORT": str(_free_port())}
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    server = KubeApiserver.start(prefix="camp-helm-kube-")
     try:
-        started = subprocess.run(["bash", str(start)], env=env, capture_output=True, text=True,
-                                 timeout=120)
-        assert started.returncode == 0, started.stderr
-        yield Path(started.stdout.strip().splitlines()[-1])
+        yield server.kubeconfig
     finally:
-        subprocess.run(["bash", str(SHARED_TOOLS / "stop-kube-apiserver.sh")], env=env,
-                       capture_output=True, timeout=60)
-        subprocess.run(["rm", "-rf", str(base)], timeout=60)
+        server.stop()
 
 
 def test_charts_lint(tools: dict[str, Path]) -> None:

@@ -85,7 +85,10 @@ def free_port() -> int:
 
 @dataclass
 class KubeApiserver:
-    """One running etcd + kube-apiserver pair; ``stop()`` ends exactly those two."""
+    """One running etcd + kube-apiserver pair; ``stop()`` ends exactly those two and removes
+    their directory; ``restart()`` (``halt()`` then ``resume()``) is an apiserver outage that
+    keeps the port and the etcd data. The one start helper of the test suite (the realkube
+    fixtures, the Helm test, the reliability suite's apiserver fault)."""
 
     base: Path
     host: str
@@ -93,28 +96,57 @@ class KubeApiserver:
     ca_pem: str
     kubeconfig: Path
     _core: k8s.CoreV1Api | None = field(default=None, repr=False)
+    _env: dict[str, str] = field(default_factory=dict, repr=False)  # the start script's settings
 
     @classmethod
-    def start(cls) -> KubeApiserver:
-        base = Path(tempfile.mkdtemp(prefix="camp-kube-"))
+    def start(cls, *, prefix: str = "camp-kube-") -> KubeApiserver:
+        """A fresh etcd + kube-apiserver in a new directory on free loopback ports (ready
+        when this returns); RuntimeError with the script's stderr if it did not start."""
+        base = Path(tempfile.mkdtemp(prefix=prefix))
         port = free_port()
         token = "camp-test-" + base64.urlsafe_b64encode(os.urandom(12)).decode().rstrip("=")
         env = {**os.environ, "BASE": str(base), "RUN": str(base / "run"), "API_PORT": str(port),
                "ETCD_PORT": str(free_port()), "ETCD_PEER_PORT": str(free_port()), "TOKEN": token}
-        started = subprocess.run(["bash", str(SHARED_TOOLS / "start-kube-apiserver.sh")], env=env,
-                                 capture_output=True, text=True, timeout=120, check=False)
         server = cls(base=base, host=f"https://127.0.0.1:{port}", token=token,
-                     ca_pem="", kubeconfig=base / "run" / "kubeconfig")
-        if started.returncode != 0:
+                     ca_pem="", kubeconfig=base / "run" / "kubeconfig", _env=env)
+        try:
+            server._launch(keep_data=False)
+        except RuntimeError:
             server.stop()
-            raise RuntimeError(f"kube-apiserver did not start: {started.stderr[-2000:]}")
-        server.ca_pem = (base / "run" / "pki" / "ca.crt").read_text()
+            raise
         return server
 
-    def stop(self) -> None:
+    def _launch(self, *, keep_data: bool) -> None:
+        env = {**self._env, "KEEP_DATA": "1" if keep_data else "0"}
+        started = subprocess.run(["bash", str(SHARED_TOOLS / "start-kube-apiserver.sh")], env=env,
+                                 capture_output=True, text=True, timeout=120, check=False)
+        if started.returncode != 0:
+            raise RuntimeError(f"kube-apiserver did not start: {started.stderr[-2000:]}")
+        self.ca_pem = (self.base / "run" / "pki" / "ca.crt").read_text()
+
+    def halt(self) -> None:
+        """Stop the apiserver and its etcd (exactly those two, through their PID files),
+        keeping the data, certificates and ports for ``resume``."""
         subprocess.run(["bash", str(SHARED_TOOLS / "stop-kube-apiserver.sh")],
                        env={**os.environ, "RUN": str(self.base / "run")},
                        capture_output=True, timeout=60, check=False)
+
+    def resume(self) -> None:
+        """Start a halted server again: the same port, token, CA and etcd data
+        (``KEEP_DATA=1``); returns once it answers ``/readyz``."""
+        self._launch(keep_data=True)
+
+    def restart(self, *, down_seconds: float = 0.0) -> float:
+        """An apiserver outage: halt, stay down ``down_seconds``, resume on the same port
+        with the same data. Returns how long it was down (until ready again)."""
+        began = time.monotonic()
+        self.halt()
+        time.sleep(down_seconds)  # the outage itself, not a wait for something
+        self.resume()
+        return time.monotonic() - began
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.base, ignore_errors=True)
 
     def client(self) -> k8s.ApiClient:

@@ -1,6 +1,9 @@
 """Throwaway real services for fault injection: a PostgreSQL cluster, a Redis server, Camp's
-web server (uvicorn) and a Celery worker with its beat, each on a spare 127.0.0.1 port and
-each killed in a finaliser. Never the shared PostgreSQL and Redis of the machine."""
+web server (uvicorn), a Celery worker with its beat and any other Camp process (camp_watch),
+each on a spare 127.0.0.1 port and each killed in a finaliser. Never the shared PostgreSQL
+and Redis of the machine. The real kube-apiserver (start, outage, stop) is
+tests/integration/realkube/harness.py's ``KubeApiserver``; the API client the burst uses is
+``Client``."""
 
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import requests
 
 REPO = Path(__file__).resolve().parents[3]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -139,10 +145,24 @@ class Stack:
     worker: Service
     env: dict[str, str]
     root: Path
+    extra: list[Service] = field(default_factory=list)  # killed with the stack
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.web.port}"
+
+    def manage_service(self, name: str, *args: str) -> Service:
+        """Start another long-running Camp process (``manage.py <args>``, e.g. camp_watch),
+        logging to ``<name>.log``; SIGKILLed when the stack ends."""
+        service = Service([sys.executable, "manage.py", *args], self.env, self.root / f"{name}.log")
+        self.extra.append(service)
+        service.start()
+        return service
+
+    def rows(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """A query on the throwaway database (a fresh connection: it may have restarted)."""
+        with self.pg.connect() as conn:
+            return list(conn.execute(sql, args).fetchall())
 
     def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "manage.py", *args], env=self.env, cwd=REPO,
@@ -160,7 +180,10 @@ def camp_stack(*, tick_seconds: int = 2) -> Iterator[Stack]:
     """PostgreSQL + Redis + uvicorn + a Celery worker with embedded beat, all throwaway."""
     with ExitStack() as stack:
         root = Path(tempfile.mkdtemp(prefix="camp-faults-"))
-        stack.callback(shutil.rmtree, root, True)
+        if os.environ.get("CAMP_FAULTS_KEEP_LOGS"):  # debugging: keep the processes' logs
+            print(f"fault-suite logs in {root}")
+        else:
+            stack.callback(shutil.rmtree, root, True)
         pg = Postgres(root)
         pg.start()
         stack.callback(pg.stop)
@@ -191,4 +214,51 @@ def camp_stack(*, tick_seconds: int = 2) -> Iterator[Stack]:
         stack.callback(web.kill)
         worker.start()
         stack.callback(worker.kill)
-        yield Stack(pg=pg, redis=redis, web=web, worker=worker, env=env, root=root)
+        camp = Stack(pg=pg, redis=redis, web=web, worker=worker, env=env, root=root)
+        stack.callback(lambda: [s.kill() for s in camp.extra])
+        yield camp
+
+
+RETRY_FOR = 90.0  # seconds a client keeps retrying one call
+
+
+class Client:
+    """The API, called the way a careful client does (Camp's CLI): a call that got no answer
+    or a 5xx is retried with the same Idempotency-Key."""
+
+    def __init__(self, stack: Stack, token: str, cluster: str = "sim") -> None:
+        self.stack = stack
+        self.cluster = cluster
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.failed_calls = 0  # attempts that got no answer or a 5xx (then retried)
+        self.lock = threading.Lock()
+
+    def call(self, method: str, path: str, *, ok: tuple[int, ...], **kw: Any) -> requests.Response:
+        deadline = time.monotonic() + RETRY_FOR
+        headers = {**self.headers, **kw.pop("headers", {})}  # the same key on every retry
+        while True:
+            try:
+                r = requests.request(method, self.stack.base_url + path, headers=headers,
+                                     timeout=10, **kw)
+                if r.status_code in ok:
+                    return r
+                assert r.status_code >= 500, (method, path, r.status_code, r.text[:300])
+            except requests.RequestException:
+                pass
+            with self.lock:
+                self.failed_calls += 1
+            assert time.monotonic() < deadline, f"{method} {path} kept failing"
+            time.sleep(0.3)
+
+    def submit(self, project: int, name: str, gpus: int, **extra: Any) -> int:
+        body = {"name": name, "project": project, "cluster": self.cluster, "duration_seconds": 3,
+                "groups": [{"name": "w", "replicas": 1, "gpu_count": gpus,
+                            "gpu_memory_mib": 20000, "gpu_cores_percent": 25,
+                            "cpu_millicores": 1000, "ram_mib": 1024}], **extra}
+        r = self.call("POST", "/api/v1/jobs/", ok=(201,), json=body,
+                      headers={"Idempotency-Key": str(uuid.uuid4())})
+        return int(r.json()["id"])
+
+    def cancel(self, job_id: int) -> None:
+        # A retried cancel may find the job already cancelled (or already finished): 400.
+        self.call("POST", f"/api/v1/jobs/{job_id}/cancel/", ok=(200, 400))

@@ -172,3 +172,34 @@ def test_watch_survives_a_bad_event_and_records_it(world: Any, kube: Any, monkey
     cluster.refresh_from_db()
     assert "a malformed event" in cluster.watch_error and not cluster.watch_failing
     assert cluster.watch_last_event_at is not None
+
+
+def test_a_watch_that_recovers_ends_the_reconcile_backoff(world: Any) -> None:
+    """After a long outage the reconcile's next try may be minutes away (its backoff grew
+    with every failure); the watcher reconnecting proves the server answers again, so the
+    cluster is marked reachable at once and the next tick reconciles it."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from scheduling.management.commands.camp_watch import Health
+    from scheduling.models import Cluster
+    from tenants.models import AuditEvent
+
+    cluster = services.cluster_create(actor=world.admin, name="back", backend="kubernetes",
+                                      api_server="https://127.0.0.1:1", credentials={"token": "t"},
+                                      verify=False)
+    for _ in range(8):  # eight failed reconciles: the next one 256 s away
+        services.cluster_reachability_record(cluster_id=cluster.pk, error="connection refused")
+    cluster.refresh_from_db()
+    assert cluster.retry_at is not None and cluster.retry_at > timezone.now() + dt.timedelta(seconds=200)
+    assert not services.cluster_due(cluster)
+    health = Health(cluster.pk, cluster.name)
+    health.failed("Kubernetes API unreachable (connection refused)")
+    health.event()  # the watch is back: an event arrived
+    cluster = Cluster.objects.get(pk=cluster.pk)
+    assert services.cluster_due(cluster) and cluster.reachable and cluster.failures == 0
+    assert not cluster.watch_failing
+    assert list(AuditEvent.objects.filter(action__startswith="cluster.").exclude(
+        action="cluster.created").order_by("id").values_list("action", flat=True)) == [
+        "cluster.unreachable", "cluster.reachable"]
