@@ -239,12 +239,12 @@ def _set_running(admin: Any, cluster: Any, projects: list[Any], percent: int, se
             g = groups[job.pk]
             allocs.append(Allocation(cluster=cluster, job=job, group=g, replica=0,
                                      pod_name=pod_name(job.name, job.pk, g.name, 0),
-                                     node=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores,
+                                     node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores,
                                      ram_mib=pp.ram_mib, phase="running"))
         Allocation.objects.bulk_create(allocs, batch_size=2000)
         for a, pp in zip(allocs, placements, strict=True):
             for gg in pp.gpus:
-                slices.append(GpuSlice(allocation=a, gpu=inputs.gpus[(pp.node, gg.index)],
+                slices.append(GpuSlice(allocation=a, gpu_id=inputs.gpus[(pp.node, gg.index)].pk,
                                        container=gg.container, memory_mib=gg.gpu_memory_mib,
                                        cores_percent=gg.gpu_cores_percent, exclusive=gg.exclusive))
         GpuSlice.objects.bulk_create(slices, batch_size=2000)

@@ -1022,17 +1022,31 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     path gave (tests/integration/scheduling/test_cycle_equivalence.py)."""
     admits: list[tuple[Job, E.Placement, JobStatus]] = []
     waits: list[_WaitRow] = []
+    # The snapshot holds rows, not models: the jobs admitted, preempting, preempted or
+    # rejected (a few thousand at most) are loaded as models in one query for their writes.
+    acting = {int(st.job) for st in statuses if not isinstance(st.decision, E.Wait)}
+    acting.update(int(v) for st in statuses if isinstance(st.decision, E.Preempt)
+                  for v in st.decision.victims)
+    models_ = selectors.job_models(sorted(acting))
     for status in statuses:
-        job, d = inputs.jobs[status.job], status.decision
+        row, d = inputs.jobs[status.job], status.decision
         if isinstance(d, (E.Admit, E.Preempt)):
-            blocked = _outside_pools(inputs, job, d.placement)
+            blocked = _outside_pools(inputs, row.tenant_id, d.placement)
             if blocked:
-                waits.append(_WaitRow(job, blocked, "capacity", None, None))
+                waits.append(_WaitRow(row, blocked, "capacity", None, None))
                 continue
+        if isinstance(d, E.Wait):
+            waits.append(_WaitRow(row, d.reason, status.kind, status.position, status.queue_length))
+            summary.waiting.append(row.pk)
+            continue
+        job = models_.get(row.pk)
+        if job is None:  # deleted since the snapshot
+            summary.conflicts.append(row.pk)
+            continue
         if isinstance(d, E.Admit):
             admits.append((job, d.placement, status))
         elif isinstance(d, E.Preempt):
-            victims = _preempt(inputs, job, d)
+            victims = _preempt(models_, job, d)
             summary.preempting.append(job.pk)
             summary.victims.extend(victims)
         elif isinstance(d, E.Reject):
@@ -1045,20 +1059,17 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
                 _record(job, DecisionKind.REJECTED, d.reason)
                 _audit_job("job.rejected", job, after={"reason": d.reason})
                 summary.rejected.append(job.pk)
-        elif isinstance(d, E.Wait):
-            waits.append(_WaitRow(job, d.reason, status.kind, status.position, status.queue_length))
-            summary.waiting.append(job.pk)
     for job in _admit_all(inputs, admits, summary):
         waits.append(_WaitRow(job, CONFLICT_REASON, "capacity", None, None))
     _wait_all(waits)
 
 
-def _outside_pools(inputs: selectors.CycleInputs, job: Job, placement: E.Placement) -> str:
+def _outside_pools(inputs: selectors.CycleInputs, tenant_id: int, placement: E.Placement) -> str:
     """Backstop for dedicated pools: GPU pods are kept out by their model lists (see
     ``selectors.pool_model``); a pod without GPUs has no such list, so a placement that
     puts one on a pool closed to the job's tenant is not persisted: the job waits, for the
     reason returned (empty when the placement is allowed)."""
-    forbidden = inputs.pools.forbidden_nodes(job.tenant_id)
+    forbidden = inputs.pools.forbidden_nodes(tenant_id)
     bad = sorted({pp.node for pp in placement.pods if pp.node in forbidden})
     if not bad:
         return ""
@@ -1068,7 +1079,7 @@ def _outside_pools(inputs: selectors.CycleInputs, job: Job, placement: E.Placeme
 
 @dataclass(frozen=True, slots=True)
 class _WaitRow:
-    job: Job
+    job: Job | selectors.JobRow
     reason: str
     kind: str
     position: int | None
@@ -1183,9 +1194,7 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
         pk__in=sorted(used)).order_by("pk").values_list(
         "pk", "memory_allocated_mib", "cores_allocated", "sharers", "exclusive_held", "memory_mib",
         "max_sharers")}
-    moved = {pk for pk, gpu in used.items() if current.get(pk) != (
-        gpu.memory_allocated_mib, gpu.cores_allocated, gpu.sharers, gpu.exclusive_held,
-        gpu.memory_mib, gpu.max_sharers)}
+    moved = {pk for pk, gpu in used.items() if current.get(pk) != gpu.totals()}
     totals = {pk: list(row[:4]) for pk, row in current.items()}
     accepted: list[tuple[Job, E.Placement, JobStatus]] = []
     taken: list[Job] = []
@@ -1280,15 +1289,14 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
         groups = inputs.groups[job.pk]
         for pp in placement.pods:
             group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
-            group = groups[group_name]
             allocs.append((Allocation(
-                cluster_id=job.cluster_id, job=job, group=group, replica=int(replica),
-                pod_name=pod_name(job.name, job.pk, group.name, int(replica)),
-                node=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
+                cluster_id=job.cluster_id, job=job, group_id=groups[group_name], replica=int(replica),
+                pod_name=pod_name(job.name, job.pk, group_name, int(replica)),
+                node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
             ), pp))
     Allocation.objects.bulk_create([a for a, _ in allocs], batch_size=2000)
     GpuSlice.objects.bulk_create([
-        GpuSlice(allocation=a, gpu=inputs.gpus[(pp.node, g.index)], container=g.container,
+        GpuSlice(allocation=a, gpu_id=inputs.gpus[(pp.node, g.index)].pk, container=g.container,
                  memory_mib=g.gpu_memory_mib, cores_percent=g.gpu_cores_percent, exclusive=g.exclusive)
         for a, pp in allocs for g in pp.gpus], batch_size=2000)
     # Refuses (IntegrityError) rather than over-allocate: the CHECK constraints.
@@ -1316,16 +1324,14 @@ def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, stat
             gpu_delta: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
             for pp in placement.pods:
                 group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
-                group = groups[group_name]
-                node = inputs.nodes[pp.node]
                 alloc = Allocation.objects.create(
-                    cluster_id=job.cluster_id, job=job, group=group, replica=int(replica),
-                    pod_name=pod_name(job.name, job.pk, group.name, int(replica)), node=node,
-                    cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
+                    cluster_id=job.cluster_id, job=job, group_id=groups[group_name], replica=int(replica),
+                    pod_name=pod_name(job.name, job.pk, group_name, int(replica)),
+                    node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
                 )
                 for g in pp.gpus:
                     gpu = inputs.gpus[(pp.node, g.index)]
-                    GpuSlice.objects.create(allocation=alloc, gpu=gpu, container=g.container,
+                    GpuSlice.objects.create(allocation=alloc, gpu_id=gpu.pk, container=g.container,
                                             memory_mib=g.gpu_memory_mib,
                                             cores_percent=g.gpu_cores_percent, exclusive=g.exclusive)
                     delta = gpu_delta[gpu.pk]
@@ -1382,14 +1388,16 @@ def _preempted_reason(victim: Job, preemptor: Job | None) -> str:
             f"capacity ({whose})")
 
 
-def _preempt(inputs: selectors.CycleInputs, job: Job, d: E.Preempt) -> list[int]:
+def _preempt(jobs: dict[int, Job], job: Job, d: E.Preempt) -> list[int]:
     """Mark the victims PREEMPTING (their pods are deleted after commit); the preemptor
     waits, out of the queue, until their resources are actually released. Reasons and
     audit events name jobs of other projects / tenants only by count (``_preempted_reason``);
     the decision rows keep the ids, shown only to those who may see those jobs."""
     evicted: list[Job] = []
     for v in d.victims:
-        victim = inputs.jobs[v]
+        victim = jobs.get(int(v))
+        if victim is None:  # gone since the snapshot
+            continue
         reason = _preempted_reason(victim, job)
         if Job.objects.filter(pk=victim.pk, state__in=[JobState.STARTING, JobState.RUNNING]).update(
             state=JobState.PREEMPTING, preempted_by=job, reason=reason,
