@@ -9,12 +9,15 @@ decisions map back to rows without ambiguity.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db import connection
+from django.db.models import FloatField, QuerySet, TextField
+from django.db.models.functions import Cast, Extract
 from django.utils import timezone
 
 from scheduling import engine as E
@@ -324,12 +327,25 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow]
                   ) -> tuple[list[E.Job], dict[int, dict[str, int]]]:
     """The queued jobs as the engine sees them (in submission order) and their pod groups
     (job id → group name → group id); adds the jobs to ``jobs``."""
-    rows = list(Job.objects.filter(cluster=cluster, state=JobState.QUEUED).order_by("submitted_at", "id")
-                .values_list(*_PENDING_COLUMNS))
+    queued = Job.objects.filter(cluster=cluster, state=JobState.QUEUED).order_by("submitted_at", "id")
+    if connection.vendor == "postgresql":
+        # Seconds since the epoch as a float, computed by the server: Django's timestamptz
+        # loader parses text in Python (~20 µs a row). The same double as .timestamp().
+        queued = queued.annotate(submit_s=Cast(Extract("submitted_at", "epoch"), FloatField()))
+        columns = (*_PENDING_COLUMNS[:-3], "submit_s", *_PENDING_COLUMNS[-2:])
+    else:
+        columns = _PENDING_COLUMNS
+    rows = list(queued.values_list(*columns))
+    # gpu_models read as text and parsed once per distinct list (a few dozen), not per row.
+    parsed: dict[str | None, list[str]] = {}
     group_rows: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
     for g in (PodGroup.objects.filter(job__cluster=cluster, job__state=JobState.QUEUED).order_by("id")
-              .values_list(*_GROUP_COLUMNS)):
-        group_rows[g[0]].append(g)
+              .annotate(models_text=Cast("gpu_models", TextField()))
+              .values_list(*_GROUP_COLUMNS[:-1], "models_text")):
+        text = g[-1]
+        if text not in parsed:
+            parsed[text] = json.loads(text) if text else []
+        group_rows[g[0]].append((*g[:-1], parsed[text]))
     # A preemptor waits, out of the queue, until its victims have released their resources.
     waiting_for_victims = set(
         Job.objects.filter(cluster=cluster, state=JobState.PREEMPTING, preempted_by__isnull=False)
@@ -365,7 +381,8 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow]
         pending.append(E.Job(
             name=str(pk), groups=tuple(egroups), gang=gang, priority=priority,
             priority_class=priority_class, queue=queue_name(tenant, project), preemptible=preemptible,
-            submit_time=submitted.timestamp(), runtime_estimate_s=float(duration) if duration else None,
+            submit_time=submitted if isinstance(submitted, float) else submitted.timestamp(),
+            runtime_estimate_s=float(duration) if duration else None,
             checkpointable=ckpt,
         ))
     return pending, groups

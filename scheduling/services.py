@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import gc
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ from django.db.models.fields.reverse_related import ForeignObjectRel
 from django.utils import timezone
 
 from scheduling import engine as E
-from scheduling.engine.cycle import CycleConfig, JobStatus, run_cycle
+from scheduling.engine.cycle import CycleConfig, CycleResult, JobStatus, run_cycle
 from tenants import permissions
 from tenants.audit import audit_batch, audit_record, snapshot
 from tenants.models import Project, Quota, QuotaScope, User
@@ -985,11 +986,31 @@ def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs,
     Nothing queued: nothing to decide, and no snapshot to read (an idle tick is one query)."""
     if not Job.objects.filter(cluster=cluster, state=JobState.QUEUED).exists():
         return selectors.CycleInputs.empty(), []
-    with _consistent_read():
+    with _gc_paused(), _consistent_read():
         inputs = selectors.cycle_inputs(cluster)
     if not inputs.pending:
         return inputs, []
-    result = run_cycle(
+    with _gc_paused():
+        result = _run_engine(cluster, inputs, now)
+    return inputs, list(result.statuses.values())
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the snapshot and the engine build hundreds of
+    thousands of small objects (none of them garbage yet): CPython would otherwise walk
+    them all again and again (0.3–0.5 s of a 20,000-job snapshot). Bounded: re-enabled after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _run_engine(cluster: Cluster, inputs: selectors.CycleInputs, now: float | None) -> CycleResult:
+    return run_cycle(
         inputs.snapshot, inputs.pending, inputs.tree,
         now=now if now is not None else timezone.now().timestamp(),
         running=inputs.running,
@@ -998,7 +1019,6 @@ def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs,
         config=CycleConfig(heads_per_queue=settings.SCHEDULER_HEADS_PER_QUEUE or None),
         policy=engine_policy(cluster.placement_policy),
     )
-    return inputs, list(result.statuses.values())
 
 
 def _persist(cluster: Cluster, inputs: selectors.CycleInputs, statuses: list[JobStatus]) -> CycleSummary:
