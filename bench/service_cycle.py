@@ -287,7 +287,6 @@ def _reset(cluster: Any, pending_ids: list[int], running_ids: list[int], decisio
 
 
 def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
-    from django.conf import settings
     from django.db import connection
     from django.utils import timezone
 
@@ -301,7 +300,7 @@ def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
     if inputs.pending:
         run_cycle(inputs.snapshot, inputs.pending, inputs.tree, now=timezone.now().timestamp(),
                   running=inputs.running,
-                  config=CycleConfig(heads_per_queue=settings.SCHEDULER_HEADS_PER_QUEUE or None),
+                  config=CycleConfig(heads_per_queue=services.heads_per_queue(inputs)),
                   policy=services.engine_policy(cluster.placement_policy))
     engine_s = time.perf_counter() - t0
     del inputs

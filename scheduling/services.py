@@ -1009,6 +1009,34 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def heads_per_queue(inputs: selectors.CycleInputs) -> int | None:
+    """How many jobs of each project queue the cycle tries (None: all).
+
+    ``SCHEDULER_HEADS_PER_QUEUE`` (default 8) bounds a cycle's work on a full cluster,
+    where every tried job that does not fit searches for victims. On a cluster with room
+    that bound only costs cycles: 10,000 jobs behind 200 queues took ten cycles to reach
+    the ones that fit (issue 13). So, with ``SCHEDULER_HEADS_FILL`` (default on), each queue
+    offers at least its share of the free GPUs (free GPU-equivalents on schedulable nodes ÷
+    queues with pending jobs, rounded up). The engine still orders all offered heads by
+    fair share and priority, so the room goes to queues in the same order; only the cut-off
+    per queue moves, and only when more than ``heads × queues`` GPUs are free."""
+    base = settings.SCHEDULER_HEADS_PER_QUEUE
+    if not base:
+        return None
+    if not getattr(settings, "SCHEDULER_HEADS_FILL", True) or not inputs.pending:
+        return base
+    free = 0.0
+    for node in inputs.snapshot.nodes:
+        if not node.schedulable:
+            continue
+        for g in node.gpus:
+            row = inputs.gpus[(node.name, g.index)]
+            if g.healthy and not row.exclusive_held and row.memory_mib:
+                free += max(0.0, 1 - row.memory_allocated_mib / row.memory_mib)
+    queues = len({j.queue for j in inputs.pending})
+    return max(base, math.ceil(free / queues))
+
+
 def _run_engine(cluster: Cluster, inputs: selectors.CycleInputs, now: float | None) -> CycleResult:
     return run_cycle(
         inputs.snapshot, inputs.pending, inputs.tree,
@@ -1016,7 +1044,7 @@ def _run_engine(cluster: Cluster, inputs: selectors.CycleInputs, now: float | No
         running=inputs.running,
         # Kueue-style heads of queues: a cycle tries the first N jobs of each project
         # (the rest wait "behind" with their position); the task re-runs while it admits.
-        config=CycleConfig(heads_per_queue=settings.SCHEDULER_HEADS_PER_QUEUE or None),
+        config=CycleConfig(heads_per_queue=heads_per_queue(inputs)),
         policy=engine_policy(cluster.placement_policy),
     )
 

@@ -168,3 +168,25 @@ def test_idle_tick_reads_no_snapshot(world: Any, sim_cluster: Any) -> None:
     assert summary is not None and not (summary.admitted or summary.waiting)
     assert not any("scheduling_node" in s or "scheduling_allocation" in s for s in seen.sql)
     assert len([s for s in seen.sql if "SAVEPOINT" not in s]) <= 5, seen.sql
+
+
+@pytest.mark.parametrize("fill", [True, False])
+def test_heads_follow_free_room(world: Any, sim_cluster: Any, settings: Any, fill: bool) -> None:
+    """With room on the cluster a queue offers its share of the free GPUs, not just the
+    configured heads; once the cluster is full the configured heads bound the cycle."""
+    settings.SCHEDULER_HEADS_PER_QUEUE = 2
+    settings.SCHEDULER_HEADS_FILL = fill
+    jobs = [submit(world, sim_cluster, f"one-{i}", group={"gpu_count": 1, "gpu_models": ["A100-80G"]})
+            for i in range(8)]
+    summary = services.cycle_run(cluster=sim_cluster)
+    assert summary is not None
+    # the 8 A100s are free: all 8 offered and admitted at once (without fill: the first 2)
+    assert sorted(summary.admitted) == sorted(j.pk for j in (jobs if fill else jobs[:2]))
+    if fill:
+        late = [submit(world, sim_cluster, f"late-{i}", group={"gpu_count": 1, "gpu_models": ["A100-80G"]})
+                for i in range(4)]
+        inputs, statuses = services._decide(sim_cluster, None)
+        assert services.heads_per_queue(inputs) == 2  # only the 2 L4s free: 2 per queue
+        kinds = {s.job: s.kind for s in statuses}
+        assert [kinds[str(j.pk)] for j in late[2:]] == ["behind", "behind"]
+    assert_consistent(sim_cluster, settled=False)
