@@ -1105,9 +1105,9 @@ CONFLICT_REASON = "Its placement was taken concurrently; retrying in the next cy
 def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: CycleSummary) -> None:
     """Persist one cycle's decisions (inside the caller's transaction).
 
-    Admissions and waits are written in bulk (``_admit_all``, ``_wait_all``); preemptions
-    and rejections, a handful per cycle, job by job. The outcome is the one the row-by-row
-    path gave (tests/integration/scheduling/test_cycle_equivalence.py)."""
+    Admissions, preemptions and waits are written in bulk (``_admit_all``, ``_preempt_all``,
+    ``_wait_all``); rejections, a handful per cycle, job by job. The outcome is the one the
+    row-by-row path gave (tests/integration/scheduling/test_cycle_equivalence.py)."""
     admits: list[tuple[Job, E.Placement, JobStatus]] = []
     preemptions: list[tuple[Job, E.Preempt]] = []
     waits: list[_WaitRow] = []
