@@ -12,6 +12,8 @@ wrote is undone afterwards, except audit events, which are append-only) and repo
 
 * ``cycle s``: the wall time of ``cycle_run`` (snapshot, engine, persistence, commit and the
   after-commit dispatch enqueues; Celery's broker is in-memory so nothing leaves the process);
+* ``cpu s``: the CPU time this process spent in it (less sensitive than wall time to a
+  loaded machine; PostgreSQL's own time is not in it);
 * ``queries``: the SQL statements it ran;
 * ``engine s``: ``run_cycle`` alone on a snapshot of the same rows, in the same run;
 * ``snapshot s``: ``selectors.cycle_inputs`` alone.
@@ -19,8 +21,12 @@ wrote is undone afterwards, except audit events, which are append-only) and repo
 ``--drain`` also measures the time until every job that fits is admitted: cycles run back to
 back (as the Celery task does while a cycle admits) until one admits nothing.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_i13 \\
-      .venv/bin/python -m bench.service_cycle --pending 2000 --alloc 0 --runs 1   # quick
+Heads of queues: the service's own rule (``services.heads_per_queue``): at least
+``SCHEDULER_HEADS_PER_QUEUE`` (8 here) per project queue, more on a cluster with room unless
+``SCHEDULER_HEADS_FILL=0``; ``engine s`` uses the same number.
+
+    .venv/bin/python -m bench.service_cycle --db postgres://postgres@127.0.0.1:5432/bench_i13 \\
+      --pending 2000 --alloc 0 --runs 1   # quick (--db, else BENCH_DATABASE_URL, else bench_i13)
     .venv/bin/python -m bench.service_cycle --pending 2000,10000,20000 --alloc 0,50,90 --runs 3
 """
 
@@ -239,12 +245,12 @@ def _set_running(admin: Any, cluster: Any, projects: list[Any], percent: int, se
             g = groups[job.pk]
             allocs.append(Allocation(cluster=cluster, job=job, group=g, replica=0,
                                      pod_name=pod_name(job.name, job.pk, g.name, 0),
-                                     node=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores,
+                                     node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores,
                                      ram_mib=pp.ram_mib, phase="running"))
         Allocation.objects.bulk_create(allocs, batch_size=2000)
         for a, pp in zip(allocs, placements, strict=True):
             for gg in pp.gpus:
-                slices.append(GpuSlice(allocation=a, gpu=inputs.gpus[(pp.node, gg.index)],
+                slices.append(GpuSlice(allocation=a, gpu_id=inputs.gpus[(pp.node, gg.index)].pk,
                                        container=gg.container, memory_mib=gg.gpu_memory_mib,
                                        cores_percent=gg.gpu_cores_percent, exclusive=gg.exclusive))
         GpuSlice.objects.bulk_create(slices, batch_size=2000)
@@ -287,7 +293,6 @@ def _reset(cluster: Any, pending_ids: list[int], running_ids: list[int], decisio
 
 
 def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
-    from django.conf import settings
     from django.db import connection
     from django.utils import timezone
 
@@ -301,7 +306,7 @@ def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
     if inputs.pending:
         run_cycle(inputs.snapshot, inputs.pending, inputs.tree, now=timezone.now().timestamp(),
                   running=inputs.running,
-                  config=CycleConfig(heads_per_queue=settings.SCHEDULER_HEADS_PER_QUEUE or None),
+                  config=CycleConfig(heads_per_queue=services.heads_per_queue(inputs)),
                   policy=services.engine_policy(cluster.placement_policy))
     engine_s = time.perf_counter() - t0
     del inputs
@@ -313,11 +318,11 @@ def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(count):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         summary = services.cycle_run(cluster=cluster)
-        cycle_s = time.perf_counter() - t0
+        cycle_s, cycle_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     assert summary is not None
-    out = {"cycle_s": cycle_s, "queries": queries, "engine_s": engine_s,
+    out = {"cycle_s": cycle_s, "cycle_cpu_s": cycle_cpu_s, "queries": queries, "engine_s": engine_s,
            "snapshot_s": snap_s, "admitted": len(summary.admitted), "waiting": len(summary.waiting),
            "preempting": len(summary.preempting), "rejected": len(summary.rejected),
            "conflicts": len(summary.conflicts)}
@@ -359,7 +364,7 @@ def main() -> None:
             "submitted_at", "id").values_list("pk", flat=True))
     rows = []
     print(f"{'pending':>8} {'alloc %':>7} {'running':>8} {'admitted':>8} {'waiting':>8} "
-          f"{'queries':>8} {'cycle s':>8} {'engine s':>8} {'snap s':>7} {'ratio':>6}"
+          f"{'queries':>8} {'cycle s':>8} {'cpu s':>6} {'engine s':>8} {'snap s':>7} {'ratio':>6}"
           + ("  drain s (cycles, admitted)" if args.drain else ""))
     for pct in allocs:
         running_n = _set_running(admin, cluster, projects, pct, seed=5)
@@ -379,7 +384,8 @@ def main() -> None:
                    "runs": runs}
             rows.append(row)
             print(f"{n:>8} {pct:>7} {running_n:>8} {med['admitted']:>8.0f} {med['waiting']:>8.0f} "
-                  f"{med['queries']:>8.0f} {med['cycle_s']:>8.2f} {med['engine_s']:>8.2f} "
+                  f"{med['queries']:>8.0f} {med['cycle_s']:>8.2f} {med['cycle_cpu_s']:>6.2f} "
+                  f"{med['engine_s']:>8.2f} "
                   f"{med['snapshot_s']:>7.2f} {med['cycle_s'] / max(med['engine_s'], 1e-9):>6.1f}"
                   + (f"  {med['drain_s']:.2f} ({med['drain_cycles']:.0f}, {med['drain_admitted']:.0f})"
                      if args.drain else ""), flush=True)

@@ -9,12 +9,15 @@ decisions map back to rows without ambiguity.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Prefetch, QuerySet
+from django.db import connection
+from django.db.models import FloatField, QuerySet, TextField
+from django.db.models.functions import Cast, Extract
 from django.utils import timezone
 
 from scheduling import engine as E
@@ -132,51 +135,74 @@ class PoolAccess:
 NO_POOLS = PoolAccess({}, {}, {})
 
 
-def pool_access(cluster: Cluster, nodes: dict[str, Node] | None = None) -> PoolAccess:
+def pool_access(cluster: Cluster, node_pools: dict[str, str] | None = None,
+                gpu_models: dict[str, set[str]] | None = None) -> PoolAccess:
+    """``node_pools`` (node name → pool) and ``gpu_models`` (node name → its GPU models),
+    when the caller has read them already; otherwise they are read here."""
     dedicated = {p.name: frozenset(t.pk for t in p.tenants.all())
                  for p in NodePool.objects.filter(cluster=cluster, dedicated=True)
                  .prefetch_related("tenants")}
     if not dedicated:
         return NO_POOLS
-    if nodes is None:
-        nodes = {n.name: n for n in Node.objects.filter(cluster=cluster, present=True)
-                 .prefetch_related("gpus")}
-    node_pool = {name: n.pool for name, n in nodes.items() if n.pool in dedicated}
+    if node_pools is None or gpu_models is None:
+        node_pools = dict(Node.objects.filter(cluster=cluster, present=True).values_list("name", "pool"))
+        gpu_models = defaultdict(set)
+        for name, model in GpuDevice.objects.filter(node__cluster=cluster, node__present=True).values_list(
+                "node__name", "model"):
+            gpu_models[name].add(model)
+    node_pool = {name: pool for name, pool in node_pools.items() if pool in dedicated}
     models: dict[str, set[str]] = {p: set() for p in dedicated}
     for name, p in node_pool.items():
-        models[p].update(g.model for g in nodes[name].gpus.all())
+        models[p].update(gpu_models.get(name, ()))
     return PoolAccess(dedicated, {p: frozenset(m) for p, m in models.items()}, node_pool)
 
 
-# --- inventory ---------------------------------------------------------------------------
+# --- the cycle's snapshot ------------------------------------------------------------------
+#
+# Read as tuples (``values_list``), straight into the engine's structures: building Django
+# model instances for 20,000 jobs, their pod groups and every GPU and allocation was most
+# of the snapshot's time (issue 13). The columns read are the ones the engine and the
+# cycle's writes use; the few jobs a cycle admits, preempts or rejects are loaded as models
+# afterwards (``job_models``).
 
 
-def _fresh_utilization(g: GpuDevice) -> float | None:
-    """A utilisation reading steers placement only while it is recent."""
-    if g.utilization_percent is None or g.utilization_at is None:
-        return None
-    max_age = dt.timedelta(seconds=getattr(settings, "SCHEDULER_UTILIZATION_MAX_AGE_SECONDS", 120))
-    return g.utilization_percent if timezone.now() - g.utilization_at <= max_age else None
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    """A GPU as the snapshot saw it: its id and the totals an admission is checked against."""
+
+    pk: int
+    memory_allocated_mib: int
+    cores_allocated: int
+    sharers: int
+    exclusive_held: bool
+    memory_mib: int
+    max_sharers: int
+    foreign_memory_mib: int = 0
+    foreign_cores: int = 0
+    foreign_sharers: int = 0
+    foreign_exclusive: bool = False
+
+    def totals(self) -> tuple[int, int, int, bool, int, int, int, int, int, bool]:
+        """What an admission is checked against: Camp's own counters, the card's size and the
+        usage of pods Camp did not create (a change in any of them makes the admission wait)."""
+        return (self.memory_allocated_mib, self.cores_allocated, self.sharers, self.exclusive_held,
+                self.memory_mib, self.max_sharers, self.foreign_memory_mib, self.foreign_cores,
+                self.foreign_sharers, self.foreign_exclusive)
 
 
-def _engine_gpu(g: GpuDevice, node_usable: bool, pool: str = "") -> E.GpuDevice:
-    templates = tuple(
-        E.SliceTemplate(int(t["memory_mib"]), int(t["cores"]), str(t.get("name", "")))
-        for t in (g.templates or [])
-    )
-    sharing = E.SharingMode(g.sharing) if g.sharing in E.SharingMode._value2member_map_ else (
-        E.SharingMode.SHAREABLE)
-    return E.GpuDevice(
-        index=g.index, uuid=g.uuid, model=pool_model(g.model, pool) if pool else g.model,
-        memory_mib=g.memory_mib, vendor=g.vendor,
-        # On a quarantined node the node itself is unschedulable; its GPUs still count as
-        # present so that jobs needing them wait for the repair instead of being rejected
-        # as "never fits" (the engine treats an unhealthy GPU as gone for good).
-        numa_node=g.numa_node, healthy=g.usable or not node_usable, sharing=sharing, templates=templates,
-        max_sharers=g.max_sharers, utilization_percent=_fresh_utilization(g),
-        foreign_memory_mib=g.foreign_memory_mib, foreign_cores_percent=g.foreign_cores,
-        foreign_sharers=g.foreign_sharers, foreign_exclusive=g.foreign_exclusive,
-    )
+@dataclass(slots=True)
+class JobRow:
+    """A pending or running job as the snapshot saw it: what the cycle's bulk writes compare
+    and update (a waiting job's reason and position) without a model instance."""
+
+    pk: int
+    cluster_id: int
+    tenant_id: int
+    project_id: int
+    reason: str
+    reason_kind: str
+    queue_position: int | None
+    queue_length: int | None
 
 
 # Taints Camp's pods tolerate: a GPU node tainted with its GPU resource name (the
@@ -184,68 +210,195 @@ def _engine_gpu(g: GpuDevice, node_usable: bool, pool: str = "") -> E.GpuDevice:
 _TOLERATED_TAINTS = frozenset(v.count_resource for v in VENDORS.values())
 
 
-def node_repelling_taints(n: Node) -> list[str]:
+def repelling_taints(taints: list[dict[str, Any]] | None) -> list[str]:
     """The node's NoSchedule/NoExecute taints that Camp's pods do not tolerate (e.g. the
     node lifecycle controller's ``node.kubernetes.io/not-ready``): such a node takes no pod."""
-    return [str(t.get("key", "")) for t in (n.taints or [])
+    return [str(t.get("key", "")) for t in (taints or [])
             if t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key") not in _TOLERATED_TAINTS]
 
 
-def _engine_node(n: Node, access: PoolAccess = NO_POOLS) -> E.Node:
-    pool = access.node_pool.get(n.name, "")
-    schedulable = n.schedulable and not node_repelling_taints(n)
-    gpus = tuple(_engine_gpu(g, schedulable, pool) for g in n.gpus.all())
-    islands = tuple(frozenset(int(i) for i in isl) for isl in (n.nvlink_islands or []))
-    return E.Node(
-        name=n.name, cpu_millicores=n.cpu_millicores, ram_mib=n.ram_mib, gpus=gpus,
-        max_pods=n.max_pods, labels=tuple(sorted((str(k), str(v)) for k, v in n.labels.items())),
-        pool=n.pool, schedulable=schedulable, healthy=True,
-        topology=E.Topology(nvlink_islands=islands),
-    )
+_NODE_COLUMNS = ("pk", "name", "cpu_millicores", "ram_mib", "max_pods", "labels", "taints", "pool",
+                 "nvlink_islands", "ready", "cordoned", "quarantined")
+_GPU_COLUMNS = ("pk", "node_id", "index", "uuid", "model", "vendor", "memory_mib", "numa_node",
+                "healthy", "quarantined", "sharing", "templates", "max_sharers", "utilization_percent",
+                "utilization_at", "memory_allocated_mib", "cores_allocated", "sharers", "exclusive_held",
+                "foreign_memory_mib", "foreign_cores", "foreign_sharers", "foreign_exclusive")
+_JOB_COLUMNS = ("pk", "cluster_id", "tenant_id", "project_id", "reason", "reason_kind",
+                "queue_position", "queue_length")
+_PENDING_COLUMNS = (*_JOB_COLUMNS, "tenant__name", "project__name", "priority", "priority_class",
+                    "gang", "preemptible", "mixed_gpu_models", "submitted_at", "duration_seconds",
+                    "checkpoint_capable")
+_GROUP_COLUMNS = ("job_id", "pk", "name", "replicas", "gpu_count", "gpu_memory_mib",
+                  "gpu_cores_percent", "exclusive", "cpu_millicores", "ram_mib", "gpu_models")
+_ALLOC_COLUMNS = ("pk", "job_id", "group__name", "replica", "node__name", "cpu_millicores", "ram_mib")
+_RUNNING_COLUMNS = (*_JOB_COLUMNS, "tenant__name", "project__name", "priority", "preemptible",
+                    "state", "started_at", "admitted_at", "submitted_at", "checkpoint_capable",
+                    "duration_seconds")
 
 
-def pod_placement(a: Allocation, access: PoolAccess = NO_POOLS) -> E.PodPlacement:
-    pool = access.node_pool.get(a.node.name, "")
-    gpus = tuple(
-        E.GpuGrant(
-            index=s.gpu.index, uuid=s.gpu.uuid,
-            gpu_model=pool_model(s.gpu.model, pool) if pool else s.gpu.model,
-            gpu_memory_mib=s.memory_mib,
-            gpu_cores_percent=s.cores_percent, exclusive=s.exclusive, container=s.container,
-            vendor=s.gpu.vendor,
-        )
-        for s in a.slices.all()
-    )
-    return E.PodPlacement(
-        pod=pod_key(a.job_id, a.group.name, a.replica), node=a.node.name, gpus=gpus,
-        cpu_millicores=a.cpu_millicores, ram_mib=a.ram_mib,
-    )
-
-
-# --- jobs --------------------------------------------------------------------------------
-
-
-def engine_job(job: Job, groups: list[PodGroup], access: PoolAccess = NO_POOLS) -> E.Job:
-    egroups = []
-    for g in groups:
-        allow, deny = access.model_lists(job.tenant_id, frozenset(g.gpu_models or ()))
-        egroups.append(E.PodGroup(
-            name=g.name,
-            template=E.pod(
-                f"{job.pk}-{g.name}", gpu_count=g.gpu_count, gpu_memory_mib=g.gpu_memory_mib,
-                gpu_cores_percent=g.gpu_cores_percent, exclusive=g.exclusive,
-                cpu_millicores=g.cpu_millicores, ram_mib=g.ram_mib,
-                gpu_models=allow, excluded_gpu_models=deny,
-            ),
-            replicas=g.replicas,
+def _cluster_part(cluster: Cluster) -> tuple[tuple[E.Node, ...], dict[str, int],
+                                              dict[tuple[str, int], GpuRow], dict[int, tuple[Any, ...]],
+                                              PoolAccess]:
+    """Nodes as the engine sees them, node name → id, (node, index) → GpuRow, GPU id → its row
+    (for allocations' slices) and the dedicated pools."""
+    node_rows = list(Node.objects.filter(cluster=cluster, present=True).order_by("name")
+                     .values_list(*_NODE_COLUMNS))
+    gpu_rows = list(GpuDevice.objects.filter(node__cluster=cluster, node__present=True)
+                    .order_by("node_id", "index").values_list(*_GPU_COLUMNS))
+    by_node: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for g in gpu_rows:
+        by_node[g[1]].append(g)
+    node_name = {n[0]: n[1] for n in node_rows}
+    access = pool_access(cluster, {n[1]: n[7] for n in node_rows},
+                         {node_name[nid]: {g[4] for g in gs} for nid, gs in by_node.items()
+                          if nid in node_name})
+    now = timezone.now()
+    max_age = dt.timedelta(seconds=getattr(settings, "SCHEDULER_UTILIZATION_MAX_AGE_SECONDS", 120))
+    sharing_modes = E.SharingMode._value2member_map_
+    enodes = []
+    gpus: dict[tuple[str, int], GpuRow] = {}
+    gpu_by_id: dict[int, tuple[Any, ...]] = {}
+    for (pk, name, cpu, ram, max_pods, labels, taints, pool, islands, ready, cordoned,
+         quarantined) in node_rows:
+        # present: the only nodes read
+        schedulable = ready and not cordoned and not quarantined and not repelling_taints(taints)
+        dpool = access.node_pool.get(name, "")
+        egpus = []
+        for (gpk, _, index, uuid, model, vendor, memory_mib, numa, healthy, gquar, sharing, templates,
+             max_sharers, util, util_at, mem_alloc, cores_alloc, sharers, excl, f_mem, f_cores, f_sharers,
+             f_excl) in by_node.get(pk, ()):
+            gpu_by_id[gpk] = (name, index, uuid, model, vendor)
+            gpus[(name, index)] = GpuRow(gpk, mem_alloc, cores_alloc, sharers, excl, memory_mib, max_sharers,
+                                         f_mem, f_cores, f_sharers, f_excl)
+            fresh = util if util is not None and util_at is not None and now - util_at <= max_age else None
+            egpus.append(E.GpuDevice(
+                index=index, uuid=uuid, model=pool_model(model, dpool) if dpool else model,
+                memory_mib=memory_mib, vendor=vendor, numa_node=numa,
+                # On a quarantined node the node itself is unschedulable; its GPUs still count
+                # as present so that jobs needing them wait for the repair instead of being
+                # rejected as "never fits" (the engine treats an unhealthy GPU as gone for good).
+                healthy=(healthy and not gquar) or not schedulable,
+                sharing=E.SharingMode(sharing) if sharing in sharing_modes else E.SharingMode.SHAREABLE,
+                templates=tuple(E.SliceTemplate(int(t["memory_mib"]), int(t["cores"]), str(t.get("name", "")))
+                                for t in (templates or [])),
+                max_sharers=max_sharers, utilization_percent=fresh,
+                foreign_memory_mib=f_mem, foreign_cores_percent=f_cores, foreign_sharers=f_sharers,
+                foreign_exclusive=f_excl,
+            ))
+        enodes.append(E.Node(
+            name=name, cpu_millicores=cpu, ram_mib=ram, gpus=tuple(egpus), max_pods=max_pods,
+            labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())), pool=pool,
+            schedulable=schedulable, healthy=True,
+            topology=E.Topology(nvlink_islands=tuple(frozenset(int(i) for i in isl)
+                                                      for isl in (islands or []))),
         ))
-    return E.Job(
-        name=str(job.pk), groups=tuple(egroups), gang=job.gang, priority=job.priority,
-        priority_class=job.priority_class, queue=queue_name(job.tenant.name, job.project.name),
-        preemptible=job.preemptible, submit_time=job.submitted_at.timestamp(),
-        runtime_estimate_s=float(job.duration_seconds) if job.duration_seconds else None,
-        checkpointable=job.checkpoint_capable, mixed_gpu_models=job.mixed_gpu_models,
-    )
+    return tuple(enodes), {n[1]: n[0] for n in node_rows}, gpus, gpu_by_id, access
+
+
+def _running_part(cluster: Cluster, nodes: dict[str, int], gpu_by_id: dict[int, tuple[Any, ...]],
+                  access: PoolAccess, jobs: dict[str, JobRow]
+                  ) -> tuple[list[E.Allocation], dict[str, bool], dict[str, float]]:
+    """The allocations as the engine sees them; adds their jobs to ``jobs``."""
+    allocs = [a for a in Allocation.objects.filter(cluster=cluster).order_by("job_id", "group_id", "replica")
+              .values_list(*_ALLOC_COLUMNS) if a[4] in nodes]
+    slices: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for s in (GpuSlice.objects.filter(allocation__cluster=cluster)
+              .order_by("allocation_id", "container", "gpu_id")
+              .values_list("allocation_id", "gpu_id", "memory_mib", "cores_percent", "exclusive",
+                           "container")):
+        slices[s[0]].append(s)
+    running = {r[0]: r for r in Job.objects.filter(pk__in={a[1] for a in allocs})
+               .values_list(*_RUNNING_COLUMNS)}
+    n = len(_JOB_COLUMNS)
+    eallocs = []
+    for pk, job_id, group, replica, node, cpu, ram in allocs:
+        r = running[job_id]
+        tenant, project, priority, preemptible, state, started, admitted, submitted = r[n:n + 8]
+        jobs[str(job_id)] = JobRow(*r[:n])
+        pool = access.node_pool.get(node, "")
+        grants = []
+        for _, gpu_id, memory_mib, cores, exclusive, container in slices.get(pk, ()):
+            _, index, uuid, model, vendor = gpu_by_id[gpu_id]
+            grants.append(E.GpuGrant(
+                index=index, uuid=uuid, gpu_model=pool_model(model, pool) if pool else model,
+                gpu_memory_mib=memory_mib, gpu_cores_percent=cores, exclusive=exclusive,
+                container=container, vendor=vendor))
+        eallocs.append(E.Allocation(
+            job=str(job_id),
+            placement=E.PodPlacement(pod=pod_key(job_id, group, replica), node=node, gpus=tuple(grants),
+                                     cpu_millicores=cpu, ram_mib=ram),
+            queue=queue_name(tenant, project), priority=priority,
+            preemptible=preemptible and state != JobState.PREEMPTING,
+            start_time=(started or admitted or submitted).timestamp(),
+        ))
+    checkpointable = {str(k): bool(r[n + 8]) for k, r in running.items()}
+    estimates = {str(k): float(r[n + 9]) for k, r in running.items() if r[n + 9]}
+    return eallocs, checkpointable, estimates
+
+
+def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow]
+                  ) -> tuple[list[E.Job], dict[int, dict[str, int]]]:
+    """The queued jobs as the engine sees them (in submission order) and their pod groups
+    (job id → group name → group id); adds the jobs to ``jobs``."""
+    queued = Job.objects.filter(cluster=cluster, state=JobState.QUEUED).order_by("submitted_at", "id")
+    if connection.vendor == "postgresql":
+        # Seconds since the epoch as a float, computed by the server: Django's timestamptz
+        # loader parses text in Python (~20 µs a row). The same double as .timestamp().
+        queued = queued.annotate(submit_s=Cast(Extract("submitted_at", "epoch"), FloatField()))
+        columns = (*_PENDING_COLUMNS[:-3], "submit_s", *_PENDING_COLUMNS[-2:])
+    else:
+        columns = _PENDING_COLUMNS
+    rows = list(queued.values_list(*columns))
+    # gpu_models read as text and parsed once per distinct list (a few dozen), not per row.
+    parsed: dict[str | None, list[str]] = {}
+    group_rows: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for g in (PodGroup.objects.filter(job__cluster=cluster, job__state=JobState.QUEUED).order_by("id")
+              .annotate(models_text=Cast("gpu_models", TextField()))
+              .values_list(*_GROUP_COLUMNS[:-1], "models_text")):
+        text = g[-1]
+        if text not in parsed:
+            parsed[text] = json.loads(text) if text else []
+        group_rows[g[0]].append((*g[:-1], parsed[text]))
+    # A preemptor waits, out of the queue, until its victims have released their resources.
+    waiting_for_victims = set(
+        Job.objects.filter(cluster=cluster, state=JobState.PREEMPTING, preempted_by__isnull=False)
+        .values_list("preempted_by_id", flat=True))
+    lists: dict[tuple[int, frozenset[str]], tuple[frozenset[str], frozenset[str]]] = {}
+    n = len(_JOB_COLUMNS)
+    pending: list[E.Job] = []
+    groups: dict[int, dict[str, int]] = {}
+    for r in rows:
+        pk, tenant_id = r[0], r[2]
+        gs = group_rows.get(pk)
+        if not gs:  # left QUEUED between the two reads (only without REPEATABLE READ: SQLite)
+            continue
+        tenant, project, priority, priority_class, gang, preemptible, mixed, submitted, duration, ckpt = r[n:]
+        groups[pk] = {g[2]: g[1] for g in gs}
+        jobs[str(pk)] = JobRow(*r[:n])
+        if pk in waiting_for_victims:
+            continue
+        egroups = []
+        for (_, _, name, replicas, gpu_count, gpu_mem, gpu_cores, exclusive, cpu, ram,
+             gpu_models) in gs:
+            key = (tenant_id, frozenset(gpu_models or ()))
+            if key not in lists:
+                lists[key] = access.model_lists(tenant_id, key[1])
+            allow, deny = lists[key]
+            egroups.append(E.PodGroup(
+                name=name,
+                template=E.pod(f"{pk}-{name}", gpu_count=gpu_count, gpu_memory_mib=gpu_mem,
+                               gpu_cores_percent=gpu_cores, exclusive=exclusive, cpu_millicores=cpu,
+                               ram_mib=ram, gpu_models=allow, excluded_gpu_models=deny),
+                replicas=replicas,
+            ))
+        pending.append(E.Job(
+            name=str(pk), groups=tuple(egroups), gang=gang, priority=priority,
+            priority_class=priority_class, queue=queue_name(tenant, project), preemptible=preemptible,
+            submit_time=submitted if isinstance(submitted, float) else submitted.timestamp(),
+            runtime_estimate_s=float(duration) if duration else None,
+            checkpointable=ckpt, mixed_gpu_models=mixed,
+        ))
+    return pending, groups
 
 
 def _equota(q: Quota | None) -> EQuota:
@@ -289,11 +442,13 @@ class CycleInputs:
     tree: QueueTree
     pending: list[E.Job]
     running: list[RunningJob]
-    jobs: dict[str, Job]
+    jobs: dict[str, JobRow]
     """Pending and running jobs by engine name."""
-    nodes: dict[str, Node]
-    gpus: dict[tuple[str, int], GpuDevice]
-    groups: dict[int, dict[str, PodGroup]]
+    nodes: dict[str, int]
+    """Node name → id."""
+    gpus: dict[tuple[str, int], GpuRow]
+    groups: dict[int, dict[str, int]]
+    """Pending job id → pod group name → group id."""
     pools: PoolAccess = NO_POOLS
     cluster: Cluster | None = None
 
@@ -304,73 +459,26 @@ class CycleInputs:
 
 
 def cycle_inputs(cluster: Cluster) -> CycleInputs:
-    nodes = {
-        n.name: n
-        for n in Node.objects.filter(cluster=cluster, present=True).prefetch_related(
-            Prefetch("gpus", queryset=GpuDevice.objects.order_by("index"))
-        )
-    }
-    gpus = {(n.name, g.index): g for n in nodes.values() for g in n.gpus.all()}
-    access = pool_access(cluster, nodes)
-    allocations = list(
-        Allocation.objects.filter(cluster=cluster)
-        .select_related("job__tenant", "job__project", "group", "node")
-        .prefetch_related(Prefetch("slices", queryset=GpuSlice.objects.select_related("gpu")))
-    )
-    eallocs = []
-    jobs: dict[str, Job] = {}
-    for a in allocations:
-        if a.node.name not in nodes:
-            continue
-        job = a.job
-        job.project.tenant = job.tenant  # str(job) names the tenant: no query per audit event
-        jobs[str(job.pk)] = job
-        eallocs.append(E.Allocation(
-            job=str(job.pk), placement=pod_placement(a, access),
-            queue=queue_name(job.tenant.name, job.project.name), priority=job.priority,
-            preemptible=job.preemptible and job.state != JobState.PREEMPTING,
-            start_time=(job.started_at or job.admitted_at or job.submitted_at).timestamp(),
-        ))
-    snapshot = E.ClusterSnapshot(nodes=tuple(_engine_node(n, access) for n in nodes.values()),
-                                 allocations=tuple(eallocs))
+    enodes, nodes, gpus, gpu_by_id, access = _cluster_part(cluster)
+    jobs: dict[str, JobRow] = {}
+    eallocs, checkpointable, estimates = _running_part(cluster, nodes, gpu_by_id, access, jobs)
+    snapshot = E.ClusterSnapshot(nodes=enodes, allocations=tuple(eallocs))
     running = running_jobs(
-        snapshot,
-        checkpointable=[k for k, j in jobs.items() if j.checkpoint_capable],
-        runtime_estimates={k: float(j.duration_seconds) for k, j in jobs.items()
-                           if j.duration_seconds},
-    )
-    # Tens of thousands of pending jobs: their tenants and projects (a few hundred) are read
-    # once and attached, and their pod groups read with one join, rather than built per row
-    # by select_related / prefetch_related (the snapshot's largest cost, issue 13).
-    pending_rows = list(
-        Job.objects.filter(cluster=cluster, state=JobState.QUEUED).order_by("submitted_at", "id"))
-    tenants = {t.pk: t for t in Tenant.objects.filter(pk__in={j.tenant_id for j in pending_rows})}
-    projects = {p.pk: p for p in Project.objects.filter(pk__in={j.project_id for j in pending_rows})}
-    pending_groups: dict[int, list[PodGroup]] = defaultdict(list)
-    for g in PodGroup.objects.filter(job__cluster=cluster, job__state=JobState.QUEUED).order_by("id"):
-        pending_groups[g.job_id].append(g)
-    # A preemptor waits, out of the queue, until its victims have released their resources.
-    waiting_for_victims = set(
-        Job.objects.filter(cluster=cluster, state=JobState.PREEMPTING, preempted_by__isnull=False)
-        .values_list("preempted_by_id", flat=True)
-    )
-    pending = []
-    groups: dict[int, dict[str, PodGroup]] = {}
-    for job in pending_rows:
-        job.tenant = tenants[job.tenant_id]
-        job.project = projects[job.project_id]
-        job.project.tenant = job.tenant  # str(job) names the tenant: no query per audit event
-        gs = pending_groups[job.pk]
-        if not gs:  # left QUEUED between the two reads (only without REPEATABLE READ: SQLite)
-            continue
-        for g in gs:
-            g.job = job
-        groups[job.pk] = {g.name: g for g in gs}
-        jobs[str(job.pk)] = job
-        if job.pk not in waiting_for_victims:
-            pending.append(engine_job(job, gs, access))
+        snapshot, checkpointable=[k for k, c in checkpointable.items() if c],
+        runtime_estimates=estimates)
+    pending, groups = _pending_part(cluster, access, jobs)
     return CycleInputs(snapshot, queue_tree(cluster), pending, running, jobs, nodes, gpus, groups,
                        access, cluster)
+
+
+def job_models(ids: list[int]) -> dict[int, Job]:
+    """The jobs of ``ids`` as models (tenant and project attached), for the few a cycle
+    admits, preempts or rejects: audit events and namespaces need them."""
+    out = {}
+    for job in Job.objects.filter(pk__in=ids).select_related("tenant", "project"):
+        job.project.tenant = job.tenant  # str(job) names the tenant: no query per audit event
+        out[job.pk] = job
+    return out
 
 
 # --- reads for views ---------------------------------------------------------------------
@@ -390,9 +498,8 @@ def project_namespace_name(*, cluster: Cluster, project: Any) -> str:
 def job_list(*, user: Any) -> QuerySet[Job]:
     """The jobs ``user`` may see, newest first (an indexed order: ``Job.Meta.indexes``),
     with what every list renders; the portal's jobs page and the API list both use it."""
-    # preempted_by is rendered as its id (preempted_by_id), so it is not joined.
     return restrict(Job.objects.all(), user).select_related(
-        "tenant", "project__tenant", "owner", "cluster").order_by("-submitted_at", "-id")
+        "tenant", "project__tenant", "owner", "cluster", "preempted_by").order_by("-submitted_at", "-id")
 
 
 def job_decisions(*, job: Job, limit: int = 50) -> list[SchedulingDecision]:

@@ -136,6 +136,15 @@ def jobs_dispatch(job_ids: list[int]) -> int:
     return len(job_ids)
 
 
+@shared_task(**_OPTS)
+def jobs_stop(job_ids: list[int]) -> int:
+    """Queue ``job_stop`` for each job a cycle preempted (one task from the cycle, as
+    ``jobs_dispatch``; the stops still run in parallel on every worker)."""
+    for job_id in job_ids:
+        job_stop.delay(job_id)
+    return len(job_ids)
+
+
 @shared_task(**_OPTS, autoretry_for=(OperationalError, BackendError), retry_backoff=1, max_retries=5)
 def job_stop(job_id: int) -> str:
     if not Job.objects.filter(pk=job_id).exists():

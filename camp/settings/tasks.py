@@ -49,6 +49,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 SCHEDULER_TICK_SECONDS = env_int("SCHEDULER_TICK_SECONDS", 3)
 # Jobs tried per project queue in one cycle (0: all). See docs/BENCHMARKS.md §queueing.
 SCHEDULER_HEADS_PER_QUEUE = env_int("SCHEDULER_HEADS_PER_QUEUE", 8)
+# On a cluster with room, each queue offers at least its share of the free GPUs
+# (scheduling.services.heads_per_queue), so a sweep is admitted in a few cycles.
+SCHEDULER_HEADS_FILL = env_bool("SCHEDULER_HEADS_FILL", True)
 SCHEDULER_INVENTORY_SECONDS = env_int("SCHEDULER_INVENTORY_SECONDS", 60)
 CELERY_BEAT_SCHEDULE.update({
     "scheduler-tick": {"task": "scheduling.tasks.scheduler_tick",

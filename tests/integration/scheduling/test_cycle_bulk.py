@@ -168,3 +168,61 @@ def test_idle_tick_reads_no_snapshot(world: Any, sim_cluster: Any) -> None:
     assert summary is not None and not (summary.admitted or summary.waiting)
     assert not any("scheduling_node" in s or "scheduling_allocation" in s for s in seen.sql)
     assert len([s for s in seen.sql if "SAVEPOINT" not in s]) <= 5, seen.sql
+
+
+@pytest.mark.parametrize("fill", [True, False])
+def test_heads_follow_free_room(world: Any, sim_cluster: Any, settings: Any, fill: bool) -> None:
+    """With room on the cluster a queue offers its share of the free GPUs, not just the
+    configured heads; once the cluster is full the configured heads bound the cycle."""
+    settings.SCHEDULER_HEADS_PER_QUEUE = 2
+    settings.SCHEDULER_HEADS_FILL = fill
+    jobs = [submit(world, sim_cluster, f"one-{i}", group={"gpu_count": 1, "gpu_models": ["A100-80G"]})
+            for i in range(8)]
+    summary = services.cycle_run(cluster=sim_cluster)
+    assert summary is not None
+    # the 8 A100s are free: all 8 offered and admitted at once (without fill: the first 2)
+    assert sorted(summary.admitted) == sorted(j.pk for j in (jobs if fill else jobs[:2]))
+    if fill:
+        late = [submit(world, sim_cluster, f"late-{i}", group={"gpu_count": 1, "gpu_models": ["A100-80G"]})
+                for i in range(4)]
+        inputs, statuses = services._decide(sim_cluster, None)
+        assert services.heads_per_queue(inputs) == 2  # only the 2 L4s free: 2 per queue
+        kinds = {s.job: s.kind for s in statuses}
+        assert [kinds[str(j.pk)] for j in late[2:]] == ["behind", "behind"]
+    assert_consistent(sim_cluster, settled=False)
+
+
+def test_victim_that_ended_after_the_snapshot_is_not_preempted(world: Any, sim_cluster: Any) -> None:
+    """Preemptions are written in bulk: a victim cancelled between the decision and the write
+    is left alone, and the preemptor's reason, decision and audit count only the others."""
+    batch = [submit(world, sim_cluster, f"batch-{i}", priority_class="batch",
+                    group={"gpu_count": 1, "gpu_models": ["A100-80G"]}) for i in range(8)]
+    services.cycle_run(cluster=sim_cluster)
+    for j in batch:
+        assert services.job_dispatch(job_id=j.pk) == "created"
+    urgent = submit(world, sim_cluster, "urgent", priority_class="high",
+                    group={"gpu_count": 4, "gpu_models": ["A100-80G"]})
+    inputs, statuses = services._decide(sim_cluster, None)
+    [decision] = [s.decision for s in statuses if s.job == str(urgent.pk)]
+    planned = [int(v) for v in decision.victims]  # type: ignore[union-attr]
+    assert len(planned) == 4
+    gone = Job.objects.get(pk=planned[0])
+    services.job_cancel(actor=world.a.member, job=gone)  # lands between decision and write
+    seen = _Statements()
+    with connection.execute_wrapper(seen):
+        summary = services._persist(sim_cluster, inputs, statuses)
+    assert summary.preempting == [urgent.pk] and sorted(summary.victims) == sorted(planned[1:])
+    assert len(seen.writes("\"scheduling_job\"")) == 2  # the victims, the preemptor: one statement each
+    assert Job.objects.get(pk=gone.pk).state == JobState.CANCELLED
+    assert sorted(Job.objects.filter(state=JobState.PREEMPTING, preempted_by=urgent)
+                  .values_list("pk", flat=True)) == sorted(planned[1:])
+    urgent.refresh_from_db()
+    assert urgent.reason.startswith("Preempting 3 job(s)") and urgent.reason_kind == "preempting"
+    preempting = SchedulingDecision.objects.get(job=urgent, kind="preempting")
+    assert sorted(preempting.victims) == sorted(planned[1:])
+    assert not SchedulingDecision.objects.filter(job=gone, kind="preempted").exists()
+    assert SchedulingDecision.objects.filter(kind="preempted", preemptor=urgent).count() == 3
+    for pk in planned:  # what the stop tasks queued after commit do
+        assert services.job_stop(job_id=pk) == "released"
+    assert_consistent(sim_cluster, settled=False)
+    assert not list(verify_chain())

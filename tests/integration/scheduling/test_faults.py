@@ -247,3 +247,32 @@ def test_kubernetes_unhealthy_gpu_from_hami_registration(world: Any) -> None:
         assert core.list_namespaced_pod(ns).items == []
         node = client_for(world.a.member).get("/api/v1/nodes/").json()["results"][0]
         assert [g["healthy"] for g in node["gpus"]] == [i != index for i in range(4)]
+
+
+def test_inventory_sync_writes_only_what_changed(world: Any, cluster: Any) -> None:
+    """Bulk upsert: an unchanged inventory writes no node and no GPU row; a node turning
+    NotReady writes that node alone (and none of its GPUs)."""
+    from django.db import connection
+
+    writes: list[str] = []
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE")):
+            writes.append(sql.split(" SET ")[0].split("(")[0])
+        return execute(sql, params, many, context)
+
+    stamps = dict(Node.objects.values_list("name", "updated_at"))
+    with connection.execute_wrapper(spy):
+        services.inventory_sync(cluster=cluster)
+    assert not [w for w in writes if "scheduling_gpudevice" in w or "INSERT" in w], writes
+    assert dict(Node.objects.values_list("name", "updated_at")) == stamps  # no node row touched
+    services.cluster_update(actor=world.admin, cluster=cluster, inventory=_inventory(ready0=False))
+    writes.clear()
+    with connection.execute_wrapper(spy):
+        result = services.inventory_sync(cluster=cluster)
+    assert result.quarantined == ["a100-0"] and result.nodes == 2 and result.gpus == 4
+    assert not [w for w in writes if "scheduling_gpudevice" in w or "INSERT" in w], writes
+    after = dict(Node.objects.values_list("name", "updated_at"))
+    assert after["a100-1"] == stamps["a100-1"] and after["a100-0"] > stamps["a100-0"]
+    a0 = Node.objects.get(name="a100-0")
+    assert a0.quarantined and not a0.ready and a0.quarantine_reason == "auto: node NotReady"
