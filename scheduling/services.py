@@ -1129,8 +1129,10 @@ def heads_per_queue(inputs: selectors.CycleInputs) -> int | None:
             continue
         for g in node.gpus:
             row = inputs.gpus[(node.name, g.index)]
-            if g.healthy and not row.exclusive_held and row.memory_mib:
-                free += max(0.0, 1 - row.memory_allocated_mib / row.memory_mib)
+            # Room held by pods Camp did not create is not free room.
+            if (g.healthy and not row.exclusive_held and not row.foreign_exclusive and row.memory_mib
+                    and row.sharers + row.foreign_sharers < row.max_sharers):
+                free += max(0.0, 1 - (row.memory_allocated_mib + row.foreign_memory_mib) / row.memory_mib)
     queues = len({j.queue for j in inputs.pending})
     return max(base, math.ceil(free / queues))
 

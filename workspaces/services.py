@@ -970,7 +970,7 @@ def training_submit(
 @transaction.atomic
 def training_stop(*, actor: User, training: TrainingJob) -> TrainingJob:
     t = (
-        TrainingJob.objects.select_for_update(of=("self",))
+        TrainingJob.objects.select_for_update(no_key=True, of=("self",))
         .select_related("job", "tenant", "project")
         .get(pk=training.pk)
     )
@@ -993,7 +993,7 @@ def training_delete(*, actor: User, training: TrainingJob) -> None:
     for it (a deleted dependency will never succeed), remove its checkpoint volume. The
     audit record keeps what it was; its scheduling runs stay in the job history."""
     t = (
-        TrainingJob.objects.select_for_update(of=("self",))
+        TrainingJob.objects.select_for_update(no_key=True, of=("self",))
         .select_related("job", "tenant", "project", "cluster")
         .get(pk=training.pk)
     )
@@ -1141,7 +1141,7 @@ def training_sync(*, training: TrainingJob, now: dt.datetime | None = None) -> s
     _account(t)
     if job.state == JobState.FAILED and t.retries < t.retry_limit and t.owner is not None:
         with transaction.atomic():
-            locked = TrainingJob.objects.select_for_update().get(pk=t.pk)
+            locked = TrainingJob.objects.select_for_update(no_key=True, of=("self",)).get(pk=t.pk)
             if locked.job_id != job.pk:
                 return "retried"
             locked.retries += 1
@@ -1170,7 +1170,7 @@ def ssh_key_add(*, actor: User, name: str, public_key: str) -> SshKey:
     key = SshKey(user=actor, name=name[:100], key_type=parsed.key_type, public_key=parsed.line,
                  fingerprint=parsed.fingerprint, bits=parsed.bits)
     _require(actor, permissions.CREATE, key)
-    User.objects.select_for_update().filter(pk=actor.pk).first()  # serialise the count check
+    User.objects.select_for_update(no_key=True).filter(pk=actor.pk).first()  # serialise the count check
     if SshKey.objects.filter(user=actor).count() >= MAX_SSH_KEYS:
         raise ValidationError({"public_key": [f"At most {MAX_SSH_KEYS} keys per user."]})
     if SshKey.objects.filter(user=actor, fingerprint=parsed.fingerprint).exists():

@@ -214,7 +214,7 @@ class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
     @transaction.atomic
     def _find_or_create(self, issuer: str, subject: str, claims: dict[str, Any]
                         ) -> tuple[User | None, tuple[str, str, str] | None]:
-        user = User.objects.select_for_update().filter(
+        user = User.objects.select_for_update(no_key=True).filter(
             sso_issuer=issuer, sso_subject=subject).first()
         created = False
         if user is None:

@@ -246,7 +246,7 @@ class CampSAMLBackend(Saml2Backend):
     def _find_or_create(self, issuer: str, subject: str, attributes: dict[str, list[Any]]
                         ) -> tuple[User | None, tuple[str, str, str] | None]:
         names = _setting("SAML_ATTRIBUTES")
-        user = User.objects.select_for_update().filter(
+        user = User.objects.select_for_update(no_key=True).filter(
             auth_source="saml", sso_issuer=issuer, sso_subject=subject).first()
         created = False
         if user is None:

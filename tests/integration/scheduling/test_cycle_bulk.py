@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import F
 
 from scheduling import services
 from scheduling.models import Allocation, GpuDevice, Job, JobState, SchedulingDecision
@@ -190,6 +191,23 @@ def test_heads_follow_free_room(world: Any, sim_cluster: Any, settings: Any, fil
         kinds = {s.job: s.kind for s in statuses}
         assert [kinds[str(j.pk)] for j in late[2:]] == ["behind", "behind"]
     assert_consistent(sim_cluster, settled=False)
+
+
+def test_room_held_by_other_schedulers_pods_is_not_free(world: Any, sim_cluster: Any, settings: Any) -> None:
+    """Heads follow the room Camp may use: cards held by pods Camp did not create (another
+    scheduler's) do not count as free, so a cluster they fill offers only the configured
+    heads per queue."""
+    settings.SCHEDULER_HEADS_PER_QUEUE = 2
+    settings.SCHEDULER_HEADS_FILL = True
+    for i in range(8):
+        submit(world, sim_cluster, f"one-{i}", group={"gpu_count": 1, "gpu_models": ["A100-80G"]})
+    inputs, _ = services._decide(sim_cluster, None)
+    assert services.heads_per_queue(inputs) > 2  # 8 A100s + 2 L4s free
+    GpuDevice.objects.filter(node__cluster=sim_cluster, model="A100-80G").update(foreign_exclusive=True)
+    GpuDevice.objects.filter(node__cluster=sim_cluster).exclude(model="A100-80G").update(
+        foreign_memory_mib=F("memory_mib"), foreign_sharers=F("max_sharers"))
+    inputs, _ = services._decide(sim_cluster, None)
+    assert services.heads_per_queue(inputs) == 2
 
 
 def test_victim_that_ended_after_the_snapshot_is_not_preempted(world: Any, sim_cluster: Any) -> None:
