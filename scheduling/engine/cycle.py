@@ -545,7 +545,9 @@ class QueueCycle:
         return placed
 
     def _job_shape(self, job: Job, pods: Sequence[PodRequest]) -> tuple[object, ...]:
-        return (tuple(shape_key(p) for p in pods), job.gang, job.affinity)
+        """What decides where a job can be placed: its pods' shapes, gang flag, affinity and
+        whether it may mix GPU models (the failure, preemption and reason memos key on it)."""
+        return (tuple(shape_key(p) for p in pods), job.gang, job.affinity, job.mixed_gpu_models)
 
     def _place(
         self, job: Job, pods: Sequence[PodRequest], exclude: frozenset[str]

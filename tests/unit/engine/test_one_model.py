@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from scheduling.engine import Admit, Job, PodGroup, Reject, Wait, pod, schedule
+from scheduling.engine.cycle import CycleConfig
 from scheduling.engine.queueing import Quota
 from tests.unit.engine.builders import cluster, job, node
 from tests.unit.queueing.builders import cycle, tree
@@ -109,3 +110,21 @@ def test_a_waiting_one_model_gang_holds_nodes_of_one_model_only() -> None:
     assert isinstance(result.statuses["big"].decision, Wait)
     d = result.statuses["small"].decision
     assert _models(d) == {"H100"}, d
+
+
+def test_a_mixing_job_is_not_held_back_by_a_strict_job_of_the_same_shape() -> None:
+    """The cycle remembers shapes that failed on this state; a job allowed to mix models is
+    another shape than a strict one with the same pods, so it still starts."""
+    snap = cluster(node("a1", 2, model="A100"), node("a2", 2, model="A100"), node("h", 2, model="H100"))
+    hog = Job(name="hog", groups=(PodGroup("w", pod("h", gpu_count=2, gpu_models=("A100",)), 1),
+                                  PodGroup("x", pod("x", gpu_count=1, gpu_models=("A100",)), 1)),
+              queue="t/p", submit_time=0.0, mixed_gpu_models=True)
+    strict = Job(name="strict", groups=(PodGroup("w", WORKER, 3),), queue="t/p", submit_time=1.0)
+    mixed = dataclasses.replace(strict, name="mixed", mixed_gpu_models=True, submit_time=2.0)
+    result = cycle(snap, [hog, strict, mixed], tree({"t": {"p": Quota()}}),
+                   config=CycleConfig(backfill=False))
+    assert isinstance(result.statuses["hog"].decision, Admit)
+    # 1 A100 + 2 H100 free: three workers of one model do not fit now (4 A100 exist: it waits)...
+    assert isinstance(result.statuses["strict"].decision, Wait), result.statuses["strict"].decision
+    # ...but three workers that may mix do.
+    assert _models(result.statuses["mixed"].decision) == {"A100", "H100"}
