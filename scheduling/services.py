@@ -432,13 +432,15 @@ def _upsert_node(cluster: Cluster, info: NodeInfo, result: InventoryResult,
         row.templates = [dict(t) for t in g.templates]
         row.max_sharers = max(g.max_sharers, row.sharers)
         row.quarantined = not g.healthy
-        row.foreign_memory_mib = max(0, g.foreign_memory_mib)
-        row.foreign_cores = max(0, g.foreign_cores_percent)
-        row.foreign_sharers = max(0, g.foreign_sharers)
-        row.foreign_exclusive = False
-        row.foreign_pods = list(g.foreign_pods)
+        if info.foreign_known:  # else the pods could not be listed: keep the last figures
+            row.foreign_memory_mib = max(0, g.foreign_memory_mib)
+            row.foreign_cores = max(0, g.foreign_cores_percent)
+            row.foreign_sharers = max(0, g.foreign_sharers)
+            row.foreign_exclusive = False
+            row.foreign_pods = list(g.foreign_pods)
         rows.append(row)
-    _foreign_whole_cards(node, info, rows)
+    if info.foreign_known:
+        _foreign_whole_cards(node, info, rows)
     for row in rows:
         row.save()
     for gone in existing.values():

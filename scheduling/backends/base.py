@@ -75,6 +75,9 @@ class NodeInfo:
     without HAMi's per-device annotation: the inventory sync takes that many free cards off."""
     foreign_card_pods: tuple[str, ...] = ()
     """``namespace/name`` of those pods."""
+    foreign_known: bool = True
+    """False when the pods could not be listed: the foreign figures above are unknown and the
+    inventory sync keeps the ones it had."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 
 from scheduling import services
+from scheduling.backends import kubernetes as kubernetes_backend
 from scheduling.models import GpuDevice, Job, JobState
 
 from .harness import ALLOCATED, BIND_PHASE, VGPU_NODE, camp_pods, hami_devices, wait_until
@@ -60,7 +61,9 @@ def _started(cluster: Any, job: Job) -> Job:
 
 
 def test_a_pod_of_another_scheduler_holding_a_gpu_is_respected(
-        world: Any, kube: Any, caplog: pytest.LogCaptureFixture) -> None:
+        world: Any, kube: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One pod per page: the API server's limit/continue paging is walked to the end.
+    monkeypatch.setattr(kubernetes_backend, "POD_PAGE", 1)
     busy = hami_devices(1, prefix="GPU-BUSY")
     kube.node("gpu-busy", devices=busy)
     kube.node("gpu-free", devices=hami_devices(1, prefix="GPU-FREE"))

@@ -247,3 +247,45 @@ def test_kubernetes_unhealthy_gpu_from_hami_registration(world: Any) -> None:
         assert core.list_namespaced_pod(ns).items == []
         node = client_for(world.a.member).get("/api/v1/nodes/").json()["results"][0]
         assert [g["healthy"] for g in node["gpus"]] == [i != index for i in range(4)]
+
+
+def test_kubernetes_pod_list_failure_keeps_foreign_figures_and_still_quarantines(world: Any) -> None:
+    """The inventory sync lists every pod to see GPUs other schedulers' pods hold. When that
+    list fails, the nodes are still synced (a NotReady node is quarantined) and the cards keep
+    the foreign figures of the last good sync: never "nothing held", never no sync at all."""
+    from .kmockserver import kmock_server
+    from .test_kubernetes import _node as kube_node
+
+    with kmock_server() as k:
+        from kubernetes import client as k8s
+
+        url = str(k.url).rstrip("/")
+        cfg = k8s.Configuration()
+        cfg.host = url
+        core = k8s.CoreV1Api(k8s.ApiClient(cfg))
+        for name in ("gpu-a", "gpu-b"):
+            core.create_node(kube_node(name, annotations={
+                "hami.io/node-nvidia-register": json.dumps(HAMI_GPUS)}))
+        core.create_namespaced_pod("default", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "other", "namespace": "default", "annotations": {
+                "hami.io/vgpu-node": "gpu-a",
+                "hami.io/vgpu-devices-allocated": "GPU-aaaa0001,NVIDIA,30000,40:;"}},
+            "spec": {"nodeName": "gpu-a", "schedulerName": "hami-scheduler",
+                     "containers": [{"name": "main", "image": "x"}]},
+            "status": {"phase": "Running"}})
+        cluster = services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
+                                          api_server=url, credentials={"token": "t"},
+                                          verify=False)  # kmock: no RBAC to check
+        services.inventory_sync(cluster=cluster)
+        card = GpuDevice.objects.get(node__name="gpu-a", index=1)
+        assert (card.foreign_memory_mib, card.foreign_cores, card.foreign_pods) == (
+            30000, 40, ["default/other"])
+
+        k["get /api/v1/pods"] << 500  # the pod list fails, every retry
+        _ready(core, "gpu-b", False)
+        result = services.inventory_sync(cluster=cluster)
+        assert result.quarantined == ["gpu-b"]
+        card.refresh_from_db()
+        assert (card.foreign_memory_mib, card.foreign_cores, card.foreign_pods) == (
+            30000, 40, ["default/other"])
