@@ -249,7 +249,9 @@ def test_kubernetes_unhealthy_gpu_from_hami_registration(world: Any) -> None:
         assert [g["healthy"] for g in node["gpus"]] == [i != index for i in range(4)]
 
 
-def test_kubernetes_pod_list_failure_keeps_foreign_figures_and_still_quarantines(world: Any) -> None:
+@pytest.mark.parametrize("status", [500, 404])
+def test_kubernetes_pod_list_failure_keeps_foreign_figures_and_still_quarantines(
+        world: Any, status: int) -> None:
     """The inventory sync lists every pod to see GPUs other schedulers' pods hold. When that
     list fails, the nodes are still synced (a NotReady node is quarantined) and the cards keep
     the foreign figures of the last good sync: never "nothing held", never no sync at all."""
@@ -282,7 +284,7 @@ def test_kubernetes_pod_list_failure_keeps_foreign_figures_and_still_quarantines
         assert (card.foreign_memory_mib, card.foreign_cores, card.foreign_pods) == (
             30000, 40, ["default/other"])
 
-        k["get /api/v1/pods"] << 500  # the pod list fails, every retry
+        k["get /api/v1/pods"] << status  # the pod list fails, every retry (404: not "no pods")
         _ready(core, "gpu-b", False)
         result = services.inventory_sync(cluster=cluster)
         assert result.quarantined == ["gpu-b"]
