@@ -342,7 +342,12 @@ def inventory_sync(*, cluster: Cluster) -> InventoryResult:
     Rule (faulty hardware): a node that is NotReady, or a GPU reported unhealthy, is
     quarantined (no new placements) and the jobs on it are rescheduled; a node whose
     problem is gone leaves quarantine automatically unless an admin put it there."""
-    infos = backend_for(cluster).list_nodes()
+    def camp_jobs() -> set[str]:
+        """Jobs whose pods are Camp's: those holding an allocation in this cluster."""
+        return {str(j) for j in Allocation.objects.filter(cluster=cluster)
+                .values_list("job_id", flat=True).distinct()}
+
+    infos = backend_for(cluster).list_nodes(camp_jobs)
     result = InventoryResult()
     pools = selectors.pools_in_order(cluster)
     with transaction.atomic():

@@ -31,7 +31,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
 
 import urllib3
@@ -316,17 +316,18 @@ class KubernetesBackend:
 
     # -- inventory ---------------------------------------------------------------------------
 
-    def list_nodes(self) -> list[NodeInfo]:
-        """The nodes, each GPU with what pods Camp did not create hold on it (``_foreign``).
-        When the pods cannot be listed the nodes are still returned (their readiness and
-        health matter most), marked ``foreign_known=False``: the sync keeps the last figures."""
+    def list_nodes(self, camp_jobs: Callable[[], Collection[str]] | None = None) -> list[NodeInfo]:
+        """The nodes, each GPU with what pods Camp did not create hold on it (``_foreign``;
+        ``camp_jobs`` names the jobs whose pods are Camp's). When the pods cannot be listed
+        the nodes are still returned (their readiness and health matter most), marked
+        ``foreign_known=False``: the sync keeps the last figures."""
         nodes = self._call(self.core.list_node)
         assert nodes is not None
         infos = [self._node(n) for n in nodes.items]
         if not any(i.gpus for i in infos):
             return infos
         try:
-            by_uuid, cards = self._foreign()
+            by_uuid, cards = self._foreign(camp_jobs)
         except BackendError as exc:
             logger.warning("cannot list pods (%s): GPUs held by other schedulers' pods keep their "
                            "last known figures", exc)
@@ -341,12 +342,6 @@ class KubernetesBackend:
             out.append(dataclasses.replace(info, gpus=gpus, foreign_whole_cards=count,
                                            foreign_card_pods=tuple(pods)))
         return out
-
-    def _is_camps(self, pod: Mapping[str, Any]) -> bool:
-        """A pod Camp created: its label and Camp's scheduler name (a pod that only copies
-        the label is not Camp's, and its GPUs count as taken)."""
-        return (((pod.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY) == "camp"
-                and ((pod.get("spec") or {}).get("schedulerName") or "") == scheduler_name())
 
     def _all_pods(self, field_selector: str) -> Iterator[dict[str, Any]]:
         """Every pod of the cluster matching ``field_selector``, in pages of ``POD_PAGE`` (a
@@ -373,7 +368,8 @@ class KubernetesBackend:
             if not token:
                 return
 
-    def _foreign(self) -> tuple[dict[str, tuple[int, int, int, list[str]]], dict[str, tuple[int, list[str]]]]:
+    def _foreign(self, camp_jobs: Callable[[], Collection[str]] | None = None) -> tuple[
+            dict[str, tuple[int, int, int, list[str]]], dict[str, tuple[int, list[str]]]]:
         """GPUs held by pods Camp did not create and that have not ended (Succeeded/Failed;
         a terminating pod still holds its devices, as HAMi counts it):
 
@@ -384,17 +380,26 @@ class KubernetesBackend:
           (``nvidia.com/gpu``: the default scheduler's whole cards) holds that many whole
           cards of its node, which ones unknown: {node: (cards, pods)} (the inventory sync picks free ones).
 
+        Rule (Camp's pods): a pod is Camp's when it carries Camp's label and the id of one of
+        ``camp_jobs()`` (the jobs holding an allocation in this cluster, asked after the pods
+        are listed, so a job admitted meanwhile is Camp's); without ``camp_jobs``, any job id.
+        Not the scheduler name: renaming ``CAMP_SCHEDULER_NAME`` must not turn Camp's running
+        pods into someone else's, and a pod naming Camp's scheduler that Camp did not create
+        (or whose job has ended in Camp) still holds its GPUs. A pod that copies the label
+        without a live job's id is someone else's.
+
         An annotation HAMi could not decode is logged and the pod ignored (as HAMi's
         scheduler ignores it); it never stops the sync. A pod list that fails raises
         BackendError (never "no pods")."""
-        by_uuid: dict[str, tuple[int, int, int, list[str]]] = {}
-        cards: dict[str, tuple[int, list[str]]] = {}
-        for pod in self._all_pods(f"spec.schedulerName!={scheduler_name()},"
-                              "status.phase!=Succeeded,status.phase!=Failed"):
+        # (pod name, Camp job id or "", {uuid: usage}, node, whole cards)
+        held: list[tuple[str, str, dict[str, tuple[int, int, int]], str, int]] = []
+        for pod in self._all_pods("status.phase!=Succeeded,status.phase!=Failed"):
             meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
             phase = (pod.get("status") or {}).get("phase") or "Pending"
-            if phase in ("Succeeded", "Failed") or self._is_camps(pod):
+            if phase in ("Succeeded", "Failed"):
                 continue
+            labels = meta.get("labels") or {}
+            job_id = str(labels.get(LABEL_JOB_ID) or "") if labels.get(MANAGED_BY) == "camp" else ""
             name = f"{meta.get('namespace')}/{meta.get('name')}"
             ann = meta.get("annotations") or {}
             usage: dict[str, tuple[int, int, int]] = {}
@@ -412,13 +417,22 @@ class KubernetesBackend:
                     for uuid, (mem, cores, slots) in found.items():
                         m, c, n = usage.get(uuid, (0, 0, 0))
                         usage[uuid] = (m + mem, c + cores, n + slots)
+            node = spec.get("nodeName") or ""
+            count = 0
+            if not ann.get("hami.io/vgpu-node") and node:
+                # HAMi's pods count by their annotation only, as HAMi counts them.
+                count = sum(_resource_count(spec, v.count_resource) for v in VENDORS.values())
+            if usage or count:
+                held.append((name, job_id, usage, node, count))
+        live = set(camp_jobs()) if camp_jobs is not None and any(h[1] for h in held) else None
+        by_uuid: dict[str, tuple[int, int, int, list[str]]] = {}
+        cards: dict[str, tuple[int, list[str]]] = {}
+        for name, job_id, usage, node, count in held:
+            if job_id and (job_id in live if live is not None else camp_jobs is None):
+                continue  # Camp's own pod: its GPUs are Camp's allocations
             for uuid, (mem, cores, slots) in usage.items():
                 m, c, n, pods = by_uuid.get(uuid, (0, 0, 0, []))
                 by_uuid[uuid] = (m + mem, c + cores, n + slots, [*pods, name])
-            node = spec.get("nodeName")
-            if ann.get("hami.io/vgpu-node") or not node:
-                continue  # HAMi's pods count by their annotation only, as HAMi counts them
-            count = sum(_resource_count(spec, v.count_resource) for v in VENDORS.values())
             if count:
                 have, pods = cards.get(node, (0, []))
                 cards[node] = (have + count, [*pods, name])

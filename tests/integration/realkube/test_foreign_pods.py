@@ -132,8 +132,8 @@ def test_a_pod_of_another_scheduler_holding_a_gpu_is_respected(
 
 
 def test_a_pod_copying_camps_label_is_still_foreign(world: Any, kube: Any) -> None:
-    """Only Camp's scheduler name with its label makes a pod Camp's: a look-alike's card counts
-    as taken (Camp would otherwise place on top of it)."""
+    """Only Camp's label with the id of a job holding an allocation in this cluster makes a pod
+    Camp's: a look-alike's card counts as taken (Camp would otherwise place on top of it)."""
     kube.node("gpu-plain", gfd_gpus=1)
     kube.core.create_namespaced_pod("default", {
         "apiVersion": "v1", "kind": "Pod",
