@@ -174,11 +174,36 @@ def decode_pod_devices(value: str) -> list[list[tuple[str, str, int, int]]]:
     return out
 
 
-def pod_device_usage(value: str, init_containers: int = 0) -> dict[str, tuple[int, int, int]]:
+def init_containers_succeeded(status: Mapping[str, Any]) -> bool:
+    """HAMi's AllInitContainersSucceeded (pkg/util/util.go): the pod reports init container
+    statuses and every one has terminated with exit code 0. ``status`` is the pod's status
+    as the API server sends it (JSON)."""
+    def succeeded(s: Mapping[str, Any]) -> bool:
+        done = (s.get("state") or {}).get("terminated")
+        return done is not None and done.get("exitCode", 0) == 0  # Go: a missing int is 0
+
+    states = status.get("initContainerStatuses") or []
+    return bool(states) and all(succeeded(s) for s in states)
+
+
+def pod_device_usage(value: str, init_containers: int = 0, *,
+                     init_done: bool = False) -> dict[str, tuple[int, int, int]]:
     """Per device UUID, what a pod holds: (memory MiB, cores %, slots), HAMi's
     CollapseInitContainerUsage (pkg/device/initContainer.go): init containers run one after
     another (their peak counts, one slot), app containers together (summed, a slot each); a
-    device takes the larger of the two, at least one slot."""
+    device takes the larger of the two, at least one slot. With ``init_done`` (every init
+    container succeeded, ``init_containers_succeeded``) only the app containers count, as
+    HAMi's scheduler shrinks the pod then (onUpdatePod, AppContainersOnlyDeviceUsage): a
+    device only init containers used is no longer held."""
+    if init_done:
+        app_only: dict[str, tuple[int, int, int]] = {}
+        for i, devices in enumerate(decode_pod_devices(value)):
+            if i < init_containers:
+                continue
+            for uuid, _type, mem, cores in devices:
+                m, c, n = app_only.get(uuid, (0, 0, 0))
+                app_only[uuid] = (m + mem, c + cores, n + 1)
+        return dict(sorted(app_only.items()))
     init: dict[str, list[int]] = {}
     app: dict[str, list[int]] = {}
     for i, devices in enumerate(decode_pod_devices(value)):
@@ -409,7 +434,9 @@ class KubernetesBackend:
                     if not raw:
                         continue
                     try:
-                        found = pod_device_usage(raw, len(spec.get("initContainers") or []))
+                        found = pod_device_usage(
+                            raw, len(spec.get("initContainers") or []),
+                            init_done=init_containers_succeeded(pod.get("status") or {}))
                     except DeviceAnnotationError as exc:
                         logger.warning("pod %s: ignoring its %s %r (HAMi cannot decode it either: %s)",
                                        name, v.allocated_annotation, raw[:200], exc)
