@@ -154,9 +154,11 @@ def variant_family(variant: Sequence[PodRequest]) -> str:
 
 
 def cards_needed(pods: Sequence[PodRequest]) -> int:
-    """Fewest cards that could hold all these pods at once: whole cards are not shared, slices of
-    different pods may share cards (so only the widest sliced container counts)."""
-    whole = sum(c.gpu_count for p in pods for c in p.containers if c.whole_cards)
+    """Fewest cards that could hold all these pods at once (a lower bound): whole cards are not
+    shared between pods, but containers of one pod may share cards (so a pod's widest
+    whole-card container counts), and slices may share cards (only the widest sliced container
+    counts)."""
+    whole = sum(max((c.gpu_count for c in p.containers if c.whole_cards), default=0) for p in pods)
     sliced = max((c.gpu_count for p in pods for c in p.containers if not c.whole_cards), default=0)
     return whole + sliced
 
