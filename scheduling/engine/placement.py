@@ -166,8 +166,7 @@ def cards_needed(pods: Sequence[PodRequest]) -> int:
 def family_cards(variant: Sequence[PodRequest], state: ClusterState) -> int:
     """Cards in the cluster of a model some GPU pod of ``variant`` allows (used or not)."""
     gpu_pods = [p for p in variant if p.containers]
-    return sum(1 for ns in state.nodes.values() for g in ns.static.node.gpus
-               if any(p.allows_model(g.model) for p in gpu_pods))
+    return sum(n for m, n in state.model_cards.items() if any(p.allows_model(m) for p in gpu_pods))
 
 
 def one_model_never_fits(
