@@ -70,10 +70,13 @@ class CampCollector(Collector):
             now = selectors.cluster_now(cluster, wait_window=WINDOW)
             name = cluster.name
             gpus.add_metric([name, "in_use"], now.gpus_in_use)
-            gpus.add_metric([name, "free"], now.gpus_total - now.gpus_in_use)
+            gpus.add_metric([name, "held_by_others"], now.gpus_held_by_others)
+            gpus.add_metric([name, "free"], now.gpus_total - now.gpus_in_use - now.gpus_held_by_others)
             share.add_metric([name], now.gpu_share_allocated)
             mem.add_metric([name, "allocated"], now.gpu_memory_allocated_mib)
-            mem.add_metric([name, "free"], now.gpu_memory_total_mib - now.gpu_memory_allocated_mib)
+            mem.add_metric([name, "held_by_others"], now.gpu_memory_held_by_others_mib)
+            mem.add_metric([name, "free"], max(0, now.gpu_memory_total_mib - now.gpu_memory_allocated_mib
+                                               - now.gpu_memory_held_by_others_mib))
             cores.add_metric([name, "allocated"], now.cores_allocated_percent)
             cores.add_metric([name, "free"], 100 * now.gpus_total - now.cores_allocated_percent)
             for state, n in now.jobs_by_state.items():

@@ -149,11 +149,16 @@ class ClusterNow:
     utilization_percent: float | None
     jobs_by_state: dict[str, int]
     wait_seconds: list[float]
+    gpus_held_by_others: int = 0
+    """Cards Camp has nothing on that pods Camp did not create hold (some or all of)."""
+    gpu_memory_held_by_others_mib: int = 0
+    """Memory those pods hold (a whole card's for a card held whole)."""
 
 
 def cluster_now(cluster: Cluster, *, wait_window: dt.timedelta = dt.timedelta(hours=1)) -> ClusterNow:
     gpus = list(GpuDevice.objects.filter(node__cluster=cluster, node__present=True).values_list(
-        "memory_mib", "memory_allocated_mib", "cores_allocated", "sharers", "utilization_percent"))
+        "memory_mib", "memory_allocated_mib", "cores_allocated", "sharers", "foreign_memory_mib",
+        "foreign_sharers", "foreign_exclusive", "utilization_percent"))
     share = sum(
         slice_share(mem, cores, exclusive, card)
         for mem, cores, exclusive, card in GpuSlice.objects.filter(allocation__cluster=cluster)
@@ -182,6 +187,9 @@ def cluster_now(cluster: Cluster, *, wait_window: dt.timedelta = dt.timedelta(ho
         utilization_percent=round(sum(utils) / len(utils), 1) if utils else None,
         jobs_by_state=states,
         wait_seconds=waits,
+        gpus_held_by_others=sum(1 for g in gpus if not (g[3] > 0 or g[1] > 0)
+                                and (g[5] > 0 or g[4] > 0 or g[6])),
+        gpu_memory_held_by_others_mib=sum(g[0] if g[6] else min(g[0], g[4]) for g in gpus),
     )
 
 

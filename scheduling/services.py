@@ -395,7 +395,12 @@ def inventory_sync(*, cluster: Cluster) -> InventoryResult:
     Rule (faulty hardware): a node that is NotReady, or a GPU reported unhealthy, is
     quarantined (no new placements) and the jobs on it are rescheduled; a node whose
     problem is gone leaves quarantine automatically unless an admin put it there."""
-    infos = list(backend_for(cluster).list_nodes())
+    def camp_jobs() -> set[str]:
+        """Jobs whose pods are Camp's: those holding an allocation in this cluster."""
+        return {str(j) for j in Allocation.objects.filter(cluster=cluster)
+                .values_list("job_id", flat=True).distinct()}
+
+    infos = backend_for(cluster).list_nodes(camp_jobs)
     result = InventoryResult()
     pools = selectors.pools_in_order(cluster)
     with transaction.atomic():
@@ -491,13 +496,15 @@ def _upsert_nodes(cluster: Cluster, infos: list[NodeInfo], result: InventoryResu
             row.templates = [dict(t) for t in g.templates]
             row.max_sharers = max(g.max_sharers, row.sharers)
             row.quarantined = not g.healthy
-            row.foreign_memory_mib = max(0, g.foreign_memory_mib)
-            row.foreign_cores = max(0, g.foreign_cores_percent)
-            row.foreign_sharers = max(0, g.foreign_sharers)
-            row.foreign_exclusive = False
-            row.foreign_pods = list(g.foreign_pods)
+            if info.foreign_known:  # else the pods could not be listed: keep the last figures
+                row.foreign_memory_mib = max(0, g.foreign_memory_mib)
+                row.foreign_cores = max(0, g.foreign_cores_percent)
+                row.foreign_sharers = max(0, g.foreign_sharers)
+                row.foreign_exclusive = False
+                row.foreign_pods = sorted(g.foreign_pods)
             rows.append((row, before))
-        _foreign_whole_cards(node, info, [row for row, _ in rows])
+        if info.foreign_known:
+            _foreign_whole_cards(node, info, [row for row, _ in rows])
         for row, before in rows:
             if [getattr(row, f) for f in _GPU_SYNCED] != before:
                 changed_gpus.append(row)

@@ -56,7 +56,10 @@ class GpuSerializer(serializers.ModelSerializer[GpuDevice]):
         fields = ["index", "uuid", "model", "vendor", "memory_mib", "numa_node", "healthy",
                   "quarantined", "sharing", "max_sharers", "memory_allocated_mib", "cores_allocated",
                   "sharers", "exclusive_held", "utilization_percent", "memory_used_mib",
-                  "utilization_at"]
+                  "utilization_at", "foreign_memory_mib", "foreign_cores", "foreign_sharers",
+                  "foreign_exclusive"]
+        # The foreign_* figures: held by pods Camp did not create (docs/KUBERNETES.md); which
+        # pods is not shown here (they belong to no Camp tenant; the console shows admins).
         read_only_fields = fields
 
 

@@ -8,7 +8,7 @@ already exists succeeds, deleting what is gone succeeds.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,6 +75,9 @@ class NodeInfo:
     without HAMi's per-device annotation: the inventory sync takes that many free cards off."""
     foreign_card_pods: tuple[str, ...] = ()
     """``namespace/name`` of those pods."""
+    foreign_known: bool = True
+    """False when the pods could not be listed: the foreign figures above are unknown and the
+    inventory sync keeps the ones it had."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,10 @@ class NamespaceSpec:
 
 
 class ClusterBackend(Protocol):
-    def list_nodes(self) -> list[NodeInfo]: ...
+    def list_nodes(self, camp_jobs: Callable[[], Collection[str]] | None = None) -> list[NodeInfo]:
+        """The nodes with their GPUs; ``camp_jobs()`` names the jobs (ids) whose pods are
+        Camp's, every other pod's GPUs count as held by others (``GpuInfo.foreign_*``)."""
+        ...
 
     def ensure_namespace(self, spec: NamespaceSpec) -> None: ...
 

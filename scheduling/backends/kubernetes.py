@@ -31,7 +31,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
 
 import urllib3
@@ -102,6 +102,8 @@ def handshake_dead(value: str, allocatable_count: int, now: dt.datetime | None =
     return (now - asked).total_seconds() > HANDSHAKE_STALE_SECONDS and allocatable_count <= 0
 QUOTA_NAME = "camp-project-quota"
 SELECTOR = f"{MANAGED_BY}=camp"
+POD_PAGE = 500
+"""Pods per page when the inventory sync lists every pod (``limit``/``continue``)."""
 
 
 def encode_devices(slices: Any) -> str:
@@ -172,11 +174,36 @@ def decode_pod_devices(value: str) -> list[list[tuple[str, str, int, int]]]:
     return out
 
 
-def pod_device_usage(value: str, init_containers: int = 0) -> dict[str, tuple[int, int, int]]:
+def init_containers_succeeded(status: Mapping[str, Any]) -> bool:
+    """HAMi's AllInitContainersSucceeded (pkg/util/util.go): the pod reports init container
+    statuses and every one has terminated with exit code 0. ``status`` is the pod's status
+    as the API server sends it (JSON)."""
+    def succeeded(s: Mapping[str, Any]) -> bool:
+        done = (s.get("state") or {}).get("terminated")
+        return done is not None and done.get("exitCode", 0) == 0  # Go: a missing int is 0
+
+    states = status.get("initContainerStatuses") or []
+    return bool(states) and all(succeeded(s) for s in states)
+
+
+def pod_device_usage(value: str, init_containers: int = 0, *,
+                     init_done: bool = False) -> dict[str, tuple[int, int, int]]:
     """Per device UUID, what a pod holds: (memory MiB, cores %, slots), HAMi's
     CollapseInitContainerUsage (pkg/device/initContainer.go): init containers run one after
     another (their peak counts, one slot), app containers together (summed, a slot each); a
-    device takes the larger of the two, at least one slot."""
+    device takes the larger of the two, at least one slot. With ``init_done`` (every init
+    container succeeded, ``init_containers_succeeded``) only the app containers count, as
+    HAMi's scheduler shrinks the pod then (onUpdatePod, AppContainersOnlyDeviceUsage): a
+    device only init containers used is no longer held."""
+    if init_done:
+        app_only: dict[str, tuple[int, int, int]] = {}
+        for i, devices in enumerate(decode_pod_devices(value)):
+            if i < init_containers:
+                continue
+            for uuid, _type, mem, cores in devices:
+                m, c, n = app_only.get(uuid, (0, 0, 0))
+                app_only[uuid] = (m + mem, c + cores, n + 1)
+        return dict(sorted(app_only.items()))
     init: dict[str, list[int]] = {}
     app: dict[str, list[int]] = {}
     for i, devices in enumerate(decode_pod_devices(value)):
@@ -194,21 +221,22 @@ def pod_device_usage(value: str, init_containers: int = 0) -> dict[str, tuple[in
     return out
 
 
-def _resource_count(pod: Any, resource: str) -> int:
+def _resource_count(spec: Mapping[str, Any], resource: str) -> int:
     """The pod's effective request of an extended resource, as kube-scheduler computes it:
     the larger of the app containers' sum and the largest init container (limits, else
-    requests; the two are equal for extended resources)."""
-    def one(c: Any) -> int:
-        res = c.resources
-        for part in ((res.limits if res else None) or {}, (res.requests if res else None) or {}):
+    requests; the two are equal for extended resources). ``spec`` is the pod's spec as the
+    API server sends it (JSON, camelCase)."""
+    def one(c: Mapping[str, Any]) -> int:
+        res = c.get("resources") or {}
+        for part in (res.get("limits") or {}, res.get("requests") or {}):
             if resource in part:
                 try:
                     return max(0, int(parse_quantity(part[resource])))
                 except (ValueError, TypeError):
                     return 0
         return 0
-    app = sum(one(c) for c in (pod.spec.containers or []))
-    init = max((one(c) for c in (pod.spec.init_containers or [])), default=0)
+    app = sum(one(c) for c in (spec.get("containers") or []))
+    init = max((one(c) for c in (spec.get("initContainers") or [])), default=0)
     return max(app, init)
 
 
@@ -313,14 +341,22 @@ class KubernetesBackend:
 
     # -- inventory ---------------------------------------------------------------------------
 
-    def list_nodes(self) -> list[NodeInfo]:
-        """The nodes, each GPU with what pods Camp did not create hold on it (``_foreign``)."""
+    def list_nodes(self, camp_jobs: Callable[[], Collection[str]] | None = None) -> list[NodeInfo]:
+        """The nodes, each GPU with what pods Camp did not create hold on it (``_foreign``;
+        ``camp_jobs`` names the jobs whose pods are Camp's). When the pods cannot be listed
+        the nodes are still returned (their readiness and health matter most), marked
+        ``foreign_known=False``: the sync keeps the last figures."""
         nodes = self._call(self.core.list_node)
         assert nodes is not None
         infos = [self._node(n) for n in nodes.items]
         if not any(i.gpus for i in infos):
             return infos
-        by_uuid, cards = self._foreign()
+        try:
+            by_uuid, cards = self._foreign(camp_jobs)
+        except BackendError as exc:
+            logger.warning("cannot list pods (%s): GPUs held by other schedulers' pods keep their "
+                           "last known figures", exc)
+            return [dataclasses.replace(i, foreign_known=False) for i in infos]
         out = []
         for info in infos:
             gpus = tuple(dataclasses.replace(
@@ -332,13 +368,33 @@ class KubernetesBackend:
                                            foreign_card_pods=tuple(pods)))
         return out
 
-    def _is_camps(self, pod: Any) -> bool:
-        """A pod Camp created: its label and Camp's scheduler name (a pod that only copies
-        the label is not Camp's, and its GPUs count as taken)."""
-        return ((pod.metadata.labels or {}).get(MANAGED_BY) == "camp"
-                and (pod.spec.scheduler_name or "") == scheduler_name())
+    def _all_pods(self, field_selector: str) -> Iterator[dict[str, Any]]:
+        """Every pod of the cluster matching ``field_selector``, in pages of ``POD_PAGE`` (a
+        list of 30,000 pods in one answer is tens of MB and seconds of work for the API
+        server), each as the plain JSON the API server sent: building the client's V1Pod
+        models costs ~1.6 ms of CPU per pod, json.loads a small fraction of that
+        (bench/foreign_pods.py). A page that fails raises BackendError."""
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"field_selector": field_selector, "limit": POD_PAGE,
+                                      "_preload_content": False}
+            if token:
+                kwargs["_continue"] = token
+            resp = self._call(self.core.list_pod_for_all_namespaces, **kwargs)
+            assert resp is not None
+            try:
+                page = json.loads(resp.data)
+                resp.release_conn()
+            except ValueError as exc:
+                raise BackendError(f"unreadable pod list from the API server ({exc})",
+                                   retryable=True) from exc
+            yield from page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue") or None
+            if not token:
+                return
 
-    def _foreign(self) -> tuple[dict[str, tuple[int, int, int, list[str]]], dict[str, tuple[int, list[str]]]]:
+    def _foreign(self, camp_jobs: Callable[[], Collection[str]] | None = None) -> tuple[
+            dict[str, tuple[int, int, int, list[str]]], dict[str, tuple[int, list[str]]]]:
         """GPUs held by pods Camp did not create and that have not ended (Succeeded/Failed;
         a terminating pod still holds its devices, as HAMi counts it):
 
@@ -349,20 +405,28 @@ class KubernetesBackend:
           (``nvidia.com/gpu``: the default scheduler's whole cards) holds that many whole
           cards of its node, which ones unknown: {node: (cards, pods)} (the inventory sync picks free ones).
 
+        Rule (Camp's pods): a pod is Camp's when it carries Camp's label and the id of one of
+        ``camp_jobs()`` (the jobs holding an allocation in this cluster, asked after the pods
+        are listed, so a job admitted meanwhile is Camp's); without ``camp_jobs``, any job id.
+        Not the scheduler name: renaming ``CAMP_SCHEDULER_NAME`` must not turn Camp's running
+        pods into someone else's, and a pod naming Camp's scheduler that Camp did not create
+        (or whose job has ended in Camp) still holds its GPUs. A pod that copies the label
+        without a live job's id is someone else's.
+
         An annotation HAMi could not decode is logged and the pod ignored (as HAMi's
-        scheduler ignores it); it never stops the sync."""
-        # Not by label: a pod copying Camp's label is not Camp's. Checked again client-side.
-        listed = self._call(self.core.list_pod_for_all_namespaces, field_selector=(
-            f"spec.schedulerName!={scheduler_name()},status.phase!=Succeeded,status.phase!=Failed"),
-            ok=(404,))  # (only a stand-in server without pods answers 404 here)
-        by_uuid: dict[str, tuple[int, int, int, list[str]]] = {}
-        cards: dict[str, tuple[int, list[str]]] = {}
-        for pod in (listed.items if listed is not None else []):
-            phase = (pod.status.phase if pod.status else None) or "Pending"
-            if phase in ("Succeeded", "Failed") or self._is_camps(pod):
+        scheduler ignores it); it never stops the sync. A pod list that fails raises
+        BackendError (never "no pods")."""
+        # (pod name, Camp job id or "", {uuid: usage}, node, whole cards)
+        held: list[tuple[str, str, dict[str, tuple[int, int, int]], str, int]] = []
+        for pod in self._all_pods("status.phase!=Succeeded,status.phase!=Failed"):
+            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+            phase = (pod.get("status") or {}).get("phase") or "Pending"
+            if phase in ("Succeeded", "Failed"):
                 continue
-            name = f"{pod.metadata.namespace}/{pod.metadata.name}"
-            ann = pod.metadata.annotations or {}
+            labels = meta.get("labels") or {}
+            job_id = str(labels.get(LABEL_JOB_ID) or "") if labels.get(MANAGED_BY) == "camp" else ""
+            name = f"{meta.get('namespace')}/{meta.get('name')}"
+            ann = meta.get("annotations") or {}
             usage: dict[str, tuple[int, int, int]] = {}
             if ann.get("hami.io/vgpu-node"):
                 for v in VENDORS.values():
@@ -370,7 +434,9 @@ class KubernetesBackend:
                     if not raw:
                         continue
                     try:
-                        found = pod_device_usage(raw, len(pod.spec.init_containers or []))
+                        found = pod_device_usage(
+                            raw, len(spec.get("initContainers") or []),
+                            init_done=init_containers_succeeded(pod.get("status") or {}))
                     except DeviceAnnotationError as exc:
                         logger.warning("pod %s: ignoring its %s %r (HAMi cannot decode it either: %s)",
                                        name, v.allocated_annotation, raw[:200], exc)
@@ -378,13 +444,22 @@ class KubernetesBackend:
                     for uuid, (mem, cores, slots) in found.items():
                         m, c, n = usage.get(uuid, (0, 0, 0))
                         usage[uuid] = (m + mem, c + cores, n + slots)
+            node = spec.get("nodeName") or ""
+            count = 0
+            if not ann.get("hami.io/vgpu-node") and node:
+                # HAMi's pods count by their annotation only, as HAMi counts them.
+                count = sum(_resource_count(spec, v.count_resource) for v in VENDORS.values())
+            if usage or count:
+                held.append((name, job_id, usage, node, count))
+        live = set(camp_jobs()) if camp_jobs is not None and any(h[1] for h in held) else None
+        by_uuid: dict[str, tuple[int, int, int, list[str]]] = {}
+        cards: dict[str, tuple[int, list[str]]] = {}
+        for name, job_id, usage, node, count in held:
+            if job_id and (job_id in live if live is not None else camp_jobs is None):
+                continue  # Camp's own pod: its GPUs are Camp's allocations
             for uuid, (mem, cores, slots) in usage.items():
                 m, c, n, pods = by_uuid.get(uuid, (0, 0, 0, []))
                 by_uuid[uuid] = (m + mem, c + cores, n + slots, [*pods, name])
-            node = pod.spec.node_name
-            if ann.get("hami.io/vgpu-node") or not node:
-                continue  # HAMi's pods count by their annotation only, as HAMi counts them
-            count = sum(_resource_count(pod, v.count_resource) for v in VENDORS.values())
             if count:
                 have, pods = cards.get(node, (0, []))
                 cards[node] = (have + count, [*pods, name])

@@ -30,7 +30,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import yaml
@@ -122,7 +122,7 @@ class SimulatedBackend:
         self.cluster = cluster
         self.nodes, self.options = parse_inventory(cluster.inventory)
 
-    def list_nodes(self) -> list[NodeInfo]:
+    def list_nodes(self, camp_jobs: Callable[[], Collection[str]] | None = None) -> list[NodeInfo]:
         return list(self.nodes)
 
     def ensure_namespace(self, spec: NamespaceSpec) -> None:

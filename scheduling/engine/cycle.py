@@ -45,6 +45,7 @@ from scheduling.engine.placement import (
     Placer,
     describe_gpu_ask,
     node_filter,
+    one_model_never_fits,
     one_model_variants,
     profile_for,
 )
@@ -424,15 +425,27 @@ class QueueCycle:
                 continue
             return "No node can ever fit: " + self._never_detail(p)
         if job.affinity == JobAffinity.DISTINCT_NODES and len(pods) > 1:
-            hosts = sum(
-                1 for ns in self.state.nodes.values() if all(self.could_host(ns, p) for p in pods)
-            )
+            hosts = self._distinct_hosts(pods)
             if hosts < len(pods):
                 return (
                     f"No node set can ever fit: the job needs {len(pods)} distinct nodes and "
                     f"only {hosts} could hold its pods"
                 )
+        why, _ = one_model_never_fits(job, pods, self.state, lambda v: self._can_hold(job, v))
+        if why is not None:
+            return why[0].upper() + why[1:]
         return None
+
+    def _distinct_hosts(self, pods: Sequence[PodRequest]) -> int:
+        return sum(1 for ns in self.state.nodes.values() if all(self.could_host(ns, p) for p in pods))
+
+    def _can_hold(self, job: Job, pods: Sequence[PodRequest]) -> bool:
+        """Could these pods (one model family's variant of the job) ever run: each fits an empty
+        node, and a distinct-nodes job finds as many such nodes as pods."""
+        if any(self.placer.never_fits(p) is not None for p in {shape_key(p) for p in pods}):
+            return False
+        return not (job.affinity == JobAffinity.DISTINCT_NODES and len(pods) > 1
+                    and self._distinct_hosts(pods) < len(pods))
 
     def _never_detail(self, p: PodRequest) -> str:
         nodes = [ns.static.node for ns in self.state.nodes.values()]
@@ -532,7 +545,9 @@ class QueueCycle:
         return placed
 
     def _job_shape(self, job: Job, pods: Sequence[PodRequest]) -> tuple[object, ...]:
-        return (tuple(shape_key(p) for p in pods), job.gang, job.affinity)
+        """What decides where a job can be placed: its pods' shapes, gang flag, affinity and
+        whether it may mix GPU models (the failure, preemption and reason memos key on it)."""
+        return (tuple(shape_key(p) for p in pods), job.gang, job.affinity, job.mixed_gpu_models)
 
     def _place(
         self, job: Job, pods: Sequence[PodRequest], exclude: frozenset[str]
@@ -843,7 +858,7 @@ class QueueCycle:
         key = (ns.static.class_id, shape_key(pod))
         ok = self._host_cache.get(key)
         if ok is None:
-            empty = NodeState(ns.static)
+            empty = NodeState(ns.static, foreign=False)  # as _static_fits: other pods end too
             ok = node_filter(empty, pod) is None and bool(
                 enumerate_takes(
                     empty, pod, strict_topology=self.placer.scorer.strict_topology, max_takes=1
@@ -862,7 +877,18 @@ class QueueCycle:
             return
         if not self.is_large(job, pods):
             return
-        shapes = {shape_key(p): p for p in pods}
+        # Rule (one GPU model per job): hold nodes only of model families that could ever hold
+        # the job; a job with several GPU pods holds one family only (the first the placer would
+        # try), since its pods may not spread over several. A job with one GPU pod waits for one
+        # node of any family that could hold it.
+        variants: list[tuple[PodRequest, ...]] = [tuple(pods)]
+        _, families = one_model_never_fits(job, pods, self.state, lambda v: self._can_hold(job, v))
+        if families:
+            variants = families
+            if sum(1 for p in pods if p.containers) > 1:
+                order = one_model_variants(job, pods, self.state, self.placer)
+                variants = [next((v for v in order if v in families), families[0])]
+        shapes = {shape_key(p): p for v in variants for p in v}
         hosts = frozenset(
             name
             for name, ns in self.state.nodes.items()
@@ -1097,11 +1123,13 @@ def _held_for(nodes: int, pods: int) -> str:
 
 def job_shape(job: Job) -> tuple[object, ...]:
     """What decides whether a job can ever run and what it asks: its pod groups' shapes and
-    replica counts, gang flag and affinity (not its name, priority or times)."""
+    replica counts, gang flag, affinity and whether it may mix GPU models (not its name,
+    priority or times)."""
     return (
         tuple((shape_key(g.template), g.replicas) for g in job.groups),
         job.gang,
         job.affinity,
+        job.mixed_gpu_models,
     )
 
 

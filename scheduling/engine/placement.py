@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from scheduling.engine.candidates import Take, enumerate_takes
 from scheduling.engine.fragmentation import WorkloadProfile, shape_key
@@ -109,6 +109,26 @@ def model_family(model: str) -> str:
     return model.split("@", 1)[0]
 
 
+def model_families(job: Job, pods: Sequence[PodRequest], state: ClusterState) -> list[tuple[PodRequest, ...]]:
+    """Rule (one GPU model per job), static part: the job's pod lists restricted to each model
+    family that every GPU pod allows, by family name; empty when the rule does not apply (the job
+    allows mixing, asks fewer than two GPUs, the cluster has one model, or its pods name
+    different models themselves)."""
+    gpu_pods = [p for p in pods if p.containers]
+    if job.mixed_gpu_models or sum(p.gpu_count for p in gpu_pods) < 2 or len(state.gpu_models) < 2:
+        return []
+    families: dict[str, set[str]] = {}
+    for m in state.gpu_models:
+        families.setdefault(model_family(m), set()).add(m)
+    common = sorted(f for f, ms in families.items()
+                    if all(any(p.allows_model(m) for m in ms) for p in gpu_pods))
+    return [
+        tuple(dataclasses.replace(p, gpu_models=frozenset(m for m in families[f] if p.allows_model(m)))
+              if p.containers else p for p in pods)
+        for f in common
+    ]
+
+
 def one_model_variants(
     job: Job, pods: Sequence[PodRequest], state: ClusterState, placer: Placer
 ) -> list[tuple[PodRequest, ...]]:
@@ -117,29 +137,61 @@ def one_model_variants(
     that every GPU pod of the job allows: first the family the placer would pick for the first
     GPU pod, then the others by name. A job with one GPU, or whose pods' model lists share no
     family (it asked for different models itself), is tried as it is."""
-    gpu_pods = [p for p in pods if p.containers]
-    if job.mixed_gpu_models or sum(p.gpu_count for p in gpu_pods) < 2 or len(state.gpu_models) < 2:
+    out = model_families(job, pods, state)
+    if not out:
         return [tuple(pods)]
-    families: dict[str, set[str]] = {}
-    for m in state.gpu_models:
-        families.setdefault(model_family(m), set()).add(m)
-    common = sorted(f for f, ms in families.items()
-                    if all(any(p.allows_model(m) for m in ms) for p in gpu_pods))
-    if not common:
-        return [tuple(pods)]
-    if len(common) > 1:
-        first = placer.find(gpu_pods[0])
-        preferred = model_family(first.gpus[0].gpu_model) if first is not None and first.gpus else ""
-        if preferred in common:
-            common.remove(preferred)
-            common.insert(0, preferred)
-    out = []
-    for f in common:
-        ms = families[f]
-        out.append(tuple(
-            dataclasses.replace(p, gpu_models=frozenset(m for m in ms if p.allows_model(m)))
-            if p.containers else p for p in pods))
+    if len(out) > 1:
+        first = placer.find(next(p for p in pods if p.containers))
+        if first is not None and first.gpus:
+            preferred = model_family(first.gpus[0].gpu_model)
+            out.sort(key=lambda v: variant_family(v) != preferred)
     return out
+
+
+def variant_family(variant: Sequence[PodRequest]) -> str:
+    """The model family a :func:`model_families` pod list is restricted to."""
+    return min(model_family(m) for p in variant if p.containers for m in p.gpu_models)
+
+
+def cards_needed(pods: Sequence[PodRequest]) -> int:
+    """Fewest cards that could hold all these pods at once (a lower bound): whole cards are not
+    shared between pods, but containers of one pod may share cards (so a pod's widest
+    whole-card container counts), and slices may share cards (only the widest sliced container
+    counts)."""
+    whole = sum(max((c.gpu_count for c in p.containers if c.whole_cards), default=0) for p in pods)
+    sliced = max((c.gpu_count for p in pods for c in p.containers if not c.whole_cards), default=0)
+    return whole + sliced
+
+
+def family_cards(variant: Sequence[PodRequest], state: ClusterState) -> int:
+    """Cards in the cluster of a model some GPU pod of ``variant`` allows (used or not)."""
+    gpu_pods = [p for p in variant if p.containers]
+    return sum(n for m, n in state.model_cards.items() if any(p.allows_model(m) for p in gpu_pods))
+
+
+def one_model_never_fits(
+    job: Job, pods: Sequence[PodRequest], state: ClusterState,
+    can_hold: Callable[[tuple[PodRequest, ...]], bool],
+) -> tuple[str | None, list[tuple[PodRequest, ...]]]:
+    """Rule (reject, one GPU model per job): a job that may not mix models can never run when no
+    single family could hold it: the family has fewer cards in all than the job needs, or
+    ``can_hold`` (the caller's static node checks: each pod fits an empty node of the family,
+    affinity) says no. Like the other never-fits rules this looks at the cluster's nodes as
+    they are defined, not at their health or usage now.
+    Returns (reason or None, the families that could hold it, in :func:`model_families` order)."""
+    variants = model_families(job, pods, state)
+    if not variants:
+        return None, []
+    need = cards_needed(pods)
+    ok = [v for v in variants if family_cards(v, state) >= need and can_hold(v)]
+    if ok:
+        return None, ok
+    have = ", ".join(f"{variant_family(v)}: {family_cards(v, state)}" for v in variants)
+    return (
+        f"no single GPU model can ever hold the job (it needs {need} GPUs of one model; cards "
+        f"per model: {have}); allow mixing GPU models (mixed_gpu_models) to run it across models",
+        [],
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -385,6 +437,12 @@ class Placer:
             if reason is not None:
                 return Reject(job.name, reason)
         static_reason = self._affinity_never_fits(job, pods)
+        if static_reason is not None:
+            return Reject(job.name, static_reason)
+        static_reason, _ = one_model_never_fits(
+            job, pods, self.state,
+            lambda v: all(self.never_fits(p) is None for p in _distinct_shapes(v))
+            and self._affinity_never_fits(job, v) is None)
         if static_reason is not None:
             return Reject(job.name, static_reason)
         decision: Decision | None = None

@@ -251,6 +251,8 @@ class ClusterState:
         self.version = 0
         self.gpu_models: set[str] = set()
         """Every GPU model of the cluster's nodes."""
+        self.model_cards: dict[str, int] = {}
+        """Cards of each GPU model on the cluster's nodes (used or not, healthy or not)."""
         for node in snapshot.nodes:
             self._add_node(node)
         for alloc in snapshot.allocations:
@@ -318,6 +320,8 @@ class ClusterState:
         )
         ns = NodeState(static)
         self.gpu_models |= static.models
+        for d in node.gpus:
+            self.model_cards[d.model] = self.model_cards.get(d.model, 0) + 1
         self.nodes[node.name] = ns
         self._regroup(ns)
 

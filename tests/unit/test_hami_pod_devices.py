@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.backends.kubernetes import DeviceAnnotationError, decode_pod_devices, pod_device_usage
+from scheduling.backends.kubernetes import (
+    DeviceAnnotationError,
+    decode_pod_devices,
+    init_containers_succeeded,
+    pod_device_usage,
+)
 
 
 def test_containers_split_on_semicolons_devices_on_colons() -> None:
@@ -46,3 +51,25 @@ def test_app_containers_add_up_and_init_containers_count_their_peak() -> None:
 def test_what_hami_cannot_decode_is_an_error_naming_the_field(value: str, says: str) -> None:
     with pytest.raises(DeviceAnnotationError, match=says.replace("(", r"\(")):
         pod_device_usage(value)
+
+
+def test_once_init_containers_succeeded_only_app_containers_count() -> None:
+    """HAMi's scheduler shrinks a pod's usage to its app containers once every init container
+    has terminated with exit code 0 (onUpdatePod, AppContainersOnlyDeviceUsage): a card only
+    the init containers used is free again, slots are the app containers on it."""
+    value = "GPU-a,NVIDIA,30000,50:;GPU-c,NVIDIA,10000,20:;GPU-a,NVIDIA,4000,10:GPU-b,NVIDIA,8000,30:;"
+    assert pod_device_usage(value, init_containers=2, init_done=True) == {
+        "GPU-a": (4000, 10, 1), "GPU-b": (8000, 30, 1)}
+
+
+def _pod_status(*codes: int | None) -> dict[str, object]:
+    return {"initContainerStatuses": [
+        {"name": f"i{n}", "state": {"terminated": {"exitCode": c}} if c is not None else {"running": {}}}
+        for n, c in enumerate(codes)]}
+
+
+def test_init_containers_are_done_only_when_all_succeeded() -> None:
+    assert init_containers_succeeded(_pod_status(0, 0))
+    assert not init_containers_succeeded(_pod_status(0, 1))
+    assert not init_containers_succeeded(_pod_status(0, None))
+    assert not init_containers_succeeded({})  # no statuses yet: HAMi does not shrink either

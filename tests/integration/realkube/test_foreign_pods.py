@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 
 from scheduling import services
+from scheduling.backends import kubernetes as kubernetes_backend
 from scheduling.models import GpuDevice, Job, JobState
 
 from .harness import ALLOCATED, BIND_PHASE, VGPU_NODE, camp_pods, hami_devices, wait_until
@@ -60,7 +61,9 @@ def _started(cluster: Any, job: Job) -> Job:
 
 
 def test_a_pod_of_another_scheduler_holding_a_gpu_is_respected(
-        world: Any, kube: Any, caplog: pytest.LogCaptureFixture) -> None:
+        world: Any, kube: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One pod per page: the API server's limit/continue paging is walked to the end.
+    monkeypatch.setattr(kubernetes_backend, "POD_PAGE", 1)
     busy = hami_devices(1, prefix="GPU-BUSY")
     kube.node("gpu-busy", devices=busy)
     kube.node("gpu-free", devices=hami_devices(1, prefix="GPU-FREE"))
@@ -129,8 +132,8 @@ def test_a_pod_of_another_scheduler_holding_a_gpu_is_respected(
 
 
 def test_a_pod_copying_camps_label_is_still_foreign(world: Any, kube: Any) -> None:
-    """Only Camp's scheduler name with its label makes a pod Camp's: a look-alike's card counts
-    as taken (Camp would otherwise place on top of it)."""
+    """Only Camp's label with the id of a job holding an allocation in this cluster makes a pod
+    Camp's: a look-alike's card counts as taken (Camp would otherwise place on top of it)."""
     kube.node("gpu-plain", gfd_gpus=1)
     kube.core.create_namespaced_pod("default", {
         "apiVersion": "v1", "kind": "Pod",

@@ -276,3 +276,47 @@ def test_inventory_sync_writes_only_what_changed(world: Any, cluster: Any) -> No
     assert after["a100-1"] == stamps["a100-1"] and after["a100-0"] > stamps["a100-0"]
     a0 = Node.objects.get(name="a100-0")
     assert a0.quarantined and not a0.ready and a0.quarantine_reason == "auto: node NotReady"
+
+
+@pytest.mark.parametrize("status", [500, 404])
+def test_kubernetes_pod_list_failure_keeps_foreign_figures_and_still_quarantines(
+        world: Any, status: int) -> None:
+    """The inventory sync lists every pod to see GPUs other schedulers' pods hold. When that
+    list fails, the nodes are still synced (a NotReady node is quarantined) and the cards keep
+    the foreign figures of the last good sync: never "nothing held", never no sync at all."""
+    from .kmockserver import kmock_server
+    from .test_kubernetes import _node as kube_node
+
+    with kmock_server() as k:
+        from kubernetes import client as k8s
+
+        url = str(k.url).rstrip("/")
+        cfg = k8s.Configuration()
+        cfg.host = url
+        core = k8s.CoreV1Api(k8s.ApiClient(cfg))
+        for name in ("gpu-a", "gpu-b"):
+            core.create_node(kube_node(name, annotations={
+                "hami.io/node-nvidia-register": json.dumps(HAMI_GPUS)}))
+        core.create_namespaced_pod("default", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "other", "namespace": "default", "annotations": {
+                "hami.io/vgpu-node": "gpu-a",
+                "hami.io/vgpu-devices-allocated": "GPU-aaaa0001,NVIDIA,30000,40:;"}},
+            "spec": {"nodeName": "gpu-a", "schedulerName": "hami-scheduler",
+                     "containers": [{"name": "main", "image": "x"}]},
+            "status": {"phase": "Running"}})
+        cluster = services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
+                                          api_server=url, credentials={"token": "t"},
+                                          verify=False)  # kmock: no RBAC to check
+        services.inventory_sync(cluster=cluster)
+        card = GpuDevice.objects.get(node__name="gpu-a", index=1)
+        assert (card.foreign_memory_mib, card.foreign_cores, card.foreign_pods) == (
+            30000, 40, ["default/other"])
+
+        k["get /api/v1/pods"] << status  # the pod list fails, every retry (404: not "no pods")
+        _ready(core, "gpu-b", False)
+        result = services.inventory_sync(cluster=cluster)
+        assert result.quarantined == ["gpu-b"]
+        card.refresh_from_db()
+        assert (card.foreign_memory_mib, card.foreign_cores, card.foreign_pods) == (
+            30000, 40, ["default/other"])

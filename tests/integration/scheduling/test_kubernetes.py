@@ -299,3 +299,42 @@ def test_reconcile_deletes_leftover_job_objects(world: Any, kube: Any) -> None:
     assert core.list_namespaced_service(ns).items == []
     # A second pass finds nothing to do (idempotent) and waits its minute anyway.
     assert services.cluster_reconcile(cluster=cluster).objects_deleted == []
+
+
+def _hami_pod(core: Any, name: str, uuid: str, *, labels: dict[str, str], scheduler: str) -> None:
+    core.create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels, "annotations": {
+            "hami.io/vgpu-node": "gpu-a", "hami.io/vgpu-devices-allocated": f"{uuid},NVIDIA,20000,30:;"}},
+        "spec": {"nodeName": "gpu-a", "schedulerName": scheduler,
+                 "containers": [{"name": "main", "image": "x"}]},
+        "status": {"phase": "Running"}})
+
+
+def test_camps_pods_are_those_of_its_live_jobs_whatever_the_scheduler_name(
+        world: Any, kube: Any, settings: Any) -> None:
+    """A pod is Camp's when it carries Camp's label and the id of a job holding an allocation in
+    this cluster, not because of a scheduler name: renaming CAMP_SCHEDULER_NAME leaves Camp's
+    running pods Camp's (their GPUs are not counted twice), and a pod naming Camp's scheduler
+    and label that no live job of this cluster owns holds its GPUs like any other pod."""
+    _, core, cluster = kube
+    services.inventory_sync(cluster=cluster)
+    job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
+                              name="inf", groups=[gpu_group(gpu_memory_mib=20000, gpu_cores_percent=30)])
+    services.cycle_run(cluster=cluster)
+    live = job.allocations.get().slices.get().gpu
+    stray = GpuDevice.objects.exclude(pk=live.pk).filter(node__name="gpu-a").order_by("index").first()
+    assert stray is not None
+    camp = {"app.kubernetes.io/managed-by": "camp"}
+    _hami_pod(core, "inf-live", live.uuid, labels={**camp, "camp.io/job-id": str(job.pk)},
+              scheduler="camp-scheduler")
+    _hami_pod(core, "not-camps", stray.uuid, labels={**camp, "camp.io/job-id": "987654"},
+              scheduler="camp-scheduler")
+    for name in ("camp-scheduler", "camp-renamed"):
+        settings.CAMP_SCHEDULER_NAME = name
+        services.inventory_sync(cluster=cluster)
+        live.refresh_from_db()
+        stray.refresh_from_db()
+        assert (live.foreign_memory_mib, live.foreign_pods) == (0, []), name
+        assert (stray.foreign_memory_mib, stray.foreign_cores, stray.foreign_pods) == (
+            20000, 30, ["default/not-camps"]), name

@@ -1,6 +1,8 @@
 """One job's pods never mix GPU models unless the job allows it (issue 11), through the API and
-the real cycle on the simulated backend: 2 A100 + 2 L4 free, a 4-worker job waits rather than
-straddle both; with ``mixed_gpu_models`` it runs on both; a 2-worker job lands on one model."""
+the real cycle on the simulated backend: 2 A100 + 2 L4, a 4-worker job can never run on one
+model, so it is rejected at once with a reason naming ``mixed_gpu_models`` (it neither waits
+forever nor holds nodes); with ``mixed_gpu_models`` it runs on both; a 2-worker job lands on one
+model."""
 
 from __future__ import annotations
 
@@ -51,15 +53,15 @@ def test_a_jobs_pods_stay_on_one_gpu_model_unless_it_allows_mixing(world: Any) -
     assert four["mixed_gpu_models"] is False
     services.cycle_run(cluster=cluster)
     job = Job.objects.get(pk=four["id"])
-    assert job.state == JobState.QUEUED and not job.allocations.exists(), job.reason
-    assert "on GPUs of one model (the job does not allow mixing models)" in job.reason, job.reason
+    assert job.state == JobState.REJECTED and not job.allocations.exists(), job.reason
+    assert "No single GPU model can ever hold the job" in job.reason, job.reason
+    assert "mixed_gpu_models" in job.reason, job.reason
 
     r = client_for(world.a.member).post("/api/v1/jobs/", {
         "name": "bad", "project": world.a.project.pk, "cluster": "sim",
         "groups": [gpu_group()], "mixed_gpu_models": "sometimes"}, format="json")
     assert r.status_code == 400 and "mixed_gpu_models" in r.json(), r.content
 
-    services.job_cancel(actor=world.a.member, job=job)
     mixed = _submit(world, "mixed", 4, mixed_gpu_models=True)
     assert mixed["mixed_gpu_models"] is True
     services.cycle_run(cluster=cluster)

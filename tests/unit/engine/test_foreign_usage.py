@@ -99,3 +99,14 @@ def test_preemption_never_counts_on_a_foreign_card() -> None:
 def test_gpu_device_foreign_flag() -> None:
     assert not GpuDevice(0, "u", "A100", 1).foreign
     assert GpuDevice(0, "u", "A100", 1, foreign_sharers=1).foreign
+
+
+def test_a_distinct_nodes_job_is_not_rejected_because_of_foreign_pods() -> None:
+    """The queue cycle's "could this node ever host it" ignores other schedulers' pods like the
+    placer's never-fits: two workers on distinct nodes wait while one node's only card is held
+    by a default-scheduler pod; they are not rejected as "no node set can ever fit"."""
+    snap = cluster(node("a", 1), held(node("b", 1), 0, foreign_exclusive=True))
+    two = Job(name="two", groups=(PodGroup("w", pod("w", gpu_count=1), 2),), queue="t/p",
+              affinity=JobAffinity.DISTINCT_NODES)
+    result = cycle(snap, [two], tree({"t": {"p": Quota()}}))
+    assert isinstance(result.statuses["two"].decision, Wait), result.statuses["two"].decision
