@@ -1432,8 +1432,14 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
     """Jobs STARTING, their Allocation and GpuSlice rows, the GPUs' new totals: one
     statement per table. (Rows locked by the caller: ``attempts`` are current.)"""
     now = timezone.now()
-    # Each job records its project's namespace at admission (one lookup per project).
+    # Each job records its project's namespace at admission: the namespaces already assigned
+    # in one query, the others assigned now (first admission of a project on this cluster).
     namespaces: dict[int, str] = {}
+    if accepted:
+        cluster = inputs.cluster or accepted[0][0].cluster
+        namespaces = dict(ProjectNamespace.objects.filter(
+            cluster=cluster, project_id__in={job.project_id for job, _, _ in accepted})
+            .values_list("project_id", "name"))
     for job, _, _ in accepted:
         if job.project_id not in namespaces:
             namespaces[job.project_id] = project_namespace_ensure(
