@@ -273,3 +273,21 @@ def test_preemption_whose_cards_were_taken_since_the_snapshot_evicts_nobody(
     assert high.reason_kind == "capacity"
     assert_consistent(sim_cluster, settled=False)
     assert not list(verify_chain())
+
+
+def test_preemptor_cancelled_after_the_snapshot_evicts_nobody(world: Any, sim_cluster: Any) -> None:
+    l4 = {"gpu_count": 2, "gpu_models": ["L4"], "exclusive": True}
+    low = submit(world, sim_cluster, "low", group=l4, priority_class="batch", preemptible=True)
+    services.cycle_run(cluster=sim_cluster)
+    assert services.job_dispatch(job_id=low.pk) == "created"
+    state_before = Job.objects.get(pk=low.pk).state
+    high = submit(world, sim_cluster, "high", group=l4, priority_class="high")
+    inputs, statuses = services._decide(sim_cluster, None)
+    assert [s.kind for s in statuses if s.job == str(high.pk)] == ["preempting"]
+    services.job_cancel(actor=world.a.member, job=high)  # lands between decision and write
+    summary = services._persist(sim_cluster, inputs, statuses)
+    assert summary.preempting == [] and summary.victims == [] and summary.conflicts == [high.pk]
+    assert Job.objects.get(pk=low.pk).state == state_before
+    assert Job.objects.get(pk=high.pk).state == JobState.CANCELLED
+    assert not SchedulingDecision.objects.filter(kind__in=["preempted", "preempting"]).exists()
+    assert_consistent(sim_cluster, settled=False)
