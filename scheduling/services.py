@@ -1070,7 +1070,8 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
     consistent snapshot; let the engine decide (no transaction open); persist the decisions
     in one short transaction with bulk statements and optimistic checks (``_apply``): a job
     that left QUEUED meanwhile, or whose GPUs' totals moved since the snapshot, is not
-    admitted (it waits for the next cycle) while the rest of the cycle goes through. Pods
+    admitted, nor does it preempt (it waits for the next cycle) while the rest of the cycle
+    goes through. Pods
     are created after commit (``job_dispatch``)."""
     started = time.perf_counter()
     with cycle_lock(cluster.pk) as got:
@@ -1213,10 +1214,56 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
                 _record(job, DecisionKind.REJECTED, d.reason)
                 _audit_job("job.rejected", job, after={"reason": d.reason})
                 summary.rejected.append(job.pk)
-    _preempt_all(models_, preemptions, summary)
-    for job in _admit_all(inputs, admits, summary):
+    locked = _lock_rows(inputs, admits, preemptions, models_)
+    for job in _preempt_all(inputs, models_, preemptions, summary, locked):
+        waits.append(_WaitRow(job, CONFLICT_REASON, "capacity", None, None))
+    for job in _admit_all(inputs, admits, summary, locked):
         waits.append(_WaitRow(job, CONFLICT_REASON, "capacity", None, None))
     _wait_all(waits)
+
+
+@dataclass(frozen=True, slots=True)
+class _Locked:
+    """What ``_lock_rows`` read under lock: job id → (state, attempts); GPU id → its
+    current totals (``GpuRow.totals()`` order); the GPUs whose totals moved since the
+    snapshot."""
+    jobs: dict[int, tuple[str, int]]
+    gpus: dict[int, tuple[Any, ...]]
+    moved: set[int]
+
+
+def _placement_gpus(inputs: selectors.CycleInputs, placement: E.Placement) -> set[int]:
+    return {inputs.gpus[(pp.node, g.index)].pk for pp in placement.pods for g in pp.gpus}
+
+
+def _lock_rows(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placement, JobStatus]],
+               preemptions: list[tuple[Job, E.Preempt]], jobs: dict[int, Job]) -> _Locked:
+    """Lock, once for the whole write, the rows the admissions and preemptions are checked
+    against: first the jobs (admitted, preemptors, victims), then the GPUs their placements
+    use, each in ascending id order — jobs before GPUs, as a release locks its job and then
+    updates its GPUs, so a cycle and a release never wait on each other in a circle. FOR NO
+    KEY UPDATE (see the note on row locks above). Two statements however many jobs."""
+    pks = {job.pk for job, _, _ in admits} | {job.pk for job, _ in preemptions}
+    pks.update(int(v) for _, d in preemptions for v in d.victims if int(v) in jobs)
+    used: set[int] = set()
+    for _, placement, _ in admits:
+        used |= _placement_gpus(inputs, placement)
+    for _, d in preemptions:
+        used |= _placement_gpus(inputs, d.placement)
+    locked_jobs: dict[int, tuple[str, int]] = {}
+    if pks:
+        locked_jobs = {pk: (state, attempts) for pk, state, attempts in Job.objects.select_for_update(
+            no_key=True).filter(pk__in=sorted(pks)).order_by("pk").values_list("pk", "state", "attempts")}
+    current: dict[int, tuple[Any, ...]] = {}
+    if used:
+        current = {row[0]: row[1:] for row in GpuDevice.objects.select_for_update(no_key=True).filter(
+            pk__in=sorted(used)).order_by("pk").values_list(
+            "pk", "memory_allocated_mib", "cores_allocated", "sharers", "exclusive_held", "memory_mib",
+            "max_sharers", "foreign_memory_mib", "foreign_cores", "foreign_sharers", "foreign_exclusive")}
+    by_pk = {gpu.pk: gpu for gpu in inputs.gpus.values() if gpu.pk in used}
+    # Moved also when an inventory sync changed what other schedulers' pods hold there.
+    moved = {pk for pk in used if current.get(pk) != by_pk[pk].totals()}
+    return _Locked(locked_jobs, current, moved)
 
 
 def _outside_pools(inputs: selectors.CycleInputs, tenant_id: int, placement: E.Placement) -> str:
@@ -1334,30 +1381,21 @@ def _placement_json(placement: E.Placement) -> list[dict[str, Any]]:
 
 
 def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placement, JobStatus]],
-               summary: CycleSummary) -> list[Job]:
+               summary: CycleSummary, locked: _Locked) -> list[Job]:
     """Persist the cycle's admissions in bulk; returns the jobs that must wait instead
     because their placement was taken since the snapshot.
 
     Optimistic, job by job in the engine's order: the admitted jobs' rows and the GPUs they
-    use are locked (ids in ascending order, as everywhere: no deadlock between cycles and
-    releases); a job no longer QUEUED (cancelled meanwhile) is skipped; a job using a GPU
+    use are locked (``_lock_rows``: ids in ascending order, as everywhere: no deadlock between
+    cycles and releases); a job no longer QUEUED (cancelled meanwhile) is skipped; a job using a GPU
     whose totals moved since the snapshot, or that would overfill one (the CHECK
     constraints' rules), waits; the others are written with one statement per table, still
     guarded by the constraints. Should the database refuse the bulk write anyway, each job
     is admitted on its own (``_admit``), as before."""
     if not admits:
         return []
-    queued = dict(Job.objects.select_for_update(no_key=True).filter(
-        pk__in=[job.pk for job, _, _ in admits], state=JobState.QUEUED).order_by("pk")
-        .values_list("pk", "attempts"))
-    used = {inputs.gpus[(pp.node, g.index)].pk: inputs.gpus[(pp.node, g.index)]
-            for _, placement, _ in admits for pp in placement.pods for g in pp.gpus}
-    current = {row[0]: row[1:] for row in GpuDevice.objects.select_for_update(no_key=True).filter(
-        pk__in=sorted(used)).order_by("pk").values_list(
-        "pk", "memory_allocated_mib", "cores_allocated", "sharers", "exclusive_held", "memory_mib",
-        "max_sharers", "foreign_memory_mib", "foreign_cores", "foreign_sharers", "foreign_exclusive")}
-    # Moved also when an inventory sync changed what other schedulers' pods hold there.
-    moved = {pk for pk, gpu in used.items() if current.get(pk) != gpu.totals()}
+    queued = {pk: attempts for pk, (state, attempts) in locked.jobs.items() if state == JobState.QUEUED}
+    current, moved = locked.gpus, locked.moved
     totals = {pk: list(row[:4]) for pk, row in current.items()}
     accepted: list[tuple[Job, E.Placement, JobStatus]] = []
     taken: list[Job] = []
@@ -1557,8 +1595,9 @@ def _preempted_reason(victim: Job, preemptor: Job | None) -> str:
             f"capacity ({whose})")
 
 
-def _preempt_all(jobs: dict[int, Job], preemptions: list[tuple[Job, E.Preempt]],
-                 summary: CycleSummary) -> None:
+def _preempt_all(inputs: selectors.CycleInputs, jobs: dict[int, Job],
+                 preemptions: list[tuple[Job, E.Preempt]], summary: CycleSummary,
+                 locked: _Locked) -> list[Job]:
     """Mark the victims PREEMPTING (their pods are deleted after commit); each preemptor
     waits, out of the queue, until its victims' resources are actually released. Reasons and
     audit events name jobs of other projects / tenants only by count (``_preempted_reason``);
@@ -1568,9 +1607,29 @@ def _preempt_all(jobs: dict[int, Job], preemptions: list[tuple[Job, E.Preempt]],
     job that was about five statements a victim): one guarded update of the victims (only
     jobs still STARTING or RUNNING: a victim that finished meanwhile is not preempted, and a
     victim is claimed by the first preemptor that names it, as row by row), one of the
-    preemptors (only jobs still QUEUED), their history rows in one insert, one stop task."""
+    preemptors (only jobs still QUEUED), their history rows in one insert, one stop task.
+
+    Checked first, like admissions, against the rows ``_lock_rows`` locked: a preemptor no
+    longer QUEUED (cancelled meanwhile) is skipped, and one whose planned GPUs' totals moved
+    since the snapshot (taken by another job, or by another scheduler's pods) evicts nobody
+    and is returned, to wait ("placement taken concurrently"): its victims are not killed
+    for room it could not use."""
     if not preemptions:
-        return
+        return []
+    taken: list[Job] = []
+    going: list[tuple[Job, E.Preempt]] = []
+    for job, d in preemptions:
+        if locked.jobs.get(job.pk, ("", 0))[0] != JobState.QUEUED:
+            summary.conflicts.append(job.pk)  # cancelled meanwhile
+        elif _placement_gpus(inputs, d.placement) & locked.moved:
+            logger.warning("preemption by job %s: its GPUs moved since the snapshot; it waits", job.pk)
+            summary.conflicts.append(job.pk)
+            taken.append(job)
+        else:
+            going.append((job, d))
+    preemptions = going
+    if not preemptions:
+        return taken
     claimed: dict[int, tuple[Job, Job, str]] = {}
     for job, d in preemptions:
         for v in d.victims:
@@ -1620,6 +1679,7 @@ def _preempt_all(jobs: dict[int, Job], preemptions: list[tuple[Job, E.Preempt]],
         from .tasks import jobs_stop
 
         _send_after_commit(jobs_stop, stopped)
+    return taken
 
 
 # --- release -------------------------------------------------------------------------------

@@ -244,3 +244,50 @@ def test_victim_that_ended_after_the_snapshot_is_not_preempted(world: Any, sim_c
         assert services.job_stop(job_id=pk) == "released"
     assert_consistent(sim_cluster, settled=False)
     assert not list(verify_chain())
+
+
+def test_preemption_whose_cards_were_taken_since_the_snapshot_evicts_nobody(
+        world: Any, sim_cluster: Any) -> None:
+    """Another scheduler's pod takes the preemptor's planned cards between the decision and
+    the write (an inventory sync records it in the foreign columns): the running victim is
+    not killed for nothing; the preemptor waits as an admission whose GPUs moved does."""
+    l4 = {"gpu_count": 2, "gpu_models": ["L4"], "exclusive": True}
+    low = submit(world, sim_cluster, "low", group=l4, priority_class="batch", preemptible=True)
+    services.cycle_run(cluster=sim_cluster)
+    assert services.job_dispatch(job_id=low.pk) == "created"
+    state_before = Job.objects.get(pk=low.pk).state
+    high = submit(world, sim_cluster, "high", group=l4, priority_class="high")
+    inputs, statuses = services._decide(sim_cluster, None)
+    [decision] = [s.decision for s in statuses if s.job == str(high.pk)]
+    assert [int(v) for v in decision.victims] == [low.pk]  # type: ignore[union-attr]
+    cards = {inputs.gpus[(pp.node, g.index)].pk
+             for pp in decision.placement.pods for g in pp.gpus}  # type: ignore[union-attr]
+    GpuDevice.objects.filter(pk__in=cards).update(foreign_exclusive=True, foreign_sharers=1)
+    summary = services._persist(sim_cluster, inputs, statuses)
+    assert summary.preempting == [] and summary.victims == [] and summary.conflicts == [high.pk]
+    low.refresh_from_db()
+    assert low.state == state_before and low.preempted_by_id is None
+    assert not SchedulingDecision.objects.filter(kind__in=["preempted", "preempting"]).exists()
+    high.refresh_from_db()
+    assert high.state == JobState.QUEUED and high.reason == services.CONFLICT_REASON
+    assert high.reason_kind == "capacity"
+    assert_consistent(sim_cluster, settled=False)
+    assert not list(verify_chain())
+
+
+def test_preemptor_cancelled_after_the_snapshot_evicts_nobody(world: Any, sim_cluster: Any) -> None:
+    l4 = {"gpu_count": 2, "gpu_models": ["L4"], "exclusive": True}
+    low = submit(world, sim_cluster, "low", group=l4, priority_class="batch", preemptible=True)
+    services.cycle_run(cluster=sim_cluster)
+    assert services.job_dispatch(job_id=low.pk) == "created"
+    state_before = Job.objects.get(pk=low.pk).state
+    high = submit(world, sim_cluster, "high", group=l4, priority_class="high")
+    inputs, statuses = services._decide(sim_cluster, None)
+    assert [s.kind for s in statuses if s.job == str(high.pk)] == ["preempting"]
+    services.job_cancel(actor=world.a.member, job=high)  # lands between decision and write
+    summary = services._persist(sim_cluster, inputs, statuses)
+    assert summary.preempting == [] and summary.victims == [] and summary.conflicts == [high.pk]
+    assert Job.objects.get(pk=low.pk).state == state_before
+    assert Job.objects.get(pk=high.pk).state == JobState.CANCELLED
+    assert not SchedulingDecision.objects.filter(kind__in=["preempted", "preempting"]).exists()
+    assert_consistent(sim_cluster, settled=False)
