@@ -18,6 +18,7 @@
       el.dataset.state = job.state;
       el.querySelectorAll("[data-live-show]").forEach(function (s) {
         s.hidden = s.dataset.liveShow.split(" ").indexOf(job.state) < 0;
+        if (s.hidden && s.type === "checkbox") { s.checked = false; }  // a finished job's bulk-stop box
       });
       el.querySelectorAll("[data-live-field]").forEach(function (f) {
         var key = f.dataset.liveField, value;

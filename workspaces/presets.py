@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
@@ -28,6 +28,9 @@ from scheduling.models import Cluster, GpuDevice
 from scheduling.selectors import hidden_pools, plain_model
 
 from .models import Profile
+
+if TYPE_CHECKING:
+    from portal.selectors import CapacityTimeline
 
 # Fractions people say out loud; anything else is shown as a percentage of the card.
 _NAMED = {Fraction(1, 8): "⅛", Fraction(1, 4): "¼", Fraction(1, 3): "⅓", Fraction(1, 2): "½",
@@ -134,7 +137,7 @@ def preset_cards(profiles: Iterable[Profile], clusters: Iterable[Cluster], user:
             if (c.pk, pool) not in hidden:
                 usable.append((node_id, *row[2:]))
         inventory[c.pk] = usable
-    from portal.selectors import CapacityTimeline, capacity_timeline
+    from portal.selectors import capacity_timeline
 
     timelines: dict[int, CapacityTimeline] = {}  # loaded on first need, once per cluster
     now = timezone.now()
@@ -162,7 +165,7 @@ def _duration(seconds: float) -> str:
     return f"{h} h {m} min" if m else f"{h} h"
 
 
-def expected_wait(p: Profile, timeline: Any, now: dt.datetime) -> str:
+def expected_wait(p: Profile, timeline: CapacityTimeline, now: dt.datetime) -> str:
     """When a job of the preset's shape is expected to start on a cluster with none free now,
     in words. Same rule and caveats as the job page's estimated start (a lower bound: it
     assumes nothing queued ahead takes the GPUs first and counts GPU-equivalents, not cards)."""

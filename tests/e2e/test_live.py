@@ -127,6 +127,11 @@ def test_jobs_list_badge_and_counts_change_without_reload(world: World, asgi_ser
             "document.querySelector('[data-live-count=\"queued\"]').hidden", timeout=10000)
     assert page.evaluate("window.__sameDocument") is True  # no reload happened
     assert "state-queued" not in (page.locator(badge).get_attribute("class") or "")
+    assert page.locator(f"#pick-{job.pk}").is_visible()  # still running: still stoppable
+    job.refresh_from_db()
+    with ThreadPoolExecutor(1) as pool:  # stopped elsewhere: its bulk-stop box goes away
+        pool.submit(lambda: services.job_cancel(actor=world.a.member, job=job)).result()
+    page.wait_for_function(f"document.querySelector('#pick-{job.pk}').hidden", timeout=10000)
     shot(page, "jobs-live")
 
 
