@@ -405,10 +405,11 @@ class StartEstimate:
     note: str
 
 
-def _job_demand(job: Job, largest_card_mib: int) -> float:
-    """GPU-equivalents a job asks for (whole cards count 1; slices their larger share)."""
+def shape_demand(groups: Iterable[Any], largest_card_mib: int) -> float:
+    """GPU-equivalents asked for by groups of (replicas, gpu_count, exclusive, gpu_memory_mib,
+    gpu_cores_percent): whole cards count 1, slices their larger share of the largest card."""
     total = 0.0
-    for g in job.groups.all():
+    for g in groups:
         if not g.gpu_count:
             continue
         if g.exclusive or (not g.gpu_memory_mib and not g.gpu_cores_percent):
@@ -416,8 +417,56 @@ def _job_demand(job: Job, largest_card_mib: int) -> float:
         else:
             mem = g.gpu_memory_mib / largest_card_mib if largest_card_mib else 0.0
             per = min(1.0, max(g.gpu_cores_percent / 100, mem))
-        total += g.replicas * g.gpu_count * per
+        total += getattr(g, "replicas", 1) * g.gpu_count * per
     return total
+
+
+def _job_demand(job: Job, largest_card_mib: int) -> float:
+    return shape_demand(job.groups.all(), largest_card_mib)
+
+
+@dataclass
+class CapacityTimeline:
+    """A cluster's GPU-equivalents free now and the running jobs' expected ends (start +
+    declared duration) with the GPU-equivalents each frees, soonest first. Loaded once per
+    cluster (three queries) and shared by every estimate made from it."""
+
+    free: float
+    largest_card_mib: int
+    ends: list[tuple[dt.datetime, float]]
+
+
+def capacity_timeline(cluster: Cluster) -> CapacityTimeline:
+    cards = list(GpuDevice.objects.filter(node__cluster=cluster).values_list("memory_mib", "node__present"))
+    shares: dict[int, float] = defaultdict(float)
+    for s_job, mem, cores, exclusive, card in GpuSlice.objects.filter(
+        allocation__cluster=cluster
+    ).values_list("allocation__job_id", "memory_mib", "cores_percent", "exclusive", "gpu__memory_mib"):
+        shares[s_job] += slice_share(mem, cores, exclusive, card)
+    ends = []
+    for running in Job.objects.filter(pk__in=list(shares)).only("pk", "started_at", "duration_seconds"):
+        if running.started_at is None or not running.duration_seconds:
+            continue
+        ends.append((running.started_at + dt.timedelta(seconds=running.duration_seconds),
+                     shares.get(running.pk, 0.0)))
+    return CapacityTimeline(
+        free=sum(1 for _m, present in cards if present) - round(sum(shares.values()), 3),
+        largest_card_mib=max((m for m, _p in cards), default=0),
+        ends=sorted(ends, key=lambda e: e[0]),
+    )
+
+
+def first_fit(demand: float, timeline: CapacityTimeline, now: dt.datetime) -> dt.datetime | None:
+    """The first expected end at which the freed GPU-equivalents cover the demand (now if
+    they already do; None if no running job's end is known early enough)."""
+    free = timeline.free
+    if demand <= free + 1e-9:
+        return now
+    for end, freed in timeline.ends:
+        free += freed
+        if demand <= free + 1e-9:
+            return max(end, now)
+    return None
 
 
 def estimate_start(job: Job, *, now: dt.datetime | None = None) -> StartEstimate:
@@ -434,26 +483,10 @@ def estimate_start(job: Job, *, now: dt.datetime | None = None) -> StartEstimate
         return StartEstimate(None, "Waits for its project's quota, not for free GPUs.")
     if job.reason_kind in ("never-fits", "unknown-queue", "over-guarantee"):
         return StartEstimate(None, "Cannot start as it is.")
-    state = cluster_now(job.cluster)
-    largest = max(GpuDevice.objects.filter(node__cluster=job.cluster).values_list(
-        "memory_mib", flat=True), default=0)
-    demand = _job_demand(job, largest)
-    free = state.gpus_total - state.gpu_share_allocated
-    if demand <= free + 1e-9:
+    timeline = capacity_timeline(job.cluster)
+    at = first_fit(_job_demand(job, timeline.largest_card_mib), timeline, now)
+    if at == now:
         return StartEstimate(now, "GPUs are free now; it starts at a coming cycle.")
-    # GPU-equivalents held by each running job
-    shares: dict[int, float] = defaultdict(float)
-    for s_job, mem, cores, exclusive, card in GpuSlice.objects.filter(
-        allocation__cluster=job.cluster
-    ).values_list("allocation__job_id", "memory_mib", "cores_percent", "exclusive", "gpu__memory_mib"):
-        shares[s_job] += slice_share(mem, cores, exclusive, card)
-    ends = []
-    for running in Job.objects.filter(pk__in=list(shares)).only("pk", "started_at", "duration_seconds"):
-        if running.started_at is None or not running.duration_seconds:
-            continue
-        ends.append((running.started_at + dt.timedelta(seconds=running.duration_seconds), running.pk))
-    for end, job_id in sorted(ends):
-        free += shares.get(job_id, 0.0)
-        if demand <= free + 1e-9:
-            return StartEstimate(max(end, now), "If nothing ahead of it takes the GPUs first.")
+    if at is not None:
+        return StartEstimate(at, "If nothing ahead of it takes the GPUs first.")
     return StartEstimate(None, "Unknown: running jobs do not say how long they run.")

@@ -12,6 +12,7 @@ urlpatterns = [
     path("nodes/<int:pk>/quarantine/", views.node_quarantine, name="node-quarantine"),
     path("jobs/", views.job_list, name="jobs"),
     path("jobs/stop/", views.job_bulk_stop, name="jobs-stop"),
+    path("jobs/live/", views.job_list_live, name="jobs-live"),
     path("jobs/<int:pk>/", views.job_detail, name="job"),
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
 ]

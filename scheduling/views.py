@@ -10,8 +10,8 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Prefetch
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, QueryDict
+from django.db.models import Count, Prefetch, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -21,7 +21,7 @@ from tenants.permissions import CHANGE, CREATE, actor_of, can, restrict
 
 from . import selectors, services
 from .filters import JobListFilter
-from .models import Cluster, GpuDevice, Job, Node, NodePool
+from .models import Cluster, GpuDevice, Job, JobState, Node, NodePool
 
 
 class ClusterForm(forms.ModelForm[Cluster]):
@@ -116,10 +116,7 @@ PAGE_SIZES = (25, 50, 100)
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
     """Jobs the reader may see: search, filters, sortable columns, pages and bulk stop."""
-    jobs = selectors.job_list(user=request.user).select_related("owner")
-    f = JobListFilter(request.GET or None, queryset=jobs, request=request)
-    # an unreadable filter lists nothing and says which one (never "everything")
-    qs = jobs if not f.is_bound else f.qs if f.is_valid() else jobs.none()
+    f, qs = _filtered_jobs(request, request.GET)
     if not request.GET.get("sort"):
         qs = qs.order_by("-submitted_at", "-id")
     try:
@@ -141,10 +138,44 @@ def job_list(request: HttpRequest) -> HttpResponse:
         columns.append({"key": key, "label": label, "aria": direction,
                         "href": "?" + sort_params.urlencode()})
     stoppable = {j.pk for j in page if not j.is_final and can(request.user, "delete", j)}
+    counts = _state_counts(qs)
     return render(request, "scheduling/jobs.html", {
         "page": page, "filter": f, "query": params.urlencode(), "columns": columns,
         "per_page": per_page, "page_sizes": PAGE_SIZES, "stoppable": stoppable,
-        "count": page.paginator.count})
+        "count": page.paginator.count,
+        "state_counts": [(value, label, counts.get(value, 0)) for value, label in JobState.choices],
+        "counts_query": request.GET.urlencode()})
+
+
+def _filtered_jobs(request: HttpRequest, data: QueryDict) -> tuple[JobListFilter, QuerySet[Job]]:
+    jobs = selectors.job_list(user=request.user).select_related("owner")
+    f = JobListFilter(data or None, queryset=jobs, request=request)
+    # an unreadable filter lists nothing and says which one (never "everything")
+    return f, jobs if not f.is_bound else f.qs if f.is_valid() else jobs.none()
+
+
+def _state_counts(qs: QuerySet[Job]) -> dict[str, int]:
+    return dict(qs.order_by().values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+
+
+@login_required
+def job_list_live(request: HttpRequest) -> JsonResponse:
+    """What the jobs list refreshes without a reload (static/live.js): the per-state counts of
+    the list's filters, and the live fields of the rows it shows (``ids``, at most 200, only
+    jobs the reader may see) in one request, where polling one job at a time would cost a
+    request per row. Pushed changes arrive over /ws/live/ as on the job page; this answers
+    the counts they change and is the list's polling fallback."""
+    from portal.live import job_payload
+
+    params = request.GET.copy()
+    raw_ids = params.pop("ids", [""])[-1]  # the filters never see "ids"
+    _f, qs = _filtered_jobs(request, params)
+    counts = _state_counts(qs)
+    ids = [int(x) for x in raw_ids.split(",") if x.isdigit()][:200]
+    rows = restrict(Job.objects.filter(pk__in=ids), request.user).only(
+        "pk", "state", "reason", "queue_position", "queue_length") if ids else []
+    return JsonResponse({"total": sum(counts.values()), "states": counts,
+                         "jobs": [job_payload(j) for j in rows]})
 
 
 @login_required

@@ -1,11 +1,16 @@
 /* Live job state on any page: elements with data-live-job="<id>" get their
    [data-live-field] children updated from the /ws/live/ WebSocket, with a polling
    fallback through the REST API (the demo's in-memory channel layer cannot reach
-   the worker process, and sockets drop). No reload needed. */
+   the worker process, and sockets drop). No reload needed.
+   A list with [data-live-counts="<url>"] (the jobs list) also keeps its per-state counts
+   current: a pushed change asks that URL (the list's filters) for the counts, at most once
+   a second, and its polling fallback is that one request for every row instead of one
+   request per row. */
 (function () {
   "use strict";
   var nodes = document.querySelectorAll("[data-live-job]");
-  if (!nodes.length) { return; }
+  var counts = document.querySelector("[data-live-counts]");
+  if (!nodes.length && !counts) { return; }
   var pollMs = Number(document.body.dataset.livePoll || 5000);
 
   function apply(job) {
@@ -13,6 +18,7 @@
       el.dataset.state = job.state;
       el.querySelectorAll("[data-live-show]").forEach(function (s) {
         s.hidden = s.dataset.liveShow.split(" ").indexOf(job.state) < 0;
+        if (s.hidden && s.type === "checkbox") { s.checked = false; }  // a finished job's bulk-stop box
       });
       el.querySelectorAll("[data-live-field]").forEach(function (f) {
         var key = f.dataset.liveField, value;
@@ -24,18 +30,51 @@
     });
   }
 
+  function showCounts(data) {
+    counts.querySelectorAll("[data-live-count]").forEach(function (li) {
+      var n = data.states[li.dataset.liveCount] || 0, strong = li.querySelector("strong");
+      li.hidden = !n;
+      if (strong.textContent !== String(n)) { strong.textContent = String(n); }
+    });
+    var total = document.querySelector("[data-live-total]");
+    if (total) {
+      var text = " job" + (data.total === 1 ? "" : "s") +
+        (total.hasAttribute("data-filtered") ? (data.total === 1 ? " matches" : " match") : "");
+      var strong = total.querySelector("strong");
+      if (strong.textContent !== String(data.total) || total.lastChild.textContent !== text) {
+        strong.textContent = String(data.total);
+        while (strong.nextSibling) { total.removeChild(strong.nextSibling); }
+        total.appendChild(document.createTextNode(text));
+      }
+    }
+  }
+
+  var countsTimer = null;
+  function refreshList() {
+    countsTimer = null;
+    var ids = {};
+    nodes.forEach(function (el) { ids[el.dataset.liveJob] = true; });
+    fetch(counts.dataset.liveCounts + "&ids=" + Object.keys(ids).join(","),
+          { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (data) { if (data) { showCounts(data); data.jobs.forEach(apply); } })
+      .catch(function () {});
+  }
+  function refreshListSoon() { if (!countsTimer) { countsTimer = setTimeout(refreshList, 1000); } }
+
   function connect() {
     var proto = location.protocol === "https:" ? "wss://" : "ws://";
     var ws;
     try { ws = new WebSocket(proto + location.host + "/ws/live/"); } catch (e) { return; }
     ws.onmessage = function (ev) {
       var msg = JSON.parse(ev.data);
-      if (msg.type === "job") { apply(msg.job); }
+      if (msg.type === "job") { apply(msg.job); if (counts) { refreshListSoon(); } }
     };
     ws.onclose = function () { setTimeout(connect, 5000); };
   }
 
   function poll() {
+    if (counts) { refreshList(); return; }
     var ids = {};
     nodes.forEach(function (el) { ids[el.dataset.liveJob] = true; });
     Object.keys(ids).forEach(function (id) {

@@ -6,20 +6,31 @@ start now on each cluster.
 keeps current, over the nodes a user's jobs may use (schedulable, present, not in another
 tenant's dedicated pool). It is a count of GPU fits only (CPU and RAM are rarely what a
 preset waits for, and the card says so); the scheduler decides for real at its next cycle.
+
+When nothing is free now, the card says when one is expected to start: the job page's
+estimator (``portal.selectors.first_fit``) run for a hypothetical job of the preset's shape,
+from a capacity timeline loaded once per cluster that has a preset with nothing free.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
 
 from scheduling.models import Cluster, GpuDevice
 from scheduling.selectors import hidden_pools, plain_model
 
 from .models import Profile
+
+if TYPE_CHECKING:
+    from portal.selectors import CapacityTimeline
 
 # Fractions people say out loud; anything else is shown as a percentage of the card.
 _NAMED = {Fraction(1, 8): "⅛", Fraction(1, 4): "¼", Fraction(1, 3): "⅓", Fraction(1, 2): "½",
@@ -52,6 +63,8 @@ class PresetCard:
     host: str
     free_now: list[tuple[Cluster, int | None]] = field(default_factory=list)
     """Per cluster: how many more could start now (None: CPU-only, not counted)."""
+    availability: list[tuple[Cluster, int | None, str]] = field(default_factory=list)
+    """Per cluster: free now, and when nothing is, the expected wait in words."""
 
 
 def describe(p: Profile, card_mib: dict[str, int]) -> PresetCard:
@@ -124,13 +137,47 @@ def preset_cards(profiles: Iterable[Profile], clusters: Iterable[Cluster], user:
             if (c.pk, pool) not in hidden:
                 usable.append((node_id, *row[2:]))
         inventory[c.pk] = usable
+    from portal.selectors import capacity_timeline
+
+    timelines: dict[int, CapacityTimeline] = {}  # loaded on first need, once per cluster
+    now = timezone.now()
     out = []
     for p in profiles:
         card = describe(p, card_mib)
         for c in clusters:
-            card.free_now.append((c, _free_count(p, inventory[c.pk]) if p.gpu_count else None))
+            n = _free_count(p, inventory[c.pk]) if p.gpu_count else None
+            wait = ""
+            if n == 0:
+                if c.pk not in timelines:
+                    timelines[c.pk] = capacity_timeline(c)
+                wait = expected_wait(p, timelines[c.pk], now)
+            card.free_now.append((c, n))
+            card.availability.append((c, n, wait))
         out.append(card)
     return out
+
+
+def _duration(seconds: float) -> str:
+    minutes = max(1, math.ceil(seconds / 60))
+    if minutes < 60:
+        return f"{minutes} min"
+    h, m = divmod(minutes, 60)
+    return f"{h} h {m} min" if m else f"{h} h"
+
+
+def expected_wait(p: Profile, timeline: CapacityTimeline, now: dt.datetime) -> str:
+    """When a job of the preset's shape is expected to start on a cluster with none free now,
+    in words. Same rule and caveats as the job page's estimated start (a lower bound: it
+    assumes nothing queued ahead takes the GPUs first and counts GPU-equivalents, not cards)."""
+    from portal.selectors import first_fit, shape_demand
+
+    at = first_fit(shape_demand([p], timeline.largest_card_mib), timeline, now)
+    if at is None:
+        return "no estimate: nothing running ends by a known time"
+    if at <= now:
+        # enough GPU-equivalents are free in total, but not on cards of this shape
+        return "no estimate: the free GPUs are split up or of another kind"
+    return f"expected in about {_duration((at - now).total_seconds())}"
 
 
 def offered_presets(user: Any, project_ids: Iterable[int] | None = None) -> list[Profile]:

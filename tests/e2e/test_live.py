@@ -95,6 +95,46 @@ def test_job_page_turns_starting_without_reload(world: World, asgi_server: str, 
     shot(page, "job-live")
 
 
+def test_jobs_list_badge_and_counts_change_without_reload(world: World, asgi_server: str,
+                                                         page: Any) -> None:
+    cluster = services.cluster_create(actor=world.admin, name="sim", backend="simulated",
+                                      inventory=SMALL_INVENTORY)
+    services.inventory_sync(cluster=cluster)
+    job = submit(world, cluster, "live-row", group={"gpu_count": 1})
+    submit(world, cluster, "other-row", group={"gpu_count": 1})
+    page.goto(f"{asgi_server}/login/")
+    page.fill("#id_username", "acme-member")
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{asgi_server}/")
+    page.goto(f"{asgi_server}/scheduling/jobs/")
+    badge = f'[data-live-job="{job.pk}"] [data-live-field=state]'
+    assert page.locator(badge).inner_text() == "Queued"
+    assert page.locator('[data-live-count="queued"] strong').inner_text() == "2"
+    assert page.locator('[data-live-count="running"]').is_hidden()
+    page.evaluate("window.__sameDocument = true")
+    page.wait_for_timeout(500)  # let the WebSocket connect
+    with celery_worker():  # the cycle's push goes through portal.tasks.live_push_jobs
+        with ThreadPoolExecutor(1) as pool:
+            summary = pool.submit(lambda: services.cycle_run(cluster=cluster)).result()
+        assert summary is not None and len(summary.admitted) == 2
+        # well before the 15 s polling fallback: the push moved the badge ...
+        page.wait_for_function(
+            f"['Starting', 'Running'].includes(document.querySelector('{badge}').textContent)",
+            timeout=10000)
+        # ... and asked for the counts, which no longer list anything as waiting
+        page.wait_for_function(
+            "document.querySelector('[data-live-count=\"queued\"]').hidden", timeout=10000)
+    assert page.evaluate("window.__sameDocument") is True  # no reload happened
+    assert "state-queued" not in (page.locator(badge).get_attribute("class") or "")
+    assert page.locator(f"#pick-{job.pk}").is_visible()  # still running: still stoppable
+    job.refresh_from_db()
+    with ThreadPoolExecutor(1) as pool:  # stopped elsewhere: its bulk-stop box goes away
+        pool.submit(lambda: services.job_cancel(actor=world.a.member, job=job)).result()
+    page.wait_for_function(f"document.querySelector('#pick-{job.pk}').hidden", timeout=10000)
+    shot(page, "jobs-live")
+
+
 def test_websocket_refuses_anonymous(asgi_server: str, page: Any) -> None:
     page.goto(f"{asgi_server}/login/")
     closed = page.evaluate("""() => new Promise(resolve => {

@@ -87,3 +87,26 @@ def test_hostile_list_parameters_answer_200_and_say_what_is_wrong(world: Any, jo
         assert "<script>" not in r.content.decode().split("<main>")[1], query
     bad = c.get("/scheduling/jobs/?state=nope").content.decode()
     assert "Select a valid choice" in bad and "<strong>0</strong> jobs" in bad
+
+
+def test_live_counts_follow_the_filters_and_rows_stay_within_reach(world: Any, jobs: list[Any]) -> None:
+    """/scheduling/jobs/live/ (what static/live.js refreshes the list from): per-state counts
+    of the list's own filters, and the live fields of the asked rows the reader may see."""
+    c = _client(world.a.owner)
+    Job.objects.filter(name__in=["sweep-05", "sweep-06"]).update(state=JobState.RUNNING)
+    page = c.get("/scheduling/jobs/").content.decode()
+    assert ('data-live-count="running"><span class="state state-running">Running</span>'
+            ' <strong>2</strong>') in page
+    assert 'data-live-count="failed" hidden' in page
+    everything = c.get("/scheduling/jobs/live/?").json()
+    assert everything["states"] == {"queued": 29, "running": 2} and everything["total"] == 31
+    Job.objects.filter(name="sweep-06").update(state=JobState.FAILED, reason="exit code 1")
+    sweep0 = c.get("/scheduling/jobs/live/?q=sweep-0").json()
+    assert sweep0["states"] == {"queued": 8, "running": 1, "failed": 1} and sweep0["total"] == 10
+    mine, theirs = jobs[6], jobs[-1]  # sweep-06 and the other tenant's globex-job
+    rows = c.get(f"/scheduling/jobs/live/?state=running&ids={mine.pk},{theirs.pk},x").json()
+    assert rows["states"] == {"running": 1} and rows["total"] == 1  # "ids" is no filter
+    assert rows["jobs"] == [{"id": mine.pk, "state": "failed", "state_display": "Failed",
+                             "reason": "exit code 1", "queue_position": mine.queue_position,
+                             "queue_length": mine.queue_length}]
+    assert Client().get("/scheduling/jobs/live/").status_code == 302  # login first

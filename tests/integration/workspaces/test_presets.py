@@ -125,3 +125,57 @@ def test_platform_admin_defines_a_preset_in_the_console_with_audit(world: Any, s
         "home_gib": 10, "enabled": "on"})
     assert edit.status_code == 200 and "100" in edit.content.decode()  # refused, nothing saved
     assert Profile.objects.get(pk=p.pk).gpu_cores_percent == 50
+
+
+def _fill(world: Any, cluster: Any, durations: tuple[int | None, int | None, int | None]) -> None:
+    """Every GPU of SMALL_INVENTORY taken by another tenant's jobs with these durations."""
+    from scheduling.models import Job
+    from tests.integration.scheduling.conftest import submit
+
+    shapes = [{"gpu_count": 4, "gpu_models": ["A100-80G"]}, {"gpu_count": 4, "gpu_models": ["A100-80G"]},
+              {"gpu_count": 2, "gpu_models": ["L4"]}]
+    for i, (shape, seconds) in enumerate(zip(shapes, durations, strict=True)):
+        submit(world, cluster, f"busy-{i}", side="b", duration_seconds=seconds, group=shape)
+        advance(cluster, rounds=1)
+    assert Job.objects.filter(state="running").count() == 3
+
+
+def test_full_cluster_card_says_when_a_preset_is_expected_to_start(world: Any, sim_cluster: Any) -> None:
+    whole = _preset(world, "a100-1", gpu_model="A100-80G", gpu_count=1, cpu_millicores=1000, ram_mib=2048)
+    _fill(world, sim_cluster, (3600, 2400, 3600))  # one A100 node frees in 40 min
+    card = presets.preset_cards([whole], [sim_cluster], world.a.member)[0]
+    assert card.free_now == [(sim_cluster, 0)]
+    assert card.availability == [(sim_cluster, 0, "expected in about 40 min")]
+    c = Client()
+    c.force_login(world.a.member)
+    form = c.get("/workspaces/environments/new/").content.decode()
+    assert "None free now, expected in about 40 min" in form
+
+
+def test_no_estimate_when_nothing_running_ends_by_a_known_time(world: Any, sim_cluster: Any) -> None:
+    whole = _preset(world, "a100-1", gpu_model="A100-80G", gpu_count=1, cpu_millicores=1000, ram_mib=2048)
+    _fill(world, sim_cluster, (None, None, None))
+    card = presets.preset_cards([whole], [sim_cluster], world.a.member)[0]
+    assert card.availability == [(sim_cluster, 0, "no estimate: nothing running ends by a known time")]
+
+
+def test_expected_waits_load_the_cluster_once_whatever_the_number_of_presets(
+    world: Any, sim_cluster: Any
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _fill(world, sim_cluster, (3600, 2400, 3600))
+    shapes = [
+        _preset(world, f"p{i}", gpu_model="A100-80G", gpu_count=1 + i % 2, cpu_millicores=1000, ram_mib=2048)
+        for i in range(6)
+    ]
+    presets.preset_cards(shapes[:1], [sim_cluster], world.a.member)  # per-user lookups cached
+    counts = []
+    for profiles in ([], shapes[:1], shapes):
+        with CaptureQueriesContext(connection) as ctx:
+            cards = presets.preset_cards(profiles, [sim_cluster], world.a.member)
+        assert all(wait.startswith("expected in about") for c in cards for _cl, _n, wait in c.availability)
+        counts.append(len(ctx.captured_queries))
+    # the capacity timeline (three queries) is loaded once for the cluster, not once per preset
+    assert counts[1] == counts[2] == counts[0] + 3, counts
