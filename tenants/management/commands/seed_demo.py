@@ -39,6 +39,8 @@ DEMO_JOBS: list[tuple[str, str, str, str, str, list[dict[str, Any]], int]] = [
 ]
 # Jobs larger than their project's guarantee: preemptible, so they borrow idle GPUs (or wait).
 DEMO_BORROWERS = {"yolo-train", "big-sweep"}
+# Jobs whose GPUs may be of several models (24 GPUs: more than one model's cards in the demo).
+DEMO_MIXED = {"big-sweep"}
 
 # Compute presets (workspaces.Profile) the launch forms offer as cards: (name, title, shape).
 DEMO_PRESETS: list[tuple[str, str, dict[str, Any]]] = [
@@ -116,6 +118,7 @@ class Command(BaseCommand):
                     checkpoint_capable=cls == "batch", gang=True,
                     # Beyond its project's guarantee only a preemptible job may borrow.
                     preemptible=cls == "batch" or name in DEMO_BORROWERS,
+                    mixed_gpu_models=name in DEMO_MIXED,
                     kind="pytorch" if len(groups) > 1 or groups[0]["replicas"] > 1 else "batch",
                 )
 
