@@ -262,3 +262,46 @@ class Client:
     def cancel(self, job_id: int) -> None:
         # A retried cancel may find the job already cancelled (or already finished): 400.
         self.call("POST", f"/api/v1/jobs/{job_id}/cancel/", ok=(200, 400))
+
+
+class Burst:
+    """A burst of submits through the API for a fault test: ``threads`` threads submit until
+    ``stop`` is set, each pausing ``pace`` seconds between submits; every third job is
+    cancelled and one in thirty asks 16 GPUs (never fits: rejected). ``names`` lists every job
+    the test expects to exist (pass the ones it made before the burst), ``submitted`` maps
+    the burst's names to job ids, ``errors`` holds what a thread raised, ``done`` is set when
+    every thread has ended."""
+
+    def __init__(self, client: Client, project: int, *, threads: int, pace: float,
+                 names: list[str] | None = None) -> None:
+        self.client, self.project, self.threads, self.pace = client, project, threads, pace
+        self.names: list[str] = names if names is not None else []
+        self.submitted: dict[str, int] = {}
+        self.stop, self.done = threading.Event(), threading.Event()
+        self.errors: list[BaseException] = []
+        self._counter = iter(range(10_000))
+        self._lock = threading.Lock()
+
+    def _submitter(self) -> None:
+        while not self.stop.is_set():
+            with self._lock:
+                i = next(self._counter)
+                self.names.append(f"burst-{i}")
+            gpus = 16 if i % 30 == 29 else 1 + (i % 2)  # a few can never fit: rejected
+            job_id = self.client.submit(self.project, f"burst-{i}", gpus)
+            self.submitted[f"burst-{i}"] = job_id
+            if i % 3 == 0:
+                self.client.cancel(job_id)
+            time.sleep(self.pace)
+
+    def run(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        try:
+            with ThreadPoolExecutor(max_workers=self.threads) as pool:
+                for f in [pool.submit(self._submitter) for _ in range(self.threads)]:
+                    f.result()
+        except BaseException as exc:  # reported by the test's main thread
+            self.errors.append(exc)
+        finally:
+            self.done.set()

@@ -25,7 +25,6 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -44,7 +43,7 @@ from tests.integration.realkube.harness import (
 )
 
 from . import invariants as inv
-from .harness import Client, Stack, camp_stack
+from .harness import Burst, Client, Stack, camp_stack
 
 CLUSTER = "real"
 RUN_SECONDS = 3.0  # how long a pod's container runs before it exits 0
@@ -162,37 +161,10 @@ def test_apiserver_restart_mid_burst_loses_nothing_and_pods_equal_allocations(
         wait_until(lambda: all(state(j) == "running" for j in steady), "the steady jobs to run",
                    timeout=120, interval=0.5)
 
-        names = [f"steady-{i}" for i in range(2)]
-        submitted: dict[str, int] = {}
-        counter = iter(range(10_000))
-        lock = threading.Lock()
-        stop, done = threading.Event(), threading.Event()
-        errors: list[BaseException] = []
+        # paced so the burst spans the outage with a few jobs starting at any moment
+        b = Burst(client, int(project), threads=2, pace=0.8, names=[f"steady-{i}" for i in range(2)])
+        names, submitted, stop, done, errors = b.names, b.submitted, b.stop, b.done, b.errors
         samples: list[int] = []
-
-        def submitter() -> None:
-            # Submits (every third one cancelled) until told to stop; paced so the burst
-            # spans the outage with a few jobs starting at any moment.
-            while not stop.is_set():
-                with lock:
-                    i = next(counter)
-                    names.append(f"burst-{i}")
-                gpus = 16 if i % 30 == 29 else 1 + (i % 2)  # a few can never fit: rejected
-                job_id = client.submit(int(project), f"burst-{i}", gpus)
-                submitted[f"burst-{i}"] = job_id
-                if i % 3 == 0:
-                    client.cancel(job_id)
-                time.sleep(0.8)
-
-        def burst() -> None:
-            try:
-                with ThreadPoolExecutor(max_workers=2) as pool:
-                    for f in [pool.submit(submitter) for _ in range(2)]:
-                        f.result()
-            except BaseException as exc:  # reported by the main thread
-                errors.append(exc)
-            finally:
-                done.set()
 
         def sample() -> None:
             bad = inv.over_capacity(rows)
@@ -204,7 +176,7 @@ def test_apiserver_restart_mid_burst_loses_nothing_and_pods_equal_allocations(
                 "SELECT state, count(*) FROM scheduling_job WHERE state IN"
                 " ('starting', 'running', 'preempting') GROUP BY state")}
 
-        runner = threading.Thread(target=burst, daemon=True)
+        runner = threading.Thread(target=b.run, daemon=True)
         started = time.monotonic()
         runner.start()
         # Strike while burst jobs are being started (HAMi handshakes in flight) and running.

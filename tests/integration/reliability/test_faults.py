@@ -19,14 +19,13 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
 import pytest
 
 from . import invariants as inv
-from .harness import Client, Stack, camp_stack
+from .harness import Burst, Client, Stack, camp_stack
 
 INVENTORY = """
 start_delay_seconds: 0
@@ -86,36 +85,8 @@ def test_burst_survives_worker_redis_postgres_and_web_crashes(stack: Stack) -> N
     faults: list[tuple[str, float]] = []
     in_flight: list[tuple[str, int, int]] = []
     samples: list[int] = []
-    submitted: dict[str, int] = {}
-    names: list[str] = []
-    counter = iter(range(10_000))
-    names_lock = threading.Lock()
-    stop, done = threading.Event(), threading.Event()
-    errors: list[BaseException] = []
-
-    def submitter() -> None:
-        # Submits (every third one cancelled) until the faults are over, paced so that the
-        # burst spans them all.
-        while not stop.is_set():
-            with names_lock:
-                i = next(counter)
-                names.append(f"burst-{i}")
-            gpus = 16 if i % 30 == 29 else 1 + (i % 2)  # a few can never fit: rejected
-            job_id = client.submit(int(project), f"burst-{i}", gpus)
-            submitted[f"burst-{i}"] = job_id
-            if i % 3 == 0:
-                client.cancel(job_id)
-            time.sleep(0.2)
-
-    def burst() -> None:
-        try:
-            with ThreadPoolExecutor(max_workers=4) as pool:
-                for f in [pool.submit(submitter) for _ in range(4)]:
-                    f.result()
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-        finally:
-            done.set()
+    b = Burst(client, int(project), threads=4, pace=0.2)  # paced to span all the faults
+    names, submitted, stop, done, errors = b.names, b.submitted, b.stop, b.done, b.errors
 
     def active() -> int:
         try:
@@ -147,7 +118,7 @@ def test_burst_survives_worker_redis_postgres_and_web_crashes(stack: Stack) -> N
             sample()
             time.sleep(0.4)
 
-    runner = threading.Thread(target=burst, daemon=True)
+    runner = threading.Thread(target=b.run, daemon=True)
     started = time.monotonic()
     runner.start()
     inject("SIGKILL Celery worker (with beat)", stack.worker.restart)
