@@ -151,6 +151,22 @@ def _pod_env(core: Any, ns: str, name: str) -> dict[str, str]:
     return {e.name: e.value for e in pod.spec.containers[0].env}
 
 
+def _kmock_core(k: Any) -> tuple[str, Any]:
+    """The kmock server's URL and a CoreV1Api client for it."""
+    from kubernetes import client as k8s
+
+    url = str(k.url).rstrip("/")
+    cfg = k8s.Configuration()
+    cfg.host = url
+    return url, k8s.CoreV1Api(k8s.ApiClient(cfg))
+
+
+def _kmock_cluster(world: Any, url: str) -> Any:
+    """A Kubernetes cluster registered on the kmock server (no RBAC there to check)."""
+    return services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
+                                   api_server=url, credentials={"token": "t"}, verify=False)
+
+
 def test_kubernetes_not_ready_node_force_deletes_and_resumes_elsewhere(world: Any) -> None:
     """A NotReady node's kubelet never confirms a graceful delete (stood in for by a kmock
     reaction that answers graceful deletes without removing the pod): Camp force-deletes
@@ -159,18 +175,11 @@ def test_kubernetes_not_ready_node_force_deletes_and_resumes_elsewhere(world: An
     from .test_kubernetes import _node as kube_node
 
     with kmock_server() as k:
-        from kubernetes import client as k8s
-
-        url = str(k.url).rstrip("/")
-        cfg = k8s.Configuration()
-        cfg.host = url
-        core = k8s.CoreV1Api(k8s.ApiClient(cfg))
+        url, core = _kmock_core(k)
         for name in ("gpu-a", "gpu-b"):
             core.create_node(kube_node(name, annotations={
                 "hami.io/node-nvidia-register": json.dumps(HAMI_GPUS)}))
-        cluster = services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
-                                          api_server=url, credentials={"token": "t"},
-                                          verify=False)  # kmock: no RBAC to check
+        cluster = _kmock_cluster(world, url)
         services.inventory_sync(cluster=cluster)
         ns = project_ns(world)
         _serve_namespace(k, ns)
@@ -215,17 +224,10 @@ def test_kubernetes_unhealthy_gpu_from_hami_registration(world: Any) -> None:
     from .test_kubernetes import _node as kube_node
 
     with kmock_server() as k:
-        from kubernetes import client as k8s
-
-        url = str(k.url).rstrip("/")
-        cfg = k8s.Configuration()
-        cfg.host = url
-        core = k8s.CoreV1Api(k8s.ApiClient(cfg))
+        url, core = _kmock_core(k)
         core.create_node(kube_node("gpu-a", annotations={
             "hami.io/node-nvidia-register": json.dumps(HAMI_GPUS)}))
-        cluster = services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
-                                          api_server=url, credentials={"token": "t"},
-                                          verify=False)  # kmock: no RBAC to check
+        cluster = _kmock_cluster(world, url)
         services.inventory_sync(cluster=cluster)
         ns = project_ns(world)
         _serve_namespace(k, ns)
@@ -288,12 +290,7 @@ def test_kubernetes_pod_list_failure_keeps_foreign_figures_and_still_quarantines
     from .test_kubernetes import _node as kube_node
 
     with kmock_server() as k:
-        from kubernetes import client as k8s
-
-        url = str(k.url).rstrip("/")
-        cfg = k8s.Configuration()
-        cfg.host = url
-        core = k8s.CoreV1Api(k8s.ApiClient(cfg))
+        url, core = _kmock_core(k)
         for name in ("gpu-a", "gpu-b"):
             core.create_node(kube_node(name, annotations={
                 "hami.io/node-nvidia-register": json.dumps(HAMI_GPUS)}))
@@ -305,9 +302,7 @@ def test_kubernetes_pod_list_failure_keeps_foreign_figures_and_still_quarantines
             "spec": {"nodeName": "gpu-a", "schedulerName": "hami-scheduler",
                      "containers": [{"name": "main", "image": "x"}]},
             "status": {"phase": "Running"}})
-        cluster = services.cluster_create(actor=world.admin, name="kube", backend="kubernetes",
-                                          api_server=url, credentials={"token": "t"},
-                                          verify=False)  # kmock: no RBAC to check
+        cluster = _kmock_cluster(world, url)
         services.inventory_sync(cluster=cluster)
         card = GpuDevice.objects.get(node__name="gpu-a", index=1)
         assert (card.foreign_memory_mib, card.foreign_cores, card.foreign_pods) == (
