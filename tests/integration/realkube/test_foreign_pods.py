@@ -16,6 +16,7 @@ from scheduling.backends import kubernetes as kubernetes_backend
 from scheduling.models import GpuDevice, Job, JobState
 
 from .harness import ALLOCATED, BIND_PHASE, VGPU_NODE, camp_pods, hami_devices, wait_until
+from .steps import submit, wait_running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,26 +39,12 @@ def _console(user: Any) -> Client:
     return c
 
 
-def _submit(world: Any, cluster: Any, name: str, **group: Any) -> Job:
-    spec = {"name": "worker", "replicas": 1, "gpu_count": 1, "cpu_millicores": 1000, "ram_mib": 1024}
-    spec.update(group)
-    return services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
-                               name=name, kind="pytorch", groups=[spec])
-
-
 def _started(cluster: Any, job: Job) -> Job:
     """Dispatched through the real backend and Running on the apiserver (kubelet stand-in)."""
     job.refresh_from_db()
     assert job.state == JobState.STARTING, job.reason
     assert services.job_dispatch(job_id=job.pk) == "created"
-
-    def running() -> bool:
-        services.cluster_reconcile(cluster=cluster)
-        return Job.objects.get(pk=job.pk).state == JobState.RUNNING
-
-    wait_until(running, f"{job.name} to run")
-    job.refresh_from_db()
-    return job
+    return wait_running(cluster, job)
 
 
 def test_a_pod_of_another_scheduler_holding_a_gpu_is_respected(
@@ -90,13 +77,13 @@ def test_a_pod_of_another_scheduler_holding_a_gpu_is_respected(
     assert plain.foreign_exclusive and plain.foreign_pods == ["default/plain-pod"]
 
     # A 50 GB slice would fit either HAMi card by size; the busy one has 11 920 MiB left.
-    first = _submit(world, cluster, "first", gpu_memory_mib=50000, gpu_cores_percent=30)
+    first = submit(world, cluster, "first", gpu_memory_mib=50000, gpu_cores_percent=30)
     services.cycle_run(cluster=cluster)
     assert _started(cluster, first).allocations.get().node.name == "gpu-free"
     # A second one fits nowhere now, and its reason says who holds the card.
-    second = _submit(world, cluster, "second", gpu_memory_mib=50000, gpu_cores_percent=30)
+    second = submit(world, cluster, "second", gpu_memory_mib=50000, gpu_cores_percent=30)
     # A whole card: the plain node's only card is the default-scheduler pod's.
-    whole = _submit(world, cluster, "whole")
+    whole = submit(world, cluster, "whole")
     services.cycle_run(cluster=cluster)
     second.refresh_from_db()
     whole.refresh_from_db()
@@ -142,7 +129,7 @@ def test_a_pod_copying_camps_label_is_still_foreign(world: Any, kube: Any) -> No
             "name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
     cluster = kube.register(world)
     assert GpuDevice.objects.get(node__name="gpu-plain").foreign_pods == ["default/lookalike"]
-    job = _submit(world, cluster, "j")
+    job = submit(world, cluster, "j")
     services.cycle_run(cluster=cluster)
     job.refresh_from_db()
     assert job.state == JobState.QUEUED and "held by pods Camp did not create" in job.reason

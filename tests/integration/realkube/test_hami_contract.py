@@ -13,16 +13,10 @@ from kubernetes.utils import parse_quantity
 from scheduling import services
 from scheduling.models import Job, JobState
 
-from .harness import ALLOCATED, BIND_PHASE, LOCK, TO_ALLOCATE, camp_pods, hami_devices, wait_until
+from .harness import ALLOCATED, BIND_PHASE, LOCK, TO_ALLOCATE, camp_pods, hami_devices
+from .steps import submit, wait_running
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _submit(world: Any, cluster: Any, name: str, **group: Any) -> Job:
-    spec = {"name": "worker", "replicas": 1, "gpu_count": 1, "cpu_millicores": 1000, "ram_mib": 1024}
-    spec.update(group)
-    return services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
-                               name=name, kind="pytorch", groups=[spec])
 
 
 def _run(cluster: Any, job: Job) -> Job:
@@ -30,14 +24,7 @@ def _run(cluster: Any, job: Job) -> Job:
     outcome = services.job_dispatch(job_id=job.pk)
     job.refresh_from_db()
     assert outcome == "created", job.reason
-
-    def running() -> bool:
-        services.cluster_reconcile(cluster=cluster)
-        return Job.objects.get(pk=job.pk).state == JobState.RUNNING
-
-    wait_until(running, f"{job.name} to run")
-    job.refresh_from_db()
-    return job
+    return wait_running(cluster, job)
 
 
 def test_a_fractional_notebook_runs_through_hamis_webhook_and_handshake(
@@ -68,7 +55,7 @@ def test_a_fractional_notebook_runs_through_hamis_webhook_and_handshake(
 def test_a_4_worker_ddp_gang_runs_one_handshake_at_a_time(world: Any, kube: Any, hami_webhook: Any) -> None:
     kube.node("gpu-a", devices=hami_devices(4))
     cluster = kube.register(world)
-    job = _run(cluster, _submit(world, cluster, "ddp", replicas=4, gpu_memory_mib=40000,
+    job = _run(cluster, submit(world, cluster, "ddp", replicas=4, gpu_memory_mib=40000,
                                 gpu_cores_percent=50))
     pods = [p for p in camp_pods(kube.core) if p.metadata.labels["camp.io/job-id"] == str(job.pk)]
     assert len(pods) == 4 and {p.status.phase for p in pods} == {"Running"}
@@ -86,7 +73,7 @@ def test_a_refused_or_unanswered_handshake_requeues_and_frees_the_node(
     kube.node("gpu-a", devices=hami_devices(1))
     kube.plugin.mode["gpu-a"] = answer
     cluster = kube.register(world)
-    job = _submit(world, cluster, "t", gpu_memory_mib=10000, gpu_cores_percent=10)
+    job = submit(world, cluster, "t", gpu_memory_mib=10000, gpu_cores_percent=10)
     services.cycle_run(cluster=cluster)
     assert services.job_dispatch(job_id=job.pk) == "failed"
     job.refresh_from_db()
@@ -104,7 +91,7 @@ def test_a_tainted_node_takes_nothing_and_a_plain_node_only_whole_cards(world: A
     kube.node("gpu-plain", gfd_gpus=2, gfd_product="Tesla-T4", gfd_memory_mib=15360,
               taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
     cluster = kube.register(world)
-    whole = _run(cluster, _submit(world, cluster, "whole"))
+    whole = _run(cluster, submit(world, cluster, "whole"))
     assert whole.allocations.get().node.name == "gpu-plain"
     (pod,) = [p for p in camp_pods(kube.core) if p.metadata.labels["camp.io/job-id"] == str(whole.pk)]
     assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
@@ -112,12 +99,12 @@ def test_a_tainted_node_takes_nothing_and_a_plain_node_only_whole_cards(world: A
     assert not any(k.startswith("hami.io/") for k in (pod.metadata.annotations or {}))
     # A slice while the only shareable cards sit on the tainted node: it may take the plain
     # node's last whole card (no shareable card can hold it), never the tainted node.
-    sliced = _submit(world, cluster, "slice", gpu_memory_mib=4000, gpu_cores_percent=10)
+    sliced = submit(world, cluster, "slice", gpu_memory_mib=4000, gpu_cores_percent=10)
     services.cycle_run(cluster=cluster)
     sliced.refresh_from_db()
     assert sliced.state == JobState.STARTING
     assert sliced.allocations.get().node.name == "gpu-plain"
-    third = _submit(world, cluster, "third", gpu_memory_mib=4000, gpu_cores_percent=10)
+    third = submit(world, cluster, "third", gpu_memory_mib=4000, gpu_cores_percent=10)
     services.cycle_run(cluster=cluster)
     third.refresh_from_db()
     assert third.state == JobState.QUEUED and not third.allocations.exists()
