@@ -49,6 +49,10 @@ class Cluster(models.Model):
     )
     prometheus_url = models.URLField(blank=True, help_text="Optional utilisation feed (DCGM / HAMi).")
     namespace_prefix = models.CharField(max_length=20, default="camp", validators=[slug_validator])
+    labels = models.JSONField(
+        default=dict, blank=True,
+        help_text="What a job may select this cluster by (one pool across clusters): e.g. "
+                  '{"region": "eu-west", "arch": "arm64", "accelerator": "nvidia"}.')
     placement_policy = models.CharField(
         max_length=20, choices=PlacementPolicy.choices, default=PlacementPolicy.FRAGMENTATION,
         help_text="How the scheduler chooses nodes and cards on this cluster.",
@@ -260,7 +264,18 @@ class Job(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="jobs"
     )
-    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs")
+    # Null while a floating job waits in the global queue (no cluster chosen yet); set when
+    # the placement step binds it to one cluster (scheduling/multicluster.py), so a job is
+    # never in two clusters: one column, changed by conditional updates only.
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs",
+                                null=True, blank=True)
+    floating = models.BooleanField(
+        default=False, help_text="Submitted without one named cluster: Camp chooses among "
+                                 "the clusters its choice allows (and may choose again).")
+    cluster_choice = models.JSONField(
+        default=dict, blank=True,
+        help_text='A floating job\'s allowed clusters: {"clusters": [names]} and/or '
+                  '{"labels": {key: value}}; empty means any cluster the project may use.')
     name = models.CharField(max_length=40, validators=[slug_validator])
     kind = models.CharField(max_length=20, default="batch", help_text="batch, pytorch, mpi, ...")
     priority_class = models.CharField(
@@ -301,6 +316,9 @@ class Job(models.Model):
         # scans at 100,000 jobs (docs/BENCHMARKS.md).
         indexes = [
             models.Index(fields=["cluster", "state"], name="job_cluster_state"),
+            # The global queue: floating jobs not placed yet (a small partial index).
+            models.Index(fields=["submitted_at", "id"], name="job_global_queue",
+                         condition=Q(cluster__isnull=True, state="queued")),
             models.Index(fields=["-submitted_at", "-id"], name="job_newest"),
             models.Index(fields=["project", "state", "-submitted_at", "-id"],
                          name="job_project_state_newest"),
@@ -417,6 +435,8 @@ class GpuSlice(models.Model):
 
 class DecisionKind(models.TextChoices):
     SUBMITTED = "submitted", "Submitted"
+    PLACED = "placed", "Placed on a cluster"
+    UNPLACED = "unplaced", "Back to the global queue"
     ADMITTED = "admitted", "Admitted"
     WAITING = "waiting", "Waiting"
     PREEMPTING = "preempting", "Preempting others"
@@ -433,7 +453,9 @@ class SchedulingDecision(models.Model):
     """What happened to a job and why, in order: the per-job history the API exposes."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
-    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    # Null for a floating job's decisions taken before any cluster was chosen.
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+",
+                                null=True, blank=True)
     kind = models.CharField(max_length=12, choices=DecisionKind.choices)
     reason = models.CharField(max_length=500, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
