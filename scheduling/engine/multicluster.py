@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scheduling.engine.model import Admit, ClusterSnapshot, Job, PodPlacement, Reject
 from scheduling.engine.placement import Placer
@@ -313,23 +313,33 @@ class Choice:
         return f"{head}; {rest}" if rest else head
 
 
-def choose(job: Job, tenant: str, choice: ClusterChoice, needs: JobNeeds,
-           trials: Sequence[ClusterTrial]) -> Choice:
-    """Rules 1–3 for one job over every cluster's trial; does not reserve (see ``take``)."""
+def choose(jobs: Mapping[str, Job], tenant: str, choice: ClusterChoice, needs: JobNeeds,
+           trials: Sequence[ClusterTrial], avoid: Mapping[str, str] | None = None) -> Choice:
+    """Rules 1–3 for one job over every cluster's trial; reserves nothing (see ``take``).
+
+    ``jobs``: the job as each cluster's engine sees it (by cluster name; dedicated pools
+    change its allowed models); ``avoid``: clusters to pass over for now, with why. A job is
+    ``never`` placeable only when no cluster is merely closed or avoided for the time being."""
+    avoid = avoid or {}
     scored: list[tuple[tuple[int, int, float, float, int, float, str], Probe]] = []
     others: list[tuple[str, str]] = []
+    temporary = False
     for t in trials:
         why = excluded(choice, needs, t.view)
+        if why is None and t.view.name in avoid:
+            why = avoid[t.view.name]
         if why is not None:
+            matches = excluded(choice, JobNeeds(), replace(t.view, closed_reason="", reachable=True)) is None
+            temporary = temporary or (matches and (bool(t.view.closed_reason) or not t.view.reachable
+                                                   or t.view.name in avoid))
             others.append((t.view.name, why))
             continue
-        free = t.free
-        p = t.probe(job, tenant, free)
-        scored.append((rank_key(p, t.view, choice, free), p))
+        p = t.probe(jobs[t.view.name], tenant, t.free)
+        scored.append((rank_key(p, t.view, choice, t.free), p))
     scored.sort(key=lambda x: x[0])
     if not scored or all(p.never for _, p in scored):
         others += [(p.cluster, p.text()) for _, p in scored]
-        return Choice(None, None, tuple(sorted(others)), never=True)
+        return Choice(None, None, tuple(sorted(others)), never=not temporary)
     best = scored[0][1]
     others += [(p.cluster, p.text()) for _, p in scored[1:]]
     return Choice(best.cluster, best, tuple(sorted(others)))

@@ -1,0 +1,383 @@
+"""One pool across clusters: the global queue and the placement step (issue 16).
+
+A floating job (submitted for any cluster, a set of clusters, or cluster labels) is queued
+with no cluster (``Job.cluster`` NULL). ``placement_run`` takes the global queue in its
+order and, for each job, asks every cluster it may use how soon the job would start there
+(the pure rules: scheduling/engine/multicluster.py), then binds it to the best one. The
+per-cluster cycle (services ``cycle_run``) and its advisory lock are unchanged: a bound job
+is one of that cluster's queued jobs like any other.
+
+Safety: binding is one conditional UPDATE (``cluster IS NULL`` → the chosen cluster, or the
+old cluster → a better one while the job is still queued), taken while holding the target
+cluster's cycle lock (and, for a move, the old one's), so a cycle never admits a job that
+is being moved and a job is never bound to two clusters. A bound floating job goes back to
+the global queue (``job_unplace``) when its dispatch fails there or when its cluster
+becomes unreachable; the cluster where its dispatch failed is avoided for a while.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connection, transaction
+from django.utils import timezone
+
+from scheduling import engine as E
+from scheduling.engine import multicluster as M
+from scheduling.engine.model import ARCH_LABEL
+from scheduling.engine.placement import model_family
+from tenants.audit import audit_batch, audit_record
+
+from . import selectors
+from .models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, SchedulingDecision
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER = "scheduler"
+_PLACEMENT_LOCK_CLASS = 0x43414D47  # "CAMG": the global queue's placement step (one at a time)
+AVOID_SECONDS = 600
+"""A cluster where a floating job's dispatch failed is not chosen again for this long."""
+PLACEMENT_BATCH = 500
+"""Floating jobs looked at per placement step (the global queue's head)."""
+
+
+def _services() -> Any:
+    from . import services  # services import this module: import late
+
+    return services
+
+
+# --- requests ------------------------------------------------------------------------------
+
+
+def request_placement(*, countdown: float | None = None) -> None:
+    """Ask for one placement step after commit (requests coalesce, as ``request_cycle``)."""
+    from .tasks import placement_step
+
+    try:
+        if not cache.add("camp:placement-queued", 1, timeout=max(5, 2 * settings.SCHEDULER_TICK_SECONDS)):
+            return
+    except Exception:  # the cache is down: the beat's tick asks again
+        logger.warning("placement request not queued (cache unavailable)")
+        return
+    kwargs = {"countdown": countdown} if countdown else {}
+    transaction.on_commit(lambda: placement_step.apply_async((), **kwargs), robust=True)
+
+
+def placement_request_taken() -> None:
+    cache.delete("camp:placement-queued")
+
+
+@contextlib.contextmanager
+def _placement_lock() -> Iterator[bool]:
+    if connection.vendor != "postgresql":
+        yield True  # SQLite (the demo): one worker process
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, 0)", [_PLACEMENT_LOCK_CLASS])
+        row = cursor.fetchone()
+    got = bool(row and row[0])
+    try:
+        yield got
+    finally:
+        if got:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, 0)", [_PLACEMENT_LOCK_CLASS])
+
+
+# --- what each cluster offers ----------------------------------------------------------------
+
+
+def cluster_closed_reason(cluster: Cluster) -> str:
+    if not cluster.enabled:
+        return "disabled"
+    if cluster.unreachable_since is not None:
+        since = cluster.unreachable_since.strftime("%H:%M UTC")
+        return f"unreachable since {since}; it takes no new work"
+    return ""
+
+
+def cluster_views(clusters: list[Cluster]) -> dict[int, M.ClusterView]:
+    """Each cluster's labels, health, node architectures and GPU models (three queries)."""
+    arches: dict[int, set[str]] = defaultdict(set)
+    for cid, labels in Node.objects.filter(cluster__in=clusters, present=True).values_list(
+            "cluster_id", "labels"):
+        arches[cid].add(str((labels or {}).get(ARCH_LABEL, "amd64")))
+    models: dict[int, set[str]] = defaultdict(set)
+    capacity: dict[int, int] = defaultdict(int)
+    for cid, model in GpuDevice.objects.filter(node__cluster__in=clusters, node__present=True).values_list(
+            "node__cluster_id", "model"):
+        models[cid].add(model_family(model))
+        capacity[cid] += 1
+    return {c.pk: M.ClusterView(
+        name=c.name, labels={str(k): str(v) for k, v in (c.labels or {}).items()},
+        reachable=c.unreachable_since is None, closed_reason=cluster_closed_reason(c),
+        arches=frozenset(arches[c.pk]) or frozenset({"amd64"}), gpu_models=frozenset(models[c.pk]),
+        gpu_capacity=float(capacity[c.pk])) for c in clusters}
+
+
+def _needs(job: E.Job) -> M.JobNeeds:
+    arches: frozenset[str] = frozenset()
+    models: set[str] = set()
+    for g in job.groups:
+        if g.template.arches:
+            arches = g.template.arches if not arches else arches & g.template.arches
+        models.update(model_family(m) for m in g.template.gpu_models)
+    return M.JobNeeds(arches=arches, gpu_models=frozenset(models), gpus=M.job_gpus(job))
+
+
+def _avoided(choice: dict[str, Any], now: dt.datetime) -> dict[str, str]:
+    out = {}
+    for name, (at, msg) in (choice.get("failed") or {}).items():
+        with contextlib.suppress(ValueError, TypeError):
+            if (now - dt.datetime.fromisoformat(at)).total_seconds() < AVOID_SECONDS:
+                out[name] = f"its pods could not be created there: {msg}"[:200]
+    return out
+
+
+@dataclass
+class _Trial:
+    cluster: Cluster
+    trial: M.ClusterTrial
+    jobs: dict[int, E.Job]
+    """Floating job id → the job as this cluster's engine sees it (its dedicated pools)."""
+
+
+def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[int], now: float
+            ) -> list[_Trial]:
+    """One trial per open cluster: its snapshot, running jobs and the floating jobs as its
+    engine would see them (read in one consistent snapshot per cluster)."""
+    services = _services()
+    out = []
+    for c in clusters:
+        if views[c.pk].closed_reason:
+            empty = E.Placer(E.ClusterState(E.ClusterSnapshot(nodes=())), E.default_policy(None))
+            out.append(_Trial(c, M.ClusterTrial(views[c.pk], empty, (), now), {}))
+            continue
+        with services._consistent_read():
+            enodes, nodes, gpus, gpu_by_id, access = selectors._cluster_part(c)
+            rows: dict[str, selectors.JobRow] = {}
+            eallocs, ckpt, estimates = selectors._running_part(c, nodes, gpu_by_id, access, rows)
+            pending, _ = selectors._pending_part(c, access, {}, ids=ids)
+            tree = selectors.queue_tree(c)
+            queued_gpus = sum(M.job_gpus(j) for j in selectors._pending_part(c, access, {})[0])
+        snapshot = E.ClusterSnapshot(nodes=enodes, allocations=tuple(eallocs))
+        running = selectors.running_jobs(snapshot, checkpointable=[k for k, v in ckpt.items() if v],
+                                         runtime_estimates=estimates)
+        policy = services.engine_policy(c.placement_policy) or E.default_policy(
+            E.profile_for(snapshot, pending))
+        usage: dict[str, float] = defaultdict(float)
+        for rj in running:
+            g = M.gpus_of(rj.pods)
+            usage[rj.queue] += g
+            usage[rj.queue.split("/", 1)[0]] += g
+        limits: dict[str, float | None] = {}
+        for t in tree.tenants:
+            limits[t.name] = None if t.quota.gpus_limit is None else float(t.quota.gpus_limit)
+            for p in t.projects:
+                limits[p.name] = None if p.quota.gpus_limit is None else float(p.quota.gpus_limit)
+        trial = M.ClusterTrial(views[c.pk], E.Placer(E.ClusterState(snapshot), policy), running, now,
+                               usage=dict(usage), limits=limits, queued_gpus=queued_gpus)
+        out.append(_Trial(c, trial, {int(j.name): j for j in pending}))
+    return out
+
+
+# --- the placement step ----------------------------------------------------------------------
+
+
+@dataclass
+class PlacementSummary:
+    placed: list[int] = field(default_factory=list)
+    moved: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    busy: bool = False
+
+
+def _floating_queue(limit: int) -> list[Job]:
+    """The head of the global queue: floating jobs still queued, placed or not."""
+    return list(Job.objects.filter(floating=True, state=JobState.QUEUED)
+                .select_related("tenant", "project", "cluster").order_by("submitted_at", "id")[:limit])
+
+
+def placement_run(*, now: float | None = None) -> PlacementSummary | None:
+    """One placement step over the global queue; None when another step holds the lock."""
+    summary = PlacementSummary()
+    with _placement_lock() as got:
+        if not got:
+            return None
+        jobs = _floating_queue(PLACEMENT_BATCH)
+        if not jobs:
+            return summary
+        t = now if now is not None else timezone.now().timestamp()
+        clusters = list(Cluster.objects.order_by("name"))
+        views = cluster_views(clusters)
+        trials = _trials(clusters, views, [j.pk for j in jobs], t)
+        by_id = {j.pk: j for j in jobs}
+        any_engine = {jid: tr.jobs[jid] for tr in trials for jid in tr.jobs}
+        usage: dict[str, float] = defaultdict(float)
+        for tr in trials:
+            for q, g in tr.trial.usage.items():
+                usage[q] += g
+        order = M.global_order([(j, j.queue) for jid, j in any_engine.items() if jid in by_id], usage)
+        missing = [j for j in jobs if j.pk not in any_engine]  # no open cluster to see it
+        wall = timezone.now()
+        for ejob, _ in order:
+            job = by_id[int(ejob.name)]
+            _place_one(job, ejob, trials, wall, summary)
+        for job in missing:
+            _wait(job, _nowhere_reason(job, trials, wall), summary)
+        for tr in trials:
+            tr.trial.undo()
+    return summary
+
+
+def _nowhere_reason(job: Job, trials: list[_Trial], wall: dt.datetime) -> str:
+    choice = M.ClusterChoice.of(job.cluster_choice)
+    parts = []
+    for tr in trials:
+        why = M.excluded(choice, M.JobNeeds(), tr.trial.view) or "closed"
+        parts.append(f"cluster {tr.cluster.name}: {why}")
+    return ("Waiting for a cluster — " + "; ".join(parts)) if parts else "Waiting for a cluster — none exists"
+
+
+def _place_one(job: Job, ejob: E.Job, trials: list[_Trial], wall: dt.datetime,
+               summary: PlacementSummary) -> None:
+    choice = M.ClusterChoice.of(job.cluster_choice)
+    avoid = _avoided(job.cluster_choice or {}, wall)
+    ejob_for = {tr.cluster.name: tr.jobs.get(job.pk, ejob) for tr in trials}
+    decided = M.choose(ejob_for, job.tenant.name, choice, _needs(ejob), [tr.trial for tr in trials],
+                       avoid)
+    target = next((tr for tr in trials if tr.cluster.name == decided.cluster), None)
+    if target is None:
+        if job.cluster_id is not None:
+            return  # bound, and nothing better elsewhere: its cluster's cycle decides
+        if decided.never:
+            _reject(job, decided.reason(), summary)
+        else:
+            _wait(job, decided.reason(), summary)
+        return
+    if job.cluster_id == target.cluster.pk:
+        return  # already there: its cycle decides
+    if job.cluster_id is not None:
+        # Move a bound, still-queued job only for a strictly better start elsewhere.
+        current = next((tr for tr in trials if tr.cluster.pk == job.cluster_id), None)
+        if current is not None and not current.trial.view.closed_reason and decided.probe is not None:
+            here = current.trial.probe(ejob_for[current.cluster.name], job.tenant.name, current.trial.free)
+            if here.outcome <= decided.probe.outcome:
+                return
+    assert decided.probe is not None
+    was = job.cluster_id
+    if _bind(job, target.cluster, decided.reason(), decided.probe.text()):
+        target.trial.take(ejob_for[target.cluster.name], job.tenant.name, decided.probe)
+        (summary.moved if was is not None else summary.placed).append(job.pk)
+
+
+@contextlib.contextmanager
+def _cycle_locks(ids: list[int]) -> Iterator[bool]:
+    """The cycle locks of these clusters (in id order), or False if any is busy."""
+    services = _services()
+    with contextlib.ExitStack() as stack:
+        for cid in sorted(set(ids)):
+            if not stack.enter_context(services.cycle_lock(cid)):
+                yield False
+                return
+        yield True
+
+
+def _bind(job: Job, cluster: Cluster, reason: str, short: str) -> bool:
+    """Bind (or move) a queued floating job to ``cluster`` under the cycle locks concerned;
+    False when a lock is busy or the job changed meanwhile (the next step tries again)."""
+    old = job.cluster_id
+    with _cycle_locks([cluster.pk, *([old] if old else [])]) as got:
+        if not got:
+            request_placement(countdown=1)
+            return False
+        with transaction.atomic(), audit_batch():
+            match = Job.objects.filter(pk=job.pk, state=JobState.QUEUED, floating=True)
+            match = match.filter(cluster__isnull=True) if old is None else match.filter(cluster_id=old)
+            if not match.update(cluster=cluster, reason=reason[:500], reason_kind="placed",
+                                queue_position=None, queue_length=None, updated_at=timezone.now()):
+                return False
+            job.cluster = cluster
+            SchedulingDecision.objects.create(job=job, cluster=cluster, kind=DecisionKind.PLACED,
+                                              reason=reason[:500])
+            audit_record(actor=None, actor_username=SCHEDULER, action="job.placed", target=job,
+                         tenant=job.tenant, project=job.project,
+                         before={"cluster": old and Cluster.objects.get(pk=old).name},
+                         after={"cluster": cluster.name, "why": short})
+            _services().request_cycle(cluster.pk)
+    return True
+
+
+def _wait(job: Job, reason: str, summary: PlacementSummary) -> None:
+    summary.waiting.append(job.pk)
+    if job.reason == reason[:500]:
+        return
+    Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster__isnull=True).update(
+        reason=reason[:500], reason_kind="clusters", queue_position=None, queue_length=None)
+
+
+def _reject(job: Job, reason: str, summary: PlacementSummary) -> None:
+    with transaction.atomic(), audit_batch():
+        if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster__isnull=True).update(
+                state=JobState.REJECTED, reason=reason[:500], reason_kind="never-fits",
+                finished_at=timezone.now()):
+            return
+        SchedulingDecision.objects.create(job=job, cluster=None, kind=DecisionKind.REJECTED,
+                                          reason=reason[:500])
+        audit_record(actor=None, actor_username=SCHEDULER, action="job.rejected", target=job,
+                     tenant=job.tenant, project=job.project, after={"reason": reason[:500]})
+    summary.rejected.append(job.pk)
+
+
+# --- back to the global queue ----------------------------------------------------------------
+
+
+def job_unplace(*, job_id: int, reason: str, avoid: str = "") -> bool:
+    """Send a queued floating job back to the global queue (inside the caller's transaction
+    or its own). ``avoid``: the message of a dispatch failure on its cluster, which is then
+    avoided for ``AVOID_SECONDS``. False for a pinned job or one not queued."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update(no_key=True, of=("self",)).select_related(
+            "tenant", "project", "cluster").get(pk=job_id)
+        if not job.floating or job.state != JobState.QUEUED or job.cluster_id is None:
+            return False
+        old = job.cluster
+        assert old is not None
+        choice = dict(job.cluster_choice or {})
+        if avoid:
+            failed = dict(choice.get("failed") or {})
+            failed[old.name] = [timezone.now().isoformat(), avoid[:150]]
+            choice["failed"] = failed
+        job.cluster = None
+        job.cluster_choice = choice
+        job.reason = f"Back in the global queue: {reason}"[:500]
+        job.reason_kind = "clusters"
+        job.queue_position = job.queue_length = None
+        job.save(update_fields=["cluster", "cluster_choice", "reason", "reason_kind", "queue_position",
+                                "queue_length", "updated_at"])
+        SchedulingDecision.objects.create(job=job, cluster=old, kind=DecisionKind.UNPLACED,
+                                          reason=job.reason)
+        audit_record(actor=None, actor_username=SCHEDULER, action="job.unplaced", target=job,
+                     tenant=job.tenant, project=job.project, before={"cluster": old.name},
+                     after={"reason": reason[:300]})
+        request_placement()
+    return True
+
+
+def cluster_unplace_queued(*, cluster_id: int, reason: str) -> list[int]:
+    """An unreachable cluster's queued floating jobs go back to the global queue (running ones
+    stay: a job never runs in two clusters)."""
+    ids = list(Job.objects.filter(cluster_id=cluster_id, floating=True, state=JobState.QUEUED)
+               .values_list("pk", flat=True))
+    return [jid for jid in ids if job_unplace(job_id=jid, reason=reason)]
+
