@@ -22,11 +22,12 @@ import datetime as dt
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
+from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -381,3 +382,67 @@ def cluster_unplace_queued(*, cluster_id: int, reason: str) -> list[int]:
                .values_list("pk", flat=True))
     return [jid for jid in ids if job_unplace(job_id=jid, reason=reason)]
 
+
+
+# --- submit-time checks ------------------------------------------------------------------------
+
+CHOICE_KEYS = ("clusters", "labels", "prefer")
+
+
+def _label_map(value: Any, field_name: str) -> dict[str, str]:
+    if value in (None, ""):
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()):
+        raise ValidationError({field_name: ['Labels as {"key": "value"}, e.g. {"region": "eu-west"}.']})
+    return dict(value)
+
+
+def clean_choice(value: Any, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """Validate a floating job's ``cluster_choice`` against the clusters and its images' platforms.
+
+    Errors name the field: ``cluster_choice.clusters``, ``cluster_choice.labels``, or
+    ``groups[i].image`` when no allowed cluster has nodes of an architecture its image is
+    built for."""
+    if value in (None, ""):
+        value = {}
+    if not isinstance(value, dict):
+        raise ValidationError({"cluster_choice": ['An object: {"clusters": [...], "labels": {...}}.']})
+    unknown = set(value) - set(CHOICE_KEYS)
+    if unknown:
+        raise ValidationError({"cluster_choice": [f"Unknown key(s): {', '.join(sorted(unknown))}; "
+                                                  f"use {', '.join(CHOICE_KEYS)}."]})
+    names = value.get("clusters") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValidationError({"cluster_choice.clusters": ["A list of cluster names."]})
+    labels = _label_map(value.get("labels"), "cluster_choice.labels")
+    prefer = _label_map(value.get("prefer"), "cluster_choice.prefer")
+    enabled = {c.name: c for c in Cluster.objects.filter(enabled=True)}
+    missing = [n for n in names if n not in enabled]
+    if missing:
+        raise ValidationError({"cluster_choice.clusters": [
+            f"No enabled cluster named {', '.join(sorted(missing))}."]})
+    choice = M.ClusterChoice.of({"clusters": names, "labels": labels})
+    views = cluster_views(list(enabled.values()))
+    allowed = [v for v in views.values()
+               if M.excluded(choice, M.JobNeeds(), replace(v, closed_reason="", reachable=True)) is None]
+    if not allowed:
+        field_name = "cluster_choice.labels" if labels else "cluster_choice"
+        raise ValidationError({field_name: ["No enabled cluster matches this choice."]})
+    refs = {str(g.get("image") or "busybox") for g in groups}
+    arches = selectors.image_arches(refs)
+    for i, g in enumerate(groups):
+        need = arches.get(str(g.get("image") or "busybox"))
+        if need and not any(need & v.arches for v in allowed):
+            have = sorted({a for v in allowed for a in v.arches})
+            raise ValidationError({f"groups[{i}].image": [
+                f"The image is built for {', '.join(sorted('linux/' + a for a in need))}; "
+                f"the clusters this job may use have {', '.join('linux/' + a for a in have)} nodes only."]})
+    out: dict[str, Any] = {}
+    if names:
+        out["clusters"] = sorted(set(names))
+    if labels:
+        out["labels"] = labels
+    if prefer:
+        out["prefer"] = prefer
+    return out
