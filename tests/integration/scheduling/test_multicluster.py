@@ -1,0 +1,239 @@
+"""One pool across clusters (issue 16) on real PostgreSQL: two simulated clusters.
+
+"east" is x86 with A100s, "west" is ARM with GH200s in another region. Floating jobs wait in
+the global queue (no cluster) until the placement step binds them to the cluster where they
+start soonest; the per-cluster cycle then admits them as any other job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from registry import services as registry_services
+from scheduling import multicluster, services
+from scheduling.models import Allocation, Cluster, Job, JobState, SchedulingDecision, SimulatedPod
+from tenants.models import AuditEvent
+from tests.conftest import client_for
+
+from .conftest import gpu_group
+
+pytestmark = pytest.mark.django_db
+
+EAST = """
+start_delay_seconds: 0
+default_duration_seconds: 3600
+nodes:
+  - name: east-a100-{i}
+    count: 2
+    cpu_cores: 64
+    ram_gib: 512
+    labels: {kubernetes.io/arch: amd64}
+    gpus: {model: A100-80G, count: 4, memory_mib: 81920}
+"""
+
+WEST = """
+start_delay_seconds: 0
+default_duration_seconds: 3600
+nodes:
+  - name: west-gh200-{i}
+    count: 2
+    cpu_cores: 72
+    ram_gib: 480
+    labels: {kubernetes.io/arch: arm64}
+    gpus: {model: GH200-96G, count: 4, memory_mib: 98304}
+"""
+
+
+@pytest.fixture
+def two(world: Any) -> tuple[Cluster, Cluster]:
+    east = services.cluster_create(actor=world.admin, name="east", backend="simulated", inventory=EAST,
+                                   labels={"region": "eu-east", "arch": "amd64", "accelerator": "nvidia"})
+    west = services.cluster_create(actor=world.admin, name="west", backend="simulated", inventory=WEST,
+                                   labels={"region": "us-west", "arch": "arm64", "accelerator": "nvidia"})
+    for c in (east, west):
+        services.inventory_sync(cluster=c)
+    return east, west
+
+
+def submit(world: Any, name: str, *, cluster: Any = None, choice: dict[str, Any] | None = None,
+           **group: Any) -> Job:
+    return services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
+                               cluster_choice=choice or {}, name=name, groups=[gpu_group(**group)])
+
+
+def place_and_cycle(*clusters: Cluster) -> multicluster.PlacementSummary:
+    summary = multicluster.placement_run()
+    assert summary is not None
+    for c in clusters:
+        services.cycle_run(cluster=c)
+    return summary
+
+
+def fill(world: Any, cluster: Cluster, gpus: int = 8) -> None:
+    """Pinned jobs that take the cluster's GPUs (4 per node)."""
+    for i in range(gpus // 4):
+        submit(world, f"fill-{cluster.name}-{i}", cluster=cluster, gpu_count=4)
+    services.cycle_run(cluster=cluster)
+
+
+def test_an_any_cluster_job_waits_in_the_global_queue_then_goes_where_it_fits(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    fill(world, east)
+    job = submit(world, "anywhere", gpu_count=4)
+    assert job.cluster_id is None and job.floating and job.state == JobState.QUEUED
+    summary = place_and_cycle(east, west)
+    assert summary.placed == [job.pk]
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+    assert {a.node.name for a in Allocation.objects.filter(job=job)} <= {"west-gh200-0", "west-gh200-1"}
+    placed = SchedulingDecision.objects.get(job=job, kind="placed")
+    assert placed.cluster == west
+    assert placed.reason.startswith("Placed on cluster west (fits now)")
+    assert "cluster east:" in placed.reason  # why not the other one
+    assert AuditEvent.objects.filter(action="job.placed", target_id=str(job.pk)).exists()
+
+
+def test_an_image_without_the_clusters_arch_never_goes_there(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    registry_services.image_create(actor=world.admin, name="x86-only", reference="registry.example/x86-only:1",
+                                   variant="job", architectures=["linux/amd64"])
+    fill(world, east)
+    job = submit(world, "x86", gpu_count=4, image="registry.example/x86-only:1")
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    # West has free GPUs, but only arm64 nodes: the job waits for east, and says so.
+    assert job.cluster_id is None and job.state == JobState.QUEUED
+    assert "cluster west: the image has no arm64 variant" in job.reason
+    assert "cluster east:" in job.reason
+    assert not SimulatedPod.objects.filter(cluster=west, name__contains=str(job.pk)).exists()
+    # Room on east: it goes there (never to west).
+    Job.objects.filter(name__startswith="fill-east").update(state=JobState.CANCELLED)
+    for j in Job.objects.filter(name__startswith="fill-east"):
+        services._release(j)
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    assert job.cluster == east and job.state == JobState.STARTING
+
+
+def test_submit_rejects_a_choice_no_cluster_can_honour(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    registry_services.image_create(actor=world.admin, name="x86-only", reference="registry.example/x86-only:1",
+                                   variant="job", architectures=["linux/amd64"])
+    with pytest.raises(ValidationError) as err:
+        submit(world, "bad-image", choice={"clusters": ["west"]}, image="registry.example/x86-only:1")
+    assert "groups[0].image" in err.value.message_dict
+    with pytest.raises(ValidationError) as err:
+        submit(world, "bad-label", choice={"labels": {"region": "mars"}})
+    assert "cluster_choice.labels" in err.value.message_dict
+    with pytest.raises(ValidationError) as err:
+        submit(world, "bad-name", choice={"clusters": ["nowhere"]})
+    assert "cluster_choice.clusters" in err.value.message_dict
+
+
+def test_labels_choose_the_region(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    job = submit(world, "eu-only", choice={"labels": {"region": "eu-east"}}, gpu_count=1)
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    assert job.cluster == east
+
+
+def test_a_dispatch_failure_sends_the_job_to_the_other_cluster(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    job = submit(world, "failover", choice={"prefer": {"region": "eu-east"}}, gpu_count=1)
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    assert job.cluster == east and job.state == JobState.STARTING  # locality breaks the tie
+    # East's API server is gone (a real connection refused, no stand-in): its pods cannot be created.
+    Cluster.objects.filter(pk=east.pk).update(backend="kubernetes", api_server="https://127.0.0.1:9")
+    assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
+    job.refresh_from_db()
+    assert job.cluster_id is None and job.state == JobState.QUEUED  # back in the global queue
+    assert not Allocation.objects.filter(job=job).exists()
+    place_and_cycle(west)
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+    assert services.job_dispatch(job_id=job.pk) == "created"
+    assert SimulatedPod.objects.filter(cluster=west).exists()
+    kinds = list(job.decisions.order_by("id").values_list("kind", "cluster__name"))
+    assert ("unplaced", "east") in kinds and kinds[-1] == ("placed", "west") or ("admitted", "west") in kinds
+
+
+def test_an_unreachable_cluster_takes_no_new_work_and_gives_back_its_queued_jobs(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    fill(world, west)
+    fill(world, east)
+    queued = submit(world, "queued-on-east", choice={"prefer": {"region": "eu-east"}}, gpu_count=4)
+    multicluster.placement_run()
+    queued.refresh_from_db()
+    assert queued.cluster == east  # bound (the shortest wait, or the tie-break), still queued
+    services.cluster_reachability_record(cluster_id=east.pk, error="connection refused")
+    queued.refresh_from_db()
+    assert queued.cluster_id is None and queued.state == JobState.QUEUED
+    assert "unreachable" in queued.reason
+    # Capacity frees on east, but it is unreachable: nothing new goes there.
+    for j in Job.objects.filter(name__startswith="fill-east"):
+        Job.objects.filter(pk=j.pk).update(state=JobState.CANCELLED)
+        services._release(j)
+    fresh = submit(world, "fresh", gpu_count=1)
+    multicluster.placement_run()
+    for j in (queued, fresh):
+        j.refresh_from_db()
+        assert j.cluster_id != east.pk
+    assert "cluster east: unreachable" in fresh.reason or fresh.cluster_id is None
+    pinned_running = Job.objects.filter(cluster=west, name__startswith="fill-west").count()
+    assert pinned_running == 2  # running jobs stay where they are
+    # The cluster page says so.
+    page = client_for(world.admin).get("/clusters/").content.decode()
+    assert "takes no new work" in page
+
+
+def test_why_pending_names_every_cluster(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    fill(world, east)
+    fill(world, west)
+    job = submit(world, "big", gpu_count=4)
+    multicluster.placement_run()
+    job.refresh_from_db()
+    # Both full: it is bound where the wait is shortest, or waits; either way both are named.
+    text = job.reason if job.cluster_id is None else job.decisions.filter(kind="placed").get().reason
+    assert "cluster east" in text or "cluster west" in text
+    api = client_for(world.a.member).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert api["floating"] is True
+    assert api["reason"] == Job.objects.get(pk=job.pk).reason
+
+
+def test_the_api_submits_a_floating_job(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    client = client_for(world.a.member)
+    body = {"name": "api-any", "project": world.a.project.pk, "groups": [gpu_group()],
+            "cluster_choice": {"labels": {"accelerator": "nvidia"}}}
+    response = client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["cluster"] is None and data["floating"] is True
+    assert data["cluster_choice"] == {"labels": {"accelerator": "nvidia"}}
+    bad = client.post("/api/v1/jobs/", {**body, "name": "api-bad",
+                                        "cluster_choice": {"labels": {"region": "mars"}}}, format="json")
+    assert bad.status_code == 400
+    assert "cluster_choice.labels" in bad.json()
+    both = client.post("/api/v1/jobs/", {**body, "name": "api-both", "cluster": "east",
+                                         "cluster_choice": {"clusters": ["west"]}}, format="json")
+    assert both.status_code == 400 and "cluster_choice" in both.json()
+
+
+def test_a_job_is_never_bound_twice(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    job = submit(world, "once", gpu_count=1)
+    stale = Job.objects.select_related("tenant", "project").get(pk=job.pk)
+    assert multicluster._bind(job, east, "Placed on cluster east", "fits now")
+    # A second placement step working from a stale read cannot bind it elsewhere.
+    assert not multicluster._bind(stale, west, "Placed on cluster west", "fits now")
+    job.refresh_from_db()
+    assert job.cluster == east
+    assert SchedulingDecision.objects.filter(job=job, kind="placed").count() == 1
