@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("workspaces",)  # apps whose services/ is a package
+APPS = ("scheduling", "workspaces")  # apps whose services/ is a package
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
