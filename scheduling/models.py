@@ -276,6 +276,9 @@ class Job(models.Model):
         default=dict, blank=True,
         help_text='A floating job\'s allowed clusters: {"clusters": [names]} and/or '
                   '{"labels": {key: value}}; empty means any cluster the project may use.')
+    placement_note = models.CharField(
+        max_length=500, blank=True,
+        help_text="Floating jobs: why not the other clusters, as of the last placement step.")
     name = models.CharField(max_length=40, validators=[slug_validator])
     kind = models.CharField(max_length=20, default="batch", help_text="batch, pytorch, mpi, ...")
     priority_class = models.CharField(
@@ -344,6 +347,18 @@ class Job(models.Model):
     @property
     def is_final(self) -> bool:
         return self.state in FINAL_STATES
+
+    @property
+    def why_across_clusters(self) -> str:
+        """A floating job's why, cluster by cluster: its own cluster's answer (once placed)
+        and why not the others (e.g. "cluster east: no GPU free; cluster west: the image has
+        no arm64 variant")."""
+        if not self.floating:
+            return ""
+        if self.cluster_id is None:
+            return self.reason
+        own = f"cluster {self.cluster.name}: {self.reason}" if self.reason else f"cluster {self.cluster.name}"
+        return f"{own}; {self.placement_note}" if self.placement_note else own
 
 
 class PodGroup(models.Model):

@@ -12,10 +12,11 @@ import logging
 from celery import shared_task
 from django.db import OperationalError
 
-from . import multicluster, services
+from . import services
 from .backends import backend_for
 from .backends.base import BackendError
 from .models import Cluster, Job
+from .services import placement as multicluster
 
 logger = logging.getLogger(__name__)
 

@@ -278,6 +278,9 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         help_text='Floating jobs only: {"clusters": ["a", "b"]} and/or {"labels": {"region": '
                   '"eu-west"}} (all must match) and {"prefer": {...}} (data locality, a '
                   "tie-break); empty: any cluster the project may use.")
+    why_across_clusters = serializers.CharField(
+        read_only=True, help_text="Floating jobs: why it waits, cluster by cluster (its own "
+                                  "cluster's answer once placed, and why not the others).")
     tenant = serializers.CharField(source="tenant.name", read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True, default=None)
     priority_class = serializers.ChoiceField(choices=PriorityClass.choices, default="normal")
@@ -292,7 +295,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
                   "kind", "priority_class",
                   "priority", "preemptible", "checkpoint_capable", "gang", "mixed_gpu_models",
                   "duration_seconds",
-                  "groups", "state", "reason", "reason_kind", "queue_position", "queue_length",
+                  "groups", "state", "reason", "reason_kind", "why_across_clusters", "queue_position",
+                  "queue_length",
                   "preempted_by", "attempts", "submitted_at", "admitted_at", "started_at",
                   "finished_at", "allocations", "last_decision"]
         read_only_fields = ["id", "tenant", "owner", "floating", "priority", "state", "reason", "reason_kind",

@@ -303,9 +303,13 @@ class Choice:
     never: bool = False
     """No cluster could ever run it as asked."""
 
+    def others_text(self) -> str:
+        """Why not each other cluster: "cluster a: …; cluster b: …"."""
+        return "; ".join(f"cluster {n}: {why}" for n, why in self.others)
+
     def reason(self) -> str:
         """What the job's page and the API say, naming the chosen cluster."""
-        rest = "; ".join(f"cluster {n}: {why}" for n, why in self.others)
+        rest = self.others_text()
         if self.cluster is None or self.probe is None:
             head = "No cluster can run it as asked" if self.never else "Waiting for a cluster"
             return f"{head} — {rest}" if rest else head

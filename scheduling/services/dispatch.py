@@ -289,6 +289,14 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
             job.save(update_fields=["state", "reason", "updated_at"])
             _record(job, DecisionKind.REQUEUED, job.reason)
             _audit_job("job.requeued", job, after={"reason": reason})
+            if job.floating:
+                # One pool across clusters: back to the global queue, this cluster avoided for
+                # a while, so another cluster may take it (a job never runs in two).
+                from .placement import job_unplace
+
+                job_unplace(job_id=job.pk, reason=f"its pods could not be created on {job.cluster}",
+                            avoid=message)
+                return True
         request_cycle(job.cluster_id, countdown=2)
     return True
 

@@ -37,8 +37,10 @@ from scheduling.engine.model import ARCH_LABEL
 from scheduling.engine.placement import model_family
 from tenants.audit import audit_batch, audit_record
 
-from . import selectors
-from .models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, SchedulingDecision
+from .. import selectors
+from ..models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, SchedulingDecision
+from .common import _send_after_commit, request_cycle
+from .cycle import _consistent_read, cycle_lock, engine_policy
 
 logger = logging.getLogger(__name__)
 
@@ -50,27 +52,18 @@ PLACEMENT_BATCH = 500
 """Floating jobs looked at per placement step (the global queue's head)."""
 
 
-def _services() -> Any:
-    from . import services  # services import this module: import late
-
-    return services
-
-
 # --- requests ------------------------------------------------------------------------------
 
 
 def request_placement(*, countdown: float | None = None) -> None:
     """Ask for one placement step after commit (requests coalesce, as ``request_cycle``)."""
-    from .tasks import placement_step
-
     try:
         if not cache.add("camp:placement-queued", 1, timeout=max(5, 2 * settings.SCHEDULER_TICK_SECONDS)):
             return
     except Exception:  # the cache is down: the beat's tick asks again
         logger.warning("placement request not queued (cache unavailable)")
         return
-    kwargs = {"countdown": countdown} if countdown else {}
-    transaction.on_commit(lambda: placement_step.apply_async((), **kwargs), robust=True)
+    _send_after_commit("placement_step", countdown=countdown)
 
 
 def placement_request_taken() -> None:
@@ -156,14 +149,13 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
             ) -> list[_Trial]:
     """One trial per open cluster: its snapshot, running jobs and the floating jobs as its
     engine would see them (read in one consistent snapshot per cluster)."""
-    services = _services()
     out = []
     for c in clusters:
         if views[c.pk].closed_reason:
             empty = E.Placer(E.ClusterState(E.ClusterSnapshot(nodes=())), E.default_policy(None))
             out.append(_Trial(c, M.ClusterTrial(views[c.pk], empty, (), now), {}))
             continue
-        with services._consistent_read():
+        with _consistent_read():
             enodes, nodes, gpus, gpu_by_id, access = selectors._cluster_part(c)
             rows: dict[str, selectors.JobRow] = {}
             eallocs, ckpt, estimates = selectors._running_part(c, nodes, gpu_by_id, access, rows)
@@ -173,7 +165,7 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
         snapshot = E.ClusterSnapshot(nodes=enodes, allocations=tuple(eallocs))
         running = selectors.running_jobs(snapshot, checkpointable=[k for k, v in ckpt.items() if v],
                                          runtime_estimates=estimates)
-        policy = services.engine_policy(c.placement_policy) or E.default_policy(
+        policy = engine_policy(c.placement_policy) or E.default_policy(
             E.profile_for(snapshot, pending))
         usage: dict[str, float] = defaultdict(float)
         for rj in running:
@@ -277,7 +269,7 @@ def _place_one(job: Job, ejob: E.Job, trials: list[_Trial], wall: dt.datetime,
                 return
     assert decided.probe is not None
     was = job.cluster_id
-    if _bind(job, target.cluster, decided.reason(), decided.probe.text()):
+    if _bind(job, target.cluster, decided.reason(), decided.probe.text(), decided.others_text()):
         target.trial.take(ejob_for[target.cluster.name], job.tenant.name, decided.probe)
         (summary.moved if was is not None else summary.placed).append(job.pk)
 
@@ -285,16 +277,15 @@ def _place_one(job: Job, ejob: E.Job, trials: list[_Trial], wall: dt.datetime,
 @contextlib.contextmanager
 def _cycle_locks(ids: list[int]) -> Iterator[bool]:
     """The cycle locks of these clusters (in id order), or False if any is busy."""
-    services = _services()
     with contextlib.ExitStack() as stack:
         for cid in sorted(set(ids)):
-            if not stack.enter_context(services.cycle_lock(cid)):
+            if not stack.enter_context(cycle_lock(cid)):
                 yield False
                 return
         yield True
 
 
-def _bind(job: Job, cluster: Cluster, reason: str, short: str) -> bool:
+def _bind(job: Job, cluster: Cluster, reason: str, short: str, note: str = "") -> bool:
     """Bind (or move) a queued floating job to ``cluster`` under the cycle locks concerned;
     False when a lock is busy or the job changed meanwhile (the next step tries again)."""
     old = job.cluster_id
@@ -306,7 +297,8 @@ def _bind(job: Job, cluster: Cluster, reason: str, short: str) -> bool:
             match = Job.objects.filter(pk=job.pk, state=JobState.QUEUED, floating=True)
             match = match.filter(cluster__isnull=True) if old is None else match.filter(cluster_id=old)
             if not match.update(cluster=cluster, reason=reason[:500], reason_kind="placed",
-                                queue_position=None, queue_length=None, updated_at=timezone.now()):
+                                placement_note=note[:500], queue_position=None, queue_length=None,
+                                updated_at=timezone.now()):
                 return False
             job.cluster = cluster
             SchedulingDecision.objects.create(job=job, cluster=cluster, kind=DecisionKind.PLACED,
@@ -315,7 +307,7 @@ def _bind(job: Job, cluster: Cluster, reason: str, short: str) -> bool:
                          tenant=job.tenant, project=job.project,
                          before={"cluster": old and Cluster.objects.get(pk=old).name},
                          after={"cluster": cluster.name, "why": short})
-            _services().request_cycle(cluster.pk)
+            request_cycle(cluster.pk)
     return True
 
 
@@ -324,7 +316,8 @@ def _wait(job: Job, reason: str, summary: PlacementSummary) -> None:
     if job.reason == reason[:500]:
         return
     Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster__isnull=True).update(
-        reason=reason[:500], reason_kind="clusters", queue_position=None, queue_length=None)
+        reason=reason[:500], reason_kind="clusters", placement_note="", queue_position=None,
+        queue_length=None)
 
 
 def _reject(job: Job, reason: str, summary: PlacementSummary) -> None:
@@ -363,9 +356,10 @@ def job_unplace(*, job_id: int, reason: str, avoid: str = "") -> bool:
         job.cluster_choice = choice
         job.reason = f"Back in the global queue: {reason}"[:500]
         job.reason_kind = "clusters"
+        job.placement_note = ""
         job.queue_position = job.queue_length = None
-        job.save(update_fields=["cluster", "cluster_choice", "reason", "reason_kind", "queue_position",
-                                "queue_length", "updated_at"])
+        job.save(update_fields=["cluster", "cluster_choice", "reason", "reason_kind", "placement_note",
+                                "queue_position", "queue_length", "updated_at"])
         SchedulingDecision.objects.create(job=job, cluster=old, kind=DecisionKind.UNPLACED,
                                           reason=job.reason)
         audit_record(actor=None, actor_username=SCHEDULER, action="job.unplaced", target=job,
