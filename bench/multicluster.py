@@ -80,6 +80,8 @@ class ClusterSim:
     gpus_of: dict[str, float] = field(default_factory=dict)
 
     def heads(self, k: int) -> list[Job]:
+        if k <= 0:
+            return list(self.pending.values())
         by_q: dict[str, list[Job]] = defaultdict(list)
         for j in self.pending.values():
             by_q[j.queue].append(j)
@@ -291,7 +293,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stride", type=int, default=130)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--heads", type=int, default=8, help="jobs tried per project queue and cycle")
+    ap.add_argument("--heads", type=int, default=0,
+                    help="jobs tried per project queue and cycle (0: all, as bench/queue_replay.py's camp)")
     ap.add_argument("--window", type=int, default=64, help="global-queue jobs per placement step")
     ap.add_argument("--min-runtime", type=float, default=600.0)
     ap.add_argument("--modes", nargs="+", default=["pinned", "any"])

@@ -243,3 +243,40 @@ def test_a_job_is_never_bound_twice(world: Any, two: tuple[Cluster, Cluster]) ->
     job.refresh_from_db()
     assert job.cluster == east
     assert SchedulingDecision.objects.filter(job=job, kind="placed").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_camp_submit_cluster_option(world: Any, two: tuple[Cluster, Cluster], live_server: Any,
+                                    tmp_path: Any) -> None:
+    """``camp submit --cluster any | a,b | region=…``: the same file, placed three ways."""
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    from tenants import services as tenant_services
+
+    _, token = tenant_services.token_create(actor=world.a.member, name="cli")
+    project = f"{world.a.tenant.name}/{world.a.project.name}"
+    env = {**os.environ, "CAMP_URL": live_server.url, "CAMP_TOKEN": token,
+           "CAMP_CONFIG": str(tmp_path / "config.json")}
+    path = tmp_path / "job.yaml"
+
+    def camp(name: str, where: str) -> subprocess.CompletedProcess[str]:
+        path.write_text(f"kind: Job\nname: {name}\nproject: {project}\ncluster: east\n"
+                        f"groups: [{{name: worker, gpu_count: 1}}]\n")
+        args = ["submit", "-f", str(path), "--cluster", where]
+        return subprocess.run([sys.executable, "-m", "camp_cli", *args], env=env, cwd=settings.BASE_DIR,
+                              capture_output=True, text=True, timeout=60)
+
+    for name, where, choice in (("j-any", "any", {}), ("j-set", "east,west", {"clusters": ["east", "west"]}),
+                                ("j-eu", "region=eu-east", {"labels": {"region": "eu-east"}})):
+        done = camp(name, where)
+        assert done.returncode == 0, done.stdout + done.stderr
+        job = Job.objects.get(name=name)
+        assert job.floating and job.cluster_id is None and job.cluster_choice == choice
+    pinned = camp("j-west", "west")
+    assert pinned.returncode == 0 and Job.objects.get(name="j-west").cluster.name == "west"
+    bad = camp("j-mars", "region=mars")
+    assert bad.returncode == 1 and "jobs[0].cluster_choice.labels" in bad.stdout + bad.stderr
