@@ -355,10 +355,26 @@ class Job(models.Model):
         no arm64 variant")."""
         if not self.floating:
             return ""
-        if self.cluster_id is None:
+        cluster = self.cluster
+        if cluster is None:
             return self.reason
-        own = f"cluster {self.cluster.name}: {self.reason}" if self.reason else f"cluster {self.cluster.name}"
+        own = f"cluster {cluster.name}: {self.reason}" if self.reason else f"cluster {cluster.name}"
         return f"{own}; {self.placement_note}" if self.placement_note else own
+
+    @property
+    def placed_cluster(self) -> Cluster:
+        """The job's cluster, where it must have one (admitted, with pods): a floating job is
+        bound to a cluster before its cluster's cycle can admit it."""
+        cluster = self.cluster
+        if cluster is None:
+            raise ValueError(f"job {self.pk} is in the global queue: it has no cluster yet")
+        return cluster
+
+    @property
+    def placed_cluster_id(self) -> int:
+        if self.cluster_id is None:
+            raise ValueError(f"job {self.pk} is in the global queue: it has no cluster yet")
+        return self.cluster_id
 
 
 class PodGroup(models.Model):

@@ -536,7 +536,7 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
     for job, _, _ in accepted:
         if job.project_id not in namespaces:
             namespaces[job.project_id] = project_namespace_ensure(
-                cluster=inputs.cluster or job.cluster, project=job.project)
+                cluster=inputs.cluster or job.placed_cluster, project=job.project)
     # Admission times follow the engine's order (a microsecond apart), as they did when jobs
     # were admitted one by one: preemption picks the most recently started victims first.
     _update_from_values(
@@ -552,7 +552,7 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
         for pp in placement.pods:
             group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
             allocs.append((Allocation(
-                cluster_id=job.cluster_id, job=job, group_id=groups[group_name], replica=int(replica),
+                cluster_id=job.placed_cluster_id, job=job, group_id=groups[group_name], replica=int(replica),
                 pod_name=pod_name(job.name, job.pk, group_name, int(replica)),
                 node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
             ), pp))
@@ -574,7 +574,7 @@ def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, stat
     now = timezone.now()
     try:
         with transaction.atomic():
-            namespace = project_namespace_ensure(cluster=inputs.cluster or job.cluster,
+            namespace = project_namespace_ensure(cluster=inputs.cluster or job.placed_cluster,
                                                  project=job.project)
             if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
                 state=JobState.STARTING, admitted_at=now, reason="Admitted; creating pods",
@@ -587,8 +587,8 @@ def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, stat
             for pp in placement.pods:
                 group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
                 alloc = Allocation.objects.create(
-                    cluster_id=job.cluster_id, job=job, group_id=groups[group_name], replica=int(replica),
-                    pod_name=pod_name(job.name, job.pk, group_name, int(replica)),
+                    cluster_id=job.placed_cluster_id, job=job, group_id=groups[group_name],
+                    replica=int(replica), pod_name=pod_name(job.name, job.pk, group_name, int(replica)),
                     node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
                 )
                 for g in pp.gpus:

@@ -232,7 +232,7 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
     if job.state != JobState.STARTING:
         return "skipped"
-    cluster = job.cluster
+    cluster = job.placed_cluster
     backend = backend_for(cluster)
     ns, objs, pods = job_specs(job, cluster)
     try:
@@ -304,12 +304,12 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
 def job_stop(*, job_id: int) -> str:
     """Delete a job's pods (with a grace period) and release its resources once gone."""
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
-    backend = backend_for(job.cluster)
+    backend = backend_for(job.placed_cluster)
     allocs = list(job.allocations.select_related("node"))
     names = [a.pod_name for a in allocs]
     if not names:
         return "nothing"
-    ns = namespace_spec(job, job.cluster).name
+    ns = namespace_spec(job, job.placed_cluster).name
     dead = _on_dead_nodes(allocs)
     for name in names:
         backend.delete_pod(ns, name, grace_seconds=0 if name in dead else 30)
@@ -373,7 +373,7 @@ def _job_objects_delete(job: Job) -> None:
     (a requeued job's next dispatch makes them again, for its new placement). Best effort:
     reconcile deletes what is left (``_sweep_job_objects``)."""
     try:
-        backend_for(job.cluster).delete_job_objects(namespace_spec(job, job.cluster).name,
+        backend_for(job.placed_cluster).delete_job_objects(namespace_spec(job, job.placed_cluster).name,
                                                     job_object_name(job.name, job.pk))
     except BackendError as exc:
         logger.info("job %s: its objects are left for reconcile: %s", job.pk, exc)
