@@ -3,8 +3,8 @@
 The openb ``default`` trace (Alibaba cluster-trace-gpu-v2023) is replayed, as in
 ``bench/queue_replay.py`` (creation order, each pod runs its trace duration once started, 8
 projects in 2 tenants, QoS → priority, BE preemptible), on a slice of the openb cluster (every
-``--stride``-th GPU node) split into two clusters of half the nodes each: the nodes sorted by
-GPU model and cut in the middle, so the two clusters have different GPU mixes. Each cluster
+``--stride``-th GPU node) split into two clusters of half the nodes each, dealt alternately by
+size so that each has about half of the GPUs, with different GPU mixes (``split``). Each cluster
 runs Camp's own queue cycle (``QueueCycle``: priority, fair share, quotas scaled to its size,
 preemption, fragmentation-aware placement), ``--heads`` jobs per project queue per cycle.
 
@@ -93,10 +93,11 @@ class ClusterSim:
 
 
 def split(snap: ClusterSnapshot) -> tuple[ClusterSnapshot, ClusterSnapshot]:
-    """Half the nodes each, cut in the GPU-model order, so the GPU mixes differ."""
-    nodes = sorted(snap.nodes, key=lambda n: (n.gpus[0].model if n.gpus else "", n.name))
-    half = len(nodes) // 2
-    return ClusterSnapshot(nodes=tuple(nodes[:half])), ClusterSnapshot(nodes=tuple(nodes[half:]))
+    """Half the nodes each: dealt alternately in the order (GPUs per node, model, name), so the
+    two have about half of the GPUs each but different GPU mixes (at stride 130: a gets the G3
+    node, b the P100 one; 28 and 22 GPUs)."""
+    nodes = sorted(snap.nodes, key=lambda n: (-len(n.gpus), n.gpus[0].model if n.gpus else "", n.name))
+    return ClusterSnapshot(nodes=tuple(nodes[0::2])), ClusterSnapshot(nodes=tuple(nodes[1::2]))
 
 
 def could_run(job: Job, c: ClusterSim) -> bool:
