@@ -315,7 +315,7 @@ def main() -> None:
         med[mode] = {k: statistics.median(float(r[k]) for r in rs)  # type: ignore[arg-type]
                      for k in ("p50_delay_s", "p95_delay_s", "gpu_alloc_pct", "started", "never",
                                "preemptions", "wall_s")}
-    print(f"\nopenb default over two clusters (every {args.stride}th openb GPU node, split by model): "
+    print(f"\nopenb default over two clusters (every {args.stride}th openb GPU node, dealt alternately): "
           f"{rows[0]['clusters']}")
     print(f"{'mode':<8} {'p50 s':>8} {'p95 s':>8} {'GPU alloc %':>11} {'started':>8} {'never':>6} "
           f"{'preempt':>8} {'wall s':>7}   (medians of {args.runs} runs)")

@@ -29,6 +29,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from scheduling import engine as E
@@ -38,7 +39,7 @@ from scheduling.engine.placement import model_family
 from tenants.audit import audit_batch, audit_record
 
 from .. import selectors
-from ..models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, SchedulingDecision
+from ..models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, PodGroup, SchedulingDecision
 from .common import _send_after_commit, request_cycle
 from .cycle import _consistent_read, cycle_lock, engine_policy
 
@@ -161,7 +162,9 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
             eallocs, ckpt, estimates = selectors._running_part(c, nodes, gpu_by_id, access, rows)
             pending, _ = selectors._pending_part(c, access, {}, ids=ids)
             tree = selectors.queue_tree(c)
-            queued_gpus = sum(M.job_gpus(j) for j in selectors._pending_part(c, access, {})[0])
+            # GPUs already queued there (slices counted whole: an estimate), in one aggregate.
+            queued_gpus = float(PodGroup.objects.filter(job__cluster=c, job__state=JobState.QUEUED).aggregate(
+                n=Sum(F("gpu_count") * F("replicas")))["n"] or 0)
         snapshot = E.ClusterSnapshot(nodes=enodes, allocations=tuple(eallocs))
         running = selectors.running_jobs(snapshot, checkpointable=[k for k, v in ckpt.items() if v],
                                          runtime_estimates=estimates)
