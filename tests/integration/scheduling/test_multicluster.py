@@ -280,3 +280,41 @@ def test_camp_submit_cluster_option(world: Any, two: tuple[Cluster, Cluster], li
     assert pinned.returncode == 0 and Job.objects.get(name="j-west").cluster.name == "west"
     bad = camp("j-mars", "region=mars")
     assert bad.returncode == 1 and "jobs[0].cluster_choice.labels" in bad.stdout + bad.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_placement_steps_bind_each_job_once(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Two workers' placement steps at once (two connections): every floating job ends on one
+    cluster with one ``placed`` decision, and no cluster is given more than it has."""
+    import threading
+
+    from django.db import connection
+
+    jobs = [submit(world, f"race-{i}", gpu_count=4) for i in range(5)]  # 4 fit (2 clusters × 2 nodes)
+    results: list[Any] = []
+
+    def step() -> None:
+        try:
+            for _ in range(3):
+                results.append(multicluster.placement_run())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=step) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert any(r is not None for r in results)
+    placed = SchedulingDecision.objects.filter(job__in=jobs, kind="placed")
+    assert placed.count() == len({d.job_id for d in placed})  # never bound twice
+    per_cluster: dict[str, int] = {}
+    for j in Job.objects.filter(pk__in=[j.pk for j in jobs]).select_related("cluster"):
+        if j.cluster is not None:
+            per_cluster[j.cluster.name] = per_cluster.get(j.cluster.name, 0) + 1
+    assert sum(per_cluster.values()) == 5  # the fifth is bound too, to wait where it starts soonest
+    for c in two:
+        services.cycle_run(cluster=c)
+    running = Job.objects.filter(pk__in=[j.pk for j in jobs], state=JobState.STARTING)
+    assert running.count() == 4
+    assert Allocation.objects.filter(job__in=jobs).values("job").distinct().count() == 4
