@@ -6,4 +6,9 @@ class PortalConfig(AppConfig):
     name = "portal"
 
     def ready(self) -> None:
+        from tenants.extensions import register_home_context
+
         from . import receivers  # noqa: F401  (scheduler signals → stats, live pages)
+        from .home import home
+
+        register_home_context(home)  # the console home's panels (tenants/views.home)

@@ -8,7 +8,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from scheduling.models import slug_validator
+from .validators import slug_validator
 
 
 class User(AbstractUser):
@@ -205,6 +205,14 @@ class Quota(models.Model):
 
     def target(self) -> models.Model | None:
         return {"cluster": self.cluster, "tenant": self.tenant, "project": self.project}[self.scope]
+
+
+def cluster_model() -> type[models.Model]:
+    """The scheduler's Cluster, which cluster quotas attach to, found through Quota's
+    foreign key (a string reference): tenancy imports no app above it."""
+    model = Quota._meta.get_field("cluster").related_model
+    assert isinstance(model, type)
+    return model
 
 
 class ApiToken(models.Model):

@@ -6,8 +6,6 @@ from typing import Any
 
 from rest_framework import serializers
 
-from scheduling.models import Cluster
-
 from ..models import (
     RESOURCES,
     ApiToken,
@@ -19,6 +17,7 @@ from ..models import (
     Role,
     Tenant,
     User,
+    cluster_model,
 )
 
 
@@ -106,7 +105,7 @@ _amount_fields: list[str] = [f"{r}_{k}" for r in RESOURCES for k in ("guaranteed
 class QuotaSerializer(serializers.ModelSerializer[Quota]):
     scope = serializers.ChoiceField(choices=QuotaScope.choices)
     cluster = serializers.PrimaryKeyRelatedField(
-        queryset=Cluster.objects.all(), required=False, allow_null=True
+        queryset=cluster_model()._default_manager.all(), required=False, allow_null=True
     )
     tenant = VisiblePKField(queryset=Tenant.objects.all(), required=False, allow_null=True
     )

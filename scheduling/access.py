@@ -1,0 +1,57 @@
+"""Access rules of the scheduler's models (tenants/permissions.py explains the rules).
+
+Registered from ``SchedulingConfig.ready()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Q
+
+from tenants.permissions import (
+    CHANGE,
+    DELETE,
+    PROJECT_ADMIN,
+    PROJECT_MEMBER,
+    TENANT_MEMBER,
+    VIEW,
+    PlatformOnly,
+    ProjectScoped,
+    Scope,
+    Special,
+    register,
+)
+
+from .models import Cluster, GpuDevice, Job, Node, NodePool, SchedulingDecision
+
+# A job: project members see it and submit to the project; its owner, a project admin
+# and above change and cancel it. Workloads built on jobs (workspaces) follow the same rule.
+JOB_RULE = ProjectScoped(view=PROJECT_MEMBER, create=PROJECT_MEMBER, change=PROJECT_ADMIN,
+                         delete=PROJECT_ADMIN, owner="owner", owner_may=(CHANGE, DELETE))
+
+
+def _pool_visible(scope: Scope, user: Any) -> Q | None:
+    if not scope.tenants:
+        return None
+    return Q(dedicated=False) | Q(tenants__in=scope.tenants)
+
+
+def _pool_can(user: Any, scope: Scope, action: str, obj: NodePool) -> bool:
+    # Shared pools are infrastructure every tenant member reads; a dedicated pool is seen
+    # only by its tenants (its existence names who it serves). Platform admins manage them.
+    if action != VIEW or not scope.tenants:
+        return False
+    return not obj.dedicated or (
+        obj.pk is not None and obj.tenants.filter(pk__in=scope.tenants).exists())
+
+
+def register_rules() -> None:
+    # Clusters, nodes and GPUs: every tenant member reads them; platform admins manage them.
+    for model in (Cluster, Node, GpuDevice):
+        register(model, PlatformOnly(view=TENANT_MEMBER))
+    register(NodePool, Special(visible=_pool_visible, can=_pool_can))
+    register(Job, JOB_RULE)
+    # A decision is read by whoever reads its job; only the scheduler writes them.
+    register(SchedulingDecision, ProjectScoped(project="job__project", tenant="job__tenant",
+                                               view=PROJECT_MEMBER))
