@@ -9,6 +9,8 @@ class PortalConfig(AppConfig):
         from tenants.extensions import register_home_context
 
         from . import receivers  # noqa: F401  (scheduler signals → stats, live pages)
+        from .access import register_rules
         from .home import home
 
+        register_rules()  # this app's models' access rules (tenants.permissions)
         register_home_context(home)  # the console home's panels (tenants/views.home)

@@ -12,6 +12,7 @@ from django.db.models import Q
 from tenants.permissions import (
     CHANGE,
     DELETE,
+    NOBODY,
     PROJECT_ADMIN,
     PROJECT_MEMBER,
     TENANT_MEMBER,
@@ -23,7 +24,19 @@ from tenants.permissions import (
     register,
 )
 
-from .models import Cluster, GpuDevice, Job, Node, NodePool, SchedulingDecision
+from .models import (
+    Allocation,
+    Cluster,
+    GpuDevice,
+    GpuSlice,
+    Job,
+    Node,
+    NodePool,
+    PodGroup,
+    ProjectNamespace,
+    SchedulingDecision,
+    SimulatedPod,
+)
 
 # A job: project members see it and submit to the project; its owner, a project admin
 # and above change and cancel it. Workloads built on jobs (workspaces) follow the same rule.
@@ -52,6 +65,13 @@ def register_rules() -> None:
         register(model, PlatformOnly(view=TENANT_MEMBER))
     register(NodePool, Special(visible=_pool_visible, can=_pool_can))
     register(Job, JOB_RULE)
-    # A decision is read by whoever reads its job; only the scheduler writes them.
-    register(SchedulingDecision, ProjectScoped(project="job__project", tenant="job__tenant",
-                                               view=PROJECT_MEMBER))
+    # A job's pod groups, allocations, slices and decisions are read by whoever reads the
+    # job (the API nests them in it); only the scheduler writes them.
+    for model, job in ((PodGroup, "job"), (Allocation, "job"), (GpuSlice, "allocation__job"),
+                       (SchedulingDecision, "job")):
+        register(model, ProjectScoped(project=f"{job}__project", tenant=f"{job}__tenant",
+                                      view=PROJECT_MEMBER))
+    # A project's namespace on a cluster: its members read the name; the scheduler makes it.
+    register(ProjectNamespace, ProjectScoped(tenant="project__tenant", view=PROJECT_MEMBER))
+    # The simulated backend's stand-in for a cluster's pods.
+    register(SimulatedPod, PlatformOnly(view=NOBODY))

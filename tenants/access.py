@@ -13,6 +13,7 @@ from .models import (
     PROJECT_ROLES,
     ApiToken,
     AuditEvent,
+    IdempotencyRecord,
     Membership,
     Project,
     Quota,
@@ -31,6 +32,7 @@ from .permissions import (
     TENANT_MEMBER,
     TENANT_OWNER,
     VIEW,
+    OwnedBy,
     PlatformOnly,
     ProjectScoped,
     Scope,
@@ -121,4 +123,6 @@ def register_rules() -> None:
     register(AuditEvent, TenantScoped(view=TENANT_OWNER, create=NOBODY, change=NOBODY,
                                       delete=NOBODY))
     register(User, Special(visible=_user_visible, can=_user_can))
+    # The API's replay of a create repeated with the same Idempotency-Key: its user's alone.
+    register(IdempotencyRecord, OwnedBy(user="user", may=(VIEW,)))
 
