@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Model, Q
 
 from tenants.permissions import (
     CHANGE,
@@ -61,14 +61,17 @@ def _pool_can(user: Any, scope: Scope, action: str, obj: NodePool) -> bool:
 
 def register_rules() -> None:
     # Clusters, nodes and GPUs: every tenant member reads them; platform admins manage them.
-    for model in (Cluster, Node, GpuDevice):
+    infrastructure: tuple[type[Model], ...] = (Cluster, Node, GpuDevice)
+    for model in infrastructure:
         register(model, PlatformOnly(view=TENANT_MEMBER))
     register(NodePool, Special(visible=_pool_visible, can=_pool_can))
     register(Job, JOB_RULE)
     # A job's pod groups, allocations, slices and decisions are read by whoever reads the
     # job (the API nests them in it); only the scheduler writes them.
-    for model, job in ((PodGroup, "job"), (Allocation, "job"), (GpuSlice, "allocation__job"),
-                       (SchedulingDecision, "job")):
+    of_a_job: tuple[tuple[type[Model], str], ...] = (
+        (PodGroup, "job"), (Allocation, "job"), (GpuSlice, "allocation__job"),
+        (SchedulingDecision, "job"))
+    for model, job in of_a_job:
         register(model, ProjectScoped(project=f"{job}__project", tenant=f"{job}__tenant",
                                       view=PROJECT_MEMBER))
     # A project's namespace on a cluster: its members read the name; the scheduler makes it.

@@ -536,7 +536,7 @@ def _lookups(q: Q) -> Iterator[str]:
     for child in q.children:
         if isinstance(child, Q):
             yield from _lookups(child)
-        else:
+        elif isinstance(child, tuple):
             yield child[0]
 
 

@@ -325,7 +325,7 @@ def admin_tenants(request: HttpRequest) -> HttpResponse:
             messages.success(request, f"Tenant {tenant.name} created.")
             return redirect("console:tenant", tenant.name)
     clusters = [
-        {"cluster": c, "quota_rows": _quota_rows(Quota.objects.filter(cluster=c).first())}
+        {"cluster": c, "quota_rows": _quota_rows(Quota.objects.filter(cluster_id=c.pk).first())}
         for c in cluster_model()._default_manager.all()
     ]
     return render(request, "console/admin_tenants.html", {
