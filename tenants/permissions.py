@@ -272,6 +272,10 @@ def _check_who(model: type[Model], rule: Rule, allowed: frozenset[Who], **given:
 
 
 # --- the declarative rules --------------------------------------------------------------
+# Hand-written on purpose: django-rules answers only the instance check and
+# django-guardian stores per-object grants; bridgekeeper derives both a check and a Q from
+# one rule but is not a dependency, and would still need Camp's role order, token narrowing
+# and once-per-request Scope around it. This vocabulary is those few cases and no more.
 
 
 @dataclass(frozen=True)
