@@ -12,11 +12,11 @@ from django.db.models import Model, Q
 from tenants.permissions import (
     CHANGE,
     DELETE,
-    NOBODY,
     PROJECT_ADMIN,
     PROJECT_MEMBER,
     TENANT_MEMBER,
     VIEW,
+    Internal,
     PlatformOnly,
     ProjectScoped,
     Scope,
@@ -66,15 +66,12 @@ def register_rules() -> None:
         register(model, PlatformOnly(view=TENANT_MEMBER))
     register(NodePool, Special(visible=_pool_visible, can=_pool_can))
     register(Job, JOB_RULE)
-    # A job's pod groups, allocations, slices and decisions are read by whoever reads the
-    # job (the API nests them in it); only the scheduler writes them.
-    of_a_job: tuple[tuple[type[Model], str], ...] = (
-        (PodGroup, "job"), (Allocation, "job"), (GpuSlice, "allocation__job"),
-        (SchedulingDecision, "job"))
-    for model, job in of_a_job:
-        register(model, ProjectScoped(project=f"{job}__project", tenant=f"{job}__tenant",
-                                      view=PROJECT_MEMBER))
-    # A project's namespace on a cluster: its members read the name; the scheduler makes it.
-    register(ProjectNamespace, ProjectScoped(tenant="project__tenant", view=PROJECT_MEMBER))
-    # The simulated backend's stand-in for a cluster's pods.
-    register(SimulatedPod, PlatformOnly(view=NOBODY))
+    # A decision is read by whoever reads its job; only the scheduler writes them.
+    register(SchedulingDecision, ProjectScoped(project="job__project", tenant="job__tenant",
+                                               view=PROJECT_MEMBER))
+    # Shown only inside their job (the API nests them), whose rule is checked.
+    bookkeeping: tuple[type[Model], ...] = (PodGroup, Allocation, GpuSlice)
+    for model in bookkeeping:
+        register(model, Internal("the scheduler's bookkeeping, shown only within its job"))
+    register(ProjectNamespace, Internal("named by the scheduler; shown within jobs"))
+    register(SimulatedPod, Internal("the simulated backend's stand-in for a cluster's pods"))

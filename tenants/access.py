@@ -32,7 +32,7 @@ from .permissions import (
     TENANT_MEMBER,
     TENANT_OWNER,
     VIEW,
-    OwnedBy,
+    Internal,
     PlatformOnly,
     ProjectScoped,
     Scope,
@@ -67,7 +67,7 @@ def _token_visible(scope: Scope, user: Any) -> Q:
 
 
 def _token_can(user: Any, scope: Scope, action: str, obj: ApiToken) -> bool:
-    if obj.user_id != user.pk:
+    if user.pk is None or obj.user_id != user.pk:
         return False
     parent: ApiToken | None = getattr(user, "camp_token", None)
     if action == CREATE and parent is not None and not _no_broader(obj, parent):
@@ -123,6 +123,5 @@ def register_rules() -> None:
     register(AuditEvent, TenantScoped(view=TENANT_OWNER, create=NOBODY, change=NOBODY,
                                       delete=NOBODY))
     register(User, Special(visible=_user_visible, can=_user_can))
-    # The API's replay of a create repeated with the same Idempotency-Key: its user's alone.
-    register(IdempotencyRecord, OwnedBy(user="user", may=(VIEW,)))
+    register(IdempotencyRecord, Internal("the API's replay cache for Idempotency-Key"))
 

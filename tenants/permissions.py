@@ -14,7 +14,8 @@ narrow its user to one project (at most project admin there) and to read-only.
 Each app declares, next to its models (``<app>/access.py``, registered from its
 ``AppConfig.ready()``), how a row reaches its tenant/project and owner and who may do
 what: one declarative rule per model (``ProjectScoped``, ``TenantScoped``,
-``PlatformOnly``, ``OwnedBy``, ``Tiered``; ``Special`` for the truly unusual) from which
+``PlatformOnly``, ``OwnedBy``, ``Tiered``, ``Internal``; ``Special`` for the truly
+unusual) from which
 both the ``can`` answer and the ``restrict`` filter are derived. This module imports no
 app above tenancy; a model nobody registered is an error, never a silent "no".
 """
@@ -155,6 +156,9 @@ class UnregisteredModel(LookupError):
 
 class Checker:
     """A rule bound to one model: answers ``can`` for an object and ``restrict`` as a Q."""
+
+    # Platform admins pass every rule except Internal's (nobody acts on those through can).
+    admins_act: bool = True
 
     def allows(self, user: Any, scope: Scope, action: str, obj: Any) -> bool:
         raise NotImplementedError
@@ -388,9 +392,9 @@ class _ProjectChecker(Checker):
         # NOBODY never reads the row (an unsaved one may not reach its project yet).
         if who is not NOBODY and self._reaches(who, scope, obj):
             return True
-        return (action in self.rule.owner_may and self.owner is not None
-                and self._reaches(PROJECT_MEMBER, scope, obj)
-                and self.owner.value(obj) == getattr(user, "pk", None))
+        pk = getattr(user, "pk", None)
+        return (action in self.rule.owner_may and self.owner is not None and pk is not None
+                and self._reaches(PROJECT_MEMBER, scope, obj) and self.owner.value(obj) == pk)
 
     def _reaches(self, who: Who, scope: Scope, obj: Any) -> bool:
         if self.tenant.value(obj) in scope.owner_tenants:
@@ -429,7 +433,8 @@ class _OwnedChecker(Checker):
     user: _Path
 
     def allows(self, user: Any, scope: Scope, action: str, obj: Any) -> bool:
-        return self.user.value(obj) == getattr(user, "pk", None) and action in self.rule.may
+        pk = getattr(user, "pk", None)
+        return pk is not None and self.user.value(obj) == pk and action in self.rule.may
 
     def visible(self, scope: Scope, user: Any) -> Q | None:
         return Q(**{self.user.lookup: user.pk}) if VIEW in self.rule.may else None
@@ -462,6 +467,29 @@ class _TieredChecker(Checker):
         parts = [(value, checker.visible(scope, user)) for value, checker in self.tiers.items()]
         qs = [Q(**{self.field: value}) & q for value, q in parts if q is not None]
         return functools.reduce(lambda a, b: a | b, qs) if qs else None
+
+
+@dataclass(frozen=True)
+class Internal(Rule):
+    """Rows only Camp's own code touches (scheduler bookkeeping, statistics, caches), shown
+    to users, if at all, through a row whose rule is checked (a job's pod groups through the
+    job). ``can`` answers no to everyone, platform admins too; ``restrict`` leaves platform
+    admins every row (as for any model) and everyone else none. ``reason`` says why."""
+
+    reason: str
+
+    def bind(self, model: type[Model]) -> Checker:
+        return _InternalChecker()
+
+
+class _InternalChecker(Checker):
+    admins_act = False
+
+    def allows(self, user: Any, scope: Scope, action: str, obj: Any) -> bool:
+        return False
+
+    def visible(self, scope: Scope, user: Any) -> Q | None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -504,11 +532,15 @@ def can(user: Any, action: str, obj: Model) -> bool:
     """May ``user`` perform ``action`` (view/create/change/delete) on ``obj``?"""
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r}")
+    if not isinstance(obj, Model):
+        raise TypeError(f"can() takes a model instance, not {type(obj).__name__}")
     checker = _checker(type(obj))
     scope = scope_of(user)
+    if scope is NO_ACCESS:
+        return False  # anonymous or inactive: nothing, whatever a rule would say of a row
     if action != VIEW and scope.read_only:
         return False
-    if scope.platform_admin:
+    if scope.platform_admin and checker.admins_act:
         return True
     return checker.allows(user, scope, action, obj)
 

@@ -132,3 +132,38 @@ def test_distinct_only_where_the_rule_crosses_a_to_many_relation(world: Any) -> 
         "NodePool": True, "Profile": True, "User": True, "Job": False,
         "SchedulingDecision": False, "TrainingCheckpoint": False, "AuditEvent": False,
         "Project": False}
+
+
+def test_can_takes_a_model_instance() -> None:
+    with pytest.raises(TypeError, match="model instance"):
+        can(AnonymousUser(), VIEW, "a job")  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db
+def test_an_anonymous_principal_may_do_nothing(world: Any) -> None:
+    """An unsaved row with no owner must not match an anonymous user's missing id."""
+    from tenants.models import ApiToken, Quota, QuotaScope
+    from workspaces.models import SshKey
+
+    anonymous = AnonymousUser()
+    for action in ("view", "create", "delete"):
+        assert not can(anonymous, action, SshKey())
+        assert not can(anonymous, action, ApiToken())
+    assert not can(anonymous, VIEW, Quota(scope=QuotaScope.CLUSTER))
+    assert can(world.a.member, "create", SshKey(user=world.a.member))
+
+
+@pytest.mark.django_db
+def test_internal_rows_are_nobodys_through_can_and_admins_through_restrict(world: Any) -> None:
+    """Scheduler bookkeeping and statistics: no one acts on them through ``can`` (platform
+    admins neither); ``restrict`` leaves platform admins every row, others none."""
+    from portal.models import DemoLoad
+    from scheduling.models import PodGroup
+
+    DemoLoad.objects.create()
+    for user in (world.admin, world.a.owner, world.a.member):
+        for action in ("view", "create", "change", "delete"):
+            assert not can(user, action, DemoLoad.objects.get()), (user, action)
+            assert not can(user, action, PodGroup()), (user, action)
+    assert restrict(DemoLoad.objects.all(), world.admin).count() == 1
+    assert restrict(DemoLoad.objects.all(), world.a.owner).count() == 0
