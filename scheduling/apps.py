@@ -6,6 +6,10 @@ class SchedulingConfig(AppConfig):
     name = "scheduling"
 
     def ready(self) -> None:
+        from tenants.extensions import register_cluster_model
+
         from .access import register_rules
+        from .models import Cluster
 
         register_rules()  # this app's models' access rules (tenants.permissions)
+        register_cluster_model(Cluster)  # what cluster quotas attach to (tenants.Quota.cluster)

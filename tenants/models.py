@@ -207,14 +207,6 @@ class Quota(models.Model):
         return {"cluster": self.cluster, "tenant": self.tenant, "project": self.project}[self.scope]
 
 
-def cluster_model() -> type[models.Model]:
-    """The scheduler's Cluster, which cluster quotas attach to, found through Quota's
-    foreign key (a string reference): tenancy imports no app above it."""
-    model = Quota._meta.get_field("cluster").related_model
-    assert isinstance(model, type)
-    return model
-
-
 class ApiToken(models.Model):
     """A bearer token for automation. Only its SHA-256 is stored; it is shown once."""
 

@@ -39,7 +39,6 @@ from .models import (
     Role,
     Tenant,
     User,
-    cluster_model,
 )
 from .permissions import CHANGE, CREATE, DELETE, actor_of, can, restrict
 
@@ -241,7 +240,8 @@ def project_quota(request: HttpRequest, tenant_name: str, project_name: str) -> 
 
 @login_required
 def cluster_quota(request: HttpRequest, cluster_name: str) -> HttpResponse:
-    cluster = get_object_or_404(cluster_model(), name=cluster_name)
+    cluster = get_object_or_404(
+        restrict(extensions.cluster_model()._default_manager.all(), request.user), name=cluster_name)
     return _quota_edit(request, scope=QuotaScope.CLUSTER, cluster=cluster,
                        title=f"Quota of cluster {cluster}", back=redirect("console:admin-tenants"))
 
@@ -326,7 +326,7 @@ def admin_tenants(request: HttpRequest) -> HttpResponse:
             return redirect("console:tenant", tenant.name)
     clusters = [
         {"cluster": c, "quota_rows": _quota_rows(Quota.objects.filter(cluster_id=c.pk).first())}
-        for c in cluster_model()._default_manager.all()
+        for c in restrict(extensions.cluster_model()._default_manager.all(), request.user)
     ]
     return render(request, "console/admin_tenants.html", {
         "form": form, "tenants": Tenant.objects.prefetch_related("projects"), "clusters": clusters,

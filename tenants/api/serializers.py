@@ -6,6 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from ..extensions import cluster_model
 from ..models import (
     RESOURCES,
     ApiToken,
@@ -17,7 +18,6 @@ from ..models import (
     Role,
     Tenant,
     User,
-    cluster_model,
 )
 
 
@@ -104,7 +104,7 @@ _amount_fields: list[str] = [f"{r}_{k}" for r in RESOURCES for k in ("guaranteed
 
 class QuotaSerializer(serializers.ModelSerializer[Quota]):
     scope = serializers.ChoiceField(choices=QuotaScope.choices)
-    cluster = serializers.PrimaryKeyRelatedField(
+    cluster = VisiblePKField(
         queryset=cluster_model()._default_manager.all(), required=False, allow_null=True
     )
     tenant = VisiblePKField(queryset=Tenant.objects.all(), required=False, allow_null=True
