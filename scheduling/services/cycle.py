@@ -242,6 +242,7 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     acting.update(int(v) for st in statuses if isinstance(st.decision, E.Preempt)
                   for v in st.decision.victims)
     models_ = selectors.job_models(sorted(acting))
+    here = inputs.cluster.pk if inputs.cluster is not None else None
     for status in statuses:
         row, d = inputs.jobs[status.job], status.decision
         if isinstance(d, (E.Admit, E.Preempt)):
@@ -262,7 +263,7 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
         elif isinstance(d, E.Preempt):
             preemptions.append((job, d))
         elif isinstance(d, E.Reject):
-            updated = Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+            updated = Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster_id=here or job.cluster_id).update(
                 state=JobState.REJECTED, reason=d.reason[:500], reason_kind=status.kind,
                 queue_position=None, queue_length=None, finished_at=timezone.now(),
             )
@@ -309,8 +310,13 @@ def _lock_rows(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
         used |= _placement_gpus(inputs, d.placement)
     locked_jobs: dict[int, tuple[str, int]] = {}
     if pks:
-        locked_jobs = {pk: (state, attempts) for pk, state, attempts in Job.objects.select_for_update(
-            no_key=True).filter(pk__in=sorted(pks)).order_by("pk").values_list("pk", "state", "attempts")}
+        rows = Job.objects.select_for_update(no_key=True).filter(pk__in=sorted(pks)).order_by("pk")
+        # A job counts only while it is still this cluster's: a floating job sent back to the
+        # global queue (and perhaps bound elsewhere) since the snapshot is neither admitted
+        # nor a preemptor here — as if it had been cancelled meanwhile.
+        locked_jobs = {pk: (state, attempts) for pk, state, attempts, cluster_id
+                       in rows.values_list("pk", "state", "attempts", "cluster_id")
+                       if inputs.cluster is None or cluster_id == inputs.cluster.pk}
     current: dict[int, tuple[Any, ...]] = {}
     if used:
         current = {row[0]: row[1:] for row in GpuDevice.objects.select_for_update(no_key=True).filter(
@@ -576,13 +582,14 @@ def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, stat
         with transaction.atomic():
             namespace = project_namespace_ensure(cluster=inputs.cluster or job.placed_cluster,
                                                  project=job.project)
-            if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+            if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED,
+                                      cluster_id=inputs.cluster.pk if inputs.cluster else job.cluster_id).update(
                 state=JobState.STARTING, admitted_at=now, reason="Admitted; creating pods",
                 namespace=namespace,
                 reason_kind=status.kind, queue_position=None, queue_length=None,
                 attempts=F("attempts") + 1,
             ):
-                return False  # cancelled meanwhile
+                return False  # cancelled (or, floating, moved to another cluster) meanwhile
             gpu_delta: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
             for pp in placement.pods:
                 group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)

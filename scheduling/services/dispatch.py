@@ -294,8 +294,10 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
                 # a while, so another cluster may take it (a job never runs in two).
                 from .placement import job_unplace
 
+                # No cycle lock needed: the job goes from STARTING straight to the global
+                # queue in this transaction, so no cycle ever reads it queued here.
                 job_unplace(job_id=job.pk, reason=f"its pods could not be created on {job.cluster}",
-                            avoid=message)
+                            avoid=message, locked=True)
                 return True
         request_cycle(job.cluster_id, countdown=2)
     return True

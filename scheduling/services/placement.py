@@ -339,10 +339,24 @@ def _reject(job: Job, reason: str, summary: PlacementSummary) -> None:
 # --- back to the global queue ----------------------------------------------------------------
 
 
-def job_unplace(*, job_id: int, reason: str, avoid: str = "") -> bool:
+def job_unplace(*, job_id: int, reason: str, avoid: str = "", locked: bool = False) -> bool:
     """Send a queued floating job back to the global queue (inside the caller's transaction
     or its own). ``avoid``: the message of a dispatch failure on its cluster, which is then
-    avoided for ``AVOID_SECONDS``. False for a pinned job or one not queued."""
+    avoided for ``AVOID_SECONDS``. False for a pinned job, one not queued, or (unless the
+    caller holds it: ``locked``) when its cluster's cycle lock is busy: a cycle of that
+    cluster may be deciding about the job, so it stays there and a later tick tries again.
+    (Should a cycle still read the job before this commits, its writes re-check the job's
+    cluster under row lock: ``cycle._lock_rows``; a job bound elsewhere meanwhile is not
+    admitted by the old cluster's cycle.)"""
+    if not locked:
+        cluster_id = Job.objects.filter(pk=job_id).values_list("cluster_id", flat=True).first()
+        if cluster_id is None:
+            return False
+        with cycle_lock(cluster_id) as got:
+            if not got:
+                logger.info("job %s: cluster %s's cycle is running; it is unplaced later", job_id, cluster_id)
+                return False
+            return job_unplace(job_id=job_id, reason=reason, avoid=avoid, locked=True)
     with transaction.atomic():
         job = Job.objects.select_for_update(no_key=True, of=("self",)).select_related(
             "tenant", "project", "cluster").get(pk=job_id)
@@ -375,9 +389,14 @@ def job_unplace(*, job_id: int, reason: str, avoid: str = "") -> bool:
 def cluster_unplace_queued(*, cluster_id: int, reason: str) -> list[int]:
     """An unreachable cluster's queued floating jobs go back to the global queue (running ones
     stay: a job never runs in two clusters)."""
-    ids = list(Job.objects.filter(cluster_id=cluster_id, floating=True, state=JobState.QUEUED)
-               .values_list("pk", flat=True))
-    return [jid for jid in ids if job_unplace(job_id=jid, reason=reason)]
+    with cycle_lock(cluster_id) as got:
+        if not got:  # its cycle is running: the next reconcile failure tries again
+            logger.info("cluster %s: its cycle is running; its queued floating jobs are unplaced later",
+                        cluster_id)
+            return []
+        ids = list(Job.objects.filter(cluster_id=cluster_id, floating=True, state=JobState.QUEUED)
+                   .values_list("pk", flat=True))
+        return [jid for jid in ids if job_unplace(job_id=jid, reason=reason, locked=True)]
 
 
 

@@ -318,3 +318,69 @@ def test_racing_placement_steps_bind_each_job_once(world: Any, two: tuple[Cluste
     running = Job.objects.filter(pk__in=[j.pk for j in jobs], state=JobState.STARTING)
     assert running.count() == 4
     assert Allocation.objects.filter(job__in=jobs).values("job").distinct().count() == 4
+
+
+def _other_session_holds_cycle_lock(cluster: Cluster) -> Any:
+    """A second database session (another worker's cycle) holding ``cluster``'s cycle lock."""
+    import psycopg
+    from django.db import connection
+
+    from scheduling.services.common import _CYCLE_LOCK_CLASS
+
+    s = connection.settings_dict
+    conn = psycopg.connect(host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"],
+                           dbname=s["NAME"], autocommit=True)
+    conn.execute("SELECT pg_advisory_lock(%s, %s)", [_CYCLE_LOCK_CLASS, cluster.pk])
+    return conn
+
+
+def test_a_job_sent_back_and_bound_elsewhere_is_not_admitted_by_its_old_clusters_cycle(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: east's cycle reads floating J; east turns unreachable and J goes back to
+    the global queue; J is bound to west; east's cycle then writes its decisions. J must not
+    start with west as its cluster and an allocation on an east node."""
+    from scheduling.services import cycle as cyc
+
+    east, west = two
+    fill(world, west)
+    job = submit(world, "racer", gpu_count=4)
+    assert multicluster.placement_run().placed == [job.pk]  # type: ignore[union-attr]
+    job.refresh_from_db()
+    assert job.cluster == east
+    inputs, statuses = cyc._decide(east, None)  # east's cycle decided (J fits there) ...
+    services.cluster_reachability_record(cluster_id=east.pk, error="connection refused")
+    job.refresh_from_db()
+    assert job.cluster_id is None
+    for j in Job.objects.filter(cluster=west):  # ... west frees up, J is bound to west ...
+        services.job_terminate(job_id=j.pk, reason="done")
+        services.job_stop(job_id=j.pk)
+    assert multicluster.placement_run().placed == [job.pk]  # type: ignore[union-attr]
+    summary = cyc._persist(east, inputs, statuses)  # ... then east's cycle writes
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.QUEUED
+    assert job.pk not in summary.admitted and not Allocation.objects.filter(job=job).exists()
+    services.cycle_run(cluster=west)
+    job.refresh_from_db()
+    assert job.state == JobState.STARTING
+    assert {a.node.name for a in Allocation.objects.filter(job=job)} <= {"west-gh200-0", "west-gh200-1"}
+
+
+def test_unplacing_waits_for_the_old_clusters_running_cycle(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    fill(world, west)
+    fill(world, east)
+    job = submit(world, "stays", choice={"prefer": {"region": "eu-east"}}, gpu_count=4)
+    multicluster.placement_run()
+    job.refresh_from_db()
+    assert job.cluster == east
+    other = _other_session_holds_cycle_lock(east)
+    try:
+        services.cluster_reachability_record(cluster_id=east.pk, error="connection refused")
+        job.refresh_from_db()
+        assert job.cluster == east  # east's cycle is running: left for a later tick
+        assert not multicluster.job_unplace(job_id=job.pk, reason="test")
+    finally:
+        other.close()
+    services.cluster_reachability_record(cluster_id=east.pk, error="connection refused")  # the next tick
+    job.refresh_from_db()
+    assert job.cluster_id is None and "unreachable" in job.reason
