@@ -338,17 +338,38 @@ def _running_part(cluster: Cluster, nodes: dict[str, int], gpu_by_id: dict[int, 
     return eallocs, checkpointable, estimates
 
 
-def image_arches(refs: Iterable[str]) -> dict[str, frozenset[str]]:
-    """Image reference → the CPU architectures the registry catalog records for it (an image
-    not in the catalog is absent: Camp cannot tell, so it does not restrict the job)."""
+def image_arches(uses: Iterable[tuple[int, int, str]]) -> dict[tuple[int, str], frozenset[str]]:
+    """(tenant id, project id, image reference) → (project id, reference) → the CPU
+    architectures the registry catalog records for that image, as that project sees the
+    catalog: enabled images of the platform, of its tenant and of the project only (another
+    tenant's catalog never changes where this project's jobs may run, nor is it revealed).
+    Absent when Camp cannot tell — not in the project's catalog, or a record with no
+    architectures (unknown, e.g. an image catalogued before architectures were recorded) —
+    and then the job is not restricted. Several records of one reference: the union."""
     from registry.models import Image  # registry sits above scheduling (it imports its models)
 
-    out: dict[str, frozenset[str]] = {}
-    refs = set(refs)
-    if not refs:
-        return out
-    for ref, platforms in Image.objects.filter(reference__in=refs).values_list("reference", "architectures"):
-        out[ref] = out.get(ref, frozenset()) | frozenset(platform_arch(p) for p in platforms or ())
+    wanted = {(t, p, ref) for t, p, ref in uses if ref}
+    if not wanted:
+        return {}
+    refs = {ref for _, _, ref in wanted}
+    tenants = {t for t, _, _ in wanted}
+    projects = {p for _, p, _ in wanted}
+    rows = list(Image.objects.filter(enabled=True, reference__in=refs).filter(
+        Q(scope="platform") | Q(scope="tenant", tenant_id__in=tenants)
+        | Q(scope="project", project_id__in=projects)).values_list(
+        "reference", "scope", "tenant_id", "project_id", "architectures"))
+    out: dict[tuple[int, str], frozenset[str]] = {}
+    for tenant_id, project_id, ref in wanted:
+        seen: set[str] = set()
+        unknown = False
+        for r, scope, t, p, platforms in rows:
+            if r != ref or (scope == "tenant" and t != tenant_id) or (scope == "project" and p != project_id):
+                continue
+            if not platforms:
+                unknown = True
+            seen.update(platform_arch(str(x)) for x in platforms or ())
+        if seen and not unknown:
+            out[(project_id, ref)] = frozenset(seen)
     return out
 
 
@@ -383,7 +404,9 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow],
     waiting_for_victims = set() if ids is not None else set(
         Job.objects.filter(cluster=cluster, state=JobState.PREEMPTING, preempted_by__isnull=False)
         .values_list("preempted_by_id", flat=True))
-    arches = image_arches(g[-2] for gs in group_rows.values() for g in gs)
+    project_of = {r[0]: (r[2], r[3]) for r in rows}
+    arches = image_arches((*project_of[g[0]], g[-2]) for gs in group_rows.values() for g in gs
+                          if g[0] in project_of)
     lists: dict[tuple[int, frozenset[str]], tuple[frozenset[str], frozenset[str]]] = {}
     n = len(_JOB_COLUMNS)
     pending: list[E.Job] = []
@@ -410,7 +433,7 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow],
                 template=E.pod(f"{pk}-{name}", gpu_count=gpu_count, gpu_memory_mib=gpu_mem,
                                gpu_cores_percent=gpu_cores, exclusive=exclusive, cpu_millicores=cpu,
                                ram_mib=ram, gpu_models=allow, excluded_gpu_models=deny,
-                               arches=arches.get(image, frozenset())),
+                               arches=arches.get((r[3], image), frozenset())),
                 replicas=replicas,
             ))
         pending.append(E.Job(

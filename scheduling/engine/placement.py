@@ -392,7 +392,10 @@ class Placer:
                 self._fits_somewhere.add(sid)
                 return None
         if pod.arches and not any(ns.static.node.arch in pod.arches for ns in self.state.nodes.values()):
-            return f"pod {pod.name}: its image has no variant for this cluster's nodes' architecture"
+            built = ", ".join(sorted(f"linux/{a}" for a in pod.arches))
+            have = ", ".join(sorted({f"linux/{ns.static.node.arch}" for ns in self.state.nodes.values()}))
+            return (f"pod {pod.name}: its image's architecture does not match — the image catalog "
+                    f"records it as built for {built} only, and this cluster's nodes are {have or 'none'}")
         if pod.containers and not any(
             pod.allows_model(m) for ns in self.state.nodes.values() for m in ns.static.models
         ):

@@ -263,7 +263,8 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
         elif isinstance(d, E.Preempt):
             preemptions.append((job, d))
         elif isinstance(d, E.Reject):
-            updated = Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster_id=here or job.cluster_id).update(
+            updated = Job.objects.filter(
+                pk=job.pk, state=JobState.QUEUED, cluster_id=here or job.cluster_id).update(
                 state=JobState.REJECTED, reason=d.reason[:500], reason_kind=status.kind,
                 queue_position=None, queue_length=None, finished_at=timezone.now(),
             )
@@ -582,8 +583,8 @@ def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, stat
         with transaction.atomic():
             namespace = project_namespace_ensure(cluster=inputs.cluster or job.placed_cluster,
                                                  project=job.project)
-            if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED,
-                                      cluster_id=inputs.cluster.pk if inputs.cluster else job.cluster_id).update(
+            here = inputs.cluster.pk if inputs.cluster else job.cluster_id
+            if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster_id=here).update(
                 state=JobState.STARTING, admitted_at=now, reason="Admitted; creating pods",
                 namespace=namespace,
                 reason_kind=status.kind, queue_position=None, queue_length=None,

@@ -81,6 +81,7 @@ def _job_build(
     gang: bool = True,
     duration_seconds: int | None = None,
     mixed_gpu_models: bool = False,
+    choice_context: Any = None,
 ) -> tuple[Job, list[PodGroup]]:
     """A validated, unsaved job and its pod groups (the rules of a submit, without writes).
 
@@ -110,7 +111,7 @@ def _job_build(
         from .placement import clean_choice  # placement reaches the cycle, which imports this module
 
         job.floating = True
-        job.cluster_choice = clean_choice(cluster_choice, groups)
+        job.cluster_choice = clean_choice(cluster_choice, groups, project, choice_context)
     rows = [_clean_group(n, g) for n, g in enumerate(groups)]
     if len({g.name for g in rows}) != len(rows):
         raise ValidationError({"groups": ["Pod group names must be distinct."]})
@@ -204,9 +205,12 @@ def job_submit_many(*, actor: User, jobs: list[dict[str, Any]]) -> list[Job]:
     errors: dict[str, list[str]] = {}
     built: list[tuple[Job, list[PodGroup]]] = []
     seen: dict[tuple[int, str], int] = {}
+    from .placement import ChoiceContext  # placement reaches the cycle, which imports this module
+
+    context = ChoiceContext()  # floating jobs: clusters and image architectures read once
     for i, item in enumerate(jobs):
         try:
-            job, rows = _job_build(actor=actor, **item)
+            job, rows = _job_build(actor=actor, **item, choice_context=context)
         except ValidationError as exc:
             for field_name, msgs in exc.message_dict.items():
                 errors[f"jobs[{i}].{field_name}"] = list(msgs)

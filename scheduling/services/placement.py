@@ -414,12 +414,45 @@ def _label_map(value: Any, field_name: str) -> dict[str, str]:
     return dict(value)
 
 
-def clean_choice(value: Any, groups: list[dict[str, Any]]) -> dict[str, Any]:
-    """Validate a floating job's ``cluster_choice`` against the clusters and its images' platforms.
+@dataclass
+class ChoiceContext:
+    """What ``clean_choice`` reads, read once per request (a bulk submit of a thousand floating
+    jobs reads the clusters and their views once, and each image's architectures once per
+    project, instead of three or four queries a job)."""
+
+    _enabled: dict[str, Cluster] | None = None
+    _views: dict[int, M.ClusterView] | None = None
+    _arches: dict[tuple[int, str], frozenset[str] | None] = field(default_factory=dict)
+
+    def enabled(self) -> dict[str, Cluster]:
+        if self._enabled is None:
+            self._enabled = {c.name: c for c in Cluster.objects.filter(enabled=True)}
+        return self._enabled
+
+    def views(self) -> dict[int, M.ClusterView]:
+        if self._views is None:
+            self._views = cluster_views(list(self.enabled().values()))
+        return self._views
+
+    def arches(self, project: Any, refs: set[str]) -> dict[str, frozenset[str]]:
+        """Image reference → architectures, as ``project`` sees the catalog."""
+        todo = {r for r in refs if (project.pk, r) not in self._arches}
+        if todo:
+            found = selectors.image_arches((project.tenant_id, project.pk, r) for r in todo)
+            for r in todo:
+                self._arches[(project.pk, r)] = found.get((project.pk, r))
+        return {r: a for r in refs if (a := self._arches[(project.pk, r)])}
+
+
+def clean_choice(value: Any, groups: list[dict[str, Any]], project: Any,
+                 context: ChoiceContext | None = None) -> dict[str, Any]:
+    """Validate a floating job's ``cluster_choice`` against the clusters and its images' platforms
+    (as ``project`` sees the image catalog: the platform's, its tenant's and its own images).
 
     Errors name the field: ``cluster_choice.clusters``, ``cluster_choice.labels``, or
     ``groups[i].image`` when no allowed cluster has nodes of an architecture its image is
     built for."""
+    ctx = context or ChoiceContext()
     if value in (None, ""):
         value = {}
     if not isinstance(value, dict):
@@ -433,20 +466,20 @@ def clean_choice(value: Any, groups: list[dict[str, Any]]) -> dict[str, Any]:
         raise ValidationError({"cluster_choice.clusters": ["A list of cluster names."]})
     labels = _label_map(value.get("labels"), "cluster_choice.labels")
     prefer = _label_map(value.get("prefer"), "cluster_choice.prefer")
-    enabled = {c.name: c for c in Cluster.objects.filter(enabled=True)}
+    enabled = ctx.enabled()
     missing = [n for n in names if n not in enabled]
     if missing:
         raise ValidationError({"cluster_choice.clusters": [
             f"No enabled cluster named {', '.join(sorted(missing))}."]})
     choice = M.ClusterChoice.of({"clusters": names, "labels": labels})
-    views = cluster_views(list(enabled.values()))
+    views = ctx.views()
     allowed = [v for v in views.values()
                if M.excluded(choice, M.JobNeeds(), replace(v, closed_reason="", reachable=True)) is None]
     if not allowed:
         field_name = "cluster_choice.labels" if labels else "cluster_choice"
         raise ValidationError({field_name: ["No enabled cluster matches this choice."]})
     refs = {str(g.get("image") or "busybox") for g in groups}
-    arches = selectors.image_arches(refs)
+    arches = ctx.arches(project, refs)
     for i, g in enumerate(groups):
         need = arches.get(str(g.get("image") or "busybox"))
         if need and not any(need & v.arches for v in allowed):

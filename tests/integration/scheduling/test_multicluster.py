@@ -384,3 +384,34 @@ def test_unplacing_waits_for_the_old_clusters_running_cycle(world: Any, two: tup
     services.cluster_reachability_record(cluster_id=east.pk, error="connection refused")  # the next tick
     job.refresh_from_db()
     assert job.cluster_id is None and "unreachable" in job.reason
+
+
+def test_another_tenants_catalog_never_restricts_my_jobs(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: globex recording a public image as arm64-only in its own catalog made
+    acme's x86 job REJECTED, and acme's floating submit error revealed globex's record."""
+    east, west = two
+    ref = "docker.io/library/python:3.12"
+    registry_services.image_create(actor=world.b.owner, name="mine", variant="training",
+                                   tenant=world.b.tenant, reference=ref, architectures=["linux/arm64"])
+    # A disabled platform record restricts nobody either.
+    registry_services.image_create(actor=world.admin, name="old-python", variant="training", reference=ref,
+                                   architectures=["linux/arm64"], enabled=False)
+    pinned = submit(world, "pinned", cluster=east, gpu_count=1, image=ref)
+    services.cycle_run(cluster=east)
+    pinned.refresh_from_db()
+    assert pinned.state == JobState.STARTING
+    floating = submit(world, "float", choice={"clusters": ["east"]}, gpu_count=1, image=ref)  # accepted
+    assert floating.floating
+    # Globex's own jobs do follow globex's record: refused at submit, naming the architecture.
+    with pytest.raises(ValidationError) as err:
+        services.job_submit(actor=world.b.member, project=world.b.project,
+                            cluster_choice={"clusters": ["east"]}, name="theirs",
+                            groups=[gpu_group(gpu_count=1, image=ref)])
+    assert "linux/arm64" in str(err.value.message_dict["groups[0].image"])
+    theirs = services.job_submit(actor=world.b.member, project=world.b.project, cluster=east,
+                                 name="theirs-pinned", groups=[gpu_group(gpu_count=1, image=ref)])
+    services.cycle_run(cluster=east)
+    theirs.refresh_from_db()
+    assert theirs.state == JobState.REJECTED
+    assert "architecture" in theirs.reason
+    assert "linux/arm64" in theirs.reason and "linux/amd64" in theirs.reason
