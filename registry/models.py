@@ -122,7 +122,7 @@ class Image(models.Model):
     architectures = models.JSONField(
         default=default_architectures, blank=True,
         help_text='The platforms the image is built for, e.g. ["linux/amd64", "linux/arm64"]: '
-                  "a job using it only goes to nodes of one of them.")
+                  "a job using it only goes to nodes of one of them. Empty: unknown (no restriction).")
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

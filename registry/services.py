@@ -159,7 +159,8 @@ def _clean_image(image: Image) -> None:
         raise ValidationError({"reference": [str(exc)]}) from exc
     image.reference = image.reference.strip()
     arches = image.architectures
-    if (not isinstance(arches, list) or not arches or len(set(arches)) != len(arches)
+    # Empty: unknown (images catalogued before architectures were recorded); no restriction.
+    if (not isinstance(arches, list) or len(set(arches)) != len(arches)
             or not all(a in PLATFORMS for a in arches)):
         raise ValidationError({"architectures": [
             f"A list of the platforms the image is built for, among: {', '.join(PLATFORMS)}."]})

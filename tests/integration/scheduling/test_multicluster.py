@@ -415,3 +415,32 @@ def test_another_tenants_catalog_never_restricts_my_jobs(world: Any, two: tuple[
     assert theirs.state == JobState.REJECTED
     assert "architecture" in theirs.reason
     assert "linux/arm64" in theirs.reason and "linux/amd64" in theirs.reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_images_catalogued_before_the_upgrade_restrict_no_job(world: Any) -> None:
+    """Review finding: the migration filled existing images with ["linux/amd64"], so on an ARM
+    cluster their existing jobs were rejected after the upgrade. Existing rows: unknown."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    from scheduling import selectors
+
+    before = ("registry", "0003_unique_names_per_owner")
+    after = ("registry", "0004_r4multi_image_architectures")
+    executor = MigrationExecutor(connection)
+    executor.migrate([before])
+    old = executor.loader.project_state([before]).apps.get_model("registry", "Image")
+    old.objects.create(scope="platform", name="old-arm-ready", reference="registry.example/old:1",
+                       variant="training", framework="other")
+    MigrationExecutor(connection).migrate([after])
+    from registry.models import Image
+
+    image = Image.objects.get(name="old-arm-ready")
+    assert image.architectures == []
+    assert selectors.image_arches([(world.a.tenant.pk, world.a.project.pk, image.reference)]) == {}
+    # Still editable (empty is a valid "unknown"); new images default to linux/amd64.
+    registry_services.image_update(actor=world.admin, image=image, description="catalogued in 2025")
+    new = registry_services.image_create(actor=world.admin, name="new", variant="training",
+                                         reference="registry.example/new:1")
+    assert new.architectures == ["linux/amd64"]
