@@ -15,7 +15,8 @@ Rules, in order (:func:`rank`):
    allows; otherwise the cluster is out, with the reason the user reads.
 2. *Best start*: fits now > fits after preempting lower-priority work (fewest victims, then
    fewest victim GPUs) > shortest estimated wait (running jobs' expected ends).
-   Over the project's (or tenant's) GPU limit on a cluster counts as waiting there.
+   Over the project's, the tenant's or the cluster's own GPU limit on a cluster counts as
+   waiting there; a job asking more than one of those limits can never run there.
 3. *Tie-break*: data locality (the job's preferred labels the cluster has), then the
    larger free share, then the name (so the choice is deterministic).
 
@@ -36,6 +37,9 @@ from scheduling.engine.placement import Placer
 from scheduling.engine.queueing import RunningJob
 
 FITS_NOW, FITS_AFTER_PREEMPTION, WAITS = 0, 1, 2
+CLUSTER = ""
+"""The key of the cluster's own total in :attr:`ClusterTrial.usage` and ``limits`` (no tenant
+or project is named "")."""
 OUTCOME_TEXT = {FITS_NOW: "fits now", FITS_AFTER_PREEMPTION: "fits after preemption",
                 WAITS: "waits"}
 
@@ -203,9 +207,9 @@ class ClusterTrial:
     running: Sequence[RunningJob]
     now: float
     usage: dict[str, float] = field(default_factory=dict)
-    """GPUs held per queue (project) and per tenant on this cluster."""
+    """GPUs held per queue (project), per tenant and in all (:data:`CLUSTER`) on this cluster."""
     limits: Mapping[str, float | None] = field(default_factory=dict)
-    """GPU limit per queue and per tenant (None: no limit)."""
+    """GPU limit per queue, per tenant and of the cluster (:data:`CLUSTER`; None: no limit)."""
     queued_gpus: float = 0.0
     reserved: list[PodPlacement] = field(default_factory=list)
 
@@ -216,19 +220,27 @@ class ClusterTrial:
         if self.free < 0:
             self.free = free_gpus(self.placer)
 
-    def over_limit(self, job: Job, tenant: str) -> str | None:
+    def over_limit(self, job: Job, tenant: str) -> tuple[str, bool] | None:
+        """Why the job would wait (or, ``True``: can never run) under a GPU limit there — its
+        project's, its tenant's or the cluster's own (key :data:`CLUSTER`); None if within."""
         ask = job_gpus(job)
-        for key, who in ((job.queue, "your project's"), (tenant, "your tenant's")):
+        for key, who in ((job.queue, "your project's"), (tenant, "your tenant's"),
+                         (CLUSTER, "the cluster's")):
             lim = self.limits.get(key)
-            if lim is not None and self.usage.get(key, 0.0) + ask > lim + 1e-9:
-                return f"over {who} GPU limit there ({self.usage.get(key, 0.0):g} of {lim:g} in use)"
+            if lim is None:
+                continue
+            if ask > lim + 1e-9:  # the cluster's cycle would reject it (over limit)
+                return f"asks {ask:g} GPUs, more than {who} GPU limit there ({lim:g})", True
+            if self.usage.get(key, 0.0) + ask > lim + 1e-9:
+                return f"over {who} GPU limit there ({self.usage.get(key, 0.0):g} of {lim:g} in use)", False
         return None
 
     def probe(self, job: Job, tenant: str, free: float) -> Probe:
         name = self.view.name
         limit = self.over_limit(job, tenant)
         if limit:
-            return Probe(name, WAITS, reason=limit)
+            return Probe(name, WAITS, reason=limit[0] if not limit[1] else f"can never run there: {limit[0]}",
+                         never=limit[1])
         d = self.placer.place_job(job, reserve=True)
         if isinstance(d, Admit):
             for pp in d.placement.pods:
@@ -254,8 +266,8 @@ class ClusterTrial:
         g = job_gpus(job)
         if probe.outcome == FITS_NOW:
             self.free = max(0.0, self.free - g)
-        self.usage[job.queue] = self.usage.get(job.queue, 0.0) + g
-        self.usage[tenant] = self.usage.get(tenant, 0.0) + g
+        for key in (job.queue, tenant, CLUSTER):
+            self.usage[key] = self.usage.get(key, 0.0) + g
 
     def undo(self) -> None:
         for pp in self.reserved:
@@ -318,18 +330,25 @@ class Choice:
 
 
 def choose(jobs: Mapping[str, Job], tenant: str, choice: ClusterChoice, needs: JobNeeds,
-           trials: Sequence[ClusterTrial], avoid: Mapping[str, str] | None = None) -> Choice:
+           trials: Sequence[ClusterTrial], avoid: Mapping[str, str] | None = None,
+           refused: Mapping[str, str] | None = None) -> Choice:
     """Rules 1–3 for one job over every cluster's trial; reserves nothing (see ``take``).
 
     ``jobs``: the job as each cluster's engine sees it (by cluster name; dedicated pools
     change its allowed models); ``avoid``: clusters to pass over for now, with why. A job is
-    ``never`` placeable only when no cluster is merely closed or avoided for the time being."""
+    ``never`` placeable only when no cluster is merely closed or avoided for the time being.
+    ``refused``: clusters whose own cycle found the job can never run there (with why): out
+    for good, as a cluster the job cannot fit."""
     avoid = avoid or {}
+    refused = refused or {}
     scored: list[tuple[tuple[int, int, float, float, int, float, str], Probe]] = []
     others: list[tuple[str, str]] = []
     temporary = False
     for t in trials:
         why = excluded(choice, needs, t.view)
+        if why is None and t.view.name in refused:
+            others.append((t.view.name, f"can never run there: {refused[t.view.name]}"))
+            continue
         if why is None and t.view.name in avoid:
             why = avoid[t.view.name]
         if why is not None:

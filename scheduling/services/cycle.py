@@ -262,6 +262,17 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
             admits.append((job, d.placement, status))
         elif isinstance(d, E.Preempt):
             preemptions.append((job, d))
+        elif isinstance(d, E.Reject) and job.floating and here is not None:
+            # A floating job this cluster can never run goes back to the global queue with
+            # this cluster refused, instead of being rejected: another cluster may run it (the
+            # placement step rejects it once none can). Under this cycle's lock.
+            from .placement import job_unplace  # placement imports this module
+
+            if job_unplace(job_id=job.pk, reason=f"cluster {inputs.cluster.name} cannot run it: {d.reason}",
+                           refused=d.reason, locked=True, from_cluster=here):
+                summary.waiting.append(job.pk)
+            else:
+                summary.conflicts.append(job.pk)
         elif isinstance(d, E.Reject):
             updated = Job.objects.filter(
                 pk=job.pk, state=JobState.QUEUED, cluster_id=here or job.cluster_id).update(

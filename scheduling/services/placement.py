@@ -129,6 +129,11 @@ def _needs(job: E.Job) -> M.JobNeeds:
     return M.JobNeeds(arches=arches, gpu_models=frozenset(models), gpus=M.job_gpus(job))
 
 
+def _refused(choice: dict[str, Any]) -> dict[str, str]:
+    """Clusters whose cycle found the job can never run there (``job_unplace(refused=...)``)."""
+    return {str(k): str(v) for k, v in (choice.get("refused") or {}).items()}
+
+
 def _avoided(choice: dict[str, Any], now: dt.datetime) -> dict[str, str]:
     out = {}
     for name, (at, msg) in (choice.get("failed") or {}).items():
@@ -175,7 +180,9 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
             g = M.gpus_of(rj.pods)
             usage[rj.queue] += g
             usage[rj.queue.split("/", 1)[0]] += g
-        limits: dict[str, float | None] = {}
+            usage[M.CLUSTER] += g
+        limits: dict[str, float | None] = {
+            M.CLUSTER: None if tree.quota.gpus_limit is None else float(tree.quota.gpus_limit)}
         for t in tree.tenants:
             limits[t.name] = None if t.quota.gpus_limit is None else float(t.quota.gpus_limit)
             for p in t.projects:
@@ -251,7 +258,7 @@ def _place_one(job: Job, ejob: E.Job, trials: list[_Trial], wall: dt.datetime,
     avoid = _avoided(job.cluster_choice or {}, wall)
     ejob_for = {tr.cluster.name: tr.jobs.get(job.pk, ejob) for tr in trials}
     decided = M.choose(ejob_for, job.tenant.name, choice, _needs(ejob), [tr.trial for tr in trials],
-                       avoid)
+                       avoid, _refused(job.cluster_choice or {}))
     target = next((tr for tr in trials if tr.cluster.name == decided.cluster), None)
     if target is None:
         if job.cluster_id is not None:
@@ -339,10 +346,14 @@ def _reject(job: Job, reason: str, summary: PlacementSummary) -> None:
 # --- back to the global queue ----------------------------------------------------------------
 
 
-def job_unplace(*, job_id: int, reason: str, avoid: str = "", locked: bool = False) -> bool:
+def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "", locked: bool = False,
+                from_cluster: int | None = None) -> bool:
     """Send a queued floating job back to the global queue (inside the caller's transaction
     or its own). ``avoid``: the message of a dispatch failure on its cluster, which is then
-    avoided for ``AVOID_SECONDS``. False for a pinned job, one not queued, or (unless the
+    avoided for ``AVOID_SECONDS``; ``refused``: why its cluster's cycle found it can never run
+    there (rather than rejecting a floating job, the cycle sends it back: that cluster is then
+    out for this job, the others are still tried). ``from_cluster``: only if the job is still
+    there. False for a pinned job, one not queued, or (unless the
     caller holds it: ``locked``) when its cluster's cycle lock is busy: a cycle of that
     cluster may be deciding about the job, so it stays there and a later tick tries again.
     (Should a cycle still read the job before this commits, its writes re-check the job's
@@ -356,11 +367,14 @@ def job_unplace(*, job_id: int, reason: str, avoid: str = "", locked: bool = Fal
             if not got:
                 logger.info("job %s: cluster %s's cycle is running; it is unplaced later", job_id, cluster_id)
                 return False
-            return job_unplace(job_id=job_id, reason=reason, avoid=avoid, locked=True)
+            return job_unplace(job_id=job_id, reason=reason, avoid=avoid, refused=refused, locked=True,
+                               from_cluster=from_cluster)
     with transaction.atomic():
         job = Job.objects.select_for_update(no_key=True, of=("self",)).select_related(
             "tenant", "project", "cluster").get(pk=job_id)
         if not job.floating or job.state != JobState.QUEUED or job.cluster_id is None:
+            return False
+        if from_cluster is not None and job.cluster_id != from_cluster:
             return False
         old = job.cluster
         assert old is not None
@@ -369,6 +383,8 @@ def job_unplace(*, job_id: int, reason: str, avoid: str = "", locked: bool = Fal
             failed = dict(choice.get("failed") or {})
             failed[old.name] = [timezone.now().isoformat(), avoid[:150]]
             choice["failed"] = failed
+        if refused:
+            choice["refused"] = {**(choice.get("refused") or {}), old.name: refused[:200]}
         job.cluster = None
         job.cluster_choice = choice
         job.reason = f"Back in the global queue: {reason}"[:500]

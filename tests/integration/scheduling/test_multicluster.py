@@ -444,3 +444,48 @@ def test_images_catalogued_before_the_upgrade_restrict_no_job(world: Any) -> Non
     new = registry_services.image_create(actor=world.admin, name="new", variant="training",
                                          reference="registry.example/new:1")
     assert new.architectures == ["linux/amd64"]
+
+
+def test_a_cluster_limit_sends_a_floating_job_to_the_other_cluster(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: a floating job bound to a cluster whose cluster-level GPU limit it
+    exceeds was REJECTED there instead of going to the other cluster."""
+    from tenants import services as tenant_services
+
+    east, west = two
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 2, "gpus_limit": 2})
+    fill(world, west, gpus=4)  # west: one node busy, so east (all free) would rank first by free share
+    job = submit(world, "big", gpu_count=4)
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+    assert "cluster east: can never run there: asks 4 GPUs, more than the cluster's GPU limit there (2)" in (
+        job.placement_note)
+
+
+def test_a_cycle_sends_back_a_floating_job_it_can_never_run(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """The backstop: should a floating job reach a cluster whose cycle rejects it, it goes back
+    to the global queue with that cluster refused, and another cluster runs it; when no
+    cluster can, the placement step rejects it, naming each cluster."""
+    from tenants import services as tenant_services
+
+    east, west = two
+    job = submit(world, "big", gpu_count=4)
+    lonely = submit(world, "east-only", choice={"clusters": ["east"]}, gpu_count=4)
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 2, "gpus_limit": 2})
+    for j in (job, lonely):  # bound before the limit was known to the placement step
+        assert multicluster._bind(j, east, "Placed on cluster east", "fits now")
+    summary = services.cycle_run(cluster=east)
+    assert summary is not None and not summary.rejected and not summary.admitted
+    for j in (job, lonely):
+        j.refresh_from_db()
+        assert j.state == JobState.QUEUED and j.cluster_id is None
+        assert "cluster east cannot run it" in j.reason
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    lonely.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+    assert lonely.state == JobState.REJECTED and "cluster east: can never run there" in lonely.reason
+    assert SchedulingDecision.objects.filter(job=lonely, kind="unplaced", cluster=east).exists()
