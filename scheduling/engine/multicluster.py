@@ -182,7 +182,9 @@ def estimated_wait(need: float, free: float, running: Sequence[RunningJob], now:
 def preemption_probe(job: Job, running: Sequence[RunningJob], free: float) -> tuple[int, float] | None:
     """Fewest lower-priority preemptible jobs whose GPUs, with the free ones, cover the ask
     (largest first): (victims, their GPUs), or None. An upper bound on what the cluster's
-    own preemption step (scheduling/engine/preemption.py) will choose."""
+    own preemption step (scheduling/engine/preemption.py) will choose. Jobs already being
+    preempted are no candidates: the snapshot marks a PREEMPTING job's allocations not
+    preemptible (``selectors._running_part``)."""
     need = job_gpus(job) - free
     if need <= 0:
         return None

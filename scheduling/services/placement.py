@@ -233,8 +233,14 @@ def placement_run(*, now: float | None = None) -> PlacementSummary | None:
         order = M.global_order([(j, j.queue) for jid, j in any_engine.items() if jid in by_id], usage)
         missing = [j for j in jobs if j.pk not in any_engine]  # no open cluster to see it
         wall = timezone.now()
+        # Bound jobs whose victims are being evicted for them on their cluster: never moved
+        # (the victims would be killed for nothing); they start there once the room is free.
+        evicting = set(Job.objects.filter(state=JobState.PREEMPTING, preempted_by_id__in=list(by_id))
+                       .values_list("preempted_by_id", flat=True))
         for ejob, _ in order:
             job = by_id[int(ejob.name)]
+            if job.cluster_id is not None and job.pk in evicting:
+                continue
             _place_one(job, ejob, trials, wall, summary)
         for job in missing:
             _wait(job, _nowhere_reason(job, trials, wall), summary)

@@ -489,3 +489,29 @@ def test_a_cycle_sends_back_a_floating_job_it_can_never_run(world: Any, two: tup
     assert job.cluster == west and job.state == JobState.STARTING
     assert lonely.state == JobState.REJECTED and "cluster east: can never run there" in lonely.reason
     assert SchedulingDecision.objects.filter(job=lonely, kind="unplaced", cluster=east).exists()
+
+
+def test_a_job_whose_victims_are_being_evicted_is_not_moved(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: the move rule moved a queued job that already had victims PREEMPTING
+    for it on its cluster (victims killed for nothing)."""
+    east, west = two
+    for i in range(2):
+        services.job_submit(actor=world.a.owner, project=world.a.other_project, cluster=east, name=f"low-{i}",
+                            priority_class="batch", preemptible=True, groups=[gpu_group(gpu_count=4)])
+    services.cycle_run(cluster=east)
+    fill(world, west)
+    Job.objects.filter(cluster__in=[east, west], state="starting").update(state="running")
+    job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=None, name="hi",
+                              priority_class="high", groups=[gpu_group(gpu_count=4)])
+    multicluster.placement_run()
+    job.refresh_from_db()
+    assert job.cluster == east  # fits after preempting one job there; west is full
+    assert services.cycle_run(cluster=east).preempting == [job.pk]  # type: ignore[union-attr]
+    assert Job.objects.filter(preempted_by=job, state="preempting").count() == 1
+    for j in Job.objects.filter(cluster=west, state="running"):  # west frees up meanwhile
+        services.job_terminate(job_id=j.pk, reason="done")
+        services.job_stop(job_id=j.pk)
+    summary = multicluster.placement_run()
+    assert summary is not None and not summary.moved
+    job.refresh_from_db()
+    assert job.cluster == east and job.state == JobState.QUEUED
