@@ -279,7 +279,14 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
         reason = f"Could not create its pods: {message}"[:500]
         signals.dispatch_failed.send_robust(sender=Job, cluster_id=job.cluster_id, job_id=job.pk,
                                             message=message)
-        if job.attempts >= MAX_ATTEMPTS:
+        tries = job.attempts
+        if job.floating and job.cluster is not None:
+            # One pool across clusters: attempts count per cluster (a failed cluster is
+            # avoided for a while and the job tries the others), not across clusters.
+            from .placement import dispatch_failures
+
+            tries = dispatch_failures(job.cluster_choice, job.cluster.name) + 1
+        if tries >= MAX_ATTEMPTS:
             _finish(job, JobState.FAILED, reason)
             _record(job, DecisionKind.FAILED, reason)
             _audit_job("job.failed", job, after={"reason": reason})

@@ -135,12 +135,24 @@ def _refused(choice: dict[str, Any]) -> dict[str, str]:
 
 
 def _avoided(choice: dict[str, Any], now: dt.datetime) -> dict[str, str]:
+    """Clusters where the job's dispatch failed lately: ``failed`` holds, per cluster name,
+    [when, message, failures there]."""
     out = {}
-    for name, (at, msg) in (choice.get("failed") or {}).items():
-        with contextlib.suppress(ValueError, TypeError):
+    for name, entry in (choice.get("failed") or {}).items():
+        with contextlib.suppress(ValueError, TypeError, IndexError):
+            at, msg = entry[0], entry[1]
             if (now - dt.datetime.fromisoformat(at)).total_seconds() < AVOID_SECONDS:
                 out[name] = f"its pods could not be created there: {msg}"[:200]
     return out
+
+
+def dispatch_failures(choice: dict[str, Any] | None, cluster: str) -> int:
+    """How many times a floating job's dispatch failed on ``cluster`` (its attempts there)."""
+    entry = ((choice or {}).get("failed") or {}).get(cluster)
+    try:
+        return int(entry[2]) if entry else 0
+    except (IndexError, TypeError, ValueError):
+        return 1
 
 
 @dataclass
@@ -387,7 +399,8 @@ def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "",
         choice = dict(job.cluster_choice or {})
         if avoid:
             failed = dict(choice.get("failed") or {})
-            failed[old.name] = [timezone.now().isoformat(), avoid[:150]]
+            failed[old.name] = [timezone.now().isoformat(), avoid[:150],
+                                dispatch_failures(choice, old.name) + 1]
             choice["failed"] = failed
         if refused:
             choice["refused"] = {**(choice.get("refused") or {}), old.name: refused[:200]}

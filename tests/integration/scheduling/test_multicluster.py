@@ -515,3 +515,45 @@ def test_a_job_whose_victims_are_being_evicted_is_not_moved(world: Any, two: tup
     assert summary is not None and not summary.moved
     job.refresh_from_db()
     assert job.cluster == east and job.state == JobState.QUEUED
+
+
+def test_dispatch_attempts_count_per_cluster(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: failover stopped at MAX_ATTEMPTS counted across clusters, so a job that
+    had failed on other clusters failed for good at its first failure on a new one."""
+    east, west = two
+    job = submit(world, "wanderer", choice={"prefer": {"region": "eu-east"}}, gpu_count=1)
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    assert job.cluster == east and job.state == JobState.STARTING
+    # Its earlier attempts were elsewhere (west's failures); east's API server is gone.
+    Job.objects.filter(pk=job.pk).update(attempts=services.MAX_ATTEMPTS)
+    Cluster.objects.filter(pk=east.pk).update(backend="kubernetes", api_server="https://127.0.0.1:9")
+    assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED and job.cluster_id is None  # its first failure on east
+    assert multicluster.dispatch_failures(job.cluster_choice, "east") == 1
+    # East failing it MAX_ATTEMPTS times fails it for good.
+    for n in range(2, services.MAX_ATTEMPTS + 1):
+        Job.objects.filter(pk=job.pk).update(cluster=east, state=JobState.STARTING)
+        assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
+        job.refresh_from_db()
+        assert job.state == (JobState.FAILED if n == services.MAX_ATTEMPTS else JobState.QUEUED)
+
+
+def test_a_bulk_submit_of_floating_jobs_reads_the_clusters_once(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: checking each floating job's choice cost three or four queries a job."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def many(prefix: str, n: int) -> int:
+        items = [{"project": world.a.project, "name": f"{prefix}-{i}", "cluster_choice": {"labels": {
+            "accelerator": "nvidia"}}, "groups": [gpu_group(image="registry.example/x86-only:1")]}
+            for i in range(n)]
+        with CaptureQueriesContext(connection) as ctx:
+            services.job_submit_many(actor=world.a.member, jobs=items)
+        return len(ctx.captured_queries)
+
+    x86_image(world)
+    many("warm", 1)  # per-process caches (content types, ...) filled
+    assert many("ten", 10) == many("forty", 40)
