@@ -299,6 +299,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=64, help="global-queue jobs per placement step")
     ap.add_argument("--min-runtime", type=float, default=600.0)
     ap.add_argument("--modes", nargs="+", default=["pinned", "any"])
+    ap.add_argument("--out", default="multicluster.json", help="file name under bench/results/")
     args = ap.parse_args()
     rows = []
     for mode in args.modes:
@@ -329,7 +330,7 @@ def main() -> None:
     load = os.getloadavg()
     print(f"load average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "multicluster.json").write_text(json.dumps(
+    (RESULTS / args.out).write_text(json.dumps(
         {"args": vars(args), "rows": rows, "medians": med, "loadavg": load}, indent=1))
 
 

@@ -242,7 +242,6 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     acting.update(int(v) for st in statuses if isinstance(st.decision, E.Preempt)
                   for v in st.decision.victims)
     models_ = selectors.job_models(sorted(acting))
-    here = inputs.cluster.pk if inputs.cluster is not None else None
     for status in statuses:
         row, d = inputs.jobs[status.job], status.decision
         if isinstance(d, (E.Admit, E.Preempt)):
@@ -262,20 +261,20 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
             admits.append((job, d.placement, status))
         elif isinstance(d, E.Preempt):
             preemptions.append((job, d))
-        elif isinstance(d, E.Reject) and job.floating and here is not None:
+        elif isinstance(d, E.Reject) and job.floating and inputs.cluster is not None:
             # A floating job this cluster can never run goes back to the global queue with
             # this cluster refused, instead of being rejected: another cluster may run it (the
             # placement step rejects it once none can). Under this cycle's lock.
             from .placement import job_unplace  # placement imports this module
 
             if job_unplace(job_id=job.pk, reason=f"cluster {inputs.cluster.name} cannot run it: {d.reason}",
-                           refused=d.reason, locked=True, from_cluster=here):
+                           refused=d.reason, locked=True, from_cluster=inputs.cluster.pk):
                 summary.waiting.append(job.pk)
             else:
                 summary.conflicts.append(job.pk)
         elif isinstance(d, E.Reject):
             updated = Job.objects.filter(
-                pk=job.pk, state=JobState.QUEUED, cluster_id=here or job.cluster_id).update(
+                pk=job.pk, state=JobState.QUEUED, cluster=inputs.cluster or job.cluster).update(
                 state=JobState.REJECTED, reason=d.reason[:500], reason_kind=status.kind,
                 queue_position=None, queue_length=None, finished_at=timezone.now(),
             )
@@ -594,8 +593,8 @@ def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, stat
         with transaction.atomic():
             namespace = project_namespace_ensure(cluster=inputs.cluster or job.placed_cluster,
                                                  project=job.project)
-            here = inputs.cluster.pk if inputs.cluster else job.cluster_id
-            if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster_id=here).update(
+            if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED,
+                                      cluster=inputs.cluster or job.placed_cluster).update(
                 state=JobState.STARTING, admitted_at=now, reason="Admitted; creating pods",
                 namespace=namespace,
                 reason_kind=status.kind, queue_position=None, queue_length=None,
