@@ -7,6 +7,7 @@ start soonest; the per-cluster cycle then admits them as any other job.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -557,3 +558,17 @@ def test_a_bulk_submit_of_floating_jobs_reads_the_clusters_once(
     x86_image(world)
     many("warm", 1)  # per-process caches (content types, ...) filled
     assert many("ten", 10) == many("forty", 40)
+
+
+def test_the_admin_home_counts_the_global_queue(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: the admin home's waiting counts are per cluster, so floating jobs no
+    cluster has taken yet were counted nowhere."""
+    east, west = two
+    Cluster.objects.update(unreachable_since=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    for i in range(3):
+        submit(world, f"float-{i}", gpu_count=1)
+    multicluster.placement_run()
+    assert Job.objects.filter(cluster__isnull=True, state=JobState.QUEUED).count() == 3
+    page = client_for(world.admin).get("/").content.decode()
+    assert "Global queue: <strong>3</strong> jobs submitted for any of several clusters" in page
+    assert "Global queue" not in client_for(world.a.owner).get("/").content.decode()
