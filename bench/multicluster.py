@@ -129,6 +129,7 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
     token: dict[str, str] = {}
     where: dict[str, str] = {}
     never: set[str] = set()
+    refused: dict[str, dict[str, str]] = {}  # any: job → clusters whose cycle found it can never run there
     waited: dict[str, float] = {}
     allocated, area, last_t, preemptions = 0.0, 0.0, None, 0
     t0 = time.perf_counter()
@@ -170,10 +171,17 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
                     heapq.heappush(events, (t + sim.duration[d.job], 0, d.job, tok))
             for s in res.statuses.values():
                 if s.kind in NEVER_KINDS and s.job in c.pending:
-                    never.add(s.job)
-                    c.pending.pop(s.job)
+                    job = c.pending.pop(s.job)
                     bound.pop(s.job, None)
                     progressed = True
+                    if mode == "any":
+                        # As the service (cycle._apply): a floating job a cluster's cycle can
+                        # never run goes back to the global queue with that cluster refused; the
+                        # placement step counts it "never" once no cluster is left.
+                        refused.setdefault(s.job, {})[c.name] = str(s.kind)
+                        floating[s.job] = job
+                    else:
+                        never.add(s.job)
             if not progressed:
                 return
 
@@ -213,7 +221,8 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
             if cur is not None:  # not counted as queued where it is while it is being reconsidered
                 trials[cur].queued_gpus -= M.job_gpus(job)
             choice = M.choose({n: job for n in trials}, tenant, M.ClusterChoice(),
-                              M.JobNeeds(gpus=M.job_gpus(job)), list(trials.values()))
+                              M.JobNeeds(gpus=M.job_gpus(job)), list(trials.values()),
+                              refused=refused.get(job.name))
             if choice.cluster is None or choice.probe is None:
                 if cur is None:
                     never.add(job.name)
