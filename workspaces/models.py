@@ -350,8 +350,8 @@ class ModelService(models.Model):
     cpu_millicores = models.PositiveIntegerField(default=2000)
     ram_mib = models.PositiveIntegerField(default=16384)
     min_replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(64)])
-    max_replicas = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1),
-                                                                           MaxValueValidator(64)])
+    max_replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(64)],
+                                                    help_text="0 stops the service.")
     autoscale_metric = models.CharField(max_length=12, choices=AutoscaleMetric.choices,
                                         default=AutoscaleMetric.CONCURRENCY)
     autoscale_target = models.FloatField(default=8.0, validators=[MinValueValidator(0.01)],
@@ -407,6 +407,8 @@ class ServiceReplica(models.Model):
     job = models.OneToOneField("scheduling.Job", on_delete=models.CASCADE, related_name="service_replica")
     revision = models.PositiveIntegerField()
     number = models.PositiveIntegerField()
+    spec = models.JSONField(default=dict, blank=True,
+                            help_text="Its revision's server settings (args, env, model, port, health path).")
     removed_reason = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
