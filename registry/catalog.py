@@ -2,9 +2,10 @@
 
 PyTorch, TensorFlow and PaddlePaddle, each for JupyterLab, VS Code (code-server) and
 training; and three inference servers for model services (vLLM's OpenAI-compatible server,
-NVIDIA Triton Inference Server, Hugging Face Text Generation Inference). The Jupyter images are the Jupyter Docker Stacks' CUDA builds; the code-server
-variants are Camp's thin layers over the same bases (docs/WORKLOADS.md says how to build
-them); the training images are the frameworks' own. Admins may edit or disable any of them.
+NVIDIA Triton Inference Server, Hugging Face Text Generation Inference). The Jupyter
+images are the Jupyter Docker Stacks' CUDA builds; the code-server variants are Camp's thin
+layers over the same bases (docs/WORKLOADS.md says how to build them); the training images
+are the frameworks' own. Admins may edit or disable any of them.
 """
 
 from __future__ import annotations

@@ -80,7 +80,25 @@ def clean_shape(data: Mapping[str, Any]) -> None:
 def kind_check(kind: WorkloadKind, *, project: Project, cluster: Cluster, row: Any) -> None:
     """Validate the shape of one run and refuse what could never fit within a limit."""
     clean_shape({f: getattr(row, f) for f in SHAPE_FIELDS})
+    _refuse_if_no_card_fits(cluster, row)
     refuse_if_never_within_limits(project=project, cluster=cluster, groups=kind.groups(row))
+
+
+def _refuse_if_no_card_fits(cluster: Cluster, row: Any) -> None:
+    """A slice larger than every card of the cluster could never be placed."""
+    from django.core.exceptions import ValidationError
+    from django.db.models import Max
+
+    from scheduling.models import GpuDevice
+
+    mem = getattr(row, "gpu_memory_mib", 0)
+    if not mem:
+        return
+    largest = GpuDevice.objects.filter(node__cluster=cluster, node__present=True).aggregate(
+        m=Max("memory_mib"))["m"]
+    if largest is not None and mem > largest:
+        raise ValidationError({"gpu_memory_mib": [
+            f"{mem} MiB per GPU: the largest GPU of cluster {cluster.name} has {largest} MiB."]})
 
 
 def kind_run(kind: WorkloadKind, *, actor: User, row: Any, name: str) -> Job:

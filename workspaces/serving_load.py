@@ -88,7 +88,7 @@ def recommend(*, metric: str, target: float, load: float, ready: int, current: i
             and idle_for >= scale_to_zero_seconds:
         floor = 0
     raw = min(max(raw, floor), max_replicas)
-    kept = [w for w in window if now - w[0] < window_seconds] + [[now, float(raw)]]
+    kept = [w for w in window if 0 <= now - w[0] < window_seconds] + [[now, float(raw)]]
     if raw >= current:
         desired = raw
         why = "scale up" if raw > current else "steady"
