@@ -22,7 +22,7 @@ from registry import services as registry_services
 from registry.models import Image
 from scheduling import services as scheduling_services
 from tests.conftest import World, client_for
-from workspaces import serving, services
+from workspaces import services, serving
 
 from .conftest import SMALL_INVENTORY
 from .test_ssh_keys import public_key

@@ -49,7 +49,8 @@ PROFILE = {"base": 0, "peak": 24, "peak_hour": 14, "burst": 0}
 
 
 def _cluster(world: Any, inventory: str, name: str = "sim") -> Any:
-    cluster = scheduling.cluster_create(actor=world.admin, name=name, backend="simulated", inventory=inventory)
+    cluster = scheduling.cluster_create(actor=world.admin, name=name, backend="simulated",
+                                        inventory=inventory)
     scheduling.inventory_sync(cluster=cluster)
     return cluster
 

@@ -38,7 +38,7 @@ def test_create_scale_rollout_delete_through_the_api(world: Any, sim_cluster: An
                        HTTP_X_REQUEST_ID="req-svc-1")
     assert made.status_code == 201, made.content
     svc = made.json()
-    assert svc["desired_replicas"] == 1 and svc["status"] == "pending" and svc["priority_class"] == "inference"
+    assert (svc["desired_replicas"], svc["status"], svc["priority_class"]) == (1, "pending", "inference")
     assert [r["job"]["state"] for r in svc["replicas"]] == ["queued"]
     assert svc["image_reference"] == "docker.io/vllm/vllm-openai:v0.6.3"
     assert svc["endpoint"].startswith(f"http://svc-{svc['id']}-chat.") and svc["endpoint"].endswith(":8000")
@@ -52,7 +52,8 @@ def test_create_scale_rollout_delete_through_the_api(world: Any, sim_cluster: An
     seen = client_for(world.a.project_admin).get(f"{URL}{svc['id']}/").json()
     assert seen["env"] == {"HF_TOKEN": "hf_secret"}  # a project admin may change it: sees it
     rolled = member.post(f"{URL}{svc['id']}/rollout/", {"args": ["--max-model-len", "8192"]}, format="json")
-    assert rolled.status_code == 200 and rolled.json()["revision"] == 2 and rolled.json()["status"] == "rolling"
+    assert rolled.status_code == 200
+    assert (rolled.json()["revision"], rolled.json()["status"]) == (2, "rolling")
     patched = member.patch(f"{URL}{svc['id']}/", {"max_replicas": 4, "autoscale_target": 4}, format="json")
     assert patched.status_code == 200 and patched.json()["revision"] == 2  # scaling only: no new revision
     gone = member.delete(f"{URL}{svc['id']}/")
