@@ -1,7 +1,7 @@
 """One submission path for workload kinds (issue 14).
 
-A workload kind (a model service today; dev environments and training jobs are still on
-their own paths in ``services.py``, see docs/ARCHITECTURE.md) is described once by a
+A workload kind (a model service today: ``services/serving.py``; dev environments and
+training jobs are still on their own paths in ``services/``, see docs/ARCHITECTURE.md) is described once by a
 :class:`WorkloadKind`: the pod groups of one run, the scheduling options of its jobs, its
 shape fields, how a scheduling Job leads back to the workload row, what its pods look like
 (container ports, probes, volumes, extra Kubernetes objects) and how a job state reads to
@@ -72,7 +72,7 @@ def register_kind(kind: WorkloadKind) -> WorkloadKind:
 
 def clean_shape(data: Mapping[str, Any]) -> None:
     """The per-pod shape rules every kind shares (the same as environments' and training's)."""
-    from .services import _clean_shape
+    from .services.common import _clean_shape
 
     _clean_shape(dict(data))
 
@@ -104,7 +104,7 @@ def _refuse_if_no_card_fits(cluster: Cluster, row: Any) -> None:
 def kind_run(kind: WorkloadKind, *, actor: User, row: Any, name: str) -> Job:
     """Queue one run of ``row``: a scheduling Job (audited ``job.submitted``, a cycle
     requested after commit); name clashes are reported on the workload's ``name``."""
-    from .services import _submit_run
+    from .services.common import _submit_run
 
     return _submit_run(actor=actor, project=row.project, cluster=row.cluster, name=name,
                        kind=kind.job_kind, groups=kind.groups(row), **kind.job_options(row))

@@ -317,7 +317,7 @@ class ModelService(models.Model):
     """An online model server (vLLM, Triton, TGI, ...): ``desired_replicas`` identical
     replicas behind one Service. Each replica is one ``scheduling.Job`` of kind ``service``
     (``ServiceReplica``), so queueing, quotas, preemption, fractional placement and
-    why-pending are the scheduler's; the autoscaler (workspaces/serving.py) only decides how
+    why-pending are the scheduler's; the autoscaler (workspaces/services/serving.py) only decides how
     many replicas there should be."""
 
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="model_services")

@@ -185,7 +185,7 @@ def job_why(job: Job | None) -> dict[str, Any]:
             "queue_position": job.queue_position, "queue_length": job.queue_length, "hint": hint}
 
 
-# --- model services (workspaces/serving.py) ----------------------------------------------------
+# --- model services (workspaces/services/serving.py) ----------------------------------------------------
 
 
 def model_services(user: Any, *, project: Project | None = None) -> QuerySet[ModelService]:

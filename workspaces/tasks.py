@@ -62,7 +62,5 @@ def delete_objects(cluster_id: int, namespace: str, objects: list[list[str] | tu
 @shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
 def services_autoscale() -> dict[str, int]:
     """Beat (``SERVING_AUTOSCALE_SECONDS``): one autoscaler step per model service
-    (workspaces/serving.py): load → desired replicas → replica jobs added or removed."""
-    from .serving import model_services_autoscale
-
-    return model_services_autoscale()
+    (workspaces/services/serving.py): load → desired replicas → replica jobs added or removed."""
+    return services.model_services_autoscale()

@@ -106,7 +106,7 @@ WORKSPACES_TICK_SECONDS = env_int("WORKSPACES_TICK_SECONDS", 30)
 CELERY_BEAT_SCHEDULE["workspaces-tick"] = {
     "task": "workspaces.tasks.workspaces_tick", "schedule": float(WORKSPACES_TICK_SECONDS),
 }
-# Model services (workspaces/serving.py, docs/SERVING.md): the autoscaler's step, and where
+# Model services (workspaces/services/serving.py, docs/SERVING.md): the autoscaler's step, and where
 # it reads load ("simulated": the per-service daily curve; other sources: serving_load.LOAD_SOURCES).
 SERVING_AUTOSCALE_SECONDS = env_int("SERVING_AUTOSCALE_SECONDS", 15)
 SERVING_LOAD_SOURCE = env_str("SERVING_LOAD_SOURCE", "simulated")

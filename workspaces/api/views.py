@@ -18,7 +18,7 @@ from tenants.api.idempotency import IdempotentCreateMixin
 from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import actor_of
 
-from .. import logstream, selectors, services, serving
+from .. import logstream, selectors, services
 from ..models import (
     DevEnvironment,
     ModelService,
@@ -433,15 +433,15 @@ class ModelServiceViewSet(
 
     def perform_create(self, serializer: Any) -> None:
         data = dict(serializer.validated_data)
-        serializer.instance = serving.model_service_create(actor=actor_of(self.request), **data)
+        serializer.instance = services.model_service_create(actor=actor_of(self.request), **data)
 
     def perform_update(self, serializer: Any) -> None:
         data = dict(serializer.validated_data)
-        serializer.instance = serving.model_service_update(
+        serializer.instance = services.model_service_update(
             actor=actor_of(self.request), service=serializer.instance, **data)
 
     def perform_destroy(self, instance: ModelService) -> None:
-        serving.model_service_delete(actor=actor_of(self.request), service=instance)
+        services.model_service_delete(actor=actor_of(self.request), service=instance)
 
     @extend_schema(request=ScaleSerializer, responses=ModelServiceSerializer)
     @action(detail=True, methods=["post"])
@@ -449,7 +449,7 @@ class ModelServiceViewSet(
         """A fixed replica count (``replicas``), or the autoscaler's bounds."""
         body = ScaleSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        svc = serving.model_service_scale(actor=actor_of(request), service=self.get_object(),
+        svc = services.model_service_scale(actor=actor_of(request), service=self.get_object(),
                                           **body.validated_data)
         return self._answer(svc)
 
@@ -459,6 +459,6 @@ class ModelServiceViewSet(
         """A new revision (the changes given, or a restart), one replica at a time."""
         body = RolloutSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
-        svc = serving.model_service_rollout(actor=actor_of(request), service=self.get_object(),
+        svc = services.model_service_rollout(actor=actor_of(request), service=self.get_object(),
                                             **body.validated_data)
         return self._answer(svc)

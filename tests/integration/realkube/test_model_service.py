@@ -14,8 +14,8 @@ from kubernetes.client.exceptions import ApiException
 
 from scheduling.selectors import project_namespace_name
 from tests.integration.scheduling.test_concurrency import celery_worker
-from workspaces import serving
 from workspaces.models import ServiceReplica
+from workspaces.services import serving
 
 from .harness import ALLOCATED, BIND_PHASE, TO_ALLOCATE, camp_pods, hami_devices, wait_until
 from .steps import wait_running

@@ -48,7 +48,8 @@ def test_base_images_are_seeded(world: Any) -> None:
     for fw in ("pytorch", "tensorflow", "paddle"):
         assert {"jupyter", "vscode", "training"} <= {i.variant for i in platform.filter(framework=fw)}
     # Model services' servers (issue 15): vLLM, Triton and TGI.
-    assert set(platform.filter(variant="inference").values_list("name", flat=True)) == {"vllm", "triton", "tgi"}
+    servers = platform.filter(variant="inference").values_list("name", flat=True)
+    assert set(servers) == {"vllm", "triton", "tgi"}
 
 
 @pytest.mark.django_db

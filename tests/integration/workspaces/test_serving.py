@@ -16,9 +16,9 @@ from scheduling import services as scheduling
 from scheduling.models import Allocation, DecisionKind, GpuSlice, Job, JobState, SchedulingDecision
 from tenants.models import AuditEvent
 from tests.integration.scheduling.conftest import gpu_group
-from workspaces import serving
 from workspaces.kinds import KINDS
 from workspaces.models import ModelService, ServiceReplica
+from workspaces.services import serving
 from workspaces.serving_load import simulated_load
 
 from .conftest import advance
