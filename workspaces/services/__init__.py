@@ -52,6 +52,7 @@ from .culling import (
 )
 from .environments import (
     ACTIVE,
+    ENVIRONMENT_KIND,
     VARIANT_OF,
     _env_group,
     _locked_env,
@@ -90,6 +91,7 @@ from .serving import (
 )
 from .training import (
     CHECKPOINT_LINE,
+    TRAINING_KIND,
     _account,
     _gpu_share,
     _run_names,
@@ -170,6 +172,8 @@ __all__ = [
     "_account",
     "_run_names",
     "training_sync",
+    "ENVIRONMENT_KIND",
+    "TRAINING_KIND",
     "AUTOSCALER",
     "LABEL_SERVICE",
     "LABEL_REVISION",

@@ -139,8 +139,8 @@ def _specs(replica: ServiceReplica, job: Job, ns: Any, objs: JobObjects,
 
 
 SERVICE_KIND = register_kind(WorkloadKind(
-    name="service", job_kind="service", groups=_groups, job_options=_job_options,
-    row_of_job=_replica_of_job, specs=_specs,
+    name="service", job_kinds=("service",), job_kind_of=lambda svc: "service", groups=_groups,
+    job_options=_job_options, row_of_job=_replica_of_job, specs=_specs, check_shape=True,
     defaults={"priority_class": PriorityClass.INFERENCE, "preemptible": False},
 ))
 
