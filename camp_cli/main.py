@@ -438,6 +438,8 @@ def serve_status(ctx: click.Context, service: str) -> None:
     """One service: replicas (and why a replica waits), load, revision, endpoint."""
     s = _service(_api(ctx), service)
     click.echo(f"{s['name']} (#{s['id']}) in {s['tenant']}/{s['project_name']}: {s['status']}")
+    if s.get("status_reason"):
+        click.echo(f"why: {s['status_reason']}")
     click.echo(f"replicas: {s['ready_replicas']} ready of {s['desired_replicas']} desired "
                f"(min {s['min_replicas']}, max {s['max_replicas']}); revision {s['revision']}")
     click.echo(f"load: {s['load']:g} ({s['autoscale_metric']}, target {s['autoscale_target']:g} per replica)")

@@ -398,7 +398,7 @@ def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = 
             kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
                        before={"desired_replicas": before},
                        after={"desired_replicas": rec.desired, "load": load, "reason": rec.reason})
-        _converge(svc, actor=None, by=AUTOSCALER)
+        _converge(svc, actor=None, by=AUTOSCALER, retry=False)
     return svc
 
 
@@ -446,10 +446,22 @@ def _running(r: ServiceReplica) -> bool:
     return r.job.state == JobState.RUNNING
 
 
-def _converge(svc: ModelService, *, actor: User | None, by: str) -> dict[str, list[int]]:
+def _rejected(svc: ModelService) -> ServiceReplica | None:
+    """The newest replica of the current revision, if the scheduler rejected it (it can never
+    run as it is: a limit, no node large enough, beyond the guarantee while non-preemptible)."""
+    newest = (svc.replicas.filter(revision=svc.revision).select_related("job").order_by("-number").first())
+    return newest if newest is not None and newest.job.state == JobState.REJECTED else None
+
+
+def _converge(svc: ModelService, *, actor: User | None, by: str, retry: bool = True) -> dict[str, list[int]]:
     """Add or remove replica jobs so that ``desired_replicas`` of the current revision run
-    (the caller holds the service's row lock). Returns the replica numbers added/removed."""
+    (the caller holds the service's row lock). Returns the replica numbers added/removed.
+
+    A rejected replica is not replaced by the autoscaler (``retry=False``): each replacement
+    would be rejected again, every tick. The service shows ``blocked`` with the scheduler's
+    reason until a person scales, changes or rolls it out (``retry=True``)."""
     out: dict[str, list[int]] = {"added": [], "removed": []}
+    rejected = None if retry else _rejected(svc)
     reps = list(svc.replicas.filter(removed_reason="").select_related("job").order_by("number"))
     for r in reps:
         if r.job.is_final:
@@ -465,6 +477,8 @@ def _converge(svc: ModelService, *, actor: User | None, by: str) -> dict[str, li
         out["removed"].append(r.number)
 
     def add() -> None:
+        if rejected is not None:
+            return
         r = _add(svc, actor)
         new.append(r)
         out["added"].append(r.number)
@@ -485,7 +499,7 @@ def _converge(svc: ModelService, *, actor: User | None, by: str) -> dict[str, li
         surplus = sorted(new, key=lambda r: (_running(r), -r.number))[: len(new) - desired]
         for r in surplus:
             remove(r, f"Scaled down to {desired}")
-    _set_status(svc, old)
+    _set_status(svc, old, rejected)
     if out["added"] or out["removed"]:
         kind_audit(SERVICE_KIND, "replicas_changed", svc, actor=actor,
                    actor_username=None if actor is not None else AUTOSCALER,
@@ -493,9 +507,14 @@ def _converge(svc: ModelService, *, actor: User | None, by: str) -> dict[str, li
     return out
 
 
-def _set_status(svc: ModelService, old: list[ServiceReplica]) -> None:
+def _set_status(svc: ModelService, old: list[ServiceReplica], rejected: ServiceReplica | None) -> None:
     ready = (svc.replicas.filter(removed_reason="", job__state=JobState.RUNNING).count())
-    if svc.desired_replicas == 0:
+    reason = ""
+    if rejected is not None and ready < svc.desired_replicas:
+        status = ServiceStatus.BLOCKED
+        reason = (f"Replica {rejected.number} was rejected: {rejected.job.reason} "
+                  f"— change, scale or roll out the service to try again")[:300]
+    elif svc.desired_replicas == 0:
         status = ServiceStatus.IDLE
     elif old:
         status = ServiceStatus.ROLLING
@@ -505,7 +524,7 @@ def _set_status(svc: ModelService, old: list[ServiceReplica]) -> None:
         status = ServiceStatus.DEGRADED
     else:
         status = ServiceStatus.READY
-    if (ready, status) != (svc.ready_replicas, svc.status):
-        svc.ready_replicas, svc.status = ready, status
+    if (ready, status, reason) != (svc.ready_replicas, svc.status, svc.status_reason):
+        svc.ready_replicas, svc.status, svc.status_reason = ready, status, reason
         ModelService.objects.filter(pk=svc.pk).update(ready_replicas=ready, status=status,
-                                                      updated_at=timezone.now())
+                                                      status_reason=reason, updated_at=timezone.now())

@@ -263,3 +263,17 @@ def test_three_models_share_one_80gb_card_as_20_30_30_gb_slices(world: Any) -> N
     gpu = slices[0].gpu
     gpu.refresh_from_db()
     assert gpu.memory_allocated_mib == 81920 and gpu.sharers == 3
+
+
+def test_a_rejected_replica_blocks_the_autoscaler_until_a_person_acts(world: Any) -> None:
+    cluster = _cluster(world, ONE_NODE)
+    svc = _service(world, cluster, gpu_models=["H100-80G"], max_replicas=2)  # this cluster has none
+    advance(cluster)
+    (first,) = svc.replicas.select_related("job")
+    assert first.job.state == JobState.REJECTED
+    for minute in range(3):  # every tick would otherwise queue another doomed replica
+        svc = serving.model_service_autoscale(service=svc, now=PEAK + dt.timedelta(minutes=minute), load=1)
+    assert svc.replicas.count() == 1
+    assert svc.status == "blocked" and "Replica 1 was rejected" in svc.status_reason
+    serving.model_service_scale(actor=world.a.member, service=svc, replicas=1)  # a person retries
+    assert svc.replicas.count() == 2
