@@ -191,8 +191,14 @@ def job_why(job: Job | None) -> dict[str, Any]:
 def model_services(user: Any, *, project: Project | None = None) -> QuerySet[ModelService]:
     """The model services ``user`` may see (newest first), with what a list renders; the API
     and the portal's services pages share it."""
+    from django.db.models import OuterRef, Subquery
+
+    from scheduling.models import ProjectNamespace
+
+    stored = ProjectNamespace.objects.filter(cluster=OuterRef("cluster"), project=OuterRef("project"))
     qs = restrict(ModelService.objects.all(), user).select_related(
-        "tenant", "project", "cluster", "owner", "image")
+        "tenant", "project", "cluster", "owner", "image").annotate(
+        namespace_name=Subquery(stored.values("name")[:1]))
     if project is not None:
         qs = qs.filter(project=project)
     return qs.order_by("-created_at", "-id")
@@ -209,7 +215,12 @@ def service_replicas(service: ModelService, *, removed: bool = False) -> QuerySe
 
 def service_endpoint(service: ModelService) -> str:
     """In-cluster URL of the service (its ClusterIP Service in the project's namespace)."""
+    from scheduling.backends.naming import namespace_name
     from scheduling.selectors import project_namespace_name
 
-    ns = project_namespace_name(cluster=service.cluster, project=service.project)
+    if hasattr(service, "namespace_name"):  # model_services() read it with the row
+        ns = getattr(service, "namespace_name", None) or namespace_name(
+            service.cluster.namespace_prefix, service.project_id, service.project.name)
+    else:
+        ns = project_namespace_name(cluster=service.cluster, project=service.project)
     return f"http://{service.service_name}.{ns}.svc:{service.port}"

@@ -109,3 +109,28 @@ def test_camp_serve_commands(world: Any, sim_cluster: Any, live_server: Any, tmp
     assert deleted.returncode == 0 and not ModelService.objects.filter(name="embedder").exists()
     missing = camp("serve", "status", "embedder")
     assert missing.returncode == 1 and "No model service named embedder" in missing.stdout + missing.stderr
+
+
+def test_the_list_costs_the_same_queries_whatever_its_size(world: Any, sim_cluster: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from workspaces import services
+
+    def make(n: int, start: int) -> None:
+        for i in range(start, start + n):
+            services.model_service_create(actor=world.a.member, project=world.a.project, cluster=sim_cluster,
+                                          name=f"m{i}", image_reference="vllm/vllm-openai:v0.6.3",
+                                          model_source="hf://a/b", gpu_memory_mib=4096, gpu_cores_percent=5,
+                                          ram_mib=1024)
+
+    member = client_for(world.a.member)
+    make(2, 0)
+    advance(sim_cluster, rounds=1)  # a namespace exists now (stored on admission)
+    with CaptureQueriesContext(connection) as few:
+        assert len(member.get(URL).json()["results"]) == 2
+    make(5, 2)
+    with CaptureQueriesContext(connection) as many:
+        body = member.get(URL).json()["results"]
+    assert len(body) == 7 and len(many) == len(few)
+    assert len({row["endpoint"].split(".")[1] for row in body}) == 1  # one project, one namespace
