@@ -277,3 +277,27 @@ def test_a_rejected_replica_blocks_the_autoscaler_until_a_person_acts(world: Any
     assert svc.status == "blocked" and "Replica 1 was rejected" in svc.status_reason
     serving.model_service_scale(actor=world.a.member, service=svc, replicas=1)  # a person retries
     assert svc.replicas.count() == 2
+
+
+def test_scale_up_stays_within_the_projects_limit_and_says_why(world: Any) -> None:
+    """Autoscaled within quota: a 20 GiB / 30 % replica counts 0.3 GPU; a 0.6 GPU project
+    limit admits two of the three replicas the load asks for, the third waits with the reason."""
+    from decimal import Decimal
+
+    from tenants import services as tenant_services
+
+    cluster = _cluster(world, ONE_NODE)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed": Decimal(1), "gpus_limit": Decimal(1)})
+    tenant_services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal("0.6"), "gpus_limit": Decimal("0.6")})
+    svc = _service(world, cluster, min_replicas=1, max_replicas=3, autoscale_target=8, load_profile=PROFILE)
+    svc = serving.model_service_autoscale(service=svc, now=PEAK)
+    assert svc.desired_replicas == 3
+    advance(cluster)
+    svc = serving.model_service_autoscale(service=svc, now=PEAK + dt.timedelta(seconds=15))
+    states = _states(svc)
+    assert sorted(states) == [JobState.QUEUED, JobState.RUNNING, JobState.RUNNING]
+    waiting = next(r.job for r in _live(svc) if r.job.state == JobState.QUEUED)
+    assert "limit" in waiting.reason, waiting.reason
+    assert svc.status == "degraded" and svc.ready_replicas == 2
