@@ -52,9 +52,11 @@ LABEL_SERVICE = "camp.io/service"
 LABEL_REVISION = "camp.io/revision"
 # Replicas run until removed; the simulated backend needs a finite duration.
 REPLICA_DURATION_SECONDS = 30 * 24 * 3600
+# Audited snapshot: environment values often carry secrets (HF_TOKEN), so the append-only
+# log keeps their names only (``_snapshot``).
 SERVICE_FIELDS = (
     "name", "cluster", "image_reference", "model_source_kind", "model_source", "port", "health_path",
-    "args", "env", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive", "gpu_models",
+    "args", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive", "gpu_models",
     "cpu_millicores", "ram_mib", "min_replicas", "max_replicas", "autoscale_metric", "autoscale_target",
     "scale_down_delay_seconds", "scale_to_zero_seconds", "load_profile", "priority_class", "preemptible",
     "revision", "desired_replicas",
@@ -143,6 +145,10 @@ SERVICE_KIND = register_kind(WorkloadKind(
     job_options=_job_options, row_of_job=_replica_of_job, specs=_specs, check_shape=True,
     defaults={"priority_class": PriorityClass.INFERENCE, "preemptible": False},
 ))
+
+
+def _snapshot(svc: ModelService) -> dict[str, Any]:
+    return {**snapshot(svc, SERVICE_FIELDS), "env_names": sorted(svc.env or {})}
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -256,7 +262,7 @@ def model_service_create(*, actor: User, project: Project, cluster: Cluster, nam
     kind_check(SERVICE_KIND, project=project, cluster=cluster, row=svc)
     svc.desired_replicas = min(max(svc.min_replicas, 1), svc.max_replicas)
     _save(svc)
-    kind_audit(SERVICE_KIND, "created", svc, actor=actor, after=snapshot(svc, SERVICE_FIELDS))
+    kind_audit(SERVICE_KIND, "created", svc, actor=actor, after=_snapshot(svc))
     _converge(svc, actor=actor, by=actor.get_username())
     return svc
 
@@ -305,7 +311,7 @@ def model_service_update(*, actor: User, service: ModelService, image: Image | N
     for key in values:
         if key not in allowed:
             raise ValidationError({key: ["This field cannot be changed."]})
-    before = snapshot(svc, SERVICE_FIELDS)
+    before = _snapshot(svc)
     old = {f: getattr(svc, f) for f in REVISION_FIELDS}
     for key, value in values.items():
         if value is not None or key == "scale_to_zero_seconds":
@@ -322,7 +328,7 @@ def model_service_update(*, actor: User, service: ModelService, image: Image | N
     svc.desired_replicas = min(max(svc.desired_replicas, svc.min_replicas), svc.max_replicas)
     _save(svc)
     kind_audit(SERVICE_KIND, "rolled_out" if changed else "updated", svc, actor=actor, before=before,
-               after=snapshot(svc, SERVICE_FIELDS))
+               after=_snapshot(svc))
     _converge(svc, actor=actor, by=actor.get_username())
     return svc
 
@@ -353,7 +359,7 @@ def model_service_delete(*, actor: User, service: ModelService) -> None:
     for r in svc.replicas.select_related("job").exclude(job__state__in=FINAL_STATES):
         _remove(r, f"Service {svc.name} deleted by {by}", by)
     kind_audit(SERVICE_KIND, "deleted", svc, actor=actor,
-               before={**snapshot(svc, SERVICE_FIELDS), "status": svc.status})
+               before={**_snapshot(svc), "status": svc.status})
     from scheduling.selectors import project_namespace_name
 
     ns = project_namespace_name(cluster=svc.cluster, project=svc.project)

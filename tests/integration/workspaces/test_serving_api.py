@@ -44,6 +44,8 @@ def test_create_scale_rollout_delete_through_the_api(world: Any, sim_cluster: An
     assert svc["endpoint"].startswith(f"http://svc-{svc['id']}-chat.") and svc["endpoint"].endswith(":8000")
     created = AuditEvent.objects.get(action="service.created", target_id=str(svc["id"]))
     assert created.request_id == "req-svc-1" and created.actor_id == world.a.member.pk
+    # The append-only log keeps the environment's names, never its values (secrets).
+    assert created.after["env_names"] == ["HF_TOKEN"] and "hf_secret" not in str(created.after)
     advance(sim_cluster)
     scaled = member.post(f"{URL}{svc['id']}/scale/", {"replicas": 2}, format="json")
     assert scaled.status_code == 200 and scaled.json()["desired_replicas"] == 2
@@ -60,6 +62,8 @@ def test_create_scale_rollout_delete_through_the_api(world: Any, sim_cluster: An
     assert gone.status_code == 204 and not ModelService.objects.exists()
     assert not Job.objects.filter(kind="service").exclude(state__in=["cancelled"]).exists()
     assert AuditEvent.objects.filter(action="service.deleted", target_id=str(svc["id"])).exists()
+    logged = AuditEvent.objects.filter(target_type__contains="modelservice").values_list("before", "after")
+    assert logged and not any("hf_secret" in str(pair) for pair in logged)
 
 
 def test_a_foreign_tenant_sees_nothing(world: Any, sim_cluster: Any) -> None:
