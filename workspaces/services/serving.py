@@ -378,9 +378,9 @@ def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = 
     window, to zero after the idle window), audit a change as ``service.scaled`` by
     ``autoscaler``, then converge the replicas (also replacing ended ones and moving a
     rollout on)."""
-    now = now or timezone.now()
     with transaction.atomic():
         svc = _locked(service.pk)
+        now = now or timezone.now()  # read after the lock: a step that waited is not in the past
         load = load_of(svc, now) if load is None else float(load)
         if load > 0:
             svc.idle_since = None
@@ -408,18 +408,25 @@ def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = 
     return svc
 
 
-def model_services_autoscale(*, now: dt.datetime | None = None) -> dict[str, int]:
-    """Every model service on an enabled cluster, one short transaction each (the beat task)."""
-    done = failed = 0
-    for svc in ModelService.objects.filter(cluster__enabled=True).order_by("pk"):
+def model_services_autoscale(*, now: dt.datetime | None = None,
+                             ids: list[int] | None = None) -> dict[str, int]:
+    """Every model service on an enabled cluster (or those of ``ids``), one short transaction
+    each (the beat task). A service deleted meanwhile is skipped; one refused step (its owner
+    left the project) does not stop the others."""
+    done = failed = gone = 0
+    if ids is None:
+        enabled = ModelService.objects.filter(cluster__enabled=True).order_by("pk")
+        ids = list(enabled.values_list("pk", flat=True))
+    for pk in ids:
         try:
-            model_service_autoscale(service=svc, now=now)
+            model_service_autoscale(service=ModelService(pk=pk), now=now)
             done += 1
+        except ModelService.DoesNotExist:
+            gone += 1
         except (PermissionDenied, ValidationError) as exc:
-            # E.g. the owner left the project: nobody may submit its replicas any more.
-            logger.warning("model service %s: autoscaler step refused: %s", svc.pk, exc)
+            logger.warning("model service %s: autoscaler step refused: %s", pk, exc)
             failed += 1
-    return {"services": done, "failed": failed}
+    return {"services": done, "failed": failed, "gone": gone}
 
 
 # --- converging replicas ------------------------------------------------------------------------
@@ -434,7 +441,13 @@ def _add(svc: ModelService, actor: User | None) -> ServiceReplica:
     submitter = actor if actor is not None else svc.owner
     if submitter is None:
         raise PermissionDenied("The service has no owner to run its replicas as.")
+    # Job names are unique per project and stay in the history: a deleted service of the same
+    # name, or a user's job, may hold the next one; take the next free number.
+    taken = set(Job.objects.filter(project_id=svc.project_id, name__startswith=f"{svc.name}-r{svc.revision}-")
+                .values_list("name", flat=True))
     svc.replica_seq += 1
+    while f"{svc.name}-r{svc.revision}-{svc.replica_seq}" in taken:
+        svc.replica_seq += 1
     svc.save(update_fields=["replica_seq"])
     name = f"{svc.name}-r{svc.revision}-{svc.replica_seq}"
     job = kind_run(SERVICE_KIND, actor=submitter, row=svc, name=name)

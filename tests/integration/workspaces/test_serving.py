@@ -301,3 +301,23 @@ def test_scale_up_stays_within_the_projects_limit_and_says_why(world: Any) -> No
     waiting = next(r.job for r in _live(svc) if r.job.state == JobState.QUEUED)
     assert "limit" in waiting.reason, waiting.reason
     assert svc.status == "degraded" and svc.ready_replicas == 2
+
+
+def test_replica_names_skip_names_taken_by_history_or_other_jobs(world: Any) -> None:
+    cluster = _cluster(world, ONE_NODE)
+    svc = _service(world, cluster)
+    serving.model_service_delete(actor=world.a.member, service=svc)
+    scheduling.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster, name="chat-r1-2",
+                          groups=[gpu_group(gpu_count=0)])  # a user's job with a replica-like name
+    again = _service(world, cluster, min_replicas=2, max_replicas=2)  # same name, new service
+    assert [r.job.name for r in _live(again)] == ["chat-r1-3", "chat-r1-4"]
+
+
+def test_the_autoscaler_tick_skips_a_service_deleted_meanwhile(world: Any) -> None:
+    cluster = _cluster(world, ONE_NODE)
+    gone, kept = _service(world, cluster, name="gone"), _service(world, cluster, name="kept")
+    ids = [gone.pk, kept.pk]
+    serving.model_service_delete(actor=world.a.member, service=gone)
+    assert serving.model_services_autoscale(ids=ids) == {"services": 1, "failed": 0, "gone": 1}
+    kept.refresh_from_db()
+    assert kept.load_at is not None
