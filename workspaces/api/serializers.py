@@ -294,11 +294,17 @@ class ModelServiceSerializer(MaskedEnvMixin, serializers.ModelSerializer[ModelSe
 
 class ModelServiceUpdateSerializer(ModelServiceSerializer):
     """PATCH/PUT: scaling settings apply at once; image, args, env, model or shape is a new
-    revision (rolled out replica by replica)."""
+    revision (rolled out replica by replica). Where it runs and its priority stay (declared
+    fields ignore ``read_only_fields``, hence declared again here)."""
+
+    name = serializers.CharField(read_only=True)
+    project = serializers.PrimaryKeyRelatedField(read_only=True)
+    cluster = serializers.CharField(source="cluster.name", read_only=True)
+    priority_class = serializers.CharField(read_only=True)
+    preemptible = serializers.BooleanField(read_only=True)
 
     class Meta(ModelServiceSerializer.Meta):
-        read_only_fields = [*ModelServiceSerializer.Meta.read_only_fields, "name", "project", "cluster",
-                            "priority_class", "preemptible"]
+        pass
 
 
 class ScaleSerializer(serializers.Serializer[Any]):

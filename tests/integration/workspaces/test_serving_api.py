@@ -58,6 +58,11 @@ def test_create_scale_rollout_delete_through_the_api(world: Any, sim_cluster: An
     assert (rolled.json()["revision"], rolled.json()["status"]) == (2, "rolling")
     patched = member.patch(f"{URL}{svc['id']}/", {"max_replicas": 4, "autoscale_target": 4}, format="json")
     assert patched.status_code == 200 and patched.json()["revision"] == 2  # scaling only: no new revision
+    # PUT takes the whole representation back (read-only fields ignored, not refused).
+    whole = {k: v for k, v in patched.json().items() if v is not None}
+    put = member.put(f"{URL}{svc['id']}/", {**whole, "min_replicas": 2, "project": 999999}, format="json")
+    assert put.status_code == 200, put.content
+    assert put.json()["min_replicas"] == 2 and put.json()["project"] == world.a.project.pk
     gone = member.delete(f"{URL}{svc['id']}/")
     assert gone.status_code == 204 and not ModelService.objects.exists()
     assert not Job.objects.filter(kind="service").exclude(state__in=["cancelled"]).exists()
