@@ -381,31 +381,49 @@ def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = 
     with transaction.atomic():
         svc = _locked(service.pk)
         now = now or timezone.now()  # read after the lock: a step that waited is not in the past
-        load = load_of(svc, now) if load is None else float(load)
-        if load > 0:
-            svc.idle_since = None
-        elif svc.idle_since is None:
-            svc.idle_since = now
-        idle_for = (now - svc.idle_since).total_seconds() if svc.idle_since else None
-        rec = recommend(metric=svc.autoscale_metric, target=svc.autoscale_target, load=load,
-                        ready=svc.ready_replicas, current=svc.desired_replicas,
-                        min_replicas=svc.min_replicas, max_replicas=svc.max_replicas,
-                        window=list(svc.recommendations or []), window_seconds=svc.scale_down_delay_seconds,
-                        now=now.timestamp(), idle_for=idle_for,
-                        scale_to_zero_seconds=svc.scale_to_zero_seconds)
-        before = svc.desired_replicas
-        svc.load, svc.load_at, svc.recommendations = load, now, rec.window
-        if svc.max_replicas == 0:
-            rec = dataclasses.replace(rec, desired=0)
-        svc.desired_replicas = rec.desired
-        svc.save(update_fields=["load", "load_at", "idle_since", "recommendations", "desired_replicas",
-                                "updated_at"])
-        if rec.desired != before:
-            kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
-                       before={"desired_replicas": before},
-                       after={"desired_replicas": rec.desired, "load": load, "reason": rec.reason})
+        measured = load_of(svc, now) if load is None else float(load)
+        if measured is None:
+            _hold(svc)  # no load source for this cluster: never scale on made-up numbers
+        else:
+            _scale_on(svc, measured, now)
         _converge(svc, actor=None, by=AUTOSCALER, retry=False)
     return svc
+
+
+def _hold(svc: ModelService) -> None:
+    """Without a load reading the service keeps its replica count (within its bounds)."""
+    floor = 0 if svc.max_replicas == 0 else max(svc.min_replicas, 1)
+    held = min(max(svc.desired_replicas, floor), svc.max_replicas)
+    if held != svc.desired_replicas:
+        kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
+                   before={"desired_replicas": svc.desired_replicas},
+                   after={"desired_replicas": held, "reason": "no load source: held within min/max"})
+        svc.desired_replicas = held
+        svc.save(update_fields=["desired_replicas", "updated_at"])
+
+
+def _scale_on(svc: ModelService, load: float, now: dt.datetime) -> None:
+    if load > 0:
+        svc.idle_since = None
+    elif svc.idle_since is None:
+        svc.idle_since = now
+    idle_for = (now - svc.idle_since).total_seconds() if svc.idle_since else None
+    rec = recommend(metric=svc.autoscale_metric, target=svc.autoscale_target, load=load,
+                    ready=svc.ready_replicas, current=svc.desired_replicas,
+                    min_replicas=svc.min_replicas, max_replicas=svc.max_replicas,
+                    window=list(svc.recommendations or []), window_seconds=svc.scale_down_delay_seconds,
+                    now=now.timestamp(), idle_for=idle_for, scale_to_zero_seconds=svc.scale_to_zero_seconds)
+    before = svc.desired_replicas
+    svc.load, svc.load_at, svc.recommendations = load, now, rec.window
+    if svc.max_replicas == 0:
+        rec = dataclasses.replace(rec, desired=0)
+    svc.desired_replicas = rec.desired
+    svc.save(update_fields=["load", "load_at", "idle_since", "recommendations", "desired_replicas",
+                            "updated_at"])
+    if rec.desired != before:
+        kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
+                   before={"desired_replicas": before},
+                   after={"desired_replicas": rec.desired, "load": load, "reason": rec.reason})
 
 
 def model_services_autoscale(*, now: dt.datetime | None = None,

@@ -321,3 +321,21 @@ def test_the_autoscaler_tick_skips_a_service_deleted_meanwhile(world: Any) -> No
     assert serving.model_services_autoscale(ids=ids) == {"services": 1, "failed": 0, "gone": 1}
     kept.refresh_from_db()
     assert kept.load_at is not None
+
+
+def test_no_made_up_load_for_real_clusters_nor_an_unknown_source(world: Any) -> None:
+    from django.test import override_settings
+
+    from scheduling.models import Cluster
+
+    cluster = _cluster(world, ONE_NODE)
+    svc = _service(world, cluster, min_replicas=1, max_replicas=3, load_profile=PROFILE)
+    with override_settings(SERVING_LOAD_SOURCE="prometheus"):  # not registered here
+        svc = serving.model_service_autoscale(service=svc, now=PEAK)
+    assert svc.desired_replicas == 1 and svc.load_at is None
+    # The simulated curve is for simulated clusters only (a stand-in for a Kubernetes cluster:
+    # its backend field, which is all load_of reads).
+    Cluster.objects.filter(pk=cluster.pk).update(backend="kubernetes")
+    svc = serving.model_service_autoscale(service=svc, now=PEAK)
+    assert svc.desired_replicas == 1 and svc.load_at is None
+    assert not AuditEvent.objects.filter(action="service.scaled", actor_username="autoscaler").exists()
