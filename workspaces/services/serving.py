@@ -483,22 +483,38 @@ def _running(r: ServiceReplica) -> bool:
     return r.job.state == JobState.RUNNING
 
 
-def _rejected(svc: ModelService) -> ServiceReplica | None:
-    """The newest replica of the current revision, if the scheduler rejected it (it can never
-    run as it is: a limit, no node large enough, beyond the guarantee while non-preemptible)."""
-    newest = (svc.replicas.filter(revision=svc.revision).select_related("job").order_by("-number").first())
-    return newest if newest is not None and newest.job.state == JobState.REJECTED else None
+CRASH_LIMIT = 3
+CRASH_WINDOW = dt.timedelta(minutes=10)
+
+
+def _blocking(svc: ModelService) -> tuple[ServiceReplica, str] | None:
+    """Why the autoscaler must not add replicas of the current revision, if it must not: its
+    newest replica was rejected by the scheduler (it can never run as it is: a limit, no node
+    with an allowed GPU, non-preemptible beyond the guarantee), or ``CRASH_LIMIT`` replicas
+    failed within ``CRASH_WINDOW`` (a crashing image or model) — each replacement would end
+    the same way, every tick."""
+    mine = svc.replicas.filter(revision=svc.revision).select_related("job").order_by("-number")
+    newest = mine.first()
+    if newest is not None and newest.job.state == JobState.REJECTED:
+        return newest, f"Replica {newest.number} was rejected: {newest.job.reason}"
+    failed = list(mine.filter(job__state=JobState.FAILED,
+                              job__finished_at__gte=timezone.now() - CRASH_WINDOW)[:CRASH_LIMIT])
+    if len(failed) >= CRASH_LIMIT:
+        minutes = int(CRASH_WINDOW.total_seconds() // 60)
+        return failed[0], (f"{CRASH_LIMIT} replicas of revision {svc.revision} failed within {minutes} "
+                           f"minutes (latest: {failed[0].job.reason})")
+    return None
 
 
 def _converge(svc: ModelService, *, actor: User | None, by: str, retry: bool = True) -> dict[str, list[int]]:
     """Add or remove replica jobs so that ``desired_replicas`` of the current revision run
     (the caller holds the service's row lock). Returns the replica numbers added/removed.
 
-    A rejected replica is not replaced by the autoscaler (``retry=False``): each replacement
-    would be rejected again, every tick. The service shows ``blocked`` with the scheduler's
-    reason until a person scales, changes or rolls it out (``retry=True``)."""
+    The autoscaler (``retry=False``) adds nothing while ``_blocking`` says so; the service
+    shows ``blocked`` with the reason until a person scales, changes or rolls it out
+    (``retry=True``)."""
     out: dict[str, list[int]] = {"added": [], "removed": []}
-    rejected = None if retry else _rejected(svc)
+    blocked = None if retry else _blocking(svc)
     reps = list(svc.replicas.filter(removed_reason="").select_related("job").order_by("number"))
     for r in reps:
         if r.job.is_final:
@@ -514,7 +530,7 @@ def _converge(svc: ModelService, *, actor: User | None, by: str, retry: bool = T
         out["removed"].append(r.number)
 
     def add() -> None:
-        if rejected is not None:
+        if blocked is not None:
             return
         r = _add(svc, actor)
         new.append(r)
@@ -536,7 +552,7 @@ def _converge(svc: ModelService, *, actor: User | None, by: str, retry: bool = T
         surplus = sorted(new, key=lambda r: (_running(r), -r.number))[: len(new) - desired]
         for r in surplus:
             remove(r, f"Scaled down to {desired}")
-    _set_status(svc, old, rejected)
+    _set_status(svc, old, blocked[1] if blocked else "")
     if out["added"] or out["removed"]:
         kind_audit(SERVICE_KIND, "replicas_changed", svc, actor=actor,
                    actor_username=None if actor is not None else AUTOSCALER,
@@ -544,13 +560,12 @@ def _converge(svc: ModelService, *, actor: User | None, by: str, retry: bool = T
     return out
 
 
-def _set_status(svc: ModelService, old: list[ServiceReplica], rejected: ServiceReplica | None) -> None:
+def _set_status(svc: ModelService, old: list[ServiceReplica], blocked: str) -> None:
     ready = (svc.replicas.filter(removed_reason="", job__state=JobState.RUNNING).count())
     reason = ""
-    if rejected is not None and ready < svc.desired_replicas:
+    if blocked and ready < svc.desired_replicas:
         status = ServiceStatus.BLOCKED
-        reason = (f"Replica {rejected.number} was rejected: {rejected.job.reason} "
-                  f"— change, scale or roll out the service to try again")[:300]
+        reason = f"{blocked} — change, scale or roll out the service to try again"[:300]
     elif svc.desired_replicas == 0:
         status = ServiceStatus.IDLE
     elif old:

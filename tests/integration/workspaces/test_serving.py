@@ -339,3 +339,21 @@ def test_no_made_up_load_for_real_clusters_nor_an_unknown_source(world: Any) -> 
     svc = serving.model_service_autoscale(service=svc, now=PEAK)
     assert svc.desired_replicas == 1 and svc.load_at is None
     assert not AuditEvent.objects.filter(action="service.scaled", actor_username="autoscaler").exists()
+
+
+def test_a_crashing_revision_blocks_the_autoscaler_after_three_failures(world: Any) -> None:
+    from django.utils import timezone
+
+    cluster = _cluster(world, ONE_NODE)
+    svc = _service(world, cluster)
+    for _ in range(3):
+        (live,) = _live(svc)
+        # Stand-in for a crashing server (the simulated backend's pods do not crash): the
+        # replica's job ends FAILED as reconcile ends a job whose pod failed.
+        Job.objects.filter(pk=live.job_id).update(state=JobState.FAILED, reason="pod server-0 failed",
+                                                  finished_at=timezone.now())
+        svc = serving.model_service_autoscale(service=svc, load=1)
+    assert svc.replicas.count() == 3 and _live(svc) == []  # no fourth doomed replica
+    assert svc.status == "blocked" and "3 replicas of revision 1 failed" in svc.status_reason
+    svc = serving.model_service_rollout(actor=world.a.member, service=svc, args=["--fixed"])
+    assert len(_live(svc)) == 1 and svc.revision == 2
