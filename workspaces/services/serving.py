@@ -238,6 +238,21 @@ def _locked(pk: int) -> ModelService:
             .select_related("tenant", "project", "cluster", "owner", "image").get(pk=pk))
 
 
+def _refuse_min_beyond_limits(svc: ModelService) -> None:
+    """``min_replicas`` replicas must fit within the project's limits together (one replica is
+    ``kind_check``'s); otherwise the floor could never be reached: a 400 naming min_replicas."""
+    if svc.min_replicas <= 1:
+        return
+    from ..quota import refuse_if_never_within_limits
+
+    groups = [{**g, "replicas": svc.min_replicas} for g in _groups(svc)]
+    try:
+        refuse_if_never_within_limits(project=svc.project, cluster=svc.cluster, groups=groups)
+    except ValidationError as exc:
+        why = " ".join(m for msgs in exc.message_dict.values() for m in msgs)
+        raise ValidationError({"min_replicas": [f"{svc.min_replicas} replicas: {why}"]}) from exc
+
+
 # --- writes -------------------------------------------------------------------------------------
 
 
@@ -260,6 +275,7 @@ def model_service_create(*, actor: User, project: Project, cluster: Cluster, nam
         variant_label="inference server")
     _clean(svc)
     kind_check(SERVICE_KIND, project=project, cluster=cluster, row=svc)
+    _refuse_min_beyond_limits(svc)
     svc.desired_replicas = min(max(svc.min_replicas, 1), svc.max_replicas)
     _save(svc)
     kind_audit(SERVICE_KIND, "created", svc, actor=actor, after=_snapshot(svc))
@@ -289,6 +305,7 @@ def model_service_scale(*, actor: User, service: ModelService, replicas: int | N
     if svc.min_replicas < 0 or svc.max_replicas < 0:
         raise ValidationError({"replicas": ["Replica counts cannot be negative."]})
     _clean_scaling(svc)
+    _refuse_min_beyond_limits(svc)
     floor = svc.min_replicas if svc.min_replicas or svc.max_replicas == 0 else min(1, svc.max_replicas)
     svc.desired_replicas = min(max(svc.desired_replicas, floor), svc.max_replicas)
     svc.save()
@@ -321,6 +338,7 @@ def model_service_update(*, actor: User, service: ModelService, image: Image | N
             project=svc.project, image=image, image_reference=values.get("image_reference") or "",
             variant=Variant.INFERENCE, variant_label="inference server")
     _clean(svc)
+    _refuse_min_beyond_limits(svc)
     changed = any(getattr(svc, f) != old[f] for f in REVISION_FIELDS)
     if changed:
         kind_check(SERVICE_KIND, project=svc.project, cluster=svc.cluster, row=svc)
@@ -338,14 +356,17 @@ def model_service_rollout(*, actor: User, service: ModelService, image: Image | 
     """A new revision: with changes (image, args, env, model, ...) those; without, a restart
     of every replica. Rolled out one replica at a time (the module docstring)."""
     with transaction.atomic():
-        svc = model_service_update(actor=actor, service=service, image=image, **values)
-        if svc.revision == service.revision:  # nothing changed: restart on a new revision
-            svc = _locked(svc.pk)
-            svc.revision += 1
-            svc.save(update_fields=["revision", "updated_at"])
-            kind_audit(SERVICE_KIND, "rolled_out", svc, actor=actor, after={"revision": svc.revision,
-                                                                           "reason": "restart"})
-            _converge(svc, actor=actor, by=actor.get_username())
+        svc = _locked(service.pk)
+        _require(actor, permissions.CHANGE, svc)
+        old = {f: getattr(svc, f) for f in REVISION_FIELDS}
+        if image is not None or any(k in REVISION_FIELDS and v is not None and v != old[k]
+                                    for k, v in values.items()):
+            return model_service_update(actor=actor, service=svc, image=image, **values)
+        svc.revision += 1  # nothing changed: restart every replica on a new revision
+        svc.save(update_fields=["revision", "updated_at"])
+        kind_audit(SERVICE_KIND, "rolled_out", svc, actor=actor, before={"revision": svc.revision - 1},
+                   after={"revision": svc.revision, "reason": "restart"})
+        _converge(svc, actor=actor, by=actor.get_username())
     return svc
 
 

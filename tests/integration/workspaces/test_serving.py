@@ -247,6 +247,10 @@ def test_rollout_adds_one_new_replica_at_a_time_and_never_drops_ready_replicas(w
     assert {g.image for r in live for g in r.job.groups.all()} == {"docker.io/vllm/vllm-openai:v0.6.4"}
     assert all(r.spec["args"] == ["--max-model-len", "4096"] for r in live)
     assert AuditEvent.objects.filter(action="service.rolled_out", target_id=str(svc.pk)).count() == 1
+    # A rollout without changes restarts on a new revision, audited once.
+    svc = serving.model_service_rollout(actor=world.a.member, service=svc)
+    assert svc.revision == 3
+    assert AuditEvent.objects.filter(action="service.rolled_out", target_id=str(svc.pk)).count() == 2
 
 
 def test_three_models_share_one_80gb_card_as_20_30_30_gb_slices(world: Any) -> None:
@@ -301,6 +305,10 @@ def test_scale_up_stays_within_the_projects_limit_and_says_why(world: Any) -> No
     waiting = next(r.job for r in _live(svc) if r.job.state == JobState.QUEUED)
     assert "limit" in waiting.reason, waiting.reason
     assert svc.status == "degraded" and svc.ready_replicas == 2
+    # A floor the limit can never hold is refused at once, naming min_replicas.
+    with pytest.raises(ValidationError) as exc:
+        serving.model_service_scale(actor=world.a.member, service=svc, min_replicas=3, max_replicas=3)
+    assert "min_replicas" in exc.value.message_dict and "limit" in str(exc.value.message_dict)
 
 
 def test_replica_names_skip_names_taken_by_history_or_other_jobs(world: Any) -> None:
