@@ -35,7 +35,7 @@ from django.utils import timezone
 from registry.models import Image, Variant
 from registry.services import pull_secret_manifest
 from scheduling import services as scheduling
-from scheduling.backends.base import ExtraObject, JobObjects, PodSpec
+from scheduling.backends.base import LABEL_PROJECT_ID, ExtraObject, JobObjects, PodSpec
 from scheduling.models import FINAL_STATES, Cluster, Job, JobState, PriorityClass, slug_validator
 from tenants import permissions
 from tenants.audit import snapshot
@@ -109,7 +109,8 @@ def _model_env(spec: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any
 def service_manifest(svc: ModelService) -> dict[str, Any]:
     """The ClusterIP Service in front of every replica of ``svc`` (outlives replicas)."""
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": svc.service_name, "labels": {LABEL_SERVICE: str(svc.pk)}},
+            "metadata": {"name": svc.service_name, "labels": {
+                LABEL_SERVICE: str(svc.pk), LABEL_PROJECT_ID: str(svc.project_id)}},
             "spec": {"type": "ClusterIP", "selector": {LABEL_SERVICE: str(svc.pk)},
                      "ports": [{"name": "http", "port": svc.port, "targetPort": "http"}]}}
 
@@ -337,6 +338,9 @@ def model_service_update(*, actor: User, service: ModelService, image: Image | N
         svc.image, svc.image_reference = _resolve_image(
             project=svc.project, image=image, image_reference=values.get("image_reference") or "",
             variant=Variant.INFERENCE, variant_label="inference server")
+    if svc.port != old["port"]:
+        # The ClusterIP Service outlives replicas and is not rewritten on dispatch.
+        raise ValidationError({"port": ["A service's port cannot change; create a new service."]})
     _clean(svc)
     _refuse_min_beyond_limits(svc)
     changed = any(getattr(svc, f) != old[f] for f in REVISION_FIELDS)

@@ -56,6 +56,8 @@ def test_create_scale_rollout_delete_through_the_api(world: Any, sim_cluster: An
     rolled = member.post(f"{URL}{svc['id']}/rollout/", {"args": ["--max-model-len", "8192"]}, format="json")
     assert rolled.status_code == 200
     assert (rolled.json()["revision"], rolled.json()["status"]) == (2, "rolling")
+    port = member.patch(f"{URL}{svc['id']}/", {"port": 9000}, format="json")
+    assert port.status_code == 400 and "port" in port.json()
     patched = member.patch(f"{URL}{svc['id']}/", {"max_replicas": 4, "autoscale_target": 4}, format="json")
     assert patched.status_code == 200 and patched.json()["revision"] == 2  # scaling only: no new revision
     # PUT takes the whole representation back (read-only fields ignored, not refused).
@@ -110,6 +112,10 @@ def test_camp_serve_commands(world: Any, sim_cluster: Any, live_server: Any, tmp
     status = camp("serve", "status", "embedder")
     assert status.returncode == 0
     assert "#1 r1 embedder-r1-1: running" in status.stdout and "#2 r1 embedder-r1-2: queued" in status.stdout
+    updated = camp("serve", "update", "embedder", "--max", "4", "--target", "16")
+    assert updated.returncode == 0 and "max 4" in updated.stdout and "target 16" in updated.stdout
+    svc.refresh_from_db()
+    assert (svc.max_replicas, svc.autoscale_target, svc.revision) == (4, 16, 1)
     rolled = camp("serve", "rollout", "embedder", "--arg", "--max-batch-size=128")
     assert rolled.returncode == 0 and "revision 2" in rolled.stdout
     refused = camp("serve", "scale", "embedder", "--min", "5", "--max", "2")
