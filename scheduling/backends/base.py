@@ -156,6 +156,9 @@ class PodStatus:
     labels: Mapping[str, str] = field(default_factory=dict)
     message: str = ""
     deleting: bool = False
+    ready: bool = False
+    """The pod's Ready condition (its readiness probe passes): a model service's replica
+    takes requests, and counts for a rollout, only then."""
 
 
 @dataclass(frozen=True)

@@ -979,9 +979,11 @@ def _pod_status(p: Any) -> PodStatus:
     meta = p.metadata
     phase = (p.status.phase if p.status else None) or "Pending"
     message = (p.status.message if p.status else None) or ""
+    conditions = (p.status.conditions if p.status else None) or []
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
     return PodStatus(name=meta.name, namespace=meta.namespace or "", phase=phase,
                      labels=dict(meta.labels or {}), message=message,
-                     deleting=bool(meta.deletion_timestamp))
+                     deleting=bool(meta.deletion_timestamp), ready=ready)
 
 
 def _describe(exc: ApiException) -> str:

@@ -280,4 +280,4 @@ def _status(p: SimulatedPod, now: dt.datetime) -> PodStatus:
         phase = "Failed" if p.fail else "Succeeded"
     message = "simulated failure" if phase == "Failed" else ""
     return PodStatus(name=p.name, namespace=p.namespace, phase=phase, labels=p.labels,
-                     message=message)
+                     message=message, ready=phase == "Running")

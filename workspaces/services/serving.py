@@ -16,8 +16,10 @@ be (``_converge``) and asks the queue for them or cancels them:
   ``desired`` or more — a service never drops below its ready count for a rollout;
 * every decision is audited (``service.*``; the autoscaler's as the actor ``autoscaler``).
 
-Replicas are ready when their job is RUNNING; on Kubernetes the pods' readiness probe (the
-health path) decides which of them the Service sends requests to.
+A replica is ready when its job is RUNNING and its pod reports Ready (the readiness probe on
+the health path, read by reconcile and the watcher into ``Allocation.ready``): only ready
+replicas count for a rollout and for ``ready_replicas``, as only they get the Service's
+requests.
 """
 
 from __future__ import annotations
@@ -505,7 +507,10 @@ def _remove(r: ServiceReplica, reason: str, by: str) -> None:
 
 
 def _running(r: ServiceReplica) -> bool:
-    return r.job.state == JobState.RUNNING
+    """Ready: its job runs and its pod reports Ready (the readiness probe on the health path
+    passes; the simulated backend's pods are ready once running)."""
+    allocs = list(r.job.allocations.all())
+    return r.job.state == JobState.RUNNING and bool(allocs) and all(a.ready for a in allocs)
 
 
 CRASH_LIMIT = 3
@@ -540,7 +545,8 @@ def _converge(svc: ModelService, *, actor: User | None, by: str, retry: bool = T
     (``retry=True``)."""
     out: dict[str, list[int]] = {"added": [], "removed": []}
     blocked = None if retry else _blocking(svc)
-    reps = list(svc.replicas.filter(removed_reason="").select_related("job").order_by("number"))
+    reps = list(svc.replicas.filter(removed_reason="").select_related("job")
+                .prefetch_related("job__allocations").order_by("number"))
     for r in reps:
         if r.job.is_final:
             r.removed_reason = f"Ended ({r.job.state}): {r.job.reason}"[:300]
@@ -586,7 +592,8 @@ def _converge(svc: ModelService, *, actor: User | None, by: str, retry: bool = T
 
 
 def _set_status(svc: ModelService, old: list[ServiceReplica], blocked: str) -> None:
-    ready = (svc.replicas.filter(removed_reason="", job__state=JobState.RUNNING).count())
+    ready = (svc.replicas.filter(removed_reason="", job__state=JobState.RUNNING)
+             .exclude(job__allocations__ready=False).filter(job__allocations__isnull=False).distinct().count())
     reason = ""
     if blocked and ready < svc.desired_replicas:
         status = ServiceStatus.BLOCKED

@@ -67,6 +67,10 @@ def test_replicas_service_object_scale_and_delete_on_the_real_apiserver(
         assert obj.spec.selector == {serving.LABEL_SERVICE: str(svc.pk)}
         assert [(p.port, p.target_port) for p in obj.spec.ports] == [(8000, "http")]
 
+        # The pod's Ready condition (set by the kubelet when the probe passes) makes it ready;
+        # no load source measures a real cluster here, so the autoscaler holds one replica.
+        svc = serving.model_service_autoscale(service=svc)
+        assert (svc.ready_replicas, svc.status, svc.desired_replicas) == (1, "ready", 1)
         serving.model_service_scale(actor=world.a.member, service=svc, replicas=2)
         second = ServiceReplica.objects.get(service=svc, number=2)
         wait_running(cluster, second.job)

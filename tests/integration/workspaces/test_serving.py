@@ -365,3 +365,21 @@ def test_a_crashing_revision_blocks_the_autoscaler_after_three_failures(world: A
     assert svc.status == "blocked" and "3 replicas of revision 1 failed" in svc.status_reason
     svc = serving.model_service_rollout(actor=world.a.member, service=svc, args=["--fixed"])
     assert len(_live(svc)) == 1 and svc.revision == 2
+
+
+def test_rollout_waits_for_the_new_replica_to_be_ready_not_just_running(world: Any) -> None:
+    cluster = _cluster(world, ONE_NODE)
+    svc = _service(world, cluster)
+    advance(cluster)
+    svc = serving.model_service_rollout(actor=world.a.member, service=svc, args=["--new"])
+    advance(cluster)
+    new = next(r for r in _live(svc) if r.revision == 2)
+    assert new.job.state == JobState.RUNNING
+    # Stand-in for a readiness probe still failing (the server loads its model): the pod runs
+    # but is not Ready, as reconcile records it from the pod's Ready condition.
+    Allocation.objects.filter(job=new.job).update(ready=False)
+    svc = serving.model_service_autoscale(service=svc, load=1)
+    assert sorted(r.revision for r in _live(svc)) == [1, 2] and svc.status == "rolling"
+    advance(cluster, rounds=1)  # reconcile reads the pod as Ready again
+    svc = serving.model_service_autoscale(service=svc, load=1)
+    assert [r.revision for r in _live(svc)] == [2] and svc.ready_replicas == 1
