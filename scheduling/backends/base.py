@@ -215,6 +215,11 @@ class ClusterBackend(Protocol):
         """Delete one extra object (e.g. a home PVC when its environment is deleted)."""
         ...
 
+    def list_services(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        """(namespace, name, labels) of every Service Camp made that carries ``label`` (a
+        workload's objects that outlive single jobs, swept when their workload is gone)."""
+        ...
+
     def follow_pod_logs(self, namespace: str, name: str, *, tail_lines: int, timeout_seconds: float,
                         stop: threading.Event) -> Iterator[str]:
         """The pod's last ``tail_lines`` lines, then new ones as they are written, until the

@@ -194,6 +194,9 @@ class SimulatedBackend:
     def delete_object(self, namespace: str, kind: str, name: str) -> None:
         return None  # extra objects are implicit in the simulation
 
+    def list_services(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        return []
+
     POLL_SECONDS = 0.5
 
     def follow_pod_logs(self, namespace: str, name: str, *, tail_lines: int, timeout_seconds: float,

@@ -83,6 +83,7 @@ from .serving import (
     model_service_autoscale,
     model_service_create,
     model_service_delete,
+    model_service_objects_sweep,
     model_service_rollout,
     model_service_scale,
     model_service_update,
@@ -184,6 +185,7 @@ __all__ = [
     "model_service_scale",
     "model_service_rollout",
     "model_service_delete",
+    "model_service_objects_sweep",
     "model_service_autoscale",
     "model_services_autoscale",
 ]

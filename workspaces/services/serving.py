@@ -474,6 +474,27 @@ def model_services_autoscale(*, now: dt.datetime | None = None,
     return {"services": done, "failed": failed, "gone": gone}
 
 
+def model_service_objects_sweep(*, cluster: Cluster) -> list[str]:
+    """Delete the Services (labelled ``camp.io/service``) of model services that no longer
+    exist on ``cluster``: their delete task gave up, or a project or tenant was deleted
+    (rows cascade, cluster objects do not). Returns ``namespace/name`` of those deleted."""
+    from scheduling.backends import backend_for
+
+    backend = backend_for(cluster)
+    found = backend.list_services(LABEL_SERVICE)
+    ids = {int(labels[LABEL_SERVICE]) for _, _, labels in found if labels[LABEL_SERVICE].isdigit()}
+    alive = set(ModelService.objects.filter(pk__in=ids, cluster=cluster).values_list("pk", flat=True))
+    removed = []
+    for ns, name, labels in found:
+        owner = labels[LABEL_SERVICE]
+        if owner.isdigit() and int(owner) not in alive:
+            backend.delete_object(ns, "Service", name)
+            removed.append(f"{ns}/{name}")
+    if removed:
+        logger.info("cluster %s: deleted %d Service(s) of deleted model services", cluster.name, len(removed))
+    return removed
+
+
 # --- converging replicas ------------------------------------------------------------------------
 
 
