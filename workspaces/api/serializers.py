@@ -297,10 +297,11 @@ class ModelServiceUpdateSerializer(ModelServiceSerializer):
     revision (rolled out replica by replica). Where it runs and its priority stay (declared
     fields ignore ``read_only_fields``, hence declared again here)."""
 
+    # (DRF replaces a declared field by name; the types differ from the create fields'.)
     name = serializers.CharField(read_only=True)
-    project = serializers.PrimaryKeyRelatedField(read_only=True)
-    cluster = serializers.CharField(source="cluster.name", read_only=True)
-    priority_class = serializers.CharField(read_only=True)
+    project = serializers.PrimaryKeyRelatedField[Any](read_only=True)  # type: ignore[assignment]
+    cluster = serializers.CharField(source="cluster.name", read_only=True)  # type: ignore[assignment]
+    priority_class = serializers.CharField(read_only=True)  # type: ignore[assignment]
     preemptible = serializers.BooleanField(read_only=True)
 
     class Meta(ModelServiceSerializer.Meta):
