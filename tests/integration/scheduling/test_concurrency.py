@@ -175,3 +175,46 @@ def test_worker_killed_mid_cycle_recovers_consistently(world: Any) -> None:
         assert_consistent(cluster)
     assert Job.objects.filter(cluster=cluster).count() == 150
     assert Job.objects.filter(cluster=cluster, state=JobState.STARTING).exists()
+
+
+def test_two_workers_racing_cycles_never_over_allocate_nor_admit_a_cancelled_job(world: Any) -> None:
+    """Two scheduler workers (two threads, each its own connection, as two Celery processes)
+    run cycles on one cluster back to back while users submit and cancel: whichever worker
+    wins the cluster's lock, no GPU is over-allocated, the totals equal the slice rows, and
+    a job cancelled while a cycle was deciding never holds an allocation."""
+    import threading
+
+    from scheduling.models import DecisionKind, SchedulingDecision
+
+    cluster = services.cluster_create(actor=world.admin, name="sim", inventory=SMALL_INVENTORY)
+    services.inventory_sync(cluster=cluster)
+    stop = threading.Event()
+    ran = [0, 0]
+
+    def worker(w: int) -> None:
+        try:
+            while not stop.is_set():
+                if services.cycle_run(cluster=cluster) is not None:
+                    ran[w] += 1
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        ids = _submit_many(world, cluster, 90, seed=7)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert sum(ran) > 2, ran
+    services.cycle_run(cluster=cluster)
+    assert_consistent(cluster)
+    cancelled = Job.objects.filter(pk__in=ids, state=JobState.CANCELLED)
+    assert cancelled.count() == 30
+    assert not Allocation.objects.filter(job__in=cancelled).exists()
+    for job in cancelled:
+        admitted_after_cancel = SchedulingDecision.objects.filter(
+            job=job, kind=DecisionKind.ADMITTED, created_at__gt=job.finished_at)
+        assert not admitted_after_cancel.exists(), job
