@@ -178,10 +178,11 @@ def test_worker_killed_mid_cycle_recovers_consistently(world: Any) -> None:
 
 
 def test_two_workers_racing_cycles_never_over_allocate_nor_admit_a_cancelled_job(world: Any) -> None:
-    """Two scheduler workers (two threads, each its own connection, as two Celery processes)
-    run cycles on one cluster back to back while users submit and cancel: whichever worker
-    wins the cluster's lock, no GPU is over-allocated, the totals equal the slice rows, and
-    a job cancelled while a cycle was deciding never holds an allocation."""
+    """Two scheduler loops (two threads, each its own connection) run cycles on one cluster
+    back to back, beside a real Celery worker that runs the cycles the submits ask for and
+    the stops, while users submit and cancel: whichever wins the cluster's lock, no GPU is
+    over-allocated, the totals equal the slice rows, and no job is admitted after its cancel
+    (a cancelled job's allocation is released)."""
     import threading
 
     from scheduling.models import DecisionKind, SchedulingDecision
@@ -200,17 +201,24 @@ def test_two_workers_racing_cycles_never_over_allocate_nor_admit_a_cancelled_job
             connections.close_all()
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
-    for t in threads:
-        t.start()
-    try:
-        ids = _submit_many(world, cluster, 90, seed=7)
-    finally:
-        stop.set()
+    with celery_worker():
         for t in threads:
-            t.join(timeout=60)
+            t.start()
+        try:
+            ids = _submit_many(world, cluster, 90, seed=7)
+            # mid-race too: no card over-allocated, totals equal the slice rows (stops of
+            # cancelled and preempted jobs may still be on their way to the worker)
+            for gpu in GpuDevice.objects.filter(node__cluster=cluster):
+                slices = list(GpuSlice.objects.filter(gpu=gpu).values_list("memory_mib", "cores_percent"))
+                assert gpu.memory_allocated_mib == sum(m for m, _ in slices) <= gpu.memory_mib, gpu
+                assert gpu.cores_allocated == sum(c for _, c in slices) <= 100, gpu
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        _wait_quiet(cluster)
+        assert_consistent(cluster)
     assert sum(ran) > 2, ran
-    services.cycle_run(cluster=cluster)
-    assert_consistent(cluster)
     cancelled = Job.objects.filter(pk__in=ids, state=JobState.CANCELLED)
     assert cancelled.count() == 30
     assert not Allocation.objects.filter(job__in=cancelled).exists()
