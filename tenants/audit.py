@@ -183,9 +183,40 @@ def _append(events: list[AuditEvent]) -> None:
     if connection.vendor != "postgresql":
         _seal_on_insert(events)
         return
-    # bulk_create inserts in list order, so a transaction's ids follow its events' order.
-    AuditEvent.objects.bulk_create(events)
+    _insert(events)
     _seal_after_commit()
+
+
+_INSERT_COLUMNS = (("created_at", "timestamptz"), ("actor_id", "bigint"), ("actor_username", "varchar"),
+                   ("tenant_id", "bigint"), ("project_id", "bigint"), ("action", "varchar"),
+                   ("target_type", "varchar"), ("target_id", "varchar"), ("target_repr", "varchar"),
+                   ("before", "jsonb"), ("after", "jsonb"), ("request_id", "varchar"),
+                   ("client_ip", "inet"))
+
+
+def _insert(events: list[AuditEvent]) -> None:
+    """One ``INSERT … SELECT … FROM jsonb_to_recordset(%s) ORDER BY <list index>`` for the
+    events, in list order (so a transaction's ids follow its events' order), ids set on the
+    events. Hand-written because ``bulk_create`` compiles and binds every value in Python:
+    ~0.4 s for the 1,600 events of a cycle's admissions (issue 13, round 3); ``json.dumps``
+    is C. A JSON null is SQL NULL, as ``bulk_create`` writes ``None``."""
+    rows = [{"created_at": e.created_at.isoformat(), "actor_id": e.actor_id,
+             "actor_username": e.actor_username, "tenant_id": e.tenant_id, "project_id": e.project_id,
+             "action": e.action, "target_type": e.target_type, "target_id": e.target_id,
+             "target_repr": e.target_repr, "before": e.before, "after": e.after,
+             "request_id": e.request_id, "client_ip": e.client_ip, "n": n} for n, e in enumerate(events)]
+    names = ", ".join(c for c, _ in _INSERT_COLUMNS)
+    types = ", ".join(f"{c} {t}" for c, t in _INSERT_COLUMNS)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO tenants_auditevent ({names}) SELECT {names}"  # noqa: S608 - names are constants
+            f" FROM jsonb_to_recordset(%s::jsonb) AS v({types}, n integer)"
+            " ORDER BY n RETURNING id",
+            [json.dumps(rows)])
+        ids = sorted(row[0] for row in cursor.fetchall())
+    for event, pk in zip(events, ids, strict=True):
+        event.pk = pk
+        event._state.adding, event._state.db = False, connection.alias
 
 
 def _seal_on_insert(events: list[AuditEvent]) -> None:
