@@ -71,8 +71,8 @@ class CampPagination(PageNumberPagination):
                 raise ValidationError({self.cursor_query_param: [
                     "This list's order does not page by cursor; use page numbers."]})
             return self._cursor_page(queryset, request, raw)
-        rows = super().paginate_queryset(queryset, request, view)
-        if (self.keyset is not None and rows and self.page.has_next()
+        rows: list[Any] | None = super().paginate_queryset(queryset, request, view)
+        if (self.keyset is not None and rows and self.page is not None and self.page.has_next()
                 and self.page_query_param not in request.query_params):
             # The first page of a list that pages by cursor: continue by cursor.
             self.next_cursor = _encode(self.keyset, rows[-1], forward=True)
@@ -103,6 +103,7 @@ class CampPagination(PageNumberPagination):
     def _link(self, cursor: str | None) -> str | None:
         if cursor is None:
             return None
+        assert self.request is not None
         url = remove_query_param(self.request.build_absolute_uri(), self.page_query_param)
         return replace_query_param(url, self.cursor_query_param, cursor)
 
@@ -118,7 +119,7 @@ class CampPagination(PageNumberPagination):
 
     def get_paginated_response(self, data: Any) -> Response:
         return Response({
-            "count": None if self.cursor_mode else self.page.paginator.count,
+            "count": None if self.cursor_mode or self.page is None else self.page.paginator.count,
             "next": self.get_next_link(),
             "previous": self.get_previous_link(),
             "results": data,
@@ -160,9 +161,10 @@ def _keyset(queryset: Any) -> list[tuple[str, bool]] | None:
     if not isinstance(queryset, QuerySet):
         return None
     query = queryset.query
-    order = list(query.order_by) or (list(query.get_meta().ordering)
-                                     if query.default_ordering else [])
-    if not order or not all(isinstance(o, str) for o in order):
+    raw = list(query.order_by) or (list(query.get_meta().ordering or [])
+                                   if query.default_ordering else [])
+    order = [o for o in raw if isinstance(o, str)]
+    if not order or len(order) != len(raw):
         return None
     meta = queryset.model._meta
     keys: list[tuple[str, bool]] = []

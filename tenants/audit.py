@@ -219,11 +219,18 @@ def _insert(events: list[AuditEvent]) -> None:
         event._state.adding, event._state.db = False, connection.alias
 
 
-def _seal_on_insert(events: list[AuditEvent]) -> None:
-    """SQLite: one writer at a time, so chain the events as they are inserted."""
+def _chain_tail() -> tuple[int, str]:
+    """The last sealed row's position and hash (the genesis hash at position 0)."""
     last = (AuditEvent.objects.filter(chain_seq__isnull=False).order_by("-chain_seq")
             .values_list("chain_seq", "hash").first())
-    seq, prev_hash = last if last is not None else (0, GENESIS_HASH)
+    if last is None or last[0] is None or last[1] is None:
+        return 0, GENESIS_HASH
+    return int(last[0]), str(last[1])
+
+
+def _seal_on_insert(events: list[AuditEvent]) -> None:
+    """SQLite: one writer at a time, so chain the events as they are inserted."""
+    seq, prev_hash = _chain_tail()
     for event in events:
         # As it will be read back (the database keeps microseconds, in UTC).
         event.created_at = event.created_at.astimezone(dt.UTC)
@@ -280,9 +287,7 @@ def seal(*, wait: bool = True, passes: int = 0, batch: int = SEAL_BATCH) -> int:
             rows = list(AuditEvent.objects.filter(hash__isnull=True).order_by("id")[:batch])
             if not rows:
                 return sealed
-            last = (AuditEvent.objects.filter(chain_seq__isnull=False).order_by("-chain_seq")
-                    .values_list("chain_seq", "hash").first())
-            seq, prev_hash = last if last is not None else (0, GENESIS_HASH)
+            seq, prev_hash = _chain_tail()
             for row in rows:
                 row.created_at = row.created_at.astimezone(dt.UTC)
             values = []
@@ -353,6 +358,6 @@ def verify_chain(
         if event.prev_hash != prev:
             yield ChainBreak(event.pk, "its link to the previous row is broken "
                              "(a row before it was removed or rewritten)")
-        elif compute_hash(_hashed_fields(event), event.prev_hash) != event.hash:
+        elif compute_hash(_hashed_fields(event), event.prev_hash or "") != event.hash:
             yield ChainBreak(event.pk, "its content does not match its hash (the row was edited)")
-        prev = event.hash
+        prev = event.hash or ""
