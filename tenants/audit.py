@@ -184,7 +184,7 @@ def _append(events: list[AuditEvent]) -> None:
         _seal_on_insert(events)
         return
     _insert(events)
-    _seal_after_commit()
+    _seal_after_commit(len(events))
 
 
 _INSERT_COLUMNS = (("created_at", "timestamptz"), ("actor_id", "bigint"), ("actor_username", "varchar"),
@@ -242,14 +242,43 @@ def _seal_on_insert(events: list[AuditEvent]) -> None:
     AuditEvent.objects.bulk_create(events)
 
 
-def _seal_after_commit() -> None:
-    """Ask for one seal after the current transaction commits (once per transaction)."""
+# A transaction that wrote more events than this (a scheduling cycle's admissions, a bulk
+# submit) leaves their sealing to the Celery task instead of doing it before it returns.
+SEAL_INLINE_MAX = 100
+
+
+def _seal_after_commit(count: int) -> None:
+    """Ask for one seal after the current transaction commits (once per transaction): in
+    this process for a few events, else by the ``audit_seal`` task (a cycle's 1,600
+    admission events take ~0.3–0.5 s to seal, which the cycle — and the cluster's lock it
+    holds — need not wait for)."""
+    hook = seal_quietly if count <= SEAL_INLINE_MAX else request_seal
     if not connection.in_atomic_block:
-        seal_quietly()
+        hook()
         return
-    if any(item[1] is seal_quietly for item in connection.run_on_commit):
+    if any(item[1] in (seal_quietly, request_seal) for item in connection.run_on_commit):
         return
-    transaction.on_commit(seal_quietly, robust=True)
+    transaction.on_commit(hook, robust=True)
+
+
+def request_seal() -> None:
+    """Queue one ``tenants.tasks.audit_seal`` (requests coalesce while one is queued; the
+    task clears the marker when it starts). A broker or cache that is down fails nothing:
+    the beat's task seals within ``AUDIT_SEAL_SECONDS``."""
+    from django.conf import settings
+    from django.core.cache import cache
+
+    try:
+        if not cache.add(SEAL_QUEUED_KEY, 1, timeout=max(5, 2 * settings.AUDIT_SEAL_SECONDS)):
+            return
+        from tenants.tasks import audit_seal
+
+        audit_seal.delay()
+    except Exception:  # noqa: BLE001 - broker/cache down: the beat seals
+        logger.warning("audit: seal request not queued; the beat task will seal", exc_info=True)
+
+
+SEAL_QUEUED_KEY = "camp:audit-seal-queued"
 
 
 def seal_quietly() -> None:

@@ -147,3 +147,27 @@ def test_verify_without_sealing_reports_what_waits_and_checks_the_rest() -> None
         call_command("audit_verify", stdout=out)  # seals it, then verifies both
         assert "2 events verified (1 sealed just now)" in out.getvalue()
     assert seal() == 0
+
+
+def test_a_large_transaction_is_sealed_by_the_worker_not_by_its_writer() -> None:
+    """A cycle's or a bulk submit's events (more than ``SEAL_INLINE_MAX``) are sealed by the
+    ``audit_seal`` task, run here by a real Celery worker, so the writer does not wait."""
+    import time
+
+    from django.core.cache import cache
+
+    from tenants.audit import SEAL_INLINE_MAX, SEAL_QUEUED_KEY
+    from tests.integration.scheduling.test_concurrency import celery_worker
+
+    cache.delete(SEAL_QUEUED_KEY)
+    with celery_worker():
+        with transaction.atomic(), audit_batch():
+            for i in range(SEAL_INLINE_MAX + 1):
+                audit_record(actor=None, action=f"test.large.{i}")
+        deadline = time.monotonic() + 30
+        while unsealed_count() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert unsealed_count() == 0
+    chain = _chain()
+    assert [e.action for e in chain] == [f"test.large.{i}" for i in range(SEAL_INLINE_MAX + 1)]
+    assert not list(verify_chain(seal_first=False))
