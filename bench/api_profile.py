@@ -5,7 +5,8 @@ One request at a time, in process (Django's test client through the full middlew
 ``bench/api_load.py`` (seeded there). For each endpoint: the median wall time of ``--repeat``
 requests, the statements one request runs and their total time, and the slowest statements
 (``--sql`` prints them; ``--explain`` runs EXPLAIN ANALYZE on the slowest one); for a write,
-how long the audit chain's lock was held (from acquiring it to the commit). A job's
+how long the audit chain's lock was held by the seal after its commit (from acquiring it to
+the seal's commit; writers themselves no longer take it, round 3). A job's
 "why" is its ``reason`` and queue position, part of the one-job answer.
 
     .venv/bin/python -m bench.api_profile --db postgres://postgres@127.0.0.1:5432/bench_r3i13b
@@ -54,7 +55,7 @@ def main() -> None:
     api = Client(HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_ACCEPT="application/json")
     portal = Client()
     portal.force_login(api_load._owner())
-    # Deep pages (issue 13, round 3): row 5,000 of the tenant's jobs by page number (OFFSET)
+    # Deep pages (issue 13, round 3): the tenant's last page by page number (OFFSET)
     # and by cursor, and the same for a platform admin's all-jobs view at row 50,000.
     from camp.pagination import _encode, _keyset
     from scheduling import selectors
@@ -126,7 +127,7 @@ def main() -> None:
                     return execute(sql, params, many, context)
                 finally:
                     log.append((time.perf_counter() - t, sql, params))
-                    if "pg_advisory_xact_lock" in sql:  # the audit chain's lock: held until commit
+                    if "advisory_xact_lock" in sql:  # the audit chain's (sealer's) lock: held until commit
                         locked = time.perf_counter()
                         transaction.on_commit(lambda: holds.append(time.perf_counter() - locked))
 
