@@ -4,3 +4,12 @@ from django.apps import AppConfig
 class SchedulingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "scheduling"
+
+    def ready(self) -> None:
+        from tenants.extensions import register_cluster_model
+
+        from .access import register_rules
+        from .models import Cluster
+
+        register_rules()  # this app's models' access rules (tenants.permissions)
+        register_cluster_model(Cluster)  # what cluster quotas attach to (tenants.Quota.cluster)

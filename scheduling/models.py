@@ -9,14 +9,11 @@ slice away cannot both commit (DESIGN.md §2, step 4).
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
-slug_validator = RegexValidator(
-    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
-    "Use lowercase letters, digits and '-' (a DNS label, at most 63 characters).",
-)
+from tenants.validators import slug_validator  # re-exported: workspaces and registry use it
 
 
 class Backend(models.TextChoices):

@@ -6,6 +6,9 @@ class TenantsConfig(AppConfig):
     name = "tenants"
 
     def ready(self) -> None:
+        from .access import register_rules
+
+        register_rules()  # tenancy's own models (each app above registers its own)
         from . import signals  # noqa: F401  (login/logout audit receivers)
         from .api import schema  # noqa: F401  (OpenAPI security scheme)
         from .sso import checks  # noqa: F401  (SSO start-up checks)

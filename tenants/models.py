@@ -8,7 +8,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from scheduling.models import slug_validator
+from .validators import slug_validator
 
 
 class User(AbstractUser):

@@ -15,9 +15,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from scheduling.models import Cluster
-
-from . import permissions, services
+from . import extensions, permissions, services
 from .api.views import AuditEventFilter, audit_csv_response
 from .forms import (
     MembershipForm,
@@ -71,10 +69,8 @@ def home(request: HttpRequest) -> HttpResponse:
         projects = [p for p in tenant.projects.all() if permissions.can(user, "view", p)]
         rows.append({"tenant": tenant, "owner": tenant.pk in scope.owner_tenants, "projects": projects})
     memberships = Membership.objects.filter(user=user).select_related("tenant", "project")
-    from portal.home import home as home_parts
-
     return render(request, "console/home.html", {"rows": rows, "memberships": memberships,
-                                                 **home_parts(user)})
+                                                 **extensions.home_context(user)})
 
 
 @login_required
@@ -244,7 +240,8 @@ def project_quota(request: HttpRequest, tenant_name: str, project_name: str) -> 
 
 @login_required
 def cluster_quota(request: HttpRequest, cluster_name: str) -> HttpResponse:
-    cluster = get_object_or_404(Cluster, name=cluster_name)
+    cluster = get_object_or_404(
+        restrict(extensions.cluster_model()._default_manager.all(), request.user), name=cluster_name)
     return _quota_edit(request, scope=QuotaScope.CLUSTER, cluster=cluster,
                        title=f"Quota of cluster {cluster}", back=redirect("console:admin-tenants"))
 
@@ -328,8 +325,8 @@ def admin_tenants(request: HttpRequest) -> HttpResponse:
             messages.success(request, f"Tenant {tenant.name} created.")
             return redirect("console:tenant", tenant.name)
     clusters = [
-        {"cluster": c, "quota_rows": _quota_rows(Quota.objects.filter(cluster=c).first())}
-        for c in Cluster.objects.all()
+        {"cluster": c, "quota_rows": _quota_rows(Quota.objects.filter(cluster_id=c.pk).first())}
+        for c in restrict(extensions.cluster_model()._default_manager.all(), request.user)
     ]
     return render(request, "console/admin_tenants.html", {
         "form": form, "tenants": Tenant.objects.prefetch_related("projects"), "clusters": clusters,

@@ -6,8 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from scheduling.models import Cluster
-
+from ..extensions import cluster_model
 from ..models import (
     RESOURCES,
     ApiToken,
@@ -105,8 +104,8 @@ _amount_fields: list[str] = [f"{r}_{k}" for r in RESOURCES for k in ("guaranteed
 
 class QuotaSerializer(serializers.ModelSerializer[Quota]):
     scope = serializers.ChoiceField(choices=QuotaScope.choices)
-    cluster = serializers.PrimaryKeyRelatedField(
-        queryset=Cluster.objects.all(), required=False, allow_null=True
+    cluster = VisiblePKField(
+        queryset=cluster_model()._default_manager.all(), required=False, allow_null=True
     )
     tenant = VisiblePKField(queryset=Tenant.objects.all(), required=False, allow_null=True
     )

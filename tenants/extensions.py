@@ -1,0 +1,52 @@
+"""Extension points through which the apps above tenancy add to it.
+
+Tenancy is the ground floor: it imports no app above it. Where tenancy shows or refers to
+what those apps own, the app registers it here from its ``AppConfig.ready()``:
+
+- the console home's sections (workloads, quota left, owner and admin panels: ``portal``),
+  each a template included in ``console/home.html`` with the context its provider gives;
+- the model cluster quotas attach to (``scheduling.Cluster``), for the quota pages and API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Model
+
+HomeContext = Callable[[Any], "dict[str, Any]"]
+
+_home_sections: list[tuple[str, HomeContext]] = []
+_cluster_model: list[type[Model]] = []
+
+
+def register_home_section(template: str, provider: HomeContext) -> None:
+    """Show ``template`` on the console home, rendered with the keys of ``provider(user)``
+    added to the page's context. Registering the same pair twice is a no-op."""
+    if (template, provider) not in _home_sections:
+        _home_sections.append((template, provider))
+
+
+def home_context(user: Any) -> dict[str, Any]:
+    """The console home's extra context: every provider's keys, and ``home_sections``, the
+    templates to include in order."""
+    context: dict[str, Any] = {"home_sections": [t for t, _ in _home_sections]}
+    for _, provider in _home_sections:
+        context.update(provider(user))
+    return context
+
+
+def register_cluster_model(model: type[Model]) -> None:
+    if _cluster_model and _cluster_model[0] is not model:
+        raise ImproperlyConfigured("A cluster model is already registered.")
+    _cluster_model[:] = [model]
+
+
+def cluster_model() -> type[Model]:
+    """The model cluster quotas attach to (``Quota.cluster``), as its app registered it."""
+    if not _cluster_model:
+        raise ImproperlyConfigured("No cluster model is registered (scheduling's "
+                                   "AppConfig.ready() registers it).")
+    return _cluster_model[0]
