@@ -14,11 +14,13 @@ the list's order, read from the same index — page 2,000 costs what page 1 does
 answers its first page as before (with ``count``), and its ``next`` link is a cursor; an
 explicit ``page`` keeps the page-number contract (``next``/``previous`` as page links), so
 clients that build ``?page=N`` themselves keep working. Cursors need an order that ends in
-the primary key over non-null columns (the default orders of jobs, audit events, decisions,
-and ``ordering=`` choices such as ``submitted_at``); with another order a list pages by
-number only. DRF's own CursorPagination was not used: it keys on the first ordering column
-alone and breaks ties with an OFFSET (bulk submits share one ``submitted_at``), and it drops
-``count`` and page numbers, which existing clients read.
+the primary key over non-null columns: the default orders of jobs (``-submitted_at, -id``),
+audit events and a job's decisions (``-id``), and ``ordering=id`` / ``-id`` where a list
+offers it; an ``ordering=`` on other columns (``submitted_at`` alone has ties) pages by
+number only. The schema offers ``cursor`` on the views that set ``cursor_pages = True``.
+DRF's own CursorPagination was not used: it keys on the first ordering column alone and
+breaks ties with an OFFSET (bulk submits share one ``submitted_at``), and it drops ``count``
+and page numbers, which existing clients read.
 """
 
 from __future__ import annotations
@@ -145,11 +147,13 @@ class CampPagination(PageNumberPagination):
             if p.get("name") == self.page_query_param:
                 p["description"] = ("A page number within the paginated result set (costs "
                                     "more the deeper it goes; prefer the cursor of `next`).")
+        if not getattr(view, "cursor_pages", False):
+            return params
         params.append({
             "name": self.cursor_query_param, "required": False, "in": "query",
             "description": "Opaque position from a `next` or `previous` link: the page after "
                            "(or before) it, read from an index, as fast at row 100,000 as at "
-                           "row 1. Lists whose order does not end in the id answer 400.",
+                           "row 1. With an `ordering` that does not end in the id: 400.",
             "schema": {"type": "string"},
         })
         return params
@@ -217,19 +221,29 @@ def _decode(keyset: list[tuple[str, bool]], model: Any, raw: str) -> tuple[list[
         values, forward = data["v"], data["f"]
     except (ValueError, TypeError, KeyError, binascii.Error) as exc:
         raise bad from exc
+    if not isinstance(data, dict):
+        raise bad
     if not isinstance(values, list) or len(values) != len(keyset) or not isinstance(forward, bool):
         raise bad
     out = []
     for (name, _), value in zip(keyset, values, strict=True):
         field = model._meta.get_field(name)
+        if value is None or isinstance(value, (dict, list, bool)):  # keyset columns are never null
+            raise bad
         try:
             if isinstance(field, models.DateTimeField):
                 parsed = dt.datetime.fromisoformat(str(value))
                 if parsed.tzinfo is None:
                     raise ValueError("naive")
+                parsed = parsed.astimezone(dt.UTC)  # out-of-range offsets fail here, not in SQL
                 out.append(parsed)
             else:
-                out.append(field.to_python(value))
+                converted = field.to_python(value)
+                if converted is None:
+                    raise ValueError("empty")
+                if isinstance(converted, int) and not -(2**63) <= converted < 2**63:
+                    raise OverflowError("out of the column's range")
+                out.append(converted)
         except Exception as exc:  # noqa: BLE001 - any unreadable value is the same 400
             raise bad from exc
     return out, forward

@@ -313,7 +313,7 @@ def seal(*, wait: bool = True, passes: int = 0, batch: int = SEAL_BATCH) -> int:
                         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
                         if not cursor.fetchone()[0]:
                             return sealed
-            rows = list(AuditEvent.objects.filter(hash__isnull=True).order_by("id")[:batch])
+            rows = list(_unsealed().order_by("id")[:batch])
             if not rows:
                 return sealed
             seq, prev_hash = _chain_tail()
@@ -366,8 +366,15 @@ class ChainBreak:
     problem: str
 
 
+def _unsealed() -> Any:
+    """Rows committed and not chained yet: all three chain columns empty (what the trigger
+    lets a seal fill). A row with some but not all of them set was not written by Camp and
+    is never sealed; ``verify_chain`` names it."""
+    return AuditEvent.objects.filter(hash__isnull=True, prev_hash__isnull=True, chain_seq__isnull=True)
+
+
 def unsealed_count() -> int:
-    return AuditEvent.objects.filter(hash__isnull=True).count()
+    return int(_unsealed().count())
 
 
 def verify_chain(
@@ -390,3 +397,12 @@ def verify_chain(
         elif compute_hash(_hashed_fields(event), event.prev_hash or "") != event.hash:
             yield ChainBreak(event.pk, "its content does not match its hash (the row was edited)")
         prev = event.hash or ""
+    if events is None:
+        # Neither sealed (all three chain columns set) nor waiting (all three empty): a row
+        # Camp did not write that way — e.g. one inserted with a hash but outside the chain.
+        partial = (AuditEvent.objects
+                   .exclude(hash__isnull=True, prev_hash__isnull=True, chain_seq__isnull=True)
+                   .exclude(hash__isnull=False, prev_hash__isnull=False, chain_seq__isnull=False)
+                   .order_by("id").values_list("pk", flat=True))
+        for pk in partial:
+            yield ChainBreak(pk, "its chain columns are only partly set (it is outside the chain)")

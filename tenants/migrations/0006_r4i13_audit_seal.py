@@ -37,6 +37,33 @@ BEGIN
 END;
 $$ LANGUAGE plpgsql;
 """
+# An event is inserted either unsealed (all three chain columns empty: Camp on PostgreSQL) or
+# sealed (all three set: Camp on SQLite, a restore); never half of it.
+PG_INSERT_CHECK = """
+CREATE OR REPLACE FUNCTION camp_audit_insert_check() RETURNS trigger AS $$
+BEGIN
+    IF (NEW.hash IS NULL) = (NEW.prev_hash IS NULL) AND (NEW.hash IS NULL) = (NEW.chain_seq IS NULL) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'tenants_auditevent: an event is inserted wholly unsealed or wholly sealed'
+        USING ERRCODE = 'check_violation';
+END;
+$$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS camp_audit_insert_check ON tenants_auditevent;
+CREATE TRIGGER camp_audit_insert_check BEFORE INSERT ON tenants_auditevent
+    FOR EACH ROW EXECUTE FUNCTION camp_audit_insert_check();
+"""
+PG_INSERT_CHECK_DOWN = """
+DROP TRIGGER IF EXISTS camp_audit_insert_check ON tenants_auditevent;
+DROP FUNCTION IF EXISTS camp_audit_insert_check();
+"""
+# Going back to writers that chain in id order under a lock is only sound when the chain is
+# already in id order and complete.
+PG_CAN_REVERSE = """
+SELECT EXISTS (SELECT 1 FROM tenants_auditevent WHERE hash IS NULL OR chain_seq IS NULL)
+    OR EXISTS (SELECT 1 FROM (SELECT chain_seq, lag(chain_seq) OVER (ORDER BY id) AS before_it
+                              FROM tenants_auditevent) AS c WHERE c.chain_seq < c.before_it)
+"""
 BACKFILL = "UPDATE tenants_auditevent SET chain_seq = id WHERE hash IS NOT NULL"
 
 
@@ -47,6 +74,7 @@ def forwards(apps: Any, schema_editor: Any) -> None:
         schema_editor.execute(BACKFILL)
         schema_editor.execute("ALTER TABLE tenants_auditevent ENABLE TRIGGER camp_audit_append_only")
         schema_editor.execute(PG_SEALABLE, params=None)
+        schema_editor.execute(PG_INSERT_CHECK, params=None)
     elif vendor == "sqlite":
         # Altering a column rebuilds an SQLite table without its triggers: put them back.
         triggers = importlib.import_module("tenants.migrations.0002_audit_append_only")
@@ -57,8 +85,27 @@ def forwards(apps: Any, schema_editor: Any) -> None:
 
 
 def backwards(apps: Any, schema_editor: Any) -> None:
-    if schema_editor.connection.vendor == "postgresql":
+    vendor = schema_editor.connection.vendor
+    if vendor == "postgresql":
+        with schema_editor.connection.cursor() as cursor:
+            cursor.execute(PG_CAN_REVERSE)
+            if cursor.fetchone()[0]:
+                raise RuntimeError(
+                    "tenants 0006 cannot be reversed: some audit events are not sealed yet or the "
+                    "chain is not in id order (run `manage.py audit_verify`, which seals, with every "
+                    "writer stopped; a chain sealed out of id order cannot go back to id order)")
+        schema_editor.execute(PG_INSERT_CHECK_DOWN, params=None)
         schema_editor.execute(PG_STRICT, params=None)
+
+
+
+def sqlite_triggers_back(apps: Any, schema_editor: Any) -> None:
+    """Reversing: the column changes rebuilt the SQLite table without its append-only
+    triggers; this runs last (first operation, reversed last) and puts them back."""
+    if schema_editor.connection.vendor == "sqlite":
+        triggers = importlib.import_module("tenants.migrations.0002_audit_append_only")
+        for statement in triggers.SQLITE_UP:
+            schema_editor.execute(statement)
 
 
 class Migration(migrations.Migration):
@@ -68,6 +115,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunPython(migrations.RunPython.noop, sqlite_triggers_back),
         migrations.AddField(
             model_name='auditevent',
             name='chain_seq',

@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.db import DatabaseError, connection, connections, transaction
 
-from tenants.audit import audit_batch, audit_record, seal, unsealed_count, verify_chain
+from tenants.audit import audit_batch, audit_record, request_seal, seal, unsealed_count, verify_chain
 from tenants.models import AuditEvent
 from tenants.tasks import audit_seal
 
@@ -160,10 +160,15 @@ def test_a_large_transaction_is_sealed_by_the_worker_not_by_its_writer() -> None
     from tests.integration.scheduling.test_concurrency import celery_worker
 
     cache.delete(SEAL_QUEUED_KEY)
-    with celery_worker():
-        with transaction.atomic(), audit_batch():
-            for i in range(SEAL_INLINE_MAX + 1):
-                audit_record(actor=None, action=f"test.large.{i}")
+    with transaction.atomic(), audit_batch():
+        for i in range(SEAL_INLINE_MAX + 1):
+            audit_record(actor=None, action=f"test.large.{i}")
+    # Committed: the writer sealed nothing and asked for the task.
+    assert unsealed_count() == SEAL_INLINE_MAX + 1
+    assert cache.get(SEAL_QUEUED_KEY)
+    with celery_worker():  # (it purges the queue at start: ask again, as the beat would)
+        cache.delete(SEAL_QUEUED_KEY)
+        request_seal()
         deadline = time.monotonic() + 30
         while unsealed_count() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -171,3 +176,39 @@ def test_a_large_transaction_is_sealed_by_the_worker_not_by_its_writer() -> None
     chain = _chain()
     assert [e.action for e in chain] == [f"test.large.{i}" for i in range(SEAL_INLINE_MAX + 1)]
     assert not list(verify_chain(seal_first=False))
+
+
+def _raw(statement: str, params: list[object]) -> None:
+    """As a database superuser would: with the triggers switched off."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            cursor.execute(statement, params)
+        finally:
+            cursor.execute("SET session_replication_role = DEFAULT")
+
+
+INSERT = ("INSERT INTO tenants_auditevent (created_at, actor_username, action, target_type, target_id,"
+          " target_repr, request_id, prev_hash, hash, chain_seq)"
+          " VALUES (now(), 'x', %s, '', '', '', '', %s, %s, %s)")
+
+
+def test_rows_outside_the_chain_are_named_and_do_not_stop_sealing() -> None:
+    """A half-sealed row is refused on insert; one forced in (triggers off) is never sealed,
+    does not stop the sealing of the others, and verification names it — as it names a
+    forged row carrying a hash but no place in the chain."""
+    with pytest.raises(DatabaseError, match="wholly unsealed or wholly sealed"), transaction.atomic():
+        _sql(INSERT, ["test.half", "0" * 64, None, None])
+    audit_record(actor=None, action="test.before")
+    _raw(INSERT, ["test.half", "0" * 64, None, None])
+    _raw(INSERT, ["test.forged", "0" * 64, "f" * 64, None])
+    after = audit_record(actor=None, action="test.after")
+    after.refresh_from_db()
+    assert after.chain_seq is not None  # sealing went on past the half-sealed row
+    half = AuditEvent.objects.get(action="test.half").pk
+    forged = AuditEvent.objects.get(action="test.forged").pk
+    assert {b.event_id for b in verify_chain()} == {half, forged}
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=f"event #{half}: its chain columns are only partly set"):
+        call_command("audit_verify", stdout=StringIO())

@@ -183,9 +183,23 @@ def test_cursor_pages_go_back_and_keep_filters(busy: Any) -> None:
 
 def test_bad_cursor_is_a_400_naming_it(busy: Any) -> None:
     client = client_for(busy.a.owner)
-    for bad in ["nonsense", "eyJ2IjpbMV0sImYiOnRydWV9"]:  # not base64 JSON; one value for two keys
-        response = client.get("/api/v1/jobs/", {"cursor": bad})
-        assert response.status_code == 400 and "cursor" in response.json()
+    import base64
+    import json
+
+    def enc(values: Any, forward: Any = True) -> str:
+        return base64.urlsafe_b64encode(json.dumps({"v": values, "f": forward}).encode()).decode()
+
+    for url, bads in [
+        ("/api/v1/jobs/", ["nonsense", enc([1]), enc([None, None]), enc(["2026-11-24T10:00:00+00:00", None]),
+                           enc(["0001-01-01T00:00:00+05:00", 1]), enc(["2026-11-24T10:00:00", 1]),
+                           enc(["2026-11-24T10:00:00+00:00", 2**70]),
+                           enc(["2026-11-24T10:00:00+00:00", 1], "x"),
+                           base64.urlsafe_b64encode(b"[1, 2]").decode()]),
+        ("/api/v1/audit-events/", [enc([None]), enc([{"a": 1}]), enc(["x"])]),
+    ]:
+        for bad in bads:
+            response = client.get(url, {"cursor": bad})
+            assert response.status_code == 400 and "cursor" in response.json(), (url, bad)
     # An order that does not end in the id pages by number only.
     response = client.get("/api/v1/jobs/", {"cursor": "x", "ordering": "priority"})
     assert response.status_code == 400 and "page numbers" in str(response.json())

@@ -208,10 +208,16 @@ def test_two_workers_racing_cycles_never_over_allocate_nor_admit_a_cancelled_job
             ids = _submit_many(world, cluster, 90, seed=7)
             # mid-race too: no card over-allocated, totals equal the slice rows (stops of
             # cancelled and preempted jobs may still be on their way to the worker)
-            for gpu in GpuDevice.objects.filter(node__cluster=cluster):
-                slices = list(GpuSlice.objects.filter(gpu=gpu).values_list("memory_mib", "cores_percent"))
-                assert gpu.memory_allocated_mib == sum(m for m, _ in slices) <= gpu.memory_mib, gpu
-                assert gpu.cores_allocated == sum(c for _, c in slices) <= 100, gpu
+            # — one statement, so counters and slices are read from one snapshot.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT g.id FROM scheduling_gpudevice g JOIN scheduling_node n ON n.id = g.node_id"
+                    " LEFT JOIN (SELECT gpu_id, SUM(memory_mib) AS m, SUM(cores_percent) AS c"
+                    "            FROM scheduling_gpuslice GROUP BY gpu_id) s ON s.gpu_id = g.id"
+                    " WHERE n.cluster_id = %s AND (g.memory_allocated_mib <> COALESCE(s.m, 0)"
+                    "   OR g.cores_allocated <> COALESCE(s.c, 0) OR COALESCE(s.m, 0) > g.memory_mib"
+                    "   OR COALESCE(s.c, 0) > 100)", [cluster.pk])
+                assert cursor.fetchall() == []
         finally:
             stop.set()
             for t in threads:
