@@ -305,6 +305,10 @@ class Job(models.Model):
             models.Index(fields=["tenant", "-submitted_at", "-id"], name="job_tenant_newest"),
             models.Index(fields=["state", "-submitted_at", "-id"], name="job_state_newest"),
             models.Index(fields=["owner", "-submitted_at", "-id"], name="job_owner_newest"),
+            # issue 13, round 3: a tenant's jobs in one state (the owner's usual view) and one
+            # cluster's jobs (a platform admin's), page by page, by cursor too.
+            models.Index(fields=["tenant", "state", "-submitted_at", "-id"], name="job_tenant_state_newest"),
+            models.Index(fields=["cluster", "-submitted_at", "-id"], name="job_cluster_newest"),
         ]
         constraints = [
             models.UniqueConstraint(

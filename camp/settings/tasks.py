@@ -70,6 +70,13 @@ CELERY_BEAT_SCHEDULE["utilization-tick"] = {
 # derived from SECRET_KEY (scheduling/backends/credentials.py).
 CAMP_ENCRYPTION_KEYS = env_list("CAMP_ENCRYPTION_KEY", [])
 
+# --- Audit chain (tenants/audit.py): writers seal after their commit; this sweeps up the rows
+# a race left unsealed, so no event stays outside the chain longer than this.
+AUDIT_SEAL_SECONDS = env_int("AUDIT_SEAL_SECONDS", 10)
+CELERY_BEAT_SCHEDULE["audit-seal"] = {
+    "task": "tenants.tasks.audit_seal", "schedule": float(AUDIT_SEAL_SECONDS),
+}
+
 # --- Portal (portal/tasks.py): usage samples for charts, showback and /metrics ---------------
 USAGE_SAMPLE_SECONDS = env_int("USAGE_SAMPLE_SECONDS", 60)
 USAGE_RETENTION_DAYS = env_int("USAGE_RETENTION_DAYS", 400)

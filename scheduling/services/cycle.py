@@ -43,6 +43,7 @@ from .common import (
     _json_value,
     _record,
     _record_all,
+    _record_rows,
     _send_after_commit,
     enqueue_on_commit,
     logger,
@@ -369,16 +370,16 @@ def _wait_all(rows: list[_WaitRow]) -> None:
         [(pk, reason, r.kind, r.position, r.length) for pk, (r, reason) in changed.items()],
         where=("state", JobState.QUEUED.value),
     )
-    history = []
+    history: list[dict[str, Any]] = []
     for pk in sorted(updated):
         r, reason = changed[pk]
         if r.job.reason.split(" — ")[0] != reason.split(" — ")[0] or r.job.reason_kind != r.kind:
-            history.append(SchedulingDecision(job_id=pk, cluster_id=r.job.cluster_id,
-                                              kind=DecisionKind.WAITING, reason=reason,
-                                              queue_position=r.position))
+            history.append({"job_id": pk, "cluster_id": r.job.cluster_id,
+                            "kind": DecisionKind.WAITING.value, "reason": reason,
+                            "queue_position": r.position})
         r.job.reason, r.job.reason_kind = reason, r.kind
         r.job.queue_position, r.job.queue_length = r.position, r.length
-    _record_all(history)
+    _record_rows(history)
 
 
 def _update_from_values(model: type[models.Model], columns: list[tuple[str, str]],
