@@ -23,7 +23,7 @@ def statistics_down(apps: Any, schema_editor: Any) -> None:
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0008_r3i11_mixed_gpu_models'),
+        ('scheduling', '0009_r4serve_allocation_ready'),
     ]
 
     operations = [

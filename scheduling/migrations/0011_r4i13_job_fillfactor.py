@@ -24,5 +24,5 @@ def backwards(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("scheduling", "0009_r4i13_list_indexes")]
+    dependencies = [("scheduling", "0010_r4i13_list_indexes")]
     operations = [migrations.RunPython(forwards, backwards)]
