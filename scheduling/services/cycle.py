@@ -632,6 +632,25 @@ def _admit_reason(placement: E.Placement) -> str:
     return f"Admitted: {len(placement.pods)} pod(s) on {', '.join(nodes)} with {gpus} GPU slice(s)"
 
 
+def _preemptions_still_valid(inputs: selectors.CycleInputs, preemptions: list[tuple[Job, E.Preempt]],
+                             summary: CycleSummary, locked: _Locked,
+                             ) -> tuple[list[tuple[Job, E.Preempt]], list[Job]]:
+    """``(going, taken)``: the preemptions whose preemptor is still QUEUED and whose GPUs have
+    not moved since the snapshot, and the preemptors that must wait because they moved."""
+    taken: list[Job] = []
+    going: list[tuple[Job, E.Preempt]] = []
+    for job, d in preemptions:
+        if locked.jobs.get(job.pk, ("", 0))[0] != JobState.QUEUED:
+            summary.conflicts.append(job.pk)  # cancelled meanwhile
+        elif _placement_gpus(inputs, d.placement) & locked.moved:
+            logger.warning("preemption by job %s: its GPUs moved since the snapshot; it waits", job.pk)
+            summary.conflicts.append(job.pk)
+            taken.append(job)
+        else:
+            going.append((job, d))
+    return going, taken
+
+
 def _preempt_all(inputs: selectors.CycleInputs, jobs: dict[int, Job],
                  preemptions: list[tuple[Job, E.Preempt]], summary: CycleSummary,
                  locked: _Locked) -> list[Job]:
@@ -651,20 +670,7 @@ def _preempt_all(inputs: selectors.CycleInputs, jobs: dict[int, Job],
     since the snapshot (taken by another job, or by another scheduler's pods) evicts nobody
     and is returned, to wait ("placement taken concurrently"): its victims are not killed
     for room it could not use."""
-    if not preemptions:
-        return []
-    taken: list[Job] = []
-    going: list[tuple[Job, E.Preempt]] = []
-    for job, d in preemptions:
-        if locked.jobs.get(job.pk, ("", 0))[0] != JobState.QUEUED:
-            summary.conflicts.append(job.pk)  # cancelled meanwhile
-        elif _placement_gpus(inputs, d.placement) & locked.moved:
-            logger.warning("preemption by job %s: its GPUs moved since the snapshot; it waits", job.pk)
-            summary.conflicts.append(job.pk)
-            taken.append(job)
-        else:
-            going.append((job, d))
-    preemptions = going
+    preemptions, taken = _preemptions_still_valid(inputs, preemptions, summary, locked)
     if not preemptions:
         return taken
     claimed: dict[int, tuple[Job, Job, str]] = {}
