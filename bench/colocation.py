@@ -593,7 +593,8 @@ def main() -> None:
             s, c = by["static" + tail], by["colocated" + tail]
             gain = 100 * (float(c["training_gpu_h"]) / float(s["training_gpu_h"]) - 1)  # type: ignore[arg-type]
             c["training_gain_pct"] = gain
-            print(f"colocated{tail}: training GPU-h {c['training_gpu_h']:.1f} vs static {s['training_gpu_h']:.1f} "
+            print(f"colocated{tail}: training GPU-h {c['training_gpu_h']:.1f} "
+                  f"vs static {s['training_gpu_h']:.1f} "
                   f"({gain:+.1f} %); allocation {c['avg_alloc_pct']:.1f} % vs {s['avg_alloc_pct']:.1f} %; "
                   f"replica-min short {c['replica_min_short']:.1f} vs {s['replica_min_short']:.1f}; "
                   f"scale-up p95 {c['scaleup_p95_s']:.0f} s; preemptions {c['preemptions']}")
