@@ -13,7 +13,9 @@ Both run Camp's engine as the service does (``QueueCycle`` with the default ``Cy
 fair order, quotas, the non-preemptible-within-guarantee rule, preemption, backfill reservations,
 the fragmentation-aware placement profiled on the workload), driven the way the §4 replay drives
 it: one ``ClusterState`` and ``Placer`` kept across cycles, a cycle run only when something
-changed and repeated at the same instant while it admits or preempts.
+changed and repeated at the same instant while it admits or preempts. ``static-noreserve`` and
+``colocated-noreserve`` are the same with the cycle's backfill reservations off (not a setting of
+the service): on this workload they decide the outcome (docs/BENCHMARKS.md).
 
 **Inference** — one model service per spec (GPU share, CPU, RAM) of the trace's latency-sensitive
 (LS) pods, the ``--services`` most common ones. Each service's peak size follows its share of the
@@ -39,7 +41,8 @@ and lost to preemption; inference replica-minutes short of demand (demand above 
 scale-up latency p95 (decision → ready, start delay included); preemptions. Results and method in
 docs/BENCHMARKS.md ("Model services co-located with training").
 
-    .venv/bin/python -m bench.colocation              # stride 130 (50 GPUs), both setups
+    .venv/bin/python -m bench.colocation              # stride 40 (147 GPUs), four setups (~1.5 min)
+    .venv/bin/python -m bench.colocation --stride 130 --setups static colocated
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ NEVER = (Kind.NEVER_FITS, Kind.OVER_LIMIT, Kind.UNKNOWN_QUEUE, Kind.OVER_GUARANT
 
 @dataclass(frozen=True)
 class Scenario:
-    stride: int = 130
+    stride: int = 40
     services: int = 12
     peak_share: float = 0.5
     trough: float = 0.25
@@ -566,6 +569,8 @@ class Day:
             "scaleup_p95_s": _pct(lat, 0.95),
             "scaleup_median_s": statistics.median(lat) if lat else 0.0,
             "scaleup_max_s": lat[-1] if lat else 0.0,
+            "scaleups_not_ready_at_end": sum(1 for r in self.replicas.values()
+                                             if r.decided >= 0 and not r.is_ready),
             "preemptions": self.preemptions,
             "rejected": len(self.rejected),
             "cycles": self.cycles,
