@@ -19,8 +19,8 @@ from portal.models import DemoLoad
 from registry.models import Image
 from scheduling import services
 from tenants import services as tenant_services
-from tests.conftest import PASSWORD, World
-from tests.e2e.conftest import shot
+from tests.conftest import World
+from tests.e2e.conftest import login, shot
 from tests.integration.scheduling.conftest import SMALL_INVENTORY, submit
 from tests.integration.workspaces.conftest import advance
 from workspaces import services as workspace_services
@@ -49,14 +49,6 @@ def portal(world: World) -> Any:
         actor=world.admin, name="a100-1", display_name="1× A100", gpu_model="A100-80G", gpu_count=1,
         cpu_millicores=1000, ram_mib=2048, image=jupyter)
     return {"cluster": cluster, "quarter": quarter, "whole": whole}
-
-
-def login(page: Any, base: str, username: str) -> None:
-    page.goto(f"{base}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
 
 
 def test_member_launches_a_notebook_in_three_clicks(world: World, live_server: Any, page: Any,
