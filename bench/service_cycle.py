@@ -200,9 +200,9 @@ def _set_running(admin: Any, cluster: Any, projects: list[Any], percent: int, se
 
     from bench.openb import load_pods
     from scheduling import selectors
+    from scheduling.backends.naming import pod_name
     from scheduling.engine import ClusterState, FragmentationPolicy, Placer, WorkloadProfile, pod
     from scheduling.models import Allocation, GpuSlice, Job, JobState
-    from scheduling.services import pod_name
 
     Job.objects.filter(cluster=cluster, name__startswith="run-").delete()
     _recount_gpus(cluster)

@@ -24,6 +24,7 @@ from registry.models import ExternalRegistry, Image
 from scheduling.models import Cluster, GpuDevice, Job, Node, NodePool, SchedulingDecision
 from workspaces.models import (
     DevEnvironment,
+    ModelService,
     Profile,
     SshKey,
     TrainingCheckpoint,
@@ -310,6 +311,10 @@ _RULES: dict[type[Model], Any] = {
     TrainingJob: _job_rule,
     TrainingCheckpoint: _checkpoint_rule,
     SshKey: _ssh_key_rule,
+    # --- r4serve: model services (issue 15) follow the job rule like the other workload
+    # kinds. One block, converted to a per-app registration at merge (issue 14).
+    ModelService: _job_rule,
+    # --- end r4serve
 }
 
 
@@ -388,6 +393,8 @@ def _visible_q(model: type[Model], scope: Scope, user: User) -> Q | None:
             | Q(projects__tenant_id__in=owner)
         )
     if model in (WorkspacePolicy, DevEnvironment, TrainingJob):
+        return Q(tenant_id__in=owner) | Q(project_id__in=projects)
+    if model is ModelService:  # r4serve: model services (issue 15), as the workload kinds above
         return Q(tenant_id__in=owner) | Q(project_id__in=projects)
     if model is SshKey:
         return Q(user_id=user.pk)

@@ -15,7 +15,15 @@ from scheduling.services import namespace_spec
 from tenants.models import Project
 from tenants.permissions import CHANGE, VIEW, can, restrict
 
-from .models import DevEnvironment, EnvKind, SshKey, TrainingJob, WorkspacePolicy
+from .models import (
+    DevEnvironment,
+    EnvKind,
+    ModelService,
+    ServiceReplica,
+    SshKey,
+    TrainingJob,
+    WorkspacePolicy,
+)
 
 
 def policy_for(project: Project) -> WorkspacePolicy:
@@ -97,7 +105,7 @@ def environment_reachable(env: DevEnvironment) -> bool:
     )
 
 
-def env_values_visible(user: Any, obj: DevEnvironment | TrainingJob) -> bool:
+def env_values_visible(user: Any, obj: DevEnvironment | TrainingJob | ModelService) -> bool:
     """Environment variables often carry secrets: their values are for whoever may change
     the workload (its owner, project admins and above); others see the names only."""
     return can(user, CHANGE, obj)
@@ -106,7 +114,7 @@ def env_values_visible(user: Any, obj: DevEnvironment | TrainingJob) -> bool:
 ENV_MASK = "********"
 
 
-def env_for(user: Any, obj: DevEnvironment | TrainingJob) -> dict[str, str]:
+def env_for(user: Any, obj: DevEnvironment | TrainingJob | ModelService) -> dict[str, str]:
     env = dict(obj.env or {})
     if env_values_visible(user, obj):
         return env
@@ -175,3 +183,33 @@ def job_why(job: Job | None) -> dict[str, Any]:
     hint = _HINTS.get(job.reason_kind, "") if job.state == "queued" else ""
     return {"job": job.pk, "state": job.state, "reason": job.reason, "reason_kind": job.reason_kind,
             "queue_position": job.queue_position, "queue_length": job.queue_length, "hint": hint}
+
+
+# --- model services (workspaces/services/serving.py) ----------------------------------------------------
+
+
+def model_services(user: Any, *, project: Project | None = None) -> QuerySet[ModelService]:
+    """The model services ``user`` may see (newest first), with what a list renders; the API
+    and the portal's services pages share it."""
+    qs = restrict(ModelService.objects.all(), user).select_related(
+        "tenant", "project", "cluster", "owner", "image")
+    if project is not None:
+        qs = qs.filter(project=project)
+    return qs.order_by("-created_at", "-id")
+
+
+def service_replicas(service: ModelService, *, removed: bool = False) -> QuerySet[ServiceReplica]:
+    """A service's replicas with their jobs: the live ones, or (``removed``) those removed
+    or ended, newest first (scaled down, replaced by a revision, failed)."""
+    qs = service.replicas.select_related("job")
+    if removed:
+        return qs.exclude(removed_reason="").order_by("-number")
+    return qs.filter(removed_reason="").order_by("number")
+
+
+def service_endpoint(service: ModelService) -> str:
+    """In-cluster URL of the service (its ClusterIP Service in the project's namespace)."""
+    from scheduling.selectors import project_namespace_name
+
+    ns = project_namespace_name(cluster=service.cluster, project=service.project)
+    return f"http://{service.service_name}.{ns}.svc:{service.port}"

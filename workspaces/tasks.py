@@ -57,3 +57,10 @@ def delete_objects(cluster_id: int, namespace: str, objects: list[list[str] | tu
         backend.delete_object(namespace, kind, name)  # 404 counts as done; errors retry
         n += 1
     return n
+
+
+@shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
+def services_autoscale() -> dict[str, int]:
+    """Beat (``SERVING_AUTOSCALE_SECONDS``): one autoscaler step per model service
+    (workspaces/services/serving.py): load → desired replicas → replica jobs added or removed."""
+    return services.model_services_autoscale()

@@ -106,6 +106,13 @@ WORKSPACES_TICK_SECONDS = env_int("WORKSPACES_TICK_SECONDS", 30)
 CELERY_BEAT_SCHEDULE["workspaces-tick"] = {
     "task": "workspaces.tasks.workspaces_tick", "schedule": float(WORKSPACES_TICK_SECONDS),
 }
+# Model services (workspaces/services/serving.py, docs/SERVING.md): the autoscaler's step, and where
+# it reads load ("simulated": the per-service daily curve; other sources: serving_load.LOAD_SOURCES).
+SERVING_AUTOSCALE_SECONDS = env_int("SERVING_AUTOSCALE_SECONDS", 15)
+SERVING_LOAD_SOURCE = env_str("SERVING_LOAD_SOURCE", "simulated")
+CELERY_BEAT_SCHEDULE["services-autoscale"] = {
+    "task": "workspaces.tasks.services_autoscale", "schedule": float(SERVING_AUTOSCALE_SECONDS),
+}
 CAMP_URL = env_str("CAMP_URL", "http://localhost:8000")  # this portal, for the ingress auth hook
 WORKSPACES_URL = env_str("WORKSPACES_URL", "https://workspaces.camp.local")  # environment URLs
 WORKSPACES_SSH_GATEWAY = env_str("WORKSPACES_SSH_GATEWAY", "ssh.camp.local")

@@ -118,6 +118,10 @@ class PodSpec:
     volume_mounts: tuple[Mapping[str, Any], ...] = ()
     image_pull_secrets: tuple[str, ...] = ()
     """Names of Secrets (type ``kubernetes.io/dockerconfigjson``) in the pod's namespace."""
+    args: tuple[str, ...] = ()
+    """The main container's arguments (its image's entrypoint runs them: a model server)."""
+    readiness_probe: Mapping[str, Any] | None = None
+    """The main container's readinessProbe (a model service's health path), in Kubernetes' shape."""
 
 
 @dataclass(frozen=True)

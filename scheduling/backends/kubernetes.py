@@ -667,6 +667,10 @@ class KubernetesBackend:
             container["command"] = list(spec.command)
         if spec.ports:
             container["ports"] = [dict(p) for p in spec.ports]
+        if spec.args:
+            container["args"] = list(spec.args)
+        if spec.readiness_probe:
+            container["readinessProbe"] = json.loads(json.dumps(dict(spec.readiness_probe)))
         pod_spec: dict[str, Any] = {"schedulerName": scheduler_name(), "restartPolicy": "Never",
                                     "containers": [container]}
         if tolerations:

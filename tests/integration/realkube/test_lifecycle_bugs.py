@@ -196,7 +196,7 @@ def test_a_redundant_dispatch_of_a_running_gang_changes_nothing(world: Any, kube
     assert services.job_dispatch(job_id=job.pk) == "skipped"
     # The same dispatch started while the job was STARTING finds it RUNNING at the end.
     Job.objects.filter(pk=job.pk).update(state=JobState.STARTING)
-    real = services.backend_for
+    real = services.dispatch.backend_for
 
     class WatchMarksRunning:
         def __init__(self, inner: Any) -> None:
@@ -209,11 +209,11 @@ def test_a_redundant_dispatch_of_a_running_gang_changes_nothing(world: Any, kube
             Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING)
             return self.inner.create_pod(spec)
 
-    services.backend_for = lambda c: WatchMarksRunning(real(c))  # type: ignore[assignment]
+    services.dispatch.backend_for = lambda c: WatchMarksRunning(real(c))  # type: ignore[assignment]
     try:
         assert services.job_dispatch(job_id=job.pk) == "running"
     finally:
-        services.backend_for = real
+        services.dispatch.backend_for = real
     after = {p.metadata.name: p.metadata.uid for p in kube.core.list_namespaced_pod(job.namespace).items}
     assert after == before and Job.objects.get(pk=job.pk).state == JobState.RUNNING
 

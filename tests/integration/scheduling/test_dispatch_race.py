@@ -71,7 +71,7 @@ def test_cancel_during_dispatch_never_leaves_pods_on_free_gpus(world: Any, sim_c
         wrapper.outcome["held_after_stop"] = Allocation.objects.filter(job_id=job.pk).exists()
         return result
 
-    real_backend_for = services.backend_for
+    real_backend_for = services.dispatch.backend_for
     wrapper: _StopBeforeFirstPod | None = None
 
     def backend_for(cluster: Any) -> Any:
@@ -83,7 +83,7 @@ def test_cancel_during_dispatch_never_leaves_pods_on_free_gpus(world: Any, sim_c
             return wrapper
         return real_backend_for(cluster)
 
-    monkeypatch.setattr(services, "backend_for", backend_for)
+    monkeypatch.setattr(services.dispatch, "backend_for", backend_for)
     outcome = services.job_dispatch(job_id=job.pk)
 
     assert wrapper is not None and wrapper.fired

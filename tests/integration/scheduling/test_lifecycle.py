@@ -74,8 +74,8 @@ def test_a_redundant_dispatch_finding_the_job_running_leaves_it_running(
     pods = _live_pods(job)
     assert len(pods) == 2
     # A redelivered copy of the same dispatch starts while the job is still STARTING...
-    real = services.backend_for
-    monkeypatch.setattr(services, "backend_for",
+    real = services.dispatch.backend_for
+    monkeypatch.setattr(services.dispatch, "backend_for",
                         lambda c: _WatchMarksRunning(real(c), job.pk, pods=2))
     outcome = services.job_dispatch(job_id=job.pk)
     # ...and finds it RUNNING at the end: nothing to undo, the job keeps its pods and GPUs.
@@ -96,14 +96,14 @@ def test_a_dispatch_that_fails_on_a_running_job_deletes_nothing(
     job = submit(world, sim_cluster, "ddp2", group={"replicas": 2})
     services.cycle_run(cluster=sim_cluster)
     assert services.job_dispatch(job_id=job.pk) == "created"
-    real = services.backend_for
+    real = services.dispatch.backend_for
 
     class Failing(_WatchMarksRunning):
         def create_pod(self, spec: Any) -> Any:
             super().create_pod(spec)
             raise BackendError("Kubernetes API answered 500", status=500, retryable=True)
 
-    monkeypatch.setattr(services, "backend_for", lambda c: Failing(real(c), job.pk, pods=1))
+    monkeypatch.setattr(services.dispatch, "backend_for", lambda c: Failing(real(c), job.pk, pods=1))
     assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "running"
     job.refresh_from_db()
     assert job.state == JobState.RUNNING and len(_live_pods(job)) == 2
@@ -159,7 +159,7 @@ def test_a_gang_that_keeps_losing_pods_fails_with_the_reason(world: Any, sim_clu
 
 def test_the_watcher_seeing_one_pod_deleted_restarts_the_gang(world: Any, sim_cluster: Any) -> None:
     job = _running(world, sim_cluster, "watched")
-    view = {p.name: p for p in services.backend_for(sim_cluster).list_pods()}
+    view = {p.name: p for p in services.dispatch.backend_for(sim_cluster).list_pods()}
     lost = _live_pods(job)[2]
     del view[lost]
     assert services.pod_event_apply(cluster=sim_cluster, pod_name=lost, pods=view,
@@ -172,7 +172,7 @@ def test_the_watcher_does_not_take_a_partial_view_for_lost_pods(world: Any, sim_
     """After a (re)list, the watcher applies pods one by one: a view holding only the first
     pod of a gang is not a loss of the others."""
     job = _running(world, sim_cluster, "partial")
-    first = next(p for p in services.backend_for(sim_cluster).list_pods()
+    first = next(p for p in services.dispatch.backend_for(sim_cluster).list_pods()
                  if p.name == _live_pods(job)[0])
     assert services.pod_event_apply(cluster=sim_cluster, pod_name=first.name,
                                     pods={first.name: first}) == "observed"

@@ -1,0 +1,219 @@
+"""Clusters: create, update, delete, encrypted credentials, and reachability records."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, models, transaction
+from django.db.models import ProtectedError, Q
+from django.db.models.fields.reverse_related import ForeignObjectRel
+from django.utils import timezone
+
+from tenants import permissions
+from tenants.audit import audit_record, snapshot
+from tenants.models import User
+
+from ..backends.credentials import decrypt_credentials, encrypt_credentials, kubeconfig_problems
+from ..backends.simulated import InventoryError, parse_inventory
+from ..models import (
+    FINAL_STATES,
+    Backend,
+    Cluster,
+    Job,
+)
+from .common import SCHEDULER, _require, enqueue_on_commit
+
+CLUSTER_FIELDS = ("name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
+                  "namespace_prefix", "placement_policy")
+
+
+# --- clusters ------------------------------------------------------------------------------
+
+
+def _validate_cluster(cluster: Cluster) -> None:
+    if cluster.backend == Backend.SIMULATED:
+        try:
+            nodes, _ = parse_inventory(cluster.inventory)
+        except InventoryError as exc:
+            raise ValidationError({"inventory": [str(exc)]}) from exc
+        if cluster.enabled and not nodes:
+            raise ValidationError({"inventory": ["A simulated cluster needs at least one node."]})
+    cluster.full_clean(exclude=["credentials_encrypted"])
+
+
+def _validate_credentials(credentials: dict[str, str]) -> None:
+    if credentials.get("kubeconfig"):
+        problems = kubeconfig_problems(credentials["kubeconfig"])
+        if problems:
+            raise ValidationError({"kubeconfig": problems})
+
+
+def _merged_credentials(cluster: Cluster, given: dict[str, str]) -> str:
+    """The stored credentials with ``given`` keys replaced (an empty value clears its key;
+    keys not given are kept: a new token keeps the CA certificate and the kubeconfig)."""
+    try:
+        current = decrypt_credentials(cluster.credentials_encrypted)
+    except ValueError:
+        current = {}  # unreadable with the configured key: what is given replaces them
+    return encrypt_credentials({**current, **given})
+
+
+def _cluster_snapshot(cluster: Cluster) -> dict[str, Any]:
+    data = snapshot(cluster, CLUSTER_FIELDS)
+    data["has_credentials"] = cluster.has_credentials  # never the credentials themselves
+    return data
+
+
+def _verify_cluster(cluster: Cluster) -> None:
+    """A Kubernetes cluster must answer, accept the credentials and allow what Camp does
+    (``kubernetes.access_problems``); else a 400 naming the field, in words."""
+    if cluster.backend != Backend.KUBERNETES or not cluster.enabled:
+        return
+    from ..backends.kubernetes import access_problems
+
+    problems = access_problems(cluster)
+    if problems:
+        raise ValidationError({k: [v] for k, v in problems.items()})
+
+
+@transaction.atomic
+def cluster_create(*, actor: User, name: str, credentials: dict[str, str] | None = None,
+                   verify: bool = True, **fields: Any) -> Cluster:
+    """Register a cluster. A Kubernetes one is checked first (reachable, credentials valid,
+    Camp's permissions granted). ``verify=False`` skips that check: only for tests of a
+    cluster that is meant to be dead (no API or console path passes it)."""
+    cluster = Cluster(name=name, **fields)
+    _require(actor, permissions.CREATE, cluster)
+    _validate_cluster(cluster)
+    if credentials:
+        _validate_credentials(credentials)
+        cluster.credentials_encrypted = encrypt_credentials(credentials)
+    if verify:
+        _verify_cluster(cluster)
+    try:
+        with transaction.atomic():
+            cluster.save()
+    except IntegrityError as exc:
+        raise ValidationError({"name": ["A cluster with this name already exists."]}) from exc
+    audit_record(actor=actor, action="cluster.created", target=cluster,
+                 after=_cluster_snapshot(cluster))
+    if cluster.enabled:
+        _after_commit_inventory(cluster.pk)
+    return cluster
+
+
+@transaction.atomic
+def cluster_update(*, actor: User, cluster: Cluster, credentials: dict[str, str] | None = None,
+                   verify: bool = True, **changes: Any) -> Cluster:
+    """Change a cluster; a change of how Camp reaches a Kubernetes cluster (server,
+    credentials, backend, enabling it) is checked as at registration."""
+    _require(actor, permissions.CHANGE, cluster)
+    before = _cluster_snapshot(cluster)
+    for key, value in changes.items():
+        if key not in (*CLUSTER_FIELDS, "inventory"):
+            raise ValidationError({key: ["This field cannot be changed."]})
+        setattr(cluster, key, value)
+    _validate_cluster(cluster)
+    if credentials is not None:
+        _validate_credentials(credentials)
+        cluster.credentials_encrypted = _merged_credentials(cluster, credentials)
+    reach = {"api_server", "backend", "enabled"}
+    if verify and (credentials or any(before.get(k) != getattr(cluster, k) for k in reach)):
+        _verify_cluster(cluster)
+    try:
+        with transaction.atomic():
+            cluster.save()
+    except IntegrityError as exc:
+        raise ValidationError({"name": ["A cluster with this name already exists."]}) from exc
+    audit_record(actor=actor, action="cluster.updated", target=cluster, before=before,
+                 after=_cluster_snapshot(cluster))
+    if cluster.enabled:
+        _after_commit_inventory(cluster.pk)
+    return cluster
+
+
+def _cluster_users(cluster: Cluster) -> list[str]:
+    """What keeps ``cluster`` from being deleted, as "3 jobs", "1 dev environment": its
+    unfinished jobs (finished ones go with it) and every row of another model that refers
+    to it with ``on_delete=PROTECT`` (workloads, found by introspection so that scheduling
+    does not import the apps built on it)."""
+    active = Job.objects.filter(Q(cluster=cluster) & (
+        ~Q(state__in=FINAL_STATES) | Q(allocations__isnull=False)))  # or its pods still stopping
+    counts: list[tuple[Any, int]] = [(Job._meta, active.distinct().count())]
+    for rel in Cluster._meta.get_fields(include_hidden=True):  # hidden: related_name="+"
+        if not isinstance(rel, ForeignObjectRel) or getattr(rel, "on_delete", None) is not models.PROTECT:
+            continue
+        model = rel.related_model
+        if model is Job or not isinstance(model, type):
+            continue
+        counts.append((model._meta, model._base_manager.filter(**{rel.field.name: cluster}).count()))
+    return [f"{n} {meta.verbose_name if n == 1 else meta.verbose_name_plural}"
+            for meta, n in counts if n]
+
+
+@transaction.atomic
+def cluster_delete(*, actor: User, cluster: Cluster) -> None:
+    """Delete a cluster with its nodes and finished jobs; refused (naming what blocks it)
+    while jobs or workloads still use it."""
+    _require(actor, permissions.DELETE, cluster)
+    blockers = _cluster_users(cluster)
+    if blockers:
+        listed = blockers[0] if len(blockers) == 1 else f"{', '.join(blockers[:-1])} and {blockers[-1]}"
+        verb = "uses" if len(blockers) == 1 and blockers[0].startswith("1 ") else "use"
+        raise ValidationError({"cluster": [
+            f"{listed} still {verb} this cluster; stop and delete them first."]})
+    audit_record(actor=actor, action="cluster.deleted", target=cluster,
+                 before=_cluster_snapshot(cluster))
+    try:
+        with transaction.atomic():
+            Job.objects.filter(cluster=cluster).delete()
+            cluster.delete()
+    except ProtectedError as exc:  # something started using it meanwhile
+        raise ValidationError({"cluster": [
+            "Jobs or workloads still use this cluster; stop and delete them first."]}) from exc
+
+
+def _after_commit_inventory(cluster_id: int) -> None:
+    enqueue_on_commit("cluster_inventory_sync", cluster_id)
+
+
+# Reachability: a cluster whose API server fails is skipped by the periodic ticks until its
+# ``retry_at``: 2, 4, 8 ... seconds after each failure, at most this long.
+MAX_RETRY_SECONDS = 300
+PROBE_TIMEOUT_SECONDS = (5.0, 30.0)
+"""Reconcile's one attempt per tick: connect within 5 s (a dead server), read within 30 s
+(listing a large cluster's pods takes a while)."""
+
+
+def cluster_reachability_record(*, cluster_id: int, error: str | None) -> None:
+    """Record a reconcile's outcome for the cluster's backoff: ``error`` None means it
+    answered. The first failure and the recovery are audited (the system as actor); the
+    cluster page and /metrics show the state."""
+    now = timezone.now()
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update(no_key=True).get(pk=cluster_id)
+        if error is None:
+            if cluster.unreachable_since is None and not cluster.failures:
+                return
+            down_for = (now - cluster.unreachable_since).total_seconds() if cluster.unreachable_since else 0
+            Cluster.objects.filter(pk=cluster_id).update(
+                unreachable_since=None, retry_at=None, failures=0, last_error="")
+            audit_record(actor=None, actor_username=SCHEDULER, action="cluster.reachable",
+                         target=cluster, before={"failures": cluster.failures},
+                         after={"unreachable_seconds": round(down_for)})
+            return
+        failures = cluster.failures + 1
+        wait = min(2 ** failures, MAX_RETRY_SECONDS)
+        Cluster.objects.filter(pk=cluster_id).update(
+            failures=failures, retry_at=now + dt.timedelta(seconds=wait),
+            unreachable_since=cluster.unreachable_since or now, last_error=error[:500])
+        if cluster.unreachable_since is None:
+            audit_record(actor=None, actor_username=SCHEDULER, action="cluster.unreachable",
+                         target=cluster, after={"error": error[:500]})
+
+
+def cluster_due(cluster: Cluster, now: dt.datetime | None = None) -> bool:
+    """Whether the periodic ticks may talk to the cluster now (not backing off)."""
+    return cluster.retry_at is None or cluster.retry_at <= (now or timezone.now())

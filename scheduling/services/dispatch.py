@@ -1,0 +1,371 @@
+"""Dispatch: a job's namespace and Kubernetes objects created on the backend, and stopping them."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection, transaction
+
+from tenants.audit import audit_record
+from tenants.models import Project, Quota, QuotaScope
+
+from .. import selectors, signals
+from ..backends import backend_for
+from ..backends.base import (
+    LABEL_JOB,
+    LABEL_JOB_ID,
+    LABEL_PROJECT,
+    LABEL_PROJECT_ID,
+    LABEL_REPLICA,
+    LABEL_ROLE,
+    LABEL_TENANT,
+    MANAGED_BY,
+    BackendError,
+    JobObjects,
+    NamespaceSpec,
+    PodSpec,
+    SliceSpec,
+)
+from ..backends.naming import job_object_name, namespace_name
+from ..extensions import apply_job_spec_hooks
+from ..models import (
+    ACTIVE_STATES,
+    Allocation,
+    Cluster,
+    DecisionKind,
+    Job,
+    JobState,
+    PodPhase,
+    ProjectNamespace,
+)
+from .common import (
+    _DISPATCH_LOCK_CLASS,
+    MAX_ATTEMPTS,
+    SCHEDULER,
+    _audit_job,
+    _locked_job,
+    _record,
+    logger,
+    request_cycle,
+)
+from .jobs import _finish, _preempted_reason, _release
+
+# --- dispatch ------------------------------------------------------------------------------
+
+
+def project_namespace_ensure(*, cluster: Cluster, project: Project) -> str:
+    """The project's namespace on ``cluster``, stored on first use (``ProjectNamespace``):
+    ``naming.namespace_name`` (id-based, unique by construction), and should that name be
+    taken anyway (a namespace kept from before, ``0005_i11b``), one with a numbered suffix.
+    The unique constraint is the check: two projects never get one namespace."""
+    row = ProjectNamespace.objects.filter(cluster=cluster, project=project).first()
+    if row is not None:
+        return row.name
+    base = namespace_name(cluster.namespace_prefix, project.pk, project.name)
+    for n in range(10):
+        name = base if n == 0 else namespace_name(cluster.namespace_prefix, project.pk, f"{n}")
+        try:
+            with transaction.atomic():
+                row = ProjectNamespace.objects.create(cluster=cluster, project=project, name=name)
+                audit_record(actor=None, actor_username=SCHEDULER, action="namespace.assigned",
+                             target=row, tenant=project.tenant, project=project,
+                             after={"cluster": cluster.name, "namespace": name})
+                return row.name
+        except IntegrityError:
+            row = ProjectNamespace.objects.filter(cluster=cluster, project=project).first()
+            if row is not None:  # created concurrently for this project
+                return row.name
+    raise ValidationError({"namespace": [f"No free namespace name for project {project.name}."]})
+
+
+def namespace_spec(job: Job, cluster: Cluster) -> NamespaceSpec:
+    project = job.project
+    labels = {MANAGED_BY: "camp", LABEL_TENANT: project.tenant.name, LABEL_PROJECT: project.name,
+              LABEL_PROJECT_ID: str(project.pk)}
+    quota: dict[str, str] = {}
+    q = Quota.objects.filter(scope=QuotaScope.PROJECT, project=project).first()
+    if q is not None:
+        # A backstop mirroring the project's limits; Camp's own quota check comes first.
+        if q.gpu_memory_mib_limit is not None:
+            quota["requests.nvidia.com/gpumem"] = str(q.gpu_memory_mib_limit)
+        if q.cpu_cores_limit is not None:
+            quota["requests.cpu"] = str(q.cpu_cores_limit.normalize())
+        if q.ram_mib_limit is not None:
+            quota["requests.memory"] = f"{q.ram_mib_limit}Mi"
+        if q.gpus_limit is not None:
+            # nvidia.com/gpu counts vGPU devices (slices), at most max sharers per card.
+            quota["requests.nvidia.com/gpu"] = str(math.ceil(q.gpus_limit) * 10)
+    # A job admitted before namespaces were stored keeps the one its pods are in.
+    name = job.namespace or selectors.project_namespace_name(cluster=cluster, project=project)
+    return NamespaceSpec(name=name, labels=labels, quota=quota)
+
+
+def job_specs(job: Job, cluster: Cluster) -> tuple[NamespaceSpec, JobObjects, list[PodSpec]]:
+    """Everything to create for an admitted job, derived only from rows (deterministic)."""
+    ns = namespace_spec(job, cluster)
+    owner = job_object_name(job.name, job.pk)
+    base_labels = {MANAGED_BY: "camp", LABEL_TENANT: job.tenant.name, LABEL_PROJECT: job.project.name,
+                   LABEL_JOB: job.name[:63], LABEL_JOB_ID: str(job.pk)}
+    allocs = list(job.allocations.select_related("group", "node").prefetch_related("slices__gpu")
+                  .order_by("group_id", "replica"))
+    distributed = len(allocs) > 1
+    world = len(allocs)
+    master = f"{allocs[0].pod_name}.{owner}.{ns.name}.svc" if allocs else ""
+    pods: list[PodSpec] = []
+    hostfile = []
+    for rank, a in enumerate(allocs):
+        g = a.group
+        env = {str(k): str(v) for k, v in (g.env or {}).items()}
+        env.update({"CAMP_JOB": job.name, "CAMP_JOB_ID": str(job.pk), "CAMP_ROLE": g.name,
+                    "CAMP_ATTEMPT": str(job.attempts)})
+        if job.checkpoint_capable and job.last_checkpoint:
+            env["CAMP_RESUME_FROM"] = job.last_checkpoint
+        if distributed:
+            env.update({"MASTER_ADDR": master, "MASTER_PORT": "29500", "WORLD_SIZE": str(world),
+                        "RANK": str(rank), "NODE_RANK": str(rank),
+                        "LOCAL_WORLD_SIZE": str(max(1, g.gpu_count))})
+        slices = tuple(
+            SliceSpec(uuid=s.gpu.uuid, vendor=s.gpu.vendor,
+                      memory_mib=s.memory_mib, cores_percent=s.cores_percent, container=s.container)
+            for s in sorted(a.slices.all(), key=lambda s: (s.container, s.gpu.index))
+        )
+        if g.name != MPI_LAUNCHER:  # mpirun runs on the launcher; ranks go to the workers
+            hostfile.append(f"{a.pod_name}.{owner}.{ns.name}.svc slots={max(1, g.gpu_count)}")
+        pods.append(PodSpec(
+            name=a.pod_name, namespace=ns.name, node=a.node.name, image=g.image,
+            command=tuple(str(c) for c in (g.command or [])), env=env,
+            labels={**base_labels, LABEL_ROLE: g.name, LABEL_REPLICA: str(a.replica)},
+            cpu_millicores=a.cpu_millicores, ram_mib=a.ram_mib, slices=slices, owner=owner,
+            subdomain=owner if distributed else "", duration_seconds=job.duration_seconds,
+        ))
+    data = {"job": job.name, "job-id": str(job.pk)}
+    if job.kind == "mpi":
+        data["hostfile"] = "\n".join(hostfile) + "\n"
+    objs = JobObjects(name=owner, namespace=ns.name, labels=base_labels, data=data,
+                      headless_service=distributed)
+    # Workloads (workspaces/) add ports, volumes, pull secrets and objects (scheduling/extensions.py).
+    objs, pods = apply_job_spec_hooks(job, ns, objs, pods)
+    return ns, objs, pods
+
+
+MPI_LAUNCHER = "launcher"
+"""The pod group of an MPI job that runs ``mpirun`` (left out of the hostfile)."""
+
+
+@contextlib.contextmanager
+def _dispatching(job_id: int) -> Iterator[None]:
+    """Mark a dispatch of ``job_id`` in flight, waiting for one already in flight (or for a
+    release being committed, ``_dispatch_in_flight``). PostgreSQL: a session-level advisory
+    lock (released here, or when a killed worker's connection drops); SQLite (the demo): an
+    exclusive file lock."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", [_DISPATCH_LOCK_CLASS, job_id])
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_DISPATCH_LOCK_CLASS, job_id])
+        return
+    with open(_dispatch_lock_path(job_id), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _dispatch_in_flight(job_id: int) -> bool:
+    """Whether another worker is creating the job's pods right now. Call inside the
+    transaction that would release the job's resources: on PostgreSQL the lock taken here
+    is held until that transaction ends, so a dispatch starting meanwhile waits for the
+    release and then sees the job's new state. (The same session's own dispatch, which
+    holds the lock, is not "another": advisory locks are re-entrant per session.)"""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [_DISPATCH_LOCK_CLASS, job_id])
+            row = cursor.fetchone()
+        return not (row and row[0])
+    with open(_dispatch_lock_path(job_id), "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+
+def _dispatch_lock_path(job_id: int) -> Any:
+    lock_dir = settings.BASE_DIR / "var" / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    return lock_dir / f"dispatch-{job_id}.lock"
+
+
+def job_dispatch(*, job_id: int, final_attempt: bool = True) -> str:
+    """Create the job's namespace, owner object, service and pods (idempotent).
+
+    Retryable backend errors propagate when ``final_attempt`` is False (the task retries
+    with backoff); otherwise a failure removes every pod already created (all or nothing)
+    and requeues the job with the error as its reason, or fails it after MAX_ATTEMPTS.
+
+    Race with a stop (cancel, preemption, eviction): while the pods are being created the
+    dispatch is marked in flight, and a stop that finds no pods then does not release the
+    job's resources (``_pods_gone``), since pods may be about to appear on those GPUs.
+    Once the pods exist, the job's state is checked again under its row lock; if it left
+    STARTING meanwhile the dispatch is "aborted" and stops the job itself (pods deleted,
+    resources released once they are gone), so GPUs are never free in the database while
+    pods run on them."""
+    with _dispatching(job_id):
+        outcome = _dispatch(job_id, final_attempt)
+    if outcome == "aborted":
+        job_stop(job_id=job_id)
+    return outcome
+
+
+def _dispatch(job_id: int, final_attempt: bool) -> str:
+    job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
+    if job.state != JobState.STARTING:
+        return "skipped"
+    cluster = job.cluster
+    backend = backend_for(cluster)
+    ns, objs, pods = job_specs(job, cluster)
+    try:
+        backend.ensure_namespace(ns)
+        backend.ensure_job_objects(objs)
+        for spec in pods:
+            backend.create_pod(spec)
+    except BackendError as exc:
+        if Job.objects.filter(pk=job_id, state=JobState.RUNNING).exists():
+            # A redundant dispatch (redelivered after a worker died, or re-requested by
+            # reconcile) of a job whose pods all run: its failure harms nothing, and
+            # cleaning up would kill a healthy job.
+            return "running"
+        if exc.retryable and not final_attempt:
+            raise
+        for spec in pods:
+            with contextlib.suppress(BackendError):
+                backend.delete_pod(spec.namespace, spec.name, grace_seconds=0)
+        with contextlib.suppress(BackendError):
+            backend.delete_job_objects(objs.namespace, objs.name)
+        return "failed" if _dispatch_failed(job_id, str(exc)) else "aborted"
+    with transaction.atomic():
+        current = Job.objects.select_for_update(no_key=True).only("state").get(pk=job_id)
+        if current.state == JobState.RUNNING:
+            # Its pods were created (by this or an earlier dispatch) and all run: the watch
+            # saw them start while this one was still going. Nothing to undo.
+            Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(
+                phase=PodPhase.CREATED)
+            return "running"
+        if current.state != JobState.STARTING:
+            return "aborted"  # stopped while its pods were being created
+        Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(phase=PodPhase.CREATED)
+    return "created"
+
+
+def _dispatch_failed(job_id: int, message: str) -> bool:
+    """Release and requeue (or fail) a job whose pods could not be created; False if the
+    job had already left STARTING (its stop then takes over)."""
+    with transaction.atomic():
+        job = _locked_job(job_id)
+        if job.state != JobState.STARTING:
+            return False
+        _release(job)
+        reason = f"Could not create its pods: {message}"[:500]
+        signals.dispatch_failed.send_robust(sender=Job, cluster_id=job.cluster_id, job_id=job.pk,
+                                            message=message)
+        if job.attempts >= MAX_ATTEMPTS:
+            _finish(job, JobState.FAILED, reason)
+            _record(job, DecisionKind.FAILED, reason)
+            _audit_job("job.failed", job, after={"reason": reason})
+        else:
+            job.state = JobState.QUEUED
+            job.reason = reason + "; requeued"
+            job.save(update_fields=["state", "reason", "updated_at"])
+            _record(job, DecisionKind.REQUEUED, job.reason)
+            _audit_job("job.requeued", job, after={"reason": reason})
+        request_cycle(job.cluster_id, countdown=2)
+    return True
+
+
+def job_stop(*, job_id: int) -> str:
+    """Delete a job's pods (with a grace period) and release its resources once gone."""
+    job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
+    backend = backend_for(job.cluster)
+    allocs = list(job.allocations.select_related("node"))
+    names = [a.pod_name for a in allocs]
+    if not names:
+        return "nothing"
+    ns = namespace_spec(job, job.cluster).name
+    dead = _on_dead_nodes(allocs)
+    for name in names:
+        backend.delete_pod(ns, name, grace_seconds=0 if name in dead else 30)
+    remaining = ({p.name for p in backend.list_pods()} & set(names)) - dead
+    if remaining or not _pods_gone(job_id):
+        # The reconcile task releases once the pods are gone (or the dispatch in flight,
+        # finding the job stopped, stops it again).
+        return "waiting"
+    return "released"
+
+
+def _on_dead_nodes(allocs: list[Allocation]) -> set[str]:
+    """Pods on a node that is NotReady or gone: its kubelet cannot confirm their end, so they
+    are force-deleted and count as gone (Kubernetes' pod garbage collector makes the same
+    call for lost nodes); waiting for them would leave the job stuck."""
+    return {a.pod_name for a in allocs if not a.node.ready or not a.node.present}
+
+
+def _pods_gone(job_id: int) -> bool:
+    """The job's pods are gone: release, and requeue a preempted job or end a finished one.
+
+    Not while another worker is dispatching the job (False): pods it is creating would run
+    on GPUs the database shows free (``job_dispatch`` stops the job again when it ends)."""
+    with transaction.atomic():
+        if _dispatch_in_flight(job_id):
+            return False
+        job = _locked_job(job_id)
+        released = _release(job)
+        if job.state == JobState.PREEMPTING:
+            preemptor = job.preempted_by
+            job.state = JobState.QUEUED
+            note = " (resumes from its latest checkpoint)" if job.checkpoint_capable else ""
+            job.reason = (f"{_preempted_reason(job, preemptor)}; requeued{note}" if preemptor
+                          else job.reason.replace("Rescheduling", "Requeued") + note)[:500]
+            job.preempted_by = None
+            job.started_at = None
+            job.save(update_fields=["state", "reason", "preempted_by", "started_at", "updated_at"])
+            _record(job, DecisionKind.REQUEUED, job.reason, preemptor=preemptor)
+            _audit_job("job.requeued", job, after={"reason": job.reason})
+        elif job.state in ACTIVE_STATES:
+            # Pods vanished under a starting/running job: lost. Checkpointed jobs resume.
+            if job.checkpoint_capable and job.attempts < MAX_ATTEMPTS:
+                job.state = JobState.QUEUED
+                job.reason = "Its pods were lost; requeued (resumes from its latest checkpoint)"
+                job.started_at = None
+                job.save(update_fields=["state", "reason", "started_at", "updated_at"])
+                _record(job, DecisionKind.REQUEUED, job.reason)
+            else:
+                _finish(job, JobState.FAILED, "Its pods disappeared from the cluster")
+                _record(job, DecisionKind.FAILED, job.reason)
+                _audit_job("job.failed", job, after={"reason": job.reason})
+        if released:
+            request_cycle(job.cluster_id)
+    if released:
+        _job_objects_delete(job)
+    return True
+
+
+def _job_objects_delete(job: Job) -> None:
+    """The job's pods are gone: delete its ConfigMap, headless Service and owned extras
+    (a requeued job's next dispatch makes them again, for its new placement). Best effort:
+    reconcile deletes what is left (``_sweep_job_objects``)."""
+    try:
+        backend_for(job.cluster).delete_job_objects(namespace_spec(job, job.cluster).name,
+                                                    job_object_name(job.name, job.pk))
+    except BackendError as exc:
+        logger.info("job %s: its objects are left for reconcile: %s", job.pk, exc)

@@ -1,0 +1,270 @@
+"""Reconcile: pod states read back from the backend (periodic sweep or pod events), lost pods and
+jobs, and leftover objects."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+
+from ..backends import backend_for
+from ..backends.base import (
+    MANAGED_BY,
+    BackendError,
+    PodStatus,
+)
+from ..models import (
+    FINAL_STATES,
+    Allocation,
+    Cluster,
+    DecisionKind,
+    Job,
+    JobState,
+    PodPhase,
+)
+from .common import MAX_ATTEMPTS, _audit_job, _locked_job, _record, enqueue
+from .dispatch import _dispatch_in_flight, _on_dead_nodes, _pods_gone
+from .jobs import _finish, _stop_after_commit, job_evict
+
+OBJECT_SWEEP_SECONDS = 60
+
+
+def _sweep_job_objects(backend: Any, cluster: Cluster, result: ReconcileResult) -> None:
+    """Per-job objects of jobs that hold nothing (ended, requeued or deleted) are deleted:
+    what ``_job_objects_delete`` could not (a crash, an unreachable API server). At most
+    once a minute per cluster (one list call)."""
+    if not cache.add(f"camp:objects-swept:{cluster.pk}", 1, timeout=OBJECT_SWEEP_SECONDS):
+        return
+    found = backend.list_job_objects()
+    if not found:
+        return
+    holding = set(Allocation.objects.filter(job_id__in={j for _, _, j in found}).values_list(
+        "job_id", flat=True))
+    starting = set(Job.objects.filter(pk__in={j for _, _, j in found},
+                                      state=JobState.STARTING).values_list("pk", flat=True))
+    for namespace, name, job_id in found:
+        if job_id in holding or job_id in starting:
+            continue
+        with contextlib.suppress(BackendError):
+            backend.delete_job_objects(namespace, name)
+            result.objects_deleted.append(name)
+
+
+# --- reconcile -----------------------------------------------------------------------------
+
+
+# How long an admitted job may miss pods before reconcile asks for its dispatch again (when
+# no dispatch of it is running). Short: a duplicate dispatch is harmless (idempotent).
+DISPATCH_GRACE_SECONDS = 5
+
+
+@dataclass
+class ReconcileResult:
+    started: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)
+    redispatched: list[int] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+    orphans_deleted: list[str] = field(default_factory=list)
+    objects_deleted: list[str] = field(default_factory=list)
+
+
+def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None,
+                      backend: Any = None) -> ReconcileResult:
+    """Converge the database and the cluster (after events, crashes or lost events).
+
+    Rules: pod phases map to job states (all running → Running; all succeeded →
+    Succeeded; any failed → Failed); a job whose pods are gone releases its resources
+    (preempted ones are requeued); an admitted job whose pods were never created gets
+    them (re)created; pods that belong to no admitted job (orphans) are deleted."""
+    backend = backend or backend_for(cluster)
+    if pods is None:
+        pods = backend.list_pods()
+    by_name = {p.name: p for p in pods}
+    result = ReconcileResult()
+    allocs: dict[int, list[Allocation]] = defaultdict(list)
+    for a in Allocation.objects.filter(cluster=cluster).select_related("job", "node"):
+        allocs[a.job_id].append(a)
+    known = {a.pod_name for rows in allocs.values() for a in rows}
+    for job_id, rows in allocs.items():
+        _reconcile_job(backend, job_id, rows, by_name, result)
+    for p in pods:
+        if p.name not in known and p.labels.get(MANAGED_BY) == "camp" and not p.deleting:
+            with contextlib.suppress(BackendError):
+                backend.delete_pod(p.namespace, p.name, grace_seconds=30)
+            result.orphans_deleted.append(p.name)
+    _sweep_job_objects(backend, cluster, result)
+    return result
+
+
+def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict[str, PodStatus],
+                   result: ReconcileResult, *, complete: bool = True, deleted: str = "") -> None:
+    """The reconcile rules for one job. ``complete``: ``pods`` is a full list of the cluster's
+    pods (a pod missing from it is gone); else it is the watcher's partial view, where only
+    ``deleted`` (the pod of a DELETED event) is known to be gone."""
+    if not rows:
+        return  # released meanwhile (another worker, an eviction): nothing left to converge
+    job = rows[0].job
+    present = [pods[a.pod_name] for a in rows if a.pod_name in pods]
+    phases = [p.phase for p in present]
+    if job.state in FINAL_STATES or job.state == JobState.PREEMPTING:
+        dead = _on_dead_nodes(rows)
+        for p in present:
+            if p.name in dead:
+                with contextlib.suppress(BackendError):
+                    backend.delete_pod(p.namespace, p.name, grace_seconds=0)
+        present = [p for p in present if p.name not in dead]
+        live = [p for p in present if p.phase in ("Pending", "Running")]
+        if not present or (job.state in FINAL_STATES and not live):
+            # Finished pods hold nothing; clean them up and give the resources back.
+            for p in present:
+                with contextlib.suppress(BackendError):
+                    backend.delete_pod(p.namespace, p.name, grace_seconds=0)
+            if _pods_gone(job_id):
+                result.released.append(job_id)
+        else:
+            for p in present:
+                if not p.deleting:
+                    with contextlib.suppress(BackendError):
+                        backend.delete_pod(p.namespace, p.name, grace_seconds=30)
+        return
+    # STARTING / RUNNING
+    _update_phases(rows, pods)
+    if "Failed" in phases:
+        failed = next(p for p in present if p.phase == "Failed")
+        detail = f": {failed.message}" if failed.message else ""
+        _end(job_id, JobState.FAILED, f"Pod {failed.name} failed{detail}")
+        result.finished.append(job_id)
+        _stop_after_commit_now(job_id)
+        return
+    if len(present) == len(rows) and all(ph == "Succeeded" for ph in phases):
+        _end(job_id, JobState.SUCCEEDED, "All pods succeeded")
+        result.finished.append(job_id)
+        _stop_after_commit_now(job_id)
+        return
+    if job.state == JobState.RUNNING and not present:
+        if _pods_gone(job_id):
+            result.released.append(job_id)
+        return
+    # A pod that was created and then vanished (deleted, or being deleted: its node drained,
+    # someone ran kubectl delete) is lost. The job's other pods cannot go on without it
+    # (a gang's ranks wait on each other), so the whole job restarts (or ends).
+    # Only pods known to have existed: all of a running job's, or one seen running (a list
+    # taken just before a dispatch finished does not show its new pods yet).
+    seen = [a for a in rows if job.state == JobState.RUNNING or a.phase in (
+        PodPhase.RUNNING, PodPhase.SUCCEEDED) or a.pod_name == deleted]
+    lost = sorted(a.pod_name for a in seen if (
+        (a.pod_name in pods and pods[a.pod_name].deleting)
+        or (a.pod_name not in pods and (complete or a.pod_name == deleted))))
+    if lost:
+        if _job_lost_pod(job_id, lost[0]):
+            result.lost.append(job_id)
+        return
+    if len(present) < len(rows):
+        admitted = job.admitted_at or timezone.now()
+        if job.state == JobState.STARTING and complete and timezone.now() - admitted > dt.timedelta(
+                seconds=DISPATCH_GRACE_SECONDS) and _dispatch_lost(job_id):
+            # Admitted but pods missing and no dispatch running: it was lost with a killed
+            # worker (its Redis message only comes back after the visibility timeout).
+            enqueue("job_dispatch", job_id)
+            result.redispatched.append(job_id)
+        return
+    if job.state == JobState.STARTING and all(ph in ("Running", "Succeeded") for ph in phases):
+        with transaction.atomic():
+            if Job.objects.filter(pk=job_id, state=JobState.STARTING).update(
+                state=JobState.RUNNING, started_at=timezone.now(), reason="Running",
+                reason_kind="",
+            ):
+                fresh = Job.objects.get(pk=job_id)
+                _record(fresh, DecisionKind.STARTED, "All pods are running")
+                result.started.append(job_id)
+
+
+def _dispatch_lost(job_id: int) -> bool:
+    """No dispatch of the job is running now (its advisory lock is free) and none was
+    re-requested in the last ``DISPATCH_GRACE_SECONDS`` (requests coalesce)."""
+    with transaction.atomic():
+        if _dispatch_in_flight(job_id):
+            return False
+    return bool(cache.add(f"camp:dispatch-requested:{job_id}", 1, timeout=DISPATCH_GRACE_SECONDS))
+
+
+def _job_lost_pod(job_id: int, pod: str) -> bool:
+    """A pod of a starting/running job is gone: restart the whole job (requeued; a
+    checkpoint-capable one resumes from its latest checkpoint), or fail it once it has used
+    its ``MAX_ATTEMPTS``. Its other pods are deleted and its resources released."""
+    with transaction.atomic():
+        job = _locked_job(job_id)
+        if job.state not in (JobState.STARTING, JobState.RUNNING):
+            return False
+        what = f"pod {pod} was lost (deleted or evicted from its node)"
+        if job.attempts >= MAX_ATTEMPTS:
+            _finish(job, JobState.FAILED, f"{what[0].upper()}{what[1:]}; failed after "
+                                          f"{job.attempts} attempts")
+            _record(job, DecisionKind.FAILED, job.reason)
+            _audit_job("job.failed", job, after={"reason": job.reason})
+            _stop_after_commit(job.pk)
+            return True
+    return job_evict(job_id=job_id, reason=f"{what}; restarting all its pods")
+
+
+def pod_event_apply(*, cluster: Cluster, pod_name: str, pods: dict[str, PodStatus],
+                    deleted: bool = False) -> str:
+    """Apply one watched pod event: the reconcile rules, for the one job the pod belongs to.
+
+    ``pods`` is the watcher's current view of the cluster's managed pods (by name) with the
+    event already applied; ``deleted``: the event was DELETED (the pod is gone). A pod that
+    belongs to no allocation is an orphan and deleted (the same rule as
+    ``cluster_reconcile``). Returns what was done, for logging."""
+    job_id = Allocation.objects.filter(cluster=cluster, pod_name=pod_name).values_list(
+        "job_id", flat=True).first()
+    if job_id is None:
+        pod = pods.get(pod_name)
+        if pod is None or pod.deleting or pod.labels.get(MANAGED_BY) != "camp":
+            return "ignored"
+        with contextlib.suppress(BackendError):
+            backend_for(cluster).delete_pod(pod.namespace, pod.name, grace_seconds=30)
+        return "orphan-deleted"
+    # The job's allocations may be released between the two queries (an eviction or a stop
+    # on another worker): then there is nothing left to converge (``_reconcile_job``).
+    allocs = list(Allocation.objects.filter(job_id=job_id).select_related("job", "node"))
+    result = ReconcileResult()
+    _reconcile_job(backend_for(cluster), job_id, allocs, pods, result, complete=False,
+                   deleted=pod_name if deleted else "")
+    for name in ("started", "finished", "released", "lost", "redispatched"):
+        if job_id in getattr(result, name):
+            return name
+    return "observed" if allocs else "released-meanwhile"
+
+
+def _update_phases(rows: list[Allocation], pods: dict[str, PodStatus]) -> None:
+    mapping = {"Pending": PodPhase.CREATED, "Running": PodPhase.RUNNING,
+               "Succeeded": PodPhase.SUCCEEDED, "Failed": PodPhase.FAILED}
+    for a in rows:
+        p = pods.get(a.pod_name)
+        phase = mapping.get(p.phase, PodPhase.CREATED) if p else (
+            PodPhase.GONE if a.phase not in (PodPhase.PENDING,) else PodPhase.PENDING)
+        if a.phase != phase:
+            Allocation.objects.filter(pk=a.pk).update(phase=phase, message=(p.message if p else "")[:500])
+
+
+def _end(job_id: int, state: str, reason: str) -> None:
+    with transaction.atomic():
+        job = _locked_job(job_id)
+        if job.state not in (JobState.STARTING, JobState.RUNNING):
+            return
+        _finish(job, state, reason)
+        _record(job, DecisionKind.FINISHED if state == JobState.SUCCEEDED else DecisionKind.FAILED,
+                reason)
+        _audit_job("job.succeeded" if state == JobState.SUCCEEDED else "job.failed", job,
+                   after={"reason": reason})
+
+
+def _stop_after_commit_now(job_id: int) -> None:
+    enqueue("job_stop", job_id)

@@ -1,0 +1,511 @@
+"""Model services (issue 15): writes (``model_service_<action>``, keyword-only, explicit
+``actor=``), the workload kind ``service`` and what its pods look like.
+
+A model service is a row (``ModelService``) plus, per replica, one scheduling Job of kind
+``service`` submitted through the shared kind path (workspaces/kinds.py): queueing, quotas,
+preemption, fractional placement and why-pending are the scheduler's, with no second
+scheduler. This module only decides *how many* replicas of *which revision* there should
+be (``_converge``) and asks the queue for them or cancels them:
+
+* scaling: ``desired_replicas`` set by ``model_service_scale`` (a person) or
+  ``model_service_autoscale`` (the beat task, workspaces/serving_load.py's HPA-like rule); surplus
+  replicas go not-started first, then the newest;
+* rollout: a change of image, arguments, environment, model or shape is a new
+  ``revision``; one new-revision replica is added at a time (only when every new one
+  already runs), and an old one is removed only while the running replicas stay at
+  ``desired`` or more — a service never drops below its ready count for a rollout;
+* every decision is audited (``service.*``; the autoscaler's as the actor ``autoscaler``).
+
+Replicas are ready when their job is RUNNING; on Kubernetes the pods' readiness probe (the
+health path) decides which of them the Service sends requests to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import re
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from registry.models import Image, Variant
+from registry.services import pull_secret_manifest
+from scheduling import services as scheduling
+from scheduling.backends.base import ExtraObject, JobObjects, PodSpec
+from scheduling.models import FINAL_STATES, Cluster, Job, JobState, PriorityClass, slug_validator
+from tenants import permissions
+from tenants.audit import snapshot
+from tenants.models import Project, User
+
+from ..kinds import WorkloadKind, kind_audit, kind_check, kind_run, register_kind
+from ..models import AutoscaleMetric, ModelService, ModelSourceKind, ServiceReplica, ServiceStatus
+from ..serving_load import DEFAULT_PROFILE, load_of, recommend
+from .common import _clean_cluster, _clean_env, _resolve_image, enqueue_on_commit
+
+logger = logging.getLogger(__name__)
+AUTOSCALER = "autoscaler"  # actor_username of the platform's own scaling decisions
+LABEL_SERVICE = "camp.io/service"
+LABEL_REVISION = "camp.io/revision"
+# Replicas run until removed; the simulated backend needs a finite duration.
+REPLICA_DURATION_SECONDS = 30 * 24 * 3600
+SERVICE_FIELDS = (
+    "name", "cluster", "image_reference", "model_source_kind", "model_source", "port", "health_path",
+    "args", "env", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive", "gpu_models",
+    "cpu_millicores", "ram_mib", "min_replicas", "max_replicas", "autoscale_metric", "autoscale_target",
+    "scale_down_delay_seconds", "scale_to_zero_seconds", "load_profile", "priority_class", "preemptible",
+    "revision", "desired_replicas",
+)
+# What a replica's pods are made of: changing any of them is a new revision (a rollout).
+REVISION_FIELDS = (
+    "image_reference", "model_source_kind", "model_source", "port", "health_path", "args", "env",
+    "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive", "gpu_models", "cpu_millicores",
+    "ram_mib",
+)
+SCALING_FIELDS = ("min_replicas", "max_replicas", "autoscale_metric", "autoscale_target",
+                  "scale_down_delay_seconds", "scale_to_zero_seconds", "load_profile")
+CREATE_FIELDS = frozenset(REVISION_FIELDS + SCALING_FIELDS + ("priority_class", "preemptible"))
+_URI = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
+
+
+# --- the workload kind ------------------------------------------------------------------------
+
+
+def _groups(svc: ModelService) -> list[dict[str, Any]]:
+    return [{
+        "name": "server", "replicas": 1, "gpu_count": svc.gpu_count, "gpu_memory_mib": svc.gpu_memory_mib,
+        "gpu_cores_percent": svc.gpu_cores_percent, "exclusive": svc.exclusive,
+        "gpu_models": list(svc.gpu_models or []), "cpu_millicores": svc.cpu_millicores,
+        "ram_mib": svc.ram_mib, "image": svc.image_reference, "env": dict(svc.env or {}),
+    }]
+
+
+def _job_options(svc: ModelService) -> dict[str, Any]:
+    return {"priority_class": svc.priority_class, "preemptible": svc.preemptible, "gang": True,
+            "duration_seconds": REPLICA_DURATION_SECONDS}
+
+
+def _replica_of_job(job: Job) -> ServiceReplica | None:
+    return (ServiceReplica.objects.filter(job=job)
+            .select_related("service__tenant", "service__project", "service__image__registry").first())
+
+
+def _model_env(spec: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """CAMP_MODEL and, for a volume source ``<pvc>:<path>``, the read-only mount at /models."""
+    kind, source = spec.get("model_source_kind"), spec.get("model_source", "")
+    if kind == ModelSourceKind.VOLUME and source:
+        claim, _, path = source.partition(":")
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        mount = {"name": "model", "mountPath": "/models", "readOnly": True}
+        return {"CAMP_MODEL": "/models/" + path.lstrip("/")}, [volume], [mount]
+    return ({"CAMP_MODEL": source} if source else {}), [], []
+
+
+def service_manifest(svc: ModelService) -> dict[str, Any]:
+    """The ClusterIP Service in front of every replica of ``svc`` (outlives replicas)."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": svc.service_name, "labels": {LABEL_SERVICE: str(svc.pk)}},
+            "spec": {"type": "ClusterIP", "selector": {LABEL_SERVICE: str(svc.pk)},
+                     "ports": [{"name": "http", "port": svc.port, "targetPort": "http"}]}}
+
+
+def _specs(replica: ServiceReplica, job: Job, ns: Any, objs: JobObjects,
+           pods: list[PodSpec]) -> tuple[JobObjects, list[PodSpec]]:
+    svc = replica.service
+    spec = replica.spec or {}
+    port = int(spec.get("port", svc.port))
+    env, volumes, mounts = _model_env(spec)
+    env.update({"CAMP_WORKLOAD": "service", "CAMP_SERVICE": svc.name, "CAMP_REVISION": str(replica.revision),
+                "PORT": str(port)})
+    probe = {"httpGet": {"path": spec.get("health_path", svc.health_path), "port": "http"},
+             "periodSeconds": 5, "failureThreshold": 3}
+    extra = [*objs.extra, ExtraObject(service_manifest(svc), owned=False)]
+    secrets: tuple[str, ...] = ()
+    from ..pods import _pull_secret
+
+    registry = _pull_secret(svc.project, svc.image, pods[0].image if pods else svc.image_reference)
+    if registry is not None:
+        extra.append(ExtraObject(pull_secret_manifest(registry), owned=False))
+        secrets = (registry.secret_name,)
+    out = [dataclasses.replace(
+        p, labels={**p.labels, LABEL_SERVICE: str(svc.pk), LABEL_REVISION: str(replica.revision)},
+        env={**p.env, **env}, args=tuple(str(a) for a in spec.get("args", [])),
+        ports=({"name": "http", "containerPort": port},), readiness_probe=probe,
+        volumes=tuple(volumes), volume_mounts=tuple(mounts), image_pull_secrets=secrets) for p in pods]
+    return dataclasses.replace(objs, extra=tuple(extra)), out
+
+
+SERVICE_KIND = register_kind(WorkloadKind(
+    name="service", job_kind="service", groups=_groups, job_options=_job_options,
+    row_of_job=_replica_of_job, specs=_specs,
+    defaults={"priority_class": PriorityClass.INFERENCE, "preemptible": False},
+))
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def _require(actor: Any, action: str, obj: ModelService) -> None:
+    if not permissions.can(actor, action, obj):
+        raise PermissionDenied(f"You may not {action} this model service.")
+
+
+def _clean_source(svc: ModelService) -> None:
+    kind, source = svc.model_source_kind, (svc.model_source or "").strip()
+    if kind not in ModelSourceKind.values:
+        raise ValidationError({"model_source_kind": [f"Choose one of: {', '.join(ModelSourceKind.values)}."]})
+    if kind == ModelSourceKind.URI and not _URI.match(source):
+        raise ValidationError({"model_source": ["A URI the server can download, e.g. hf://org/model."]})
+    if kind == ModelSourceKind.VOLUME:
+        claim, sep, path = source.partition(":")
+        try:
+            slug_validator(claim)
+        except ValidationError as exc:
+            raise ValidationError({"model_source": ["<pvc>:<path>: a PVC of the project's namespace and "
+                                                    "a path on it."]}) from exc
+        if not sep or not path:
+            raise ValidationError({"model_source": ["<pvc>:<path>: give the path on the volume."]})
+    svc.model_source = source
+
+
+def _clean_scaling(svc: ModelService) -> None:
+    if svc.autoscale_metric not in AutoscaleMetric.values:
+        raise ValidationError({"autoscale_metric": [f"Choose one of: {', '.join(AutoscaleMetric.values)}."]})
+    if not svc.autoscale_target or svc.autoscale_target <= 0:
+        raise ValidationError({"autoscale_target": ["A positive amount per replica."]})
+    if svc.max_replicas > 64:
+        raise ValidationError({"max_replicas": ["At most 64 replicas."]})
+    if svc.min_replicas > svc.max_replicas:
+        raise ValidationError({"min_replicas": ["At most max_replicas."]})
+    if svc.min_replicas == 0 and svc.max_replicas > 0 and svc.scale_to_zero_seconds is None:
+        raise ValidationError({"min_replicas": ["0 needs scale_to_zero_seconds (the idle window)."]})
+    if svc.scale_to_zero_seconds is not None and svc.scale_to_zero_seconds < 60:
+        raise ValidationError({"scale_to_zero_seconds": ["At least 60 seconds."]})
+    profile = svc.load_profile or {}
+    if not isinstance(profile, dict) or any(
+            k not in DEFAULT_PROFILE or not isinstance(v, (int, float)) or v < 0 for k, v in profile.items()):
+        raise ValidationError({"load_profile": [
+            f"A mapping of {', '.join(DEFAULT_PROFILE)} to non-negative numbers."]})
+
+
+def _clean(svc: ModelService) -> None:
+    if svc.priority_class not in PriorityClass.values:
+        raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PriorityClass.values)}."]})
+    if svc.preemptible and svc.priority_class == PriorityClass.INFERENCE:
+        raise ValidationError({"preemptible": ["inference services are never preemptible; choose a lower "
+                                               "priority class for a best-effort service."]})
+    if not 1 <= svc.port <= 65535:
+        raise ValidationError({"port": ["A TCP port, 1 to 65535."]})
+    if not svc.health_path.startswith("/") or len(svc.health_path) > 200 or " " in svc.health_path:
+        raise ValidationError({"health_path": ["An HTTP path starting with /, e.g. /health."]})
+    args = svc.args if svc.args is not None else []
+    if not isinstance(args, list) or len(args) > 100 or not all(
+            isinstance(a, (str, int, float)) and len(str(a)) <= 4096 for a in args):
+        raise ValidationError({"args": ["A list of at most 100 arguments."]})
+    svc.args = [str(a) for a in args]
+    gpu_models = svc.gpu_models or []
+    if not isinstance(gpu_models, list) or not all(isinstance(m, str) for m in gpu_models):
+        raise ValidationError({"gpu_models": ["A list of GPU model names."]})
+    svc.env = _clean_env(svc.env)
+    _clean_source(svc)
+    _clean_scaling(svc)
+
+
+def _save(svc: ModelService) -> None:
+    try:
+        svc.full_clean(exclude=["tenant", "project", "owner", "cluster", "image"], validate_unique=False,
+                       validate_constraints=False)
+    except ValidationError as exc:
+        raise ValidationError(exc.message_dict) from exc
+    try:
+        with transaction.atomic():
+            svc.save()
+    except IntegrityError as exc:
+        raise ValidationError({"name": ["This project already has a model service with this name."]}) from exc
+
+
+def _locked(pk: int) -> ModelService:
+    return (ModelService.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("tenant", "project", "cluster", "owner", "image").get(pk=pk))
+
+
+# --- writes -------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def model_service_create(*, actor: User, project: Project, cluster: Cluster, name: str,
+                         image: Image | None = None, image_reference: str = "",
+                         **fields: Any) -> ModelService:
+    """Create a model service and queue its first replicas (``max(min_replicas, 1)``, at most
+    ``max_replicas``). ``fields``: any of ``CREATE_FIELDS``."""
+    unknown = set(fields) - CREATE_FIELDS
+    if unknown:
+        raise ValidationError({sorted(unknown)[0]: ["Unknown field."]})
+    fields = {k: v for k, v in fields.items() if v is not None or k == "scale_to_zero_seconds"}
+    svc = ModelService(tenant=project.tenant, project=project, owner=actor, cluster=cluster, name=name,
+                       **{**SERVICE_KIND.defaults, **fields})
+    _require(actor, permissions.CREATE, svc)
+    _clean_cluster(cluster, actor)
+    svc.image, svc.image_reference = _resolve_image(
+        project=project, image=image, image_reference=image_reference, variant=Variant.INFERENCE,
+        variant_label="inference server")
+    _clean(svc)
+    kind_check(SERVICE_KIND, project=project, cluster=cluster, row=svc)
+    svc.desired_replicas = min(max(svc.min_replicas, 1), svc.max_replicas)
+    _save(svc)
+    kind_audit(SERVICE_KIND, "created", svc, actor=actor, after=snapshot(svc, SERVICE_FIELDS))
+    _converge(svc, actor=actor, by=actor.get_username())
+    return svc
+
+
+@transaction.atomic
+def model_service_scale(*, actor: User, service: ModelService, replicas: int | None = None,
+                        min_replicas: int | None = None, max_replicas: int | None = None) -> ModelService:
+    """Fix the replica count (``replicas``: min = max = replicas; 0 stops the service) or
+    change the autoscaler's bounds; replicas are added or removed at once."""
+    svc = _locked(service.pk)
+    _require(actor, permissions.CHANGE, svc)
+    if replicas is not None:
+        if replicas < 0 or replicas > 64:
+            raise ValidationError({"replicas": ["Between 0 and 64."]})
+        min_replicas = max_replicas = replicas
+    if min_replicas is None and max_replicas is None:
+        raise ValidationError({"replicas": ["Give replicas, or min_replicas and/or max_replicas."]})
+    before = {"min_replicas": svc.min_replicas, "max_replicas": svc.max_replicas,
+              "desired_replicas": svc.desired_replicas}
+    if min_replicas is not None:
+        svc.min_replicas = min_replicas
+    if max_replicas is not None:
+        svc.max_replicas = max_replicas
+    if svc.min_replicas < 0 or svc.max_replicas < 0:
+        raise ValidationError({"replicas": ["Replica counts cannot be negative."]})
+    _clean_scaling(svc)
+    floor = svc.min_replicas if svc.min_replicas or svc.max_replicas == 0 else min(1, svc.max_replicas)
+    svc.desired_replicas = min(max(svc.desired_replicas, floor), svc.max_replicas)
+    svc.save()
+    kind_audit(SERVICE_KIND, "scaled", svc, actor=actor, before=before, after={
+        "min_replicas": svc.min_replicas, "max_replicas": svc.max_replicas,
+        "desired_replicas": svc.desired_replicas, "reason": f"Scaled by {actor.get_username()}"})
+    _converge(svc, actor=actor, by=actor.get_username())
+    return svc
+
+
+@transaction.atomic
+def model_service_update(*, actor: User, service: ModelService, image: Image | None = None,
+                         **values: Any) -> ModelService:
+    """Change a service. Scaling settings apply at once; a change of what the replicas are
+    made of (``REVISION_FIELDS`` or ``image``) is a new revision, rolled out one replica
+    at a time (``model_service_rollout`` with no change restarts every replica)."""
+    svc = _locked(service.pk)
+    _require(actor, permissions.CHANGE, svc)
+    allowed = set(REVISION_FIELDS) | set(SCALING_FIELDS)
+    for key in values:
+        if key not in allowed:
+            raise ValidationError({key: ["This field cannot be changed."]})
+    before = snapshot(svc, SERVICE_FIELDS)
+    old = {f: getattr(svc, f) for f in REVISION_FIELDS}
+    for key, value in values.items():
+        if value is not None or key == "scale_to_zero_seconds":
+            setattr(svc, key, value)
+    if image is not None or "image_reference" in values:
+        svc.image, svc.image_reference = _resolve_image(
+            project=svc.project, image=image, image_reference=values.get("image_reference") or "",
+            variant=Variant.INFERENCE, variant_label="inference server")
+    _clean(svc)
+    changed = any(getattr(svc, f) != old[f] for f in REVISION_FIELDS)
+    if changed:
+        kind_check(SERVICE_KIND, project=svc.project, cluster=svc.cluster, row=svc)
+        svc.revision += 1
+    svc.desired_replicas = min(max(svc.desired_replicas, svc.min_replicas), svc.max_replicas)
+    _save(svc)
+    kind_audit(SERVICE_KIND, "rolled_out" if changed else "updated", svc, actor=actor, before=before,
+               after=snapshot(svc, SERVICE_FIELDS))
+    _converge(svc, actor=actor, by=actor.get_username())
+    return svc
+
+
+def model_service_rollout(*, actor: User, service: ModelService, image: Image | None = None,
+                          **values: Any) -> ModelService:
+    """A new revision: with changes (image, args, env, model, ...) those; without, a restart
+    of every replica. Rolled out one replica at a time (the module docstring)."""
+    with transaction.atomic():
+        svc = model_service_update(actor=actor, service=service, image=image, **values)
+        if svc.revision == service.revision:  # nothing changed: restart on a new revision
+            svc = _locked(svc.pk)
+            svc.revision += 1
+            svc.save(update_fields=["revision", "updated_at"])
+            kind_audit(SERVICE_KIND, "rolled_out", svc, actor=actor, after={"revision": svc.revision,
+                                                                           "reason": "restart"})
+            _converge(svc, actor=actor, by=actor.get_username())
+    return svc
+
+
+@transaction.atomic
+def model_service_delete(*, actor: User, service: ModelService) -> None:
+    """Remove every replica and the Service object; the audit log keeps what it was and the
+    replicas' jobs stay in the job history."""
+    svc = _locked(service.pk)
+    _require(actor, permissions.DELETE, svc)
+    by = actor.get_username()
+    for r in svc.replicas.select_related("job").exclude(job__state__in=FINAL_STATES):
+        _remove(r, f"Service {svc.name} deleted by {by}", by)
+    kind_audit(SERVICE_KIND, "deleted", svc, actor=actor,
+               before={**snapshot(svc, SERVICE_FIELDS), "status": svc.status})
+    from scheduling.selectors import project_namespace_name
+
+    ns = project_namespace_name(cluster=svc.cluster, project=svc.project)
+    enqueue_on_commit("delete_objects", svc.cluster_id, ns, [("Service", svc.service_name)])
+    svc.replicas.all().delete()
+    svc.delete()
+
+
+# --- the autoscaler -----------------------------------------------------------------------------
+
+
+def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = None,
+                            load: float | None = None) -> ModelService:
+    """One autoscaler step for one service: read its load (``serving_load.load_of``, or
+    ``load`` as given), recommend replicas (scale up at once, down after the stabilisation
+    window, to zero after the idle window), audit a change as ``service.scaled`` by
+    ``autoscaler``, then converge the replicas (also replacing ended ones and moving a
+    rollout on)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        svc = _locked(service.pk)
+        load = load_of(svc, now) if load is None else float(load)
+        if load > 0:
+            svc.idle_since = None
+        elif svc.idle_since is None:
+            svc.idle_since = now
+        idle_for = (now - svc.idle_since).total_seconds() if svc.idle_since else None
+        rec = recommend(metric=svc.autoscale_metric, target=svc.autoscale_target, load=load,
+                        ready=svc.ready_replicas, current=svc.desired_replicas,
+                        min_replicas=svc.min_replicas, max_replicas=svc.max_replicas,
+                        window=list(svc.recommendations or []), window_seconds=svc.scale_down_delay_seconds,
+                        now=now.timestamp(), idle_for=idle_for,
+                        scale_to_zero_seconds=svc.scale_to_zero_seconds)
+        before = svc.desired_replicas
+        svc.load, svc.load_at, svc.recommendations = load, now, rec.window
+        if svc.max_replicas == 0:
+            rec = dataclasses.replace(rec, desired=0)
+        svc.desired_replicas = rec.desired
+        svc.save(update_fields=["load", "load_at", "idle_since", "recommendations", "desired_replicas",
+                                "updated_at"])
+        if rec.desired != before:
+            kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
+                       before={"desired_replicas": before},
+                       after={"desired_replicas": rec.desired, "load": load, "reason": rec.reason})
+        _converge(svc, actor=None, by=AUTOSCALER)
+    return svc
+
+
+def model_services_autoscale(*, now: dt.datetime | None = None) -> dict[str, int]:
+    """Every model service on an enabled cluster, one short transaction each (the beat task)."""
+    done = failed = 0
+    for svc in ModelService.objects.filter(cluster__enabled=True).order_by("pk"):
+        try:
+            model_service_autoscale(service=svc, now=now)
+            done += 1
+        except (PermissionDenied, ValidationError) as exc:
+            # E.g. the owner left the project: nobody may submit its replicas any more.
+            logger.warning("model service %s: autoscaler step refused: %s", svc.pk, exc)
+            failed += 1
+    return {"services": done, "failed": failed}
+
+
+# --- converging replicas ------------------------------------------------------------------------
+
+
+def _revision_spec(svc: ModelService) -> dict[str, Any]:
+    return {"args": list(svc.args or []), "model_source_kind": svc.model_source_kind,
+            "model_source": svc.model_source, "port": svc.port, "health_path": svc.health_path}
+
+
+def _add(svc: ModelService, actor: User | None) -> ServiceReplica:
+    submitter = actor if actor is not None else svc.owner
+    if submitter is None:
+        raise PermissionDenied("The service has no owner to run its replicas as.")
+    svc.replica_seq += 1
+    svc.save(update_fields=["replica_seq"])
+    name = f"{svc.name}-r{svc.revision}-{svc.replica_seq}"
+    job = kind_run(SERVICE_KIND, actor=submitter, row=svc, name=name)
+    return ServiceReplica.objects.create(service=svc, job=job, revision=svc.revision, number=svc.replica_seq,
+                                         spec=_revision_spec(svc))
+
+
+def _remove(r: ServiceReplica, reason: str, by: str) -> None:
+    scheduling.job_terminate(job_id=r.job_id, reason=reason, by=by)
+    r.removed_reason = reason[:300]
+    r.save(update_fields=["removed_reason"])
+
+
+def _running(r: ServiceReplica) -> bool:
+    return r.job.state == JobState.RUNNING
+
+
+def _converge(svc: ModelService, *, actor: User | None, by: str) -> dict[str, list[int]]:
+    """Add or remove replica jobs so that ``desired_replicas`` of the current revision run
+    (the caller holds the service's row lock). Returns the replica numbers added/removed."""
+    out: dict[str, list[int]] = {"added": [], "removed": []}
+    reps = list(svc.replicas.filter(removed_reason="").select_related("job").order_by("number"))
+    for r in reps:
+        if r.job.is_final:
+            r.removed_reason = f"Ended ({r.job.state}): {r.job.reason}"[:300]
+            r.save(update_fields=["removed_reason"])
+    live = [r for r in reps if not r.job.is_final]
+    new = [r for r in live if r.revision == svc.revision]
+    old = [r for r in live if r.revision != svc.revision]
+    desired = svc.desired_replicas
+
+    def remove(r: ServiceReplica, reason: str) -> None:
+        _remove(r, reason, by)
+        out["removed"].append(r.number)
+
+    def add() -> None:
+        r = _add(svc, actor)
+        new.append(r)
+        out["added"].append(r.number)
+
+    if old:  # rollout: old replicas that serve nothing go now; ready ones once replaced
+        for r in [r for r in old if not _running(r)]:
+            remove(r, f"Replaced by revision {svc.revision}")
+        old = [r for r in old if _running(r)]
+        ready_new = sum(1 for r in new if _running(r))
+        while old and ready_new + len(old) - 1 >= desired:
+            remove(old.pop(), f"Replaced by revision {svc.revision}")
+        if len(new) < desired and all(_running(r) for r in new) and len(new) + len(old) <= desired:
+            add()  # surge one replica of the new revision
+    elif len(new) < desired:
+        for _ in range(desired - len(new)):
+            add()
+    else:  # surplus: not started first, then the newest
+        surplus = sorted(new, key=lambda r: (_running(r), -r.number))[: len(new) - desired]
+        for r in surplus:
+            remove(r, f"Scaled down to {desired}")
+    _set_status(svc, old)
+    if out["added"] or out["removed"]:
+        kind_audit(SERVICE_KIND, "replicas_changed", svc, actor=actor,
+                   actor_username=None if actor is not None else AUTOSCALER,
+                   after={**out, "desired_replicas": desired, "revision": svc.revision})
+    return out
+
+
+def _set_status(svc: ModelService, old: list[ServiceReplica]) -> None:
+    ready = (svc.replicas.filter(removed_reason="", job__state=JobState.RUNNING).count())
+    if svc.desired_replicas == 0:
+        status = ServiceStatus.IDLE
+    elif old:
+        status = ServiceStatus.ROLLING
+    elif ready == 0:
+        status = ServiceStatus.PENDING
+    elif ready < svc.desired_replicas:
+        status = ServiceStatus.DEGRADED
+    else:
+        status = ServiceStatus.READY
+    if (ready, status) != (svc.ready_replicas, svc.status):
+        svc.ready_replicas, svc.status = ready, status
+        ModelService.objects.filter(pk=svc.pk).update(ready_replicas=ready, status=status,
+                                                      updated_at=timezone.now())

@@ -1,0 +1,421 @@
+"""Training jobs: submit, stop, delete, checkpoints reported or scanned from logs, and the
+periodic sync of a training's state and usage from its run."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from registry.models import Image, Variant
+from scheduling import services as scheduling
+from scheduling.models import (
+    Cluster,
+    DecisionKind,
+    Job,
+    JobState,
+    PriorityClass,
+    SchedulingDecision,
+)
+from tenants import permissions
+from tenants.audit import snapshot
+from tenants.models import Project, User
+
+from ..models import (
+    Profile,
+    TrainingCheckpoint,
+    TrainingFramework,
+    TrainingJob,
+)
+from ..quota import refuse_if_never_within_limits, refuse_if_over_storage
+from .common import (
+    CULLER,
+    LAUNCHER,
+    TRAINING_FIELDS,
+    _audit,
+    _clean_cluster,
+    _clean_data_volume,
+    _clean_env,
+    _clean_shape,
+    _require,
+    _resolve_image,
+    _save,
+    _submit_run,
+    enqueue_on_commit,
+)
+from .policies import _check_profile
+
+# --- training jobs --------------------------------------------------------------------------
+
+
+def _training_groups(t: TrainingJob) -> list[dict[str, Any]]:
+    worker = {
+        "name": "worker",
+        "replicas": t.workers,
+        "gpu_count": t.gpu_count,
+        "gpu_memory_mib": t.gpu_memory_mib,
+        "gpu_cores_percent": t.gpu_cores_percent,
+        "exclusive": t.exclusive,
+        "gpu_models": list(t.gpu_models or []),
+        "cpu_millicores": t.cpu_millicores,
+        "ram_mib": t.ram_mib,
+        "image": t.image_reference,
+        "command": [str(c) for c in t.command or []],
+        "env": dict(t.env),
+    }
+    if not t.has_launcher:
+        return [worker]
+    launcher = {
+        "name": "launcher",
+        "replicas": 1,
+        "gpu_count": 0,
+        "image": t.image_reference,
+        "command": [str(c) for c in t.command or []],
+        "env": dict(t.env),
+        **LAUNCHER,
+    }
+    worker["command"] = []  # workers wait for the launcher (sshd / the MPI daemon)
+    return [launcher, worker]
+
+
+def _training_run(actor: User, t: TrainingJob, name: str) -> Job:
+    job = _submit_run(
+        actor=actor,
+        project=t.project,
+        cluster=t.cluster,
+        name=name,
+        kind=t.framework,
+        groups=_training_groups(t),
+        priority_class=t.priority_class,
+        preemptible=t.preemptible,
+        checkpoint_capable=bool(t.checkpoint_dir),
+        gang=True,
+        duration_seconds=t.duration_seconds,
+    )
+    latest = t.checkpoints.order_by("-step", "-id").first() if t.pk else None
+    if latest is not None:  # a retry resumes from the latest checkpoint too
+        Job.objects.filter(pk=job.pk).update(last_checkpoint=latest.path)
+    t.job = job
+    t.blocked_reason = ""
+    t.save(update_fields=["job", "blocked_reason", "updated_at"])
+    return job
+
+
+@transaction.atomic
+def training_submit(
+    *,
+    actor: User,
+    project: Project,
+    cluster: Cluster,
+    name: str,
+    framework: str,
+    image: Image | None = None,
+    image_reference: str = "",
+    workers: int = 1,
+    gpu_count: int = 1,
+    gpu_memory_mib: int = 0,
+    gpu_cores_percent: int = 0,
+    exclusive: bool = False,
+    gpu_models: list[str] | None = None,
+    cpu_millicores: int = 4000,
+    ram_mib: int = 16384,
+    command: list[str] | None = None,
+    env: dict[str, Any] | None = None,
+    data_volume: str = "",
+    checkpoint_dir: str = "",
+    checkpoint_every: int = 100,
+    checkpoint_volume_gib: int = 0,
+    log_dir: str = "",
+    max_runtime_seconds: int | None = None,
+    retry_limit: int = 0,
+    priority_class: str = PriorityClass.NORMAL,
+    preemptible: bool | None = None,
+    duration_seconds: int | None = None,
+    depends_on: list[TrainingJob] | None = None,
+    profile: Profile | None = None,
+) -> TrainingJob:
+    """Create a training job: a gang of ``workers`` (plus a launcher for DeepSpeed and MPI),
+    submitted now, or once every job it depends on has succeeded. With a compute preset
+    (``profile``) each worker takes the preset's shape and GPU model ("workers × preset")."""
+    if profile is not None:
+        _check_profile(actor, profile, project)
+        gpu_count, gpu_memory_mib = profile.gpu_count, profile.gpu_memory_mib
+        gpu_cores_percent, exclusive = profile.gpu_cores_percent, profile.exclusive
+        cpu_millicores, ram_mib = profile.cpu_millicores, profile.ram_mib
+        gpu_models = [profile.gpu_model] if profile.gpu_model else []
+    if framework not in TrainingFramework.values:
+        raise ValidationError({"framework": [f"Choose one of: {', '.join(TrainingFramework.values)}."]})
+    if priority_class not in PriorityClass.values:
+        raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PriorityClass.values)}."]})
+    if preemptible is None:
+        preemptible = priority_class in (PriorityClass.NORMAL, PriorityClass.BATCH)
+    t = TrainingJob(
+        tenant=project.tenant,
+        project=project,
+        owner=actor,
+        cluster=cluster,
+        name=name,
+        framework=framework,
+        workers=workers,
+        gpu_count=gpu_count,
+        gpu_memory_mib=gpu_memory_mib,
+        gpu_cores_percent=gpu_cores_percent,
+        exclusive=exclusive,
+        gpu_models=list(gpu_models or []),
+        cpu_millicores=cpu_millicores,
+        ram_mib=ram_mib,
+        command=list(command or []),
+        data_volume=data_volume,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        checkpoint_volume_gib=checkpoint_volume_gib,
+        log_dir=log_dir,
+        max_runtime_seconds=max_runtime_seconds,
+        retry_limit=retry_limit,
+        priority_class=priority_class,
+        preemptible=preemptible,
+        duration_seconds=duration_seconds,
+    )
+    _require(actor, permissions.CREATE, t)
+    _clean_cluster(cluster, actor)
+    if not 1 <= workers <= 128:
+        raise ValidationError({"workers": ["Between 1 and 128 workers."]})
+    _clean_shape(
+        {
+            "gpu_count": gpu_count,
+            "gpu_memory_mib": gpu_memory_mib,
+            "gpu_cores_percent": gpu_cores_percent,
+            "exclusive": exclusive,
+            "cpu_millicores": cpu_millicores,
+            "ram_mib": ram_mib,
+        }
+    )
+    if checkpoint_dir and not checkpoint_dir.startswith("/"):
+        raise ValidationError({"checkpoint_dir": ["An absolute path inside the container."]})
+    if log_dir and not log_dir.startswith("/"):
+        raise ValidationError({"log_dir": ["An absolute path inside the container."]})
+    if checkpoint_volume_gib and not checkpoint_dir:
+        raise ValidationError({"checkpoint_volume_gib": ["A checkpoint volume needs a checkpoint_dir."]})
+    if data_volume:
+        _clean_data_volume(actor, project, data_volume)
+    t.image, t.image_reference = _resolve_image(
+        project=project,
+        image=image,
+        image_reference=image_reference,
+        variant=Variant.TRAINING,
+        variant_label="training",
+    )
+    t.env = _clean_env(env)
+    deps = list(depends_on or [])
+    for d in deps:
+        if d.project_id != project.pk:
+            raise ValidationError({"depends_on": ["Dependencies must be training jobs of the same project."]})
+        if d.state in ("failed", "stopped"):
+            raise ValidationError({"depends_on": [f"{d.name} has already {d.state}; it will never succeed."]})
+    refuse_if_never_within_limits(project=project, cluster=cluster, groups=_training_groups(t))
+    refuse_if_over_storage(project=project, extra_gib=checkpoint_volume_gib, field="checkpoint_volume_gib")
+    _save(t, "This project already has a training job with this name.")
+    if deps:
+        t.depends_on.set(deps)
+    pending = [d.name for d in deps if d.state != "succeeded"]
+    if pending:
+        t.blocked_reason = f"Waiting for {', '.join(pending)} to succeed"
+        t.save(update_fields=["blocked_reason"])
+    else:
+        _training_run(actor, t, t.name)
+    _audit(
+        "training.submitted",
+        t,
+        actor=actor,
+        after={**snapshot(t, TRAINING_FIELDS), "depends_on": [d.pk for d in deps],
+               **({"preset": profile.name} if profile is not None else {})},
+    )
+    return t
+
+
+@transaction.atomic
+def training_stop(*, actor: User, training: TrainingJob) -> TrainingJob:
+    t = (
+        TrainingJob.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("job", "tenant", "project")
+        .get(pk=training.pk)
+    )
+    _require(actor, permissions.CHANGE, t)
+    if t.state not in ("waiting", "queued", "starting", "running"):
+        raise ValidationError({"state": [f"The training job is already {t.state}."]})
+    reason = f"Stopped by {actor.get_username()}"
+    if t.job is not None:
+        scheduling.job_terminate(job_id=t.job.pk, reason=reason, by=actor.get_username())
+    t.stop_reason = reason
+    t.blocked_reason = ""
+    t.save(update_fields=["stop_reason", "blocked_reason", "updated_at"])
+    _audit("training.stopped", t, actor=actor, after={"reason": reason})
+    return t
+
+
+@transaction.atomic
+def training_delete(*, actor: User, training: TrainingJob) -> None:
+    """Delete a training job: stop its run if it is not over, fail the jobs still waiting
+    for it (a deleted dependency will never succeed), remove its checkpoint volume. The
+    audit record keeps what it was; its scheduling runs stay in the job history."""
+    t = (
+        TrainingJob.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("job", "tenant", "project", "cluster")
+        .get(pk=training.pk)
+    )
+    _require(actor, permissions.DELETE, t)
+    by = actor.get_username()
+    if t.job is not None and not t.job.is_final:
+        scheduling.job_terminate(job_id=t.job.pk, reason=f"Deleted by {by}", by=by)
+    waiting = t.dependants.filter(job__isnull=True, failed_dependency=False, stop_reason="")
+    for d in waiting.select_related("tenant", "project"):
+        reason = f"Dependency {t.name} was deleted; this job will not run"
+        TrainingJob.objects.filter(pk=d.pk).update(failed_dependency=True, blocked_reason=reason)
+        _audit("training.dependency_failed", d, actor=actor, after={"reason": reason})
+    _audit(
+        "training.deleted",
+        t,
+        actor=actor,
+        before={**snapshot(t, TRAINING_FIELDS), "state": t.state, "run": t.job_id},
+    )
+    # The checkpoint volume outlives runs (pods.py); TensorBoard objects go with the run.
+    objects = [("PersistentVolumeClaim", f"tr-{t.pk}-ckpt")] if t.checkpoint_volume_gib else []
+    from ..selectors import namespace_spec_for
+
+    ns, cluster_id = namespace_spec_for(t), t.cluster_id
+    t.delete()
+    if objects:
+        enqueue_on_commit("delete_objects", cluster_id, ns, objects)
+
+
+CHECKPOINT_LINE = re.compile(r"^(?:(\S+Z) )?CAMP_CHECKPOINT step=(\d+) path=(\S+)\s*$")
+
+
+def training_report_checkpoint(
+    *, training: TrainingJob, step: int, path: str, at: dt.datetime | None = None, actor: User | None = None
+) -> bool:
+    """Record a checkpoint (idempotent per path); the next run resumes from the latest."""
+    if actor is not None:
+        _require(actor, permissions.CHANGE, training)
+    if not path.startswith("/") or len(path) > 500:
+        raise ValidationError({"path": ["An absolute path of at most 500 characters."]})
+    job = training.job
+    _, made = TrainingCheckpoint.objects.get_or_create(
+        training=training,
+        path=path,
+        defaults={"step": step, "written_at": at or timezone.now(), "attempt": job.attempts if job else 0},
+    )
+    latest = training.checkpoints.order_by("-step", "-id").first()
+    if job is not None and latest is not None and job.last_checkpoint != latest.path:
+        Job.objects.filter(pk=job.pk).update(last_checkpoint=latest.path)
+    return made
+
+
+def _scan_checkpoints(t: TrainingJob) -> None:
+    """Read rank 0's log for ``CAMP_CHECKPOINT step=<n> path=<p>`` lines."""
+    from ..selectors import job_logs
+
+    if not t.checkpoint_dir or t.job is None:
+        return
+    for log in job_logs(t.job, tail=500):
+        if log.role != "worker" or not log.pod.endswith("-worker-0"):
+            continue
+        for line in log.text.splitlines():
+            m = CHECKPOINT_LINE.match(line.strip())
+            if m:
+                at = (
+                    dt.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+                    if m.group(1)
+                    else None
+                )
+                training_report_checkpoint(training=t, step=int(m.group(2)), path=m.group(3), at=at)
+
+
+def _gpu_share(t: TrainingJob) -> float:
+    per_gpu = t.gpu_cores_percent / 100 if t.gpu_cores_percent else 1.0
+    return t.workers * t.gpu_count * per_gpu
+
+
+def _account(t: TrainingJob) -> None:
+    """Restarts and GPU time lost, recomputed from the runs' histories (idempotent): each
+    preemption loses the GPU time since the later of the attempt's start and its last
+    checkpoint before the preemption."""
+    if t.job is None:
+        return
+    checkpoints = sorted(t.checkpoints.values_list("written_at", flat=True))
+    restarts, lost = 0, 0.0
+    jobs = Job.objects.filter(project=t.project, name__in=_run_names(t))
+    started: dt.datetime | None = None
+    for d in SchedulingDecision.objects.filter(job__in=jobs).order_by("id"):
+        if d.kind == DecisionKind.STARTED:
+            started = d.created_at
+        elif d.kind == DecisionKind.PREEMPTED and started is not None:
+            since = max([started, *[c for c in checkpoints if started <= c <= d.created_at]])
+            lost += max(0.0, (d.created_at - since).total_seconds()) * _gpu_share(t)
+            started = None
+        elif d.kind == DecisionKind.REQUEUED:
+            restarts += 1
+    if (restarts, round(lost, 1)) != (t.restarts, round(t.lost_gpu_seconds, 1)):
+        TrainingJob.objects.filter(pk=t.pk).update(restarts=restarts, lost_gpu_seconds=lost)
+        t.restarts, t.lost_gpu_seconds = restarts, lost
+
+
+def _run_names(t: TrainingJob) -> list[str]:
+    return [t.name] + [f"{t.name[:30]}-retry{n}" for n in range(1, t.retries + 1)]
+
+
+def training_sync(*, training: TrainingJob, now: dt.datetime | None = None) -> str:
+    """Advance one training job: dependencies, checkpoints, accounting, maximum runtime and
+    retries. Idempotent; the workspaces tick calls it for every unfinished job."""
+    now = now or timezone.now()
+    t = TrainingJob.objects.select_related("job", "tenant", "project", "cluster", "owner").get(pk=training.pk)
+    if t.job is None:
+        if t.failed_dependency or t.stop_reason:
+            return "idle"
+        deps = list(t.depends_on.select_related("job"))
+        failed = [d for d in deps if d.state in ("failed", "stopped")]
+        if failed:
+            with transaction.atomic():
+                reason = f"Dependency {failed[0].name} {failed[0].state}; this job will not run"
+                TrainingJob.objects.filter(pk=t.pk).update(failed_dependency=True, blocked_reason=reason)
+                _audit("training.dependency_failed", t, after={"reason": reason})
+            return "dependency-failed"
+        if all(d.state == "succeeded" for d in deps) and t.owner is not None:
+            with transaction.atomic():
+                _training_run(t.owner, t, t.name)
+                _audit("training.released", t, after={"dependencies": [d.name for d in deps]})
+            return "submitted"
+        pending = ", ".join(d.name for d in deps if d.state != "succeeded")
+        TrainingJob.objects.filter(pk=t.pk).update(blocked_reason=f"Waiting for {pending} to succeed")
+        return "waiting"
+    job = t.job
+    if job.state == JobState.RUNNING:
+        _scan_checkpoints(t)
+        if (
+            t.max_runtime_seconds
+            and job.started_at
+            and (now - job.started_at).total_seconds() > t.max_runtime_seconds
+        ):
+            with transaction.atomic():
+                reason = f"Exceeded its maximum runtime of {t.max_runtime_seconds} s"
+                scheduling.job_terminate(job_id=job.pk, reason=reason, by=CULLER)
+                TrainingJob.objects.filter(pk=t.pk).update(stop_reason=reason)
+                _audit("training.timed_out", t, after={"reason": reason})
+            return "timed-out"
+    _account(t)
+    if job.state == JobState.FAILED and t.retries < t.retry_limit and t.owner is not None:
+        with transaction.atomic():
+            locked = TrainingJob.objects.select_for_update(no_key=True, of=("self",)).get(pk=t.pk)
+            if locked.job_id != job.pk:
+                return "retried"
+            locked.retries += 1
+            locked.save(update_fields=["retries"])
+            t.retries = locked.retries
+            _training_run(t.owner, t, f"{t.name[:30]}-retry{t.retries}")
+            _audit("training.retried", t, after={"retry": t.retries, "after": job.reason})
+        return "retried"
+    return job.state
