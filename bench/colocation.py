@@ -18,15 +18,16 @@ changed and repeated at the same instant while it admits or preempts. ``static-n
 the service): on this workload they decide the outcome (docs/BENCHMARKS.md).
 
 **Inference** — one model service per spec (GPU share, CPU, RAM) of the trace's latency-sensitive
-(LS) pods, the ``--services`` most common ones. Each service's peak size follows its share of the
-trace's LS GPU-seconds; together the services' peak replicas take ``--peak-share`` of the slice's
-GPUs. Load (in replica capacities) follows a diurnal curve — a cosine from ``--trough`` × peak at
-04:00 to the peak at 16:00, each service shifted by up to ±1.5 h, times per-minute noise (σ 5 %).
-*Demand* is the replicas the load needs at full capacity (``ceil(load)``); the autoscaler (every
-15 s, as Kubernetes' HPA) asks for ``ceil(load / --target-util)`` replicas (headroom for the start
-delay), scales up at once and down only to the highest wish of the last ``--stabilisation``
-seconds. A new replica is a Camp job asked for at the decision; it is ready ``--start-delay``
-seconds after Camp admits it. Removing a replica removes a waiting one first, then the youngest.
+(LS) one-GPU pods, the ``--services`` with the most GPU-seconds. Each service's peak follows its
+share of those GPU-seconds; together the services' peak replicas take ``--peak-share`` of the
+slice's GPUs. Load (in replica capacities) follows a diurnal curve — a cosine from ``--trough`` ×
+peak at 04:00 to the peak at 16:00, each service shifted by up to ±1.5 h, times per-minute noise
+(σ 5 %). *Demand* is the replicas the load needs at full capacity (``ceil(load)``); the
+autoscaler is the model services' own rule (``workspaces.serving_load.recommend``, every 15 s as
+Kubernetes' HPA): ``ceil(load / --target-util)`` replicas (headroom for the start delay), up at
+once, down only to the highest recommendation of the last ``--stabilisation`` seconds. A new
+replica is a Camp job asked for at the decision; it is ready ``--start-delay`` seconds after Camp
+admits it. Removing a replica removes a waiting one first, then the youngest.
 
 **Training** — the trace's BE, Burstable and Guaranteed pods in creation order, each a job with
 its shape and its trace duration as work (GPU-hours = duration × GPUs); a backlog of
@@ -82,6 +83,7 @@ from scheduling.engine.queueing import (
     TenantQueue,
     placement_usage,
 )
+from workspaces.serving_load import recommend
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DAY = 86_400.0
@@ -322,7 +324,7 @@ class Day:
         self.token: dict[str, str] = {}
         self.replicas: dict[str, Replica] = {}
         self.by_service: list[list[str]] = [[] for _ in self.services]
-        self.wish: list[list[tuple[float, int]]] = [[] for _ in self.services]
+        self.wish: list[list[list[float]]] = [[] for _ in self.services]
         self.seq = 0
         self.t = -sc.warmup
         # metrics (from t = 0)
@@ -369,13 +371,14 @@ class Day:
     def autoscale(self, t: float) -> None:
         sc = self.sc
         for i, s in enumerate(self.services):
-            raw = min(s.max_replicas, max(1, math.ceil(s.load(t) / sc.target_util - 1e-9)))
-            hist = self.wish[i]
-            hist.append((t, raw))
-            while hist and hist[0][0] < t - sc.stabilisation:
-                hist.pop(0)
             have = self.by_service[i]
-            want = raw if raw > len(have) else max(w for _, w in hist)
+            rec = recommend(metric="concurrency", target=sc.target_util, load=s.load(t),
+                            ready=self.ready[i], current=len(have), min_replicas=1,
+                            max_replicas=s.max_replicas, window=self.wish[i],
+                            window_seconds=int(sc.stabilisation), now=t, idle_for=None,
+                            scale_to_zero_seconds=None)
+            self.wish[i] = rec.window
+            want = rec.desired
             while len(have) < want:
                 self.seq += 1
                 name = f"{s.name}-r{self.seq}"
