@@ -80,13 +80,14 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
     services = (with_ready_now(ModelService.objects.filter(owner=user).exclude(status=ServiceStatus.IDLE))
                 .select_related("project__tenant").order_by("-created_at")[:ROWS])
     for svc in services:
+        ready = int(getattr(svc, "ready_now", 0))  # annotated by with_ready_now
         rows.append(WorkloadRow(
             "service", svc.name, f"/workspaces/services/{svc.pk}/", str(svc.project),
-            "running" if svc.ready_now else "queued",
-            f"{svc.ready_now} of {svc.desired_replicas} replicas ready",
+            "running" if ready else "queued",
+            f"{ready} of {svc.desired_replicas} replicas ready",
             _gpu_words(svc.gpu_count, svc.gpu_memory_mib, svc.gpu_cores_percent, svc.exclusive,
                        svc.gpu_models, svc.desired_replicas, unit="replicas"),
-            svc.created_at if svc.ready_now else None, "", svc))
+            svc.created_at if ready else None, "", svc))
     rows.sort(key=lambda r: (r.state != "running", r.name))
     return rows[:ROWS]
 

@@ -386,7 +386,7 @@ def service_scale(request: HttpRequest, pk: int) -> HttpResponseBase:
     svc = get_object_or_404(restrict(ModelService.objects.all(), request.user), pk=pk)
     form = ScaleForm(request.POST)
     if not form.is_valid():
-        messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
+        messages.error(request, " ".join(str(e) for errs in form.errors.values() for e in errs))
         return redirect("workspaces:service", pk=svc.pk)
     data = form.cleaned_data
     try:
