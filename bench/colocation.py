@@ -13,9 +13,12 @@ Both run Camp's engine as the service does (``QueueCycle`` with the default ``Cy
 fair order, quotas, the non-preemptible-within-guarantee rule, preemption, backfill reservations,
 the fragmentation-aware placement profiled on the workload), driven the way the §4 replay drives
 it: one ``ClusterState`` and ``Placer`` kept across cycles, a cycle run only when something
-changed and repeated at the same instant while it admits or preempts. ``static-noreserve`` and
-``colocated-noreserve`` are the same with the cycle's backfill reservations off (not a setting of
-the service): on this workload they decide the outcome (docs/BENCHMARKS.md).
+changed and repeated at the same instant while it admits or preempts. As in the product, jobs
+carry runtime estimates (the service passes ``Job.duration_seconds``): a training run its start
+delay plus the work it has left, a replica ``REPLICA_DURATION_SECONDS`` (30 days). The
+``-noest`` setups drop every estimate; ``-noreserve`` turns the cycle's backfill reservations off
+(neither is a setting of the service): on this workload they decide much of the outcome
+(docs/BENCHMARKS.md).
 
 **Inference** — one model service per spec (GPU share, CPU, RAM) of the trace's latency-sensitive
 (LS) one-GPU pods, the ``--services`` with the most GPU-seconds. Each service's peak follows its
@@ -27,10 +30,13 @@ autoscaler is the model services' own rule (``workspaces.serving_load.recommend`
 Kubernetes' HPA): ``ceil(load / --target-util)`` replicas (headroom for the start delay), up at
 once, down only to the highest recommendation of the last ``--stabilisation`` seconds. A new
 replica is a Camp job asked for at the decision; it is ready ``--start-delay`` seconds after Camp
-admits it. Removing a replica removes a waiting one first, then the youngest.
+admits it, plus ``--preempt-grace`` when it had to preempt (its victims' pods go first). Removing
+a replica removes a waiting one first, then the youngest. ``--bursts F`` adds the product's
+simulated bursts (``serving_load.simulated_load``: F × the peak for 6 minutes in every 90).
 
-**Training** — the trace's BE, Burstable and Guaranteed pods in creation order, each a job with
-its shape and its trace duration as work (GPU-hours = duration × GPUs); a backlog of
+**Training** — the trace's other GPU pods (BE, Burstable and 7 Guaranteed) that were scheduled
+(pods the trace lists as Pending never ran; Failed ones ran until they failed), in creation order,
+each a job with its shape and its trace duration as work (GPU-hours = duration × GPUs); a backlog of
 ``--backlog`` jobs always waits. A run makes progress ``--train-start`` seconds after it starts
 (container start, resume), checkpoints every ``--checkpoint`` seconds of progress, and on
 preemption loses the progress since its last checkpoint (Camp's "GPU time lost") and is requeued
@@ -42,14 +48,15 @@ and lost to preemption; inference replica-minutes short of demand (demand above 
 scale-up latency p95 (decision → ready, start delay included); preemptions. Results and method in
 docs/BENCHMARKS.md ("Model services co-located with training").
 
-    .venv/bin/python -m bench.colocation              # stride 40 (147 GPUs), four setups (~1.5 min)
-    .venv/bin/python -m bench.colocation --stride 130 --setups static colocated
+    .venv/bin/python -m bench.colocation              # stride 40 (147 GPUs), four setups (~2–3 min)
+    .venv/bin/python -m bench.colocation --stride 130 --seed 16 --setups static colocated
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime as dt
 import heapq
 import json
 import math
@@ -83,14 +90,21 @@ from scheduling.engine.queueing import (
     TenantQueue,
     placement_usage,
 )
-from workspaces.serving_load import recommend
+from workspaces.serving_load import recommend, simulated_load
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DAY = 86_400.0
 SERVE, TRAIN = "serving/inference", "research/training"
-# scheduling.models.PRIORITY_VALUES (the engine runs without Django here)
+# Copies of the product's values (the engine runs without Django here); tests/unit/bench asserts
+# they equal scheduling.models.PRIORITY_VALUES and workspaces.services.serving.REPLICA_DURATION_SECONDS.
 PRIORITY_VALUES = {"inference": 1000, "batch": 10}
-SETUPS = ("static", "colocated", "static-noreserve", "colocated-noreserve")
+REPLICA_DURATION_SECONDS = 30 * 24 * 3600
+"""A replica job's ``duration_seconds``, which the scheduler service passes to the engine as its
+runtime estimate (scheduling/selectors.py), like a training job's expected run time."""
+SETUPS = ("static", "colocated", "static-noest", "colocated-noest", "static-noreserve",
+          "colocated-noreserve")
+DEFAULT_SETUPS = ("static", "colocated", "static-noest", "colocated-noest")
+DAY0 = dt.datetime(2026, 11, 24, tzinfo=dt.UTC)  # any midnight: the burst rule needs a date
 NEVER = (Kind.NEVER_FITS, Kind.OVER_LIMIT, Kind.UNKNOWN_QUEUE, Kind.OVER_GUARANTEE)
 
 
@@ -110,6 +124,8 @@ class Scenario:
     heads: int = 8
     warmup: float = 2 * 3600.0
     seed: int = 15
+    preempt_grace: float = 30.0
+    bursts: float = 0.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,11 +144,21 @@ class Service:
     noise: list[float]
     trough: float = 0.25
     max_replicas: int = 0
+    number: int = 0
+    bursts: float = 0.0
 
     def load(self, t: float) -> float:
-        """Load in replica capacities at ``t`` (seconds from midnight of the measured day)."""
+        """Load in replica capacities at ``t`` (seconds from midnight of the measured day); with
+        ``bursts``, plus the product's simulated bursts (``serving_load.simulated_load``: this
+        fraction of the peak for 6 minutes in every 90, at an offset drawn per service)."""
         h = (t / 3600.0 + self.phase_h) % 24.0
-        return self.peak_load * _curve(h, self.trough) * self.noise[int(t // 60) % len(self.noise)]
+        load = self.peak_load * _curve(h, self.trough) * self.noise[int(t // 60) % len(self.noise)]
+        if self.bursts:
+            at = DAY0 + dt.timedelta(seconds=t)
+            profile = {"base": 0.0, "peak": self.peak_load, "burst": self.bursts}
+            load += simulated_load(self.number, profile, at) - simulated_load(
+                self.number, {**profile, "burst": 0.0}, at)
+        return load
 
 
 def _curve(h: float, trough: float) -> float:
@@ -168,6 +194,8 @@ def workload(sc: Scenario, capacity: int) -> tuple[list[Service], list[TrainJob]
                 ls_weight[_spec(row)] += dur * tp.gpus
                 ls_req[_spec(row)] = (tp.request, tp.gpus)
             continue
+        if row["pod_phase"] == "Pending":  # never scheduled in the trace: no run time to replay
+            continue
         job = Job(name=f"train-{row['name']}", groups=(PodGroup("w", tp.request, 1),), queue=TRAIN,
                   priority=PRIORITY_VALUES["batch"], priority_class="batch", preemptible=True,
                   checkpointable=True)
@@ -188,6 +216,7 @@ def workload(sc: Scenario, capacity: int) -> tuple[list[Service], list[TrainJob]
                                                    gpu_models=req.gpu_models),
             gpus=g, peak_load=peak_load, phase_h=rng.uniform(-1.5, 1.5),
             noise=[max(0.5, rng.gauss(1.0, 0.05)) for _ in range(3 * 1440)], trough=sc.trough,
+            number=k + 1, bursts=sc.bursts,
         )
         services.append(svc)
     # Scale the loads so that the replicas wished at each service's peak (headroom and noise
@@ -320,6 +349,8 @@ class Day:
         # the service's defaults (heads are handed in below); "-noreserve" turns the backfill
         # reservations off, to show what they cost here (the service cannot)
         self.config = CycleConfig(backfill=not setup.endswith("-noreserve"))
+        # "-noest": neither training jobs nor replicas carry a runtime estimate
+        self.estimates = not setup.endswith("-noest")
         self.events: list[tuple[float, int, str, str]] = []
         self.token: dict[str, str] = {}
         self.replicas: dict[str, Replica] = {}
@@ -386,7 +417,8 @@ class Day:
                 have.append(name)
                 job = Job(name=name, groups=(PodGroup("r", s.request, 1),), queue=SERVE,
                           priority=PRIORITY_VALUES["inference"], priority_class="inference",
-                          preemptible=False, submit_time=t)
+                          preemptible=False, submit_time=t,
+                          runtime_estimate_s=REPLICA_DURATION_SECONDS if self.estimates else None)
                 self.serve_pool.pending[name] = job
                 self.serve_pool.dirty = True
             while len(have) > want:
@@ -421,11 +453,17 @@ class Day:
             tj = next(self.train_feed, None)
             if tj is None:
                 return
-            tj.job = replace(tj.job, submit_time=t)
+            tj.job = replace(tj.job, submit_time=t, runtime_estimate_s=self._estimate(tj))
             self.train[tj.job.name] = tj
             pool.pending[tj.job.name] = tj.job
             pool.dirty = True
             waiting += 1
+
+    def _estimate(self, tj: TrainJob) -> float | None:
+        """A training run's estimate as the product has it: the job's expected run time
+        (``duration_seconds``; on the simulated backend exactly how long it runs) — here the
+        start delay plus the work left. None in the ``-noest`` setups."""
+        return self.sc.train_start + tj.work if self.estimates else None
 
     def train_progress(self, name: str, end: float, finished: bool) -> float:
         """Progress kept from the run that ends at ``end`` (whole run when finished, else up to
@@ -460,8 +498,9 @@ class Day:
             serve = [j for n, j in pool.pending.items() if n in self.replicas]
             train = sorted((j for n, j in pool.pending.items() if n in self.train),
                            key=lambda j: (j.submit_time, j.name))
+            # scheduling.services.heads_per_queue: at least each queue's share of the free GPUs
             free = pool.capacity - sum(pool.gpus_of.values())
-            heads = max(self.sc.heads, math.ceil(free / 2))  # scheduling.services.heads_per_queue
+            heads = max(self.sc.heads, math.ceil(free / max(1, bool(serve) + bool(train))))
             batch = serve + train[:heads]
             if not batch:
                 return
@@ -476,12 +515,14 @@ class Day:
                         self.train_progress(v, t, finished=False)
                         self.release(pool, v, "training", evicted=True)
                         self.token[v] = ""
-                        pool.pending[v] = self.train[v].job
+                        tj = self.train[v]
+                        tj.job = replace(tj.job, runtime_estimate_s=self._estimate(tj))
+                        pool.pending[v] = tj.job
                 if isinstance(d, Admit | Preempt):
                     pool.dirty = True
                     job = pool.pending.pop(d.job)
                     rj = RunningJob(d.job, d.placement.pods, job.queue, job.priority, job.preemptible,
-                                    job.checkpointable, t)
+                                    job.checkpointable, t, job.runtime_estimate_s)
                     pool.running[d.job] = rj
                     g = placement_usage(rj.pods, pool.card)[0] / 1000
                     pool.gpus_of[d.job] = g
@@ -491,7 +532,9 @@ class Day:
                         self.alloc["inference"] += g
                         rep = self.replicas[d.job]
                         rep.started = t
-                        rep.ready_at = t + self.sc.start_delay
+                        # a preemptor starts once its victims' pods are gone (their grace period)
+                        grace = self.sc.preempt_grace if isinstance(d, Preempt) else 0.0
+                        rep.ready_at = t + grace + self.sc.start_delay
                         self.push(rep.ready_at, 1, d.job, tok)
                     else:
                         self.alloc["training"] += g
@@ -586,7 +629,7 @@ def main() -> None:
     d = Scenario()
     for f in d.__dataclass_fields__:
         ap.add_argument(f"--{f.replace('_', '-')}", type=type(getattr(d, f)), default=getattr(d, f))
-    ap.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
+    ap.add_argument("--setups", nargs="+", default=list(DEFAULT_SETUPS), choices=SETUPS)
     ap.add_argument("--out", default=str(RESULTS / "colocation.json"))
     args = ap.parse_args()
     sc = Scenario(**{f: getattr(args, f) for f in d.__dataclass_fields__})
@@ -596,7 +639,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     by = {r["setup"]: r for r in rows}
-    for tail in ("", "-noreserve"):
+    for tail in ("", "-noest", "-noreserve"):
         if "static" + tail in by and "colocated" + tail in by:
             s, c = by["static" + tail], by["colocated" + tail]
             gain = 100 * (float(c["training_gpu_h"]) / float(s["training_gpu_h"]) - 1)  # type: ignore[arg-type]

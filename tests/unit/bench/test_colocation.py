@@ -43,3 +43,20 @@ def test_inference_follows_the_day_and_is_never_preempted(colocated: tuple[Day, 
     assert float(r["scaleup_p95_s"]) >= day.sc.start_delay  # type: ignore[arg-type]
     assert day.victims["inference"] == 0
     assert day.t == DAY
+
+
+def test_a_replica_that_preempts_is_ready_after_the_victims_grace_period(
+        colocated: tuple[Day, dict[str, object]]) -> None:
+    day, r = colocated
+    assert day.preemptions > 0  # this day's scale-ups do preempt training
+    assert float(r["scaleup_max_s"]) >= day.sc.start_delay + day.sc.preempt_grace  # type: ignore[arg-type]
+
+
+def test_the_copied_product_values_match_the_product() -> None:
+    """The benchmark runs the engine without Django, so it copies two values; they must not drift."""
+    import bench.colocation as bench
+    from scheduling.models import PRIORITY_VALUES
+    from workspaces.services.serving import REPLICA_DURATION_SECONDS
+
+    assert bench.PRIORITY_VALUES == {k: PRIORITY_VALUES[k] for k in bench.PRIORITY_VALUES}
+    assert bench.REPLICA_DURATION_SECONDS == REPLICA_DURATION_SECONDS
