@@ -14,7 +14,7 @@ are printed field by field and exit with status 1.
     camp stop JOB
     camp rm JOB
     camp serve create NAME --project T/P --cluster C --image vllm --model hf://org/model
-    camp serve list | status NAME | scale NAME N | rollout NAME | delete NAME
+    camp serve list | status NAME | scale NAME N | update NAME --max 4 | rollout NAME | delete NAME
 """
 
 from __future__ import annotations
@@ -438,6 +438,8 @@ def serve_status(ctx: click.Context, service: str) -> None:
     """One service: replicas (and why a replica waits), load, revision, endpoint."""
     s = _service(_api(ctx), service)
     click.echo(f"{s['name']} (#{s['id']}) in {s['tenant']}/{s['project_name']}: {s['status']}")
+    if s.get("status_reason"):
+        click.echo(f"why: {s['status_reason']}")
     click.echo(f"replicas: {s['ready_replicas']} ready of {s['desired_replicas']} desired "
                f"(min {s['min_replicas']}, max {s['max_replicas']}); revision {s['revision']}")
     click.echo(f"load: {s['load']:g} ({s['autoscale_metric']}, target {s['autoscale_target']:g} per replica)")
@@ -466,6 +468,28 @@ def serve_scale(ctx: click.Context, service: str, replicas: int | None, min_repl
     done = api.call("POST", f"services/{s['id']}/scale/", json=body)
     click.echo(f"{done['name']}: {done['desired_replicas']} desired (min {done['min_replicas']}, "
                f"max {done['max_replicas']})")
+
+
+@serve.command(name="update")
+@click.argument("service")
+@click.option("--min", "min_replicas", type=int, default=None)
+@click.option("--max", "max_replicas", type=int, default=None)
+@click.option("--metric", "autoscale_metric", type=click.Choice(["concurrency", "rps", "gpu_util"]),
+              default=None)
+@click.option("--target", "autoscale_target", type=float, default=None, help="per replica")
+@click.option("--scale-down-delay", "scale_down_delay_seconds", type=int, default=None, help="seconds")
+@click.option("--scale-to-zero", "scale_to_zero_seconds", type=int, default=None, help="idle seconds")
+@click.pass_context
+def serve_update(ctx: click.Context, service: str, **opts: Any) -> None:
+    """Change the autoscaling settings (a new image or arguments: ``camp serve rollout``)."""
+    api = _api(ctx)
+    s = _service(api, service)
+    body = {k: v for k, v in opts.items() if v is not None}
+    if not body:
+        raise click.UsageError("Give at least one setting to change.")
+    done = api.call("PATCH", f"services/{s['id']}/", json=body)
+    click.echo(f"{done['name']}: min {done['min_replicas']}, max {done['max_replicas']}, "
+               f"{done['autoscale_metric']} target {done['autoscale_target']:g} per replica")
 
 
 @serve.command(name="rollout")

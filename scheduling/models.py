@@ -381,6 +381,7 @@ class Allocation(models.Model):
     cpu_millicores = models.PositiveIntegerField(default=0)
     ram_mib = models.PositiveIntegerField(default=0)
     phase = models.CharField(max_length=10, choices=PodPhase.choices, default=PodPhase.PENDING)
+    ready = models.BooleanField(default=False, help_text="The pod's Ready condition, as last seen.")
     message = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -8,9 +8,7 @@ class WorkspacesConfig(AppConfig):
     def ready(self) -> None:
         from scheduling.extensions import register_job_spec_hook
 
+        from . import services  # noqa: F401 (registers the workload kinds: environment, training, service)
         from .kinds import kinds_job_spec_hook
-        from .pods import workload_job_spec_hook
-        from .services import serving  # noqa: F401 (registers the ``service`` workload kind)
 
-        register_job_spec_hook(workload_job_spec_hook)
         register_job_spec_hook(kinds_job_spec_hook)

@@ -1,14 +1,15 @@
 """One submission path for workload kinds (issue 14).
 
-A workload kind (a model service today: ``services/serving.py``; dev environments and
-training jobs are still on their own paths in ``services/``, see docs/ARCHITECTURE.md) is described once by a
+Every workload kind — dev environments (``services/environments.py``), training jobs
+(``services/training.py``) and model services (``services/serving.py``) — is described once by a
 :class:`WorkloadKind`: the pod groups of one run, the scheduling options of its jobs, its
 shape fields, how a scheduling Job leads back to the workload row, what its pods look like
 (container ports, probes, volumes, extra Kubernetes objects) and how a job state reads to
 users. The shared path does the rest, the same way for every kind:
 
-* :func:`kind_check` — shape validation and the quota pre-check (a run that could never
-  fit within a limit is a 400 naming the field, not a job created only to be rejected);
+* :func:`kind_check` — the quota pre-check (a run that could never fit within a limit is a
+  400 naming the field, not a job created only to be rejected), and for kinds that ask for
+  it the shape rules and "no card of the cluster is large enough";
 * :func:`kind_run` — job creation through ``scheduling.services.job_submit`` (which writes
   the ``job.submitted`` audit event and requests a cycle after commit);
 * :func:`kind_audit` — the kind's own audit events (``<kind>.<action>``);
@@ -44,9 +45,11 @@ Specs = Callable[[Any, Job, NamespaceSpec, JobObjects, list[PodSpec]], tuple[Job
 @dataclass(frozen=True)
 class WorkloadKind:
     name: str
-    """The audit prefix and API word (``service``)."""
-    job_kind: str
-    """``Job.kind`` of its runs; the spec hook recognises its jobs by it."""
+    """The audit prefix (``service``, ``environment``, ``training``)."""
+    job_kinds: tuple[str, ...]
+    """Every ``Job.kind`` its runs may have; the spec hook recognises its jobs by them."""
+    job_kind_of: Callable[[Any], str]
+    """``Job.kind`` of a row's run (an environment's kind, a training job's framework)."""
     groups: Callable[[Any], list[dict[str, Any]]]
     """The pod groups of one run of a row (``job_submit``'s ``groups``)."""
     job_options: Callable[[Any], dict[str, Any]]
@@ -60,13 +63,19 @@ class WorkloadKind:
     """Field defaults a create fills in when the caller gives none."""
     status: Mapping[str, str] = field(default_factory=dict)
     """Job state → the kind's own word where it differs from the common mapping."""
+    check_shape: bool = False
+    """Whether ``kind_check`` validates the shape and refuses a slice no card can hold (kinds
+    that validate their shape themselves, with their own messages, leave it off)."""
 
 
 KINDS: dict[str, WorkloadKind] = {}
+"""``Job.kind`` → its workload kind."""
 
 
 def register_kind(kind: WorkloadKind) -> WorkloadKind:
-    KINDS[kind.job_kind] = kind
+    """Register ``kind`` for each of its job kinds (registering again replaces it)."""
+    for job_kind in kind.job_kinds:
+        KINDS[job_kind] = kind
     return kind
 
 
@@ -78,9 +87,11 @@ def clean_shape(data: Mapping[str, Any]) -> None:
 
 
 def kind_check(kind: WorkloadKind, *, project: Project, cluster: Cluster, row: Any) -> None:
-    """Validate the shape of one run and refuse what could never fit within a limit."""
-    clean_shape({f: getattr(row, f) for f in SHAPE_FIELDS})
-    _refuse_if_no_card_fits(cluster, row)
+    """Refuse a run that could never fit within a limit (and, with ``check_shape``, a bad
+    shape or a slice larger than every card)."""
+    if kind.check_shape:
+        clean_shape({f: getattr(row, f) for f in SHAPE_FIELDS})
+        _refuse_if_no_card_fits(cluster, row)
     refuse_if_never_within_limits(project=project, cluster=cluster, groups=kind.groups(row))
 
 
@@ -107,7 +118,7 @@ def kind_run(kind: WorkloadKind, *, actor: User, row: Any, name: str) -> Job:
     from .services.common import _submit_run
 
     return _submit_run(actor=actor, project=row.project, cluster=row.cluster, name=name,
-                       kind=kind.job_kind, groups=kind.groups(row), **kind.job_options(row))
+                       kind=kind.job_kind_of(row), groups=kind.groups(row), **kind.job_options(row))
 
 
 def kind_audit(kind: WorkloadKind, action: str, row: Model, *, actor: User | None,

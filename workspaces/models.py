@@ -311,6 +311,7 @@ class ServiceStatus(models.TextChoices):
     DEGRADED = "degraded", "Degraded (fewer ready replicas than desired)"
     ROLLING = "rolling", "Rolling out a new revision"
     IDLE = "idle", "Scaled to zero"
+    BLOCKED = "blocked", "Blocked (a replica was rejected)"
 
 
 class ModelService(models.Model):
@@ -371,6 +372,7 @@ class ModelService(models.Model):
     desired_replicas = models.PositiveSmallIntegerField(default=1)
     ready_replicas = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(max_length=10, choices=ServiceStatus.choices, default=ServiceStatus.PENDING)
+    status_reason = models.CharField(max_length=300, blank=True)
     load = models.FloatField(default=0.0, help_text="The last load read by the autoscaler.")
     load_at = models.DateTimeField(null=True, blank=True)
     idle_since = models.DateTimeField(null=True, blank=True)

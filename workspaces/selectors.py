@@ -191,8 +191,14 @@ def job_why(job: Job | None) -> dict[str, Any]:
 def model_services(user: Any, *, project: Project | None = None) -> QuerySet[ModelService]:
     """The model services ``user`` may see (newest first), with what a list renders; the API
     and the portal's services pages share it."""
+    from django.db.models import OuterRef, Subquery
+
+    from scheduling.models import ProjectNamespace
+
+    stored = ProjectNamespace.objects.filter(cluster=OuterRef("cluster"), project=OuterRef("project"))
     qs = restrict(ModelService.objects.all(), user).select_related(
-        "tenant", "project", "cluster", "owner", "image")
+        "tenant", "project", "cluster", "owner", "image").annotate(
+        namespace_name=Subquery(stored.values("name")[:1]))
     if project is not None:
         qs = qs.filter(project=project)
     return qs.order_by("-created_at", "-id")
@@ -209,27 +215,15 @@ def service_replicas(service: ModelService, *, removed: bool = False) -> QuerySe
 
 def service_endpoint(service: ModelService) -> str:
     """In-cluster URL of the service (its ClusterIP Service in the project's namespace)."""
+    from scheduling.backends.naming import namespace_name
     from scheduling.selectors import project_namespace_name
 
-    ns = project_namespace_name(cluster=service.cluster, project=service.project)
-    return _endpoint(service, ns)
-
-
-def _endpoint(service: ModelService, namespace: str) -> str:
-    return f"http://{service.service_name}.{namespace}.svc:{service.port}"
-
-
-def service_endpoints(services: list[ModelService]) -> dict[int, str]:
-    """``service_endpoint`` of each service, in one query (a list page shows many)."""
-    from scheduling.backends.naming import namespace_name
-    from scheduling.models import ProjectNamespace
-
-    stored = {(c, p): n for c, p, n in ProjectNamespace.objects.filter(
-        cluster__in={s.cluster_id for s in services}, project__in={s.project_id for s in services},
-    ).values_list("cluster_id", "project_id", "name")}
-    return {s.pk: _endpoint(s, stored.get((s.cluster_id, s.project_id))
-                            or namespace_name(s.cluster.namespace_prefix, s.project.pk, s.project.name))
-            for s in services}
+    if hasattr(service, "namespace_name"):  # model_services() read it with the row
+        ns = getattr(service, "namespace_name", None) or namespace_name(
+            service.cluster.namespace_prefix, service.project_id, service.project.name)
+    else:
+        ns = project_namespace_name(cluster=service.cluster, project=service.project)
+    return f"http://{service.service_name}.{ns}.svc:{service.port}"
 
 
 # --- the portal's services pages (r4servebench) --------------------------------------------------

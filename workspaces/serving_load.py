@@ -1,7 +1,8 @@
 """Per-service load for the autoscaler, and its replica recommendation (pure functions).
 
-Load comes from a *load source*: ``simulated`` (the default, and the only one on the
-simulated backend) is a daily curve with bursts, deterministic per service and time, so
+Load comes from a *load source*: ``simulated`` (the default; it serves simulated clusters
+only — on a Kubernetes cluster without a real source the autoscaler holds the replica
+count) is a daily curve with bursts, deterministic per service and time, so
 the demo, the tests and the co-location benchmark all see the same day. A Prometheus
 source is a seam: :data:`LOAD_SOURCES` maps the ``SERVING_LOAD_SOURCE`` setting to a
 function ``(service, at) -> float``; a deployment that exports its servers' request
@@ -18,10 +19,13 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_PROFILE: dict[str, float] = {
     "base": 1.0,  # load at the quietest hour
@@ -59,11 +63,20 @@ def _simulated(service: Any, at: dt.datetime) -> float:
 LOAD_SOURCES: dict[str, Callable[[Any, dt.datetime], float]] = {"simulated": _simulated}
 
 
-def load_of(service: Any, at: dt.datetime) -> float:
+def load_of(service: Any, at: dt.datetime) -> float | None:
+    """The service's load now, or None when nothing measures it: the simulated curve serves
+    simulated clusters only (real inference must never scale on, or preempt real training
+    for, made-up numbers), and an unknown ``SERVING_LOAD_SOURCE`` is reported, not guessed."""
     from django.conf import settings
 
     source = getattr(settings, "SERVING_LOAD_SOURCE", "simulated")
-    return LOAD_SOURCES.get(source, _simulated)(service, at)
+    if source not in LOAD_SOURCES:
+        logger.warning("SERVING_LOAD_SOURCE=%r is not one of %s: model services hold their replicas",
+                       source, ", ".join(LOAD_SOURCES))
+        return None
+    if source == "simulated" and service.cluster.backend != "simulated":
+        return None
+    return LOAD_SOURCES[source](service, at)
 
 
 @dataclass(frozen=True)

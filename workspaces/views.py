@@ -333,13 +333,12 @@ def service_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(qs, 25).get_page(request.GET.get("page"))
     shown = list(page)
     events = selectors.service_events(shown, request.user, per_service=3)
-    endpoints = selectors.service_endpoints(shown)
     card_mib = presets.card_memory()
     params = request.GET.copy()
     params.pop("page", None)
     return render(request, "workspaces/services.html", {
         "page": page, "filter": f, "query": params.urlencode(), "count": page.paginator.count,
-        "rows": [{"svc": s, "endpoint": endpoints[s.pk], "events": events[s.pk],
+        "rows": [{"svc": s, "endpoint": selectors.service_endpoint(s), "events": events[s.pk],
                   "unit": selectors.LOAD_UNITS.get(s.autoscale_metric, ""),
                   "shape": presets.shape_card(s, card_mib)} for s in shown]})
 

@@ -113,6 +113,10 @@ SERVING_LOAD_SOURCE = env_str("SERVING_LOAD_SOURCE", "simulated")
 CELERY_BEAT_SCHEDULE["services-autoscale"] = {
     "task": "workspaces.tasks.services_autoscale", "schedule": float(SERVING_AUTOSCALE_SECONDS),
 }
+SERVING_SWEEP_SECONDS = env_int("SERVING_SWEEP_SECONDS", 60)  # Services of deleted model services
+CELERY_BEAT_SCHEDULE["services-sweep"] = {
+    "task": "workspaces.tasks.services_sweep", "schedule": float(SERVING_SWEEP_SECONDS),
+}
 CAMP_URL = env_str("CAMP_URL", "http://localhost:8000")  # this portal, for the ingress auth hook
 WORKSPACES_URL = env_str("WORKSPACES_URL", "https://workspaces.camp.local")  # environment URLs
 WORKSPACES_SSH_GATEWAY = env_str("WORKSPACES_SSH_GATEWAY", "ssh.camp.local")

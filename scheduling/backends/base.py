@@ -156,6 +156,9 @@ class PodStatus:
     labels: Mapping[str, str] = field(default_factory=dict)
     message: str = ""
     deleting: bool = False
+    ready: bool = False
+    """The pod's Ready condition (its readiness probe passes): a model service's replica
+    takes requests, and counts for a rollout, only then."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,11 @@ class ClusterBackend(Protocol):
 
     def delete_object(self, namespace: str, kind: str, name: str) -> None:
         """Delete one extra object (e.g. a home PVC when its environment is deleted)."""
+        ...
+
+    def list_services(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        """(namespace, name, labels) of every Service Camp made that carries ``label`` (a
+        workload's objects that outlive single jobs, swept when their workload is gone)."""
         ...
 
     def follow_pod_logs(self, namespace: str, name: str, *, tail_lines: int, timeout_seconds: float,

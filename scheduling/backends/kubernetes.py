@@ -613,6 +613,15 @@ class KubernetesBackend:
                     self._call(getattr(api, f"delete_namespaced_{suffix}"), obj.metadata.name,
                                namespace, ok=(404,))
 
+    def list_services(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        listed = self._call(self.core.list_service_for_all_namespaces, label_selector=f"{SELECTOR},{label}")
+        out = []
+        for svc in (listed.items if listed is not None else []):
+            labels = dict(svc.metadata.labels or {})
+            if labels.get(MANAGED_BY) == "camp" and label in labels:  # checked again, as elsewhere
+                out.append((svc.metadata.namespace, svc.metadata.name, labels))
+        return out
+
     def list_job_objects(self) -> list[tuple[str, str, int]]:
         """(namespace, owner name, job id) of every per-job ConfigMap Camp made (the owner of
         its job's other objects): what reconcile checks for leftovers."""
@@ -979,9 +988,11 @@ def _pod_status(p: Any) -> PodStatus:
     meta = p.metadata
     phase = (p.status.phase if p.status else None) or "Pending"
     message = (p.status.message if p.status else None) or ""
+    conditions = (p.status.conditions if p.status else None) or []
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
     return PodStatus(name=meta.name, namespace=meta.namespace or "", phase=phase,
                      labels=dict(meta.labels or {}), message=message,
-                     deleting=bool(meta.deletion_timestamp))
+                     deleting=bool(meta.deletion_timestamp), ready=ready)
 
 
 def _describe(exc: ApiException) -> str:

@@ -250,8 +250,10 @@ def _update_phases(rows: list[Allocation], pods: dict[str, PodStatus]) -> None:
         p = pods.get(a.pod_name)
         phase = mapping.get(p.phase, PodPhase.CREATED) if p else (
             PodPhase.GONE if a.phase not in (PodPhase.PENDING,) else PodPhase.PENDING)
-        if a.phase != phase:
-            Allocation.objects.filter(pk=a.pk).update(phase=phase, message=(p.message if p else "")[:500])
+        ready = bool(p and p.ready and phase == PodPhase.RUNNING)
+        if a.phase != phase or a.ready != ready:
+            Allocation.objects.filter(pk=a.pk).update(phase=phase, ready=ready,
+                                                      message=(p.message if p else "")[:500])
 
 
 def _end(job_id: int, state: str, reason: str) -> None:

@@ -273,9 +273,10 @@ class ModelServiceSerializer(MaskedEnvMixin, serializers.ModelSerializer[ModelSe
                   "cpu_millicores", "ram_mib", "min_replicas", "max_replicas", "autoscale_metric",
                   "autoscale_target", "scale_down_delay_seconds", "scale_to_zero_seconds", "load_profile",
                   "priority_class", "preemptible", "revision", "desired_replicas", "ready_replicas",
-                  "status", "load", "load_at", "replicas", "endpoint", "created_at", "updated_at"]
-        read_only_fields = ["id", "revision", "desired_replicas", "ready_replicas", "status", "load",
-                            "load_at", "created_at", "updated_at"]
+                  "status", "status_reason", "load", "load_at", "replicas", "endpoint", "created_at",
+                  "updated_at"]
+        read_only_fields = ["id", "revision", "desired_replicas", "ready_replicas", "status", "status_reason",
+                            "load", "load_at", "created_at", "updated_at"]
         extra_kwargs = {"image_reference": {"required": False, "allow_blank": True},
                         "model_source": {"required": False, "allow_blank": True}}
         validators: list[Any] = []
@@ -293,11 +294,18 @@ class ModelServiceSerializer(MaskedEnvMixin, serializers.ModelSerializer[ModelSe
 
 class ModelServiceUpdateSerializer(ModelServiceSerializer):
     """PATCH/PUT: scaling settings apply at once; image, args, env, model or shape is a new
-    revision (rolled out replica by replica)."""
+    revision (rolled out replica by replica). Where it runs and its priority stay (declared
+    fields ignore ``read_only_fields``, hence declared again here)."""
+
+    # (DRF replaces a declared field by name; the types differ from the create fields'.)
+    name = serializers.CharField(read_only=True)
+    project = serializers.PrimaryKeyRelatedField[Any](read_only=True)  # type: ignore[assignment]
+    cluster = serializers.CharField(source="cluster.name", read_only=True)  # type: ignore[assignment]
+    priority_class = serializers.CharField(read_only=True)  # type: ignore[assignment]
+    preemptible = serializers.BooleanField(read_only=True)
 
     class Meta(ModelServiceSerializer.Meta):
-        read_only_fields = [*ModelServiceSerializer.Meta.read_only_fields, "name", "project", "cluster",
-                            "priority_class", "preemptible"]
+        pass
 
 
 class ScaleSerializer(serializers.Serializer[Any]):

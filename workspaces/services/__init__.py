@@ -52,6 +52,7 @@ from .culling import (
 )
 from .environments import (
     ACTIVE,
+    ENVIRONMENT_KIND,
     VARIANT_OF,
     _env_group,
     _locked_env,
@@ -82,6 +83,7 @@ from .serving import (
     model_service_autoscale,
     model_service_create,
     model_service_delete,
+    model_service_objects_sweep,
     model_service_rollout,
     model_service_scale,
     model_service_update,
@@ -90,6 +92,7 @@ from .serving import (
 )
 from .training import (
     CHECKPOINT_LINE,
+    TRAINING_KIND,
     _account,
     _gpu_share,
     _run_names,
@@ -170,6 +173,8 @@ __all__ = [
     "_account",
     "_run_names",
     "training_sync",
+    "ENVIRONMENT_KIND",
+    "TRAINING_KIND",
     "AUTOSCALER",
     "LABEL_SERVICE",
     "LABEL_REVISION",
@@ -180,6 +185,7 @@ __all__ = [
     "model_service_scale",
     "model_service_rollout",
     "model_service_delete",
+    "model_service_objects_sweep",
     "model_service_autoscale",
     "model_services_autoscale",
 ]

@@ -16,8 +16,10 @@ be (``_converge``) and asks the queue for them or cancels them:
   ``desired`` or more — a service never drops below its ready count for a rollout;
 * every decision is audited (``service.*``; the autoscaler's as the actor ``autoscaler``).
 
-Replicas are ready when their job is RUNNING; on Kubernetes the pods' readiness probe (the
-health path) decides which of them the Service sends requests to.
+A replica is ready when its job is RUNNING and its pod reports Ready (the readiness probe on
+the health path, read by reconcile and the watcher into ``Allocation.ready``): only ready
+replicas count for a rollout and for ``ready_replicas``, as only they get the Service's
+requests.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from django.utils import timezone
 from registry.models import Image, Variant
 from registry.services import pull_secret_manifest
 from scheduling import services as scheduling
-from scheduling.backends.base import ExtraObject, JobObjects, PodSpec
+from scheduling.backends.base import LABEL_PROJECT_ID, ExtraObject, JobObjects, PodSpec
 from scheduling.models import FINAL_STATES, Cluster, Job, JobState, PriorityClass, slug_validator
 from tenants import permissions
 from tenants.audit import snapshot
@@ -53,9 +55,11 @@ LABEL_SERVICE = "camp.io/service"
 LABEL_REVISION = "camp.io/revision"
 # Replicas run until removed; the simulated backend needs a finite duration.
 REPLICA_DURATION_SECONDS = 30 * 24 * 3600
+# Audited snapshot: environment values often carry secrets (HF_TOKEN), so the append-only
+# log keeps their names only (``_snapshot``).
 SERVICE_FIELDS = (
     "name", "cluster", "image_reference", "model_source_kind", "model_source", "port", "health_path",
-    "args", "env", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive", "gpu_models",
+    "args", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive", "gpu_models",
     "cpu_millicores", "ram_mib", "min_replicas", "max_replicas", "autoscale_metric", "autoscale_target",
     "scale_down_delay_seconds", "scale_to_zero_seconds", "load_profile", "priority_class", "preemptible",
     "revision", "desired_replicas",
@@ -108,7 +112,8 @@ def _model_env(spec: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any
 def service_manifest(svc: ModelService) -> dict[str, Any]:
     """The ClusterIP Service in front of every replica of ``svc`` (outlives replicas)."""
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": svc.service_name, "labels": {LABEL_SERVICE: str(svc.pk)}},
+            "metadata": {"name": svc.service_name, "labels": {
+                LABEL_SERVICE: str(svc.pk), LABEL_PROJECT_ID: str(svc.project_id)}},
             "spec": {"type": "ClusterIP", "selector": {LABEL_SERVICE: str(svc.pk)},
                      "ports": [{"name": "http", "port": svc.port, "targetPort": "http"}]}}
 
@@ -140,10 +145,14 @@ def _specs(replica: ServiceReplica, job: Job, ns: Any, objs: JobObjects,
 
 
 SERVICE_KIND = register_kind(WorkloadKind(
-    name="service", job_kind="service", groups=_groups, job_options=_job_options,
-    row_of_job=_replica_of_job, specs=_specs,
+    name="service", job_kinds=("service",), job_kind_of=lambda svc: "service", groups=_groups,
+    job_options=_job_options, row_of_job=_replica_of_job, specs=_specs, check_shape=True,
     defaults={"priority_class": PriorityClass.INFERENCE, "preemptible": False},
 ))
+
+
+def _snapshot(svc: ModelService) -> dict[str, Any]:
+    return {**snapshot(svc, SERVICE_FIELDS), "env_names": sorted(svc.env or {})}
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -233,6 +242,21 @@ def _locked(pk: int) -> ModelService:
             .select_related("tenant", "project", "cluster", "owner", "image").get(pk=pk))
 
 
+def _refuse_min_beyond_limits(svc: ModelService) -> None:
+    """``min_replicas`` replicas must fit within the project's limits together (one replica is
+    ``kind_check``'s); otherwise the floor could never be reached: a 400 naming min_replicas."""
+    if svc.min_replicas <= 1:
+        return
+    from ..quota import refuse_if_never_within_limits
+
+    groups = [{**g, "replicas": svc.min_replicas} for g in _groups(svc)]
+    try:
+        refuse_if_never_within_limits(project=svc.project, cluster=svc.cluster, groups=groups)
+    except ValidationError as exc:
+        why = " ".join(m for msgs in exc.message_dict.values() for m in msgs)
+        raise ValidationError({"min_replicas": [f"{svc.min_replicas} replicas: {why}"]}) from exc
+
+
 # --- writes -------------------------------------------------------------------------------------
 
 
@@ -263,10 +287,11 @@ def model_service_create(*, actor: User, project: Project, cluster: Cluster, nam
         variant_label="inference server")
     _clean(svc)
     kind_check(SERVICE_KIND, project=project, cluster=cluster, row=svc)
+    _refuse_min_beyond_limits(svc)
     svc.desired_replicas = min(max(svc.min_replicas, 1), svc.max_replicas)
     _save(svc)
     kind_audit(SERVICE_KIND, "created", svc, actor=actor, after={
-        **snapshot(svc, SERVICE_FIELDS), **({"preset": profile.name} if profile is not None else {})})
+        **_snapshot(svc), **({"preset": profile.name} if profile is not None else {})})
     _converge(svc, actor=actor, by=actor.get_username())
     return svc
 
@@ -293,6 +318,7 @@ def model_service_scale(*, actor: User, service: ModelService, replicas: int | N
     if svc.min_replicas < 0 or svc.max_replicas < 0:
         raise ValidationError({"replicas": ["Replica counts cannot be negative."]})
     _clean_scaling(svc)
+    _refuse_min_beyond_limits(svc)
     floor = svc.min_replicas if svc.min_replicas or svc.max_replicas == 0 else min(1, svc.max_replicas)
     svc.desired_replicas = min(max(svc.desired_replicas, floor), svc.max_replicas)
     svc.save()
@@ -315,7 +341,7 @@ def model_service_update(*, actor: User, service: ModelService, image: Image | N
     for key in values:
         if key not in allowed:
             raise ValidationError({key: ["This field cannot be changed."]})
-    before = snapshot(svc, SERVICE_FIELDS)
+    before = _snapshot(svc)
     old = {f: getattr(svc, f) for f in REVISION_FIELDS}
     for key, value in values.items():
         if value is not None or key == "scale_to_zero_seconds":
@@ -324,7 +350,11 @@ def model_service_update(*, actor: User, service: ModelService, image: Image | N
         svc.image, svc.image_reference = _resolve_image(
             project=svc.project, image=image, image_reference=values.get("image_reference") or "",
             variant=Variant.INFERENCE, variant_label="inference server")
+    if svc.port != old["port"]:
+        # The ClusterIP Service outlives replicas and is not rewritten on dispatch.
+        raise ValidationError({"port": ["A service's port cannot change; create a new service."]})
     _clean(svc)
+    _refuse_min_beyond_limits(svc)
     changed = any(getattr(svc, f) != old[f] for f in REVISION_FIELDS)
     if changed:
         kind_check(SERVICE_KIND, project=svc.project, cluster=svc.cluster, row=svc)
@@ -332,7 +362,7 @@ def model_service_update(*, actor: User, service: ModelService, image: Image | N
     svc.desired_replicas = min(max(svc.desired_replicas, svc.min_replicas), svc.max_replicas)
     _save(svc)
     kind_audit(SERVICE_KIND, "rolled_out" if changed else "updated", svc, actor=actor, before=before,
-               after=snapshot(svc, SERVICE_FIELDS))
+               after=_snapshot(svc))
     _converge(svc, actor=actor, by=actor.get_username())
     return svc
 
@@ -342,14 +372,17 @@ def model_service_rollout(*, actor: User, service: ModelService, image: Image | 
     """A new revision: with changes (image, args, env, model, ...) those; without, a restart
     of every replica. Rolled out one replica at a time (the module docstring)."""
     with transaction.atomic():
-        svc = model_service_update(actor=actor, service=service, image=image, **values)
-        if svc.revision == service.revision:  # nothing changed: restart on a new revision
-            svc = _locked(svc.pk)
-            svc.revision += 1
-            svc.save(update_fields=["revision", "updated_at"])
-            kind_audit(SERVICE_KIND, "rolled_out", svc, actor=actor, after={"revision": svc.revision,
-                                                                           "reason": "restart"})
-            _converge(svc, actor=actor, by=actor.get_username())
+        svc = _locked(service.pk)
+        _require(actor, permissions.CHANGE, svc)
+        old = {f: getattr(svc, f) for f in REVISION_FIELDS}
+        if image is not None or any(k in REVISION_FIELDS and v is not None and v != old[k]
+                                    for k, v in values.items()):
+            return model_service_update(actor=actor, service=svc, image=image, **values)
+        svc.revision += 1  # nothing changed: restart every replica on a new revision
+        svc.save(update_fields=["revision", "updated_at"])
+        kind_audit(SERVICE_KIND, "rolled_out", svc, actor=actor, before={"revision": svc.revision - 1},
+                   after={"revision": svc.revision, "reason": "restart"})
+        _converge(svc, actor=actor, by=actor.get_username())
     return svc
 
 
@@ -363,7 +396,7 @@ def model_service_delete(*, actor: User, service: ModelService) -> None:
     for r in svc.replicas.select_related("job").exclude(job__state__in=FINAL_STATES):
         _remove(r, f"Service {svc.name} deleted by {by}", by)
     kind_audit(SERVICE_KIND, "deleted", svc, actor=actor,
-               before={**snapshot(svc, SERVICE_FIELDS), "status": svc.status})
+               before={**_snapshot(svc), "status": svc.status})
     from scheduling.selectors import project_namespace_name
 
     ns = project_namespace_name(cluster=svc.cluster, project=svc.project)
@@ -382,48 +415,94 @@ def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = 
     window, to zero after the idle window), audit a change as ``service.scaled`` by
     ``autoscaler``, then converge the replicas (also replacing ended ones and moving a
     rollout on)."""
-    now = now or timezone.now()
     with transaction.atomic():
         svc = _locked(service.pk)
-        load = load_of(svc, now) if load is None else float(load)
-        if load > 0:
-            svc.idle_since = None
-        elif svc.idle_since is None:
-            svc.idle_since = now
-        idle_for = (now - svc.idle_since).total_seconds() if svc.idle_since else None
-        rec = recommend(metric=svc.autoscale_metric, target=svc.autoscale_target, load=load,
-                        ready=svc.ready_replicas, current=svc.desired_replicas,
-                        min_replicas=svc.min_replicas, max_replicas=svc.max_replicas,
-                        window=list(svc.recommendations or []), window_seconds=svc.scale_down_delay_seconds,
-                        now=now.timestamp(), idle_for=idle_for,
-                        scale_to_zero_seconds=svc.scale_to_zero_seconds)
-        before = svc.desired_replicas
-        svc.load, svc.load_at, svc.recommendations = load, now, rec.window
-        if svc.max_replicas == 0:
-            rec = dataclasses.replace(rec, desired=0)
-        svc.desired_replicas = rec.desired
-        svc.save(update_fields=["load", "load_at", "idle_since", "recommendations", "desired_replicas",
-                                "updated_at"])
-        if rec.desired != before:
-            kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
-                       before={"desired_replicas": before},
-                       after={"desired_replicas": rec.desired, "load": load, "reason": rec.reason})
-        _converge(svc, actor=None, by=AUTOSCALER)
+        now = now or timezone.now()  # read after the lock: a step that waited is not in the past
+        measured = load_of(svc, now) if load is None else float(load)
+        if measured is None:
+            _hold(svc)  # no load source for this cluster: never scale on made-up numbers
+        else:
+            _scale_on(svc, measured, now)
+        _converge(svc, actor=None, by=AUTOSCALER, retry=False)
     return svc
 
 
-def model_services_autoscale(*, now: dt.datetime | None = None) -> dict[str, int]:
-    """Every model service on an enabled cluster, one short transaction each (the beat task)."""
-    done = failed = 0
-    for svc in ModelService.objects.filter(cluster__enabled=True).order_by("pk"):
+def _hold(svc: ModelService) -> None:
+    """Without a load reading the service keeps its replica count (within its bounds)."""
+    floor = 0 if svc.max_replicas == 0 else max(svc.min_replicas, 1)
+    held = min(max(svc.desired_replicas, floor), svc.max_replicas)
+    if held != svc.desired_replicas:
+        kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
+                   before={"desired_replicas": svc.desired_replicas},
+                   after={"desired_replicas": held, "reason": "no load source: held within min/max"})
+        svc.desired_replicas = held
+        svc.save(update_fields=["desired_replicas", "updated_at"])
+
+
+def _scale_on(svc: ModelService, load: float, now: dt.datetime) -> None:
+    if load > 0:
+        svc.idle_since = None
+    elif svc.idle_since is None:
+        svc.idle_since = now
+    idle_for = (now - svc.idle_since).total_seconds() if svc.idle_since else None
+    rec = recommend(metric=svc.autoscale_metric, target=svc.autoscale_target, load=load,
+                    ready=svc.ready_replicas, current=svc.desired_replicas,
+                    min_replicas=svc.min_replicas, max_replicas=svc.max_replicas,
+                    window=list(svc.recommendations or []), window_seconds=svc.scale_down_delay_seconds,
+                    now=now.timestamp(), idle_for=idle_for, scale_to_zero_seconds=svc.scale_to_zero_seconds)
+    before = svc.desired_replicas
+    svc.load, svc.load_at, svc.recommendations = load, now, rec.window
+    if svc.max_replicas == 0:
+        rec = dataclasses.replace(rec, desired=0)
+    svc.desired_replicas = rec.desired
+    svc.save(update_fields=["load", "load_at", "idle_since", "recommendations", "desired_replicas",
+                            "updated_at"])
+    if rec.desired != before:
+        kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
+                   before={"desired_replicas": before},
+                   after={"desired_replicas": rec.desired, "load": load, "reason": rec.reason})
+
+
+def model_services_autoscale(*, now: dt.datetime | None = None,
+                             ids: list[int] | None = None) -> dict[str, int]:
+    """Every model service on an enabled cluster (or those of ``ids``), one short transaction
+    each (the beat task). A service deleted meanwhile is skipped; one refused step (its owner
+    left the project) does not stop the others."""
+    done = failed = gone = 0
+    if ids is None:
+        enabled = ModelService.objects.filter(cluster__enabled=True).order_by("pk")
+        ids = list(enabled.values_list("pk", flat=True))
+    for pk in ids:
         try:
-            model_service_autoscale(service=svc, now=now)
+            model_service_autoscale(service=ModelService(pk=pk), now=now)
             done += 1
+        except ModelService.DoesNotExist:
+            gone += 1
         except (PermissionDenied, ValidationError) as exc:
-            # E.g. the owner left the project: nobody may submit its replicas any more.
-            logger.warning("model service %s: autoscaler step refused: %s", svc.pk, exc)
+            logger.warning("model service %s: autoscaler step refused: %s", pk, exc)
             failed += 1
-    return {"services": done, "failed": failed}
+    return {"services": done, "failed": failed, "gone": gone}
+
+
+def model_service_objects_sweep(*, cluster: Cluster) -> list[str]:
+    """Delete the Services (labelled ``camp.io/service``) of model services that no longer
+    exist on ``cluster``: their delete task gave up, or a project or tenant was deleted
+    (rows cascade, cluster objects do not). Returns ``namespace/name`` of those deleted."""
+    from scheduling.backends import backend_for
+
+    backend = backend_for(cluster)
+    found = backend.list_services(LABEL_SERVICE)
+    ids = {int(labels[LABEL_SERVICE]) for _, _, labels in found if labels[LABEL_SERVICE].isdigit()}
+    alive = set(ModelService.objects.filter(pk__in=ids, cluster=cluster).values_list("pk", flat=True))
+    removed = []
+    for ns, name, labels in found:
+        owner = labels[LABEL_SERVICE]
+        if owner.isdigit() and int(owner) not in alive:
+            backend.delete_object(ns, "Service", name)
+            removed.append(f"{ns}/{name}")
+    if removed:
+        logger.info("cluster %s: deleted %d Service(s) of deleted model services", cluster.name, len(removed))
+    return removed
 
 
 # --- converging replicas ------------------------------------------------------------------------
@@ -438,7 +517,13 @@ def _add(svc: ModelService, actor: User | None) -> ServiceReplica:
     submitter = actor if actor is not None else svc.owner
     if submitter is None:
         raise PermissionDenied("The service has no owner to run its replicas as.")
+    # Job names are unique per project and stay in the history: a deleted service of the same
+    # name, or a user's job, may hold the next one; take the next free number.
+    taken = set(Job.objects.filter(project_id=svc.project_id, name__startswith=f"{svc.name}-r{svc.revision}-")
+                .values_list("name", flat=True))
     svc.replica_seq += 1
+    while f"{svc.name}-r{svc.revision}-{svc.replica_seq}" in taken:
+        svc.replica_seq += 1
     svc.save(update_fields=["replica_seq"])
     name = f"{svc.name}-r{svc.revision}-{svc.replica_seq}"
     job = kind_run(SERVICE_KIND, actor=submitter, row=svc, name=name)
@@ -453,14 +538,46 @@ def _remove(r: ServiceReplica, reason: str, by: str) -> None:
 
 
 def _running(r: ServiceReplica) -> bool:
-    return r.job.state == JobState.RUNNING
+    """Ready: its job runs and its pod reports Ready (the readiness probe on the health path
+    passes; the simulated backend's pods are ready once running)."""
+    allocs = list(r.job.allocations.all())
+    return r.job.state == JobState.RUNNING and bool(allocs) and all(a.ready for a in allocs)
 
 
-def _converge(svc: ModelService, *, actor: User | None, by: str) -> dict[str, list[int]]:
+CRASH_LIMIT = 3
+CRASH_WINDOW = dt.timedelta(minutes=10)
+
+
+def _blocking(svc: ModelService) -> tuple[ServiceReplica, str] | None:
+    """Why the autoscaler must not add replicas of the current revision, if it must not: its
+    newest replica was rejected by the scheduler (it can never run as it is: a limit, no node
+    with an allowed GPU, non-preemptible beyond the guarantee), or ``CRASH_LIMIT`` replicas
+    failed within ``CRASH_WINDOW`` (a crashing image or model) — each replacement would end
+    the same way, every tick."""
+    mine = svc.replicas.filter(revision=svc.revision).select_related("job").order_by("-number")
+    newest = mine.first()
+    if newest is not None and newest.job.state == JobState.REJECTED:
+        return newest, f"Replica {newest.number} was rejected: {newest.job.reason}"
+    failed = list(mine.filter(job__state=JobState.FAILED,
+                              job__finished_at__gte=timezone.now() - CRASH_WINDOW)[:CRASH_LIMIT])
+    if len(failed) >= CRASH_LIMIT:
+        minutes = int(CRASH_WINDOW.total_seconds() // 60)
+        return failed[0], (f"{CRASH_LIMIT} replicas of revision {svc.revision} failed within {minutes} "
+                           f"minutes (latest: {failed[0].job.reason})")
+    return None
+
+
+def _converge(svc: ModelService, *, actor: User | None, by: str, retry: bool = True) -> dict[str, list[int]]:
     """Add or remove replica jobs so that ``desired_replicas`` of the current revision run
-    (the caller holds the service's row lock). Returns the replica numbers added/removed."""
+    (the caller holds the service's row lock). Returns the replica numbers added/removed.
+
+    The autoscaler (``retry=False``) adds nothing while ``_blocking`` says so; the service
+    shows ``blocked`` with the reason until a person scales, changes or rolls it out
+    (``retry=True``)."""
     out: dict[str, list[int]] = {"added": [], "removed": []}
-    reps = list(svc.replicas.filter(removed_reason="").select_related("job").order_by("number"))
+    blocked = None if retry else _blocking(svc)
+    reps = list(svc.replicas.filter(removed_reason="").select_related("job")
+                .prefetch_related("job__allocations").order_by("number"))
     for r in reps:
         if r.job.is_final:
             r.removed_reason = f"Ended ({r.job.state}): {r.job.reason}"[:300]
@@ -475,6 +592,8 @@ def _converge(svc: ModelService, *, actor: User | None, by: str) -> dict[str, li
         out["removed"].append(r.number)
 
     def add() -> None:
+        if blocked is not None:
+            return
         r = _add(svc, actor)
         new.append(r)
         out["added"].append(r.number)
@@ -495,7 +614,7 @@ def _converge(svc: ModelService, *, actor: User | None, by: str) -> dict[str, li
         surplus = sorted(new, key=lambda r: (_running(r), -r.number))[: len(new) - desired]
         for r in surplus:
             remove(r, f"Scaled down to {desired}")
-    _set_status(svc, old)
+    _set_status(svc, old, blocked[1] if blocked else "")
     if out["added"] or out["removed"]:
         kind_audit(SERVICE_KIND, "replicas_changed", svc, actor=actor,
                    actor_username=None if actor is not None else AUTOSCALER,
@@ -503,9 +622,14 @@ def _converge(svc: ModelService, *, actor: User | None, by: str) -> dict[str, li
     return out
 
 
-def _set_status(svc: ModelService, old: list[ServiceReplica]) -> None:
-    ready = (svc.replicas.filter(removed_reason="", job__state=JobState.RUNNING).count())
-    if svc.desired_replicas == 0:
+def _set_status(svc: ModelService, old: list[ServiceReplica], blocked: str) -> None:
+    ready = (svc.replicas.filter(removed_reason="", job__state=JobState.RUNNING)
+             .exclude(job__allocations__ready=False).filter(job__allocations__isnull=False).distinct().count())
+    reason = ""
+    if blocked and ready < svc.desired_replicas:
+        status = ServiceStatus.BLOCKED
+        reason = f"{blocked} — change, scale or roll out the service to try again"[:300]
+    elif svc.desired_replicas == 0:
         status = ServiceStatus.IDLE
     elif old:
         status = ServiceStatus.ROLLING
@@ -515,7 +639,7 @@ def _set_status(svc: ModelService, old: list[ServiceReplica]) -> None:
         status = ServiceStatus.DEGRADED
     else:
         status = ServiceStatus.READY
-    if (ready, status) != (svc.ready_replicas, svc.status):
-        svc.ready_replicas, svc.status = ready, status
+    if (ready, status, reason) != (svc.ready_replicas, svc.status, svc.status_reason):
+        svc.ready_replicas, svc.status, svc.status_reason = ready, status, reason
         ModelService.objects.filter(pk=svc.pk).update(ready_replicas=ready, status=status,
-                                                      updated_at=timezone.now())
+                                                      status_reason=reason, updated_at=timezone.now())

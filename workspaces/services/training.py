@@ -25,13 +25,15 @@ from tenants import permissions
 from tenants.audit import snapshot
 from tenants.models import Project, User
 
+from ..kinds import WorkloadKind, kind_check, kind_run, register_kind
 from ..models import (
     Profile,
     TrainingCheckpoint,
     TrainingFramework,
     TrainingJob,
 )
-from ..quota import refuse_if_never_within_limits, refuse_if_over_storage
+from ..pods import training_of_job, training_specs
+from ..quota import refuse_if_over_storage
 from .common import (
     CULLER,
     LAUNCHER,
@@ -44,7 +46,6 @@ from .common import (
     _require,
     _resolve_image,
     _save,
-    _submit_run,
     enqueue_on_commit,
 )
 from .policies import _check_profile
@@ -82,20 +83,21 @@ def _training_groups(t: TrainingJob) -> list[dict[str, Any]]:
     return [launcher, worker]
 
 
+def _training_job_options(t: TrainingJob) -> dict[str, Any]:
+    return {"priority_class": t.priority_class, "preemptible": t.preemptible,
+            "checkpoint_capable": bool(t.checkpoint_dir), "gang": True,
+            "duration_seconds": t.duration_seconds}
+
+
+TRAINING_KIND = register_kind(WorkloadKind(
+    name="training", job_kinds=tuple(TrainingFramework.values), job_kind_of=lambda t: t.framework,
+    groups=_training_groups, job_options=_training_job_options, row_of_job=training_of_job,
+    specs=training_specs,
+))
+
+
 def _training_run(actor: User, t: TrainingJob, name: str) -> Job:
-    job = _submit_run(
-        actor=actor,
-        project=t.project,
-        cluster=t.cluster,
-        name=name,
-        kind=t.framework,
-        groups=_training_groups(t),
-        priority_class=t.priority_class,
-        preemptible=t.preemptible,
-        checkpoint_capable=bool(t.checkpoint_dir),
-        gang=True,
-        duration_seconds=t.duration_seconds,
-    )
+    job = kind_run(TRAINING_KIND, actor=actor, row=t, name=name)
     latest = t.checkpoints.order_by("-step", "-id").first() if t.pk else None
     if latest is not None:  # a retry resumes from the latest checkpoint too
         Job.objects.filter(pk=job.pk).update(last_checkpoint=latest.path)
@@ -216,7 +218,7 @@ def training_submit(
             raise ValidationError({"depends_on": ["Dependencies must be training jobs of the same project."]})
         if d.state in ("failed", "stopped"):
             raise ValidationError({"depends_on": [f"{d.name} has already {d.state}; it will never succeed."]})
-    refuse_if_never_within_limits(project=project, cluster=cluster, groups=_training_groups(t))
+    kind_check(TRAINING_KIND, project=project, cluster=cluster, row=t)
     refuse_if_over_storage(project=project, extra_gib=checkpoint_volume_gib, field="checkpoint_volume_gib")
     _save(t, "This project already has a training job with this name.")
     if deps:

@@ -67,6 +67,10 @@ def test_replicas_service_object_scale_and_delete_on_the_real_apiserver(
         assert obj.spec.selector == {serving.LABEL_SERVICE: str(svc.pk)}
         assert [(p.port, p.target_port) for p in obj.spec.ports] == [(8000, "http")]
 
+        # The pod's Ready condition (set by the kubelet when the probe passes) makes it ready;
+        # no load source measures a real cluster here, so the autoscaler holds one replica.
+        svc = serving.model_service_autoscale(service=svc)
+        assert (svc.ready_replicas, svc.status, svc.desired_replicas) == (1, "ready", 1)
         serving.model_service_scale(actor=world.a.member, service=svc, replicas=2)
         second = ServiceReplica.objects.get(service=svc, number=2)
         wait_running(cluster, second.job)
@@ -81,3 +85,24 @@ def test_replicas_service_object_scale_and_delete_on_the_real_apiserver(
             return not _pods(kube, svc.pk) and _service_object(kube, ns, svc.service_name) is None
 
         wait_until(gone, "the replicas' pods and the Service to be deleted", timeout=60)
+
+
+def test_the_sweep_deletes_services_of_deleted_model_services_only(world: Any, kube: Any) -> None:
+    """A project deleted with its model services leaves their Service objects behind (rows
+    cascade, cluster objects do not): the sweep deletes those, and only those."""
+    kube.node("gpu-a", devices=hami_devices(1))
+    cluster = kube.register(world)
+    live = serving.model_service_create(
+        actor=world.a.member, project=world.a.project, cluster=cluster, name="live",
+        image_reference="docker.io/vllm/vllm-openai:v0.6.3", model_source="hf://a/b",
+        cpu_millicores=1000, ram_mib=1024)
+    ns = "camp-sweep-test"
+    kube.core.create_namespace({"metadata": {"name": ns}})
+    for name, owner in ((live.service_name, live.pk), ("svc-999999-gone", 999999)):
+        body = serving.service_manifest(live)
+        body["metadata"] = {"name": name, "labels": {serving.LABEL_SERVICE: str(owner),
+                                                     "app.kubernetes.io/managed-by": "camp"}}
+        kube.core.create_namespaced_service(ns, body)
+    assert serving.model_service_objects_sweep(cluster=cluster) == [f"{ns}/svc-999999-gone"]
+    assert _service_object(kube, ns, "svc-999999-gone") is None
+    assert _service_object(kube, ns, live.service_name) is not None

@@ -247,6 +247,10 @@ def test_rollout_adds_one_new_replica_at_a_time_and_never_drops_ready_replicas(w
     assert {g.image for r in live for g in r.job.groups.all()} == {"docker.io/vllm/vllm-openai:v0.6.4"}
     assert all(r.spec["args"] == ["--max-model-len", "4096"] for r in live)
     assert AuditEvent.objects.filter(action="service.rolled_out", target_id=str(svc.pk)).count() == 1
+    # A rollout without changes restarts on a new revision, audited once.
+    svc = serving.model_service_rollout(actor=world.a.member, service=svc)
+    assert svc.revision == 3
+    assert AuditEvent.objects.filter(action="service.rolled_out", target_id=str(svc.pk)).count() == 2
 
 
 def test_three_models_share_one_80gb_card_as_20_30_30_gb_slices(world: Any) -> None:
@@ -263,3 +267,119 @@ def test_three_models_share_one_80gb_card_as_20_30_30_gb_slices(world: Any) -> N
     gpu = slices[0].gpu
     gpu.refresh_from_db()
     assert gpu.memory_allocated_mib == 81920 and gpu.sharers == 3
+
+
+def test_a_rejected_replica_blocks_the_autoscaler_until_a_person_acts(world: Any) -> None:
+    cluster = _cluster(world, ONE_NODE)
+    svc = _service(world, cluster, gpu_models=["H100-80G"], max_replicas=2)  # this cluster has none
+    advance(cluster)
+    (first,) = svc.replicas.select_related("job")
+    assert first.job.state == JobState.REJECTED
+    for minute in range(3):  # every tick would otherwise queue another doomed replica
+        svc = serving.model_service_autoscale(service=svc, now=PEAK + dt.timedelta(minutes=minute), load=1)
+    assert svc.replicas.count() == 1
+    assert svc.status == "blocked" and "Replica 1 was rejected" in svc.status_reason
+    serving.model_service_scale(actor=world.a.member, service=svc, replicas=1)  # a person retries
+    assert svc.replicas.count() == 2
+
+
+def test_scale_up_stays_within_the_projects_limit_and_says_why(world: Any) -> None:
+    """Autoscaled within quota: a 20 GiB / 30 % replica counts 0.3 GPU; a 0.6 GPU project
+    limit admits two of the three replicas the load asks for, the third waits with the reason."""
+    from decimal import Decimal
+
+    from tenants import services as tenant_services
+
+    cluster = _cluster(world, ONE_NODE)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed": Decimal(1), "gpus_limit": Decimal(1)})
+    tenant_services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal("0.6"), "gpus_limit": Decimal("0.6")})
+    svc = _service(world, cluster, min_replicas=1, max_replicas=3, autoscale_target=8, load_profile=PROFILE)
+    svc = serving.model_service_autoscale(service=svc, now=PEAK)
+    assert svc.desired_replicas == 3
+    advance(cluster)
+    svc = serving.model_service_autoscale(service=svc, now=PEAK + dt.timedelta(seconds=15))
+    states = _states(svc)
+    assert sorted(states) == [JobState.QUEUED, JobState.RUNNING, JobState.RUNNING]
+    waiting = next(r.job for r in _live(svc) if r.job.state == JobState.QUEUED)
+    assert "limit" in waiting.reason, waiting.reason
+    assert svc.status == "degraded" and svc.ready_replicas == 2
+    # A floor the limit can never hold is refused at once, naming min_replicas.
+    with pytest.raises(ValidationError) as exc:
+        serving.model_service_scale(actor=world.a.member, service=svc, min_replicas=3, max_replicas=3)
+    assert "min_replicas" in exc.value.message_dict and "limit" in str(exc.value.message_dict)
+
+
+def test_replica_names_skip_names_taken_by_history_or_other_jobs(world: Any) -> None:
+    cluster = _cluster(world, ONE_NODE)
+    svc = _service(world, cluster)
+    serving.model_service_delete(actor=world.a.member, service=svc)
+    scheduling.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster, name="chat-r1-2",
+                          groups=[gpu_group(gpu_count=0)])  # a user's job with a replica-like name
+    again = _service(world, cluster, min_replicas=2, max_replicas=2)  # same name, new service
+    assert [r.job.name for r in _live(again)] == ["chat-r1-3", "chat-r1-4"]
+
+
+def test_the_autoscaler_tick_skips_a_service_deleted_meanwhile(world: Any) -> None:
+    cluster = _cluster(world, ONE_NODE)
+    gone, kept = _service(world, cluster, name="gone"), _service(world, cluster, name="kept")
+    ids = [gone.pk, kept.pk]
+    serving.model_service_delete(actor=world.a.member, service=gone)
+    assert serving.model_services_autoscale(ids=ids) == {"services": 1, "failed": 0, "gone": 1}
+    kept.refresh_from_db()
+    assert kept.load_at is not None
+
+
+def test_no_made_up_load_for_real_clusters_nor_an_unknown_source(world: Any) -> None:
+    from django.test import override_settings
+
+    from scheduling.models import Cluster
+
+    cluster = _cluster(world, ONE_NODE)
+    svc = _service(world, cluster, min_replicas=1, max_replicas=3, load_profile=PROFILE)
+    with override_settings(SERVING_LOAD_SOURCE="prometheus"):  # not registered here
+        svc = serving.model_service_autoscale(service=svc, now=PEAK)
+    assert svc.desired_replicas == 1 and svc.load_at is None
+    # The simulated curve is for simulated clusters only (a stand-in for a Kubernetes cluster:
+    # its backend field, which is all load_of reads).
+    Cluster.objects.filter(pk=cluster.pk).update(backend="kubernetes")
+    svc = serving.model_service_autoscale(service=svc, now=PEAK)
+    assert svc.desired_replicas == 1 and svc.load_at is None
+    assert not AuditEvent.objects.filter(action="service.scaled", actor_username="autoscaler").exists()
+
+
+def test_a_crashing_revision_blocks_the_autoscaler_after_three_failures(world: Any) -> None:
+    from django.utils import timezone
+
+    cluster = _cluster(world, ONE_NODE)
+    svc = _service(world, cluster)
+    for _ in range(3):
+        (live,) = _live(svc)
+        # Stand-in for a crashing server (the simulated backend's pods do not crash): the
+        # replica's job ends FAILED as reconcile ends a job whose pod failed.
+        Job.objects.filter(pk=live.job_id).update(state=JobState.FAILED, reason="pod server-0 failed",
+                                                  finished_at=timezone.now())
+        svc = serving.model_service_autoscale(service=svc, load=1)
+    assert svc.replicas.count() == 3 and _live(svc) == []  # no fourth doomed replica
+    assert svc.status == "blocked" and "3 replicas of revision 1 failed" in svc.status_reason
+    svc = serving.model_service_rollout(actor=world.a.member, service=svc, args=["--fixed"])
+    assert len(_live(svc)) == 1 and svc.revision == 2
+
+
+def test_rollout_waits_for_the_new_replica_to_be_ready_not_just_running(world: Any) -> None:
+    cluster = _cluster(world, ONE_NODE)
+    svc = _service(world, cluster)
+    advance(cluster)
+    svc = serving.model_service_rollout(actor=world.a.member, service=svc, args=["--new"])
+    advance(cluster)
+    new = next(r for r in _live(svc) if r.revision == 2)
+    assert new.job.state == JobState.RUNNING
+    # Stand-in for a readiness probe still failing (the server loads its model): the pod runs
+    # but is not Ready, as reconcile records it from the pod's Ready condition.
+    Allocation.objects.filter(job=new.job).update(ready=False)
+    svc = serving.model_service_autoscale(service=svc, load=1)
+    assert sorted(r.revision for r in _live(svc)) == [1, 2] and svc.status == "rolling"
+    advance(cluster, rounds=1)  # reconcile reads the pod as Ready again
+    svc = serving.model_service_autoscale(service=svc, load=1)
+    assert [r.revision for r in _live(svc)] == [2] and svc.ready_replicas == 1

@@ -44,6 +44,8 @@ def test_create_scale_rollout_delete_through_the_api(world: Any, sim_cluster: An
     assert svc["endpoint"].startswith(f"http://svc-{svc['id']}-chat.") and svc["endpoint"].endswith(":8000")
     created = AuditEvent.objects.get(action="service.created", target_id=str(svc["id"]))
     assert created.request_id == "req-svc-1" and created.actor_id == world.a.member.pk
+    # The append-only log keeps the environment's names, never its values (secrets).
+    assert created.after["env_names"] == ["HF_TOKEN"] and "hf_secret" not in str(created.after)
     advance(sim_cluster)
     scaled = member.post(f"{URL}{svc['id']}/scale/", {"replicas": 2}, format="json")
     assert scaled.status_code == 200 and scaled.json()["desired_replicas"] == 2
@@ -54,12 +56,21 @@ def test_create_scale_rollout_delete_through_the_api(world: Any, sim_cluster: An
     rolled = member.post(f"{URL}{svc['id']}/rollout/", {"args": ["--max-model-len", "8192"]}, format="json")
     assert rolled.status_code == 200
     assert (rolled.json()["revision"], rolled.json()["status"]) == (2, "rolling")
+    port = member.patch(f"{URL}{svc['id']}/", {"port": 9000}, format="json")
+    assert port.status_code == 400 and "port" in port.json()
     patched = member.patch(f"{URL}{svc['id']}/", {"max_replicas": 4, "autoscale_target": 4}, format="json")
     assert patched.status_code == 200 and patched.json()["revision"] == 2  # scaling only: no new revision
+    # PUT takes the whole representation back (read-only fields ignored, not refused).
+    whole = {k: v for k, v in patched.json().items() if v is not None}
+    put = member.put(f"{URL}{svc['id']}/", {**whole, "min_replicas": 2, "project": 999999}, format="json")
+    assert put.status_code == 200, put.content
+    assert put.json()["min_replicas"] == 2 and put.json()["project"] == world.a.project.pk
     gone = member.delete(f"{URL}{svc['id']}/")
     assert gone.status_code == 204 and not ModelService.objects.exists()
     assert not Job.objects.filter(kind="service").exclude(state__in=["cancelled"]).exists()
     assert AuditEvent.objects.filter(action="service.deleted", target_id=str(svc["id"])).exists()
+    logged = AuditEvent.objects.filter(target_type__contains="modelservice").values_list("before", "after")
+    assert logged and not any("hf_secret" in str(pair) for pair in logged)
 
 
 def test_a_foreign_tenant_sees_nothing(world: Any, sim_cluster: Any) -> None:
@@ -101,6 +112,10 @@ def test_camp_serve_commands(world: Any, sim_cluster: Any, live_server: Any, tmp
     status = camp("serve", "status", "embedder")
     assert status.returncode == 0
     assert "#1 r1 embedder-r1-1: running" in status.stdout and "#2 r1 embedder-r1-2: queued" in status.stdout
+    updated = camp("serve", "update", "embedder", "--max", "4", "--target", "16")
+    assert updated.returncode == 0 and "max 4" in updated.stdout and "target 16" in updated.stdout
+    svc.refresh_from_db()
+    assert (svc.max_replicas, svc.autoscale_target, svc.revision) == (4, 16, 1)
     rolled = camp("serve", "rollout", "embedder", "--arg", "--max-batch-size=128")
     assert rolled.returncode == 0 and "revision 2" in rolled.stdout
     refused = camp("serve", "scale", "embedder", "--min", "5", "--max", "2")
@@ -109,3 +124,28 @@ def test_camp_serve_commands(world: Any, sim_cluster: Any, live_server: Any, tmp
     assert deleted.returncode == 0 and not ModelService.objects.filter(name="embedder").exists()
     missing = camp("serve", "status", "embedder")
     assert missing.returncode == 1 and "No model service named embedder" in missing.stdout + missing.stderr
+
+
+def test_the_list_costs_the_same_queries_whatever_its_size(world: Any, sim_cluster: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from workspaces import services
+
+    def make(n: int, start: int) -> None:
+        for i in range(start, start + n):
+            services.model_service_create(actor=world.a.member, project=world.a.project, cluster=sim_cluster,
+                                          name=f"m{i}", image_reference="vllm/vllm-openai:v0.6.3",
+                                          model_source="hf://a/b", gpu_memory_mib=4096, gpu_cores_percent=5,
+                                          ram_mib=1024)
+
+    member = client_for(world.a.member)
+    make(2, 0)
+    advance(sim_cluster, rounds=1)  # a namespace exists now (stored on admission)
+    with CaptureQueriesContext(connection) as few:
+        assert len(member.get(URL).json()["results"]) == 2
+    make(5, 2)
+    with CaptureQueriesContext(connection) as many:
+        body = member.get(URL).json()["results"]
+    assert len(body) == 7 and len(many) == len(few)
+    assert len({row["endpoint"].split(".")[1] for row in body}) == 1  # one project, one namespace
