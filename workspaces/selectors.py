@@ -232,14 +232,20 @@ LOAD_UNITS = {"concurrency": "concurrent requests", "rps": "requests/s", "gpu_ut
 
 
 def with_ready_now(qs: QuerySet[ModelService]) -> QuerySet[ModelService]:
-    """``ready_now``: replicas running at this moment (``ready_replicas`` is the count the
-    autoscaler last stored, up to one beat old)."""
-    from django.db.models import Count, Q
+    """``ready_now``: replicas ready at this moment, as ``services.serving._set_status`` counts
+    them (running, with pods, none of them not Ready); ``ready_replicas`` is the count the
+    autoscaler last stored, up to one beat old."""
+    from django.db.models import Count, Exists, IntegerField, OuterRef, Subquery
+    from django.db.models.functions import Coalesce
 
-    from scheduling.models import JobState
+    from scheduling.models import Allocation, JobState
 
-    return qs.annotate(ready_now=Count("replicas", filter=Q(replicas__removed_reason="",
-                                                             replicas__job__state=JobState.RUNNING)))
+    pods = Allocation.objects.filter(job=OuterRef("job"))
+    ready = (ServiceReplica.objects.filter(service=OuterRef("pk"), removed_reason="",
+                                           job__state=JobState.RUNNING)
+             .filter(Exists(pods)).exclude(Exists(pods.filter(ready=False)))
+             .order_by().values("service").annotate(n=Count("pk")).values("n"))
+    return qs.annotate(ready_now=Coalesce(Subquery(ready, output_field=IntegerField()), 0))
 
 
 @dataclass(frozen=True)
