@@ -224,3 +224,98 @@ def service_endpoint(service: ModelService) -> str:
     else:
         ns = project_namespace_name(cluster=service.cluster, project=service.project)
     return f"http://{service.service_name}.{ns}.svc:{service.port}"
+
+
+# --- the portal's services pages (r4servebench) --------------------------------------------------
+
+LOAD_UNITS = {"concurrency": "concurrent requests", "rps": "requests/s", "gpu_util": "% GPU"}
+
+
+def with_ready_now(qs: QuerySet[ModelService]) -> QuerySet[ModelService]:
+    """``ready_now``: replicas ready at this moment, as ``services.serving._set_status`` counts
+    them (running, with pods, none of them not Ready); ``ready_replicas`` is the count the
+    autoscaler last stored, up to one beat old."""
+    from django.db.models import Count, Exists, IntegerField, OuterRef, Subquery
+    from django.db.models.functions import Coalesce
+
+    from scheduling.models import Allocation, JobState
+
+    pods = Allocation.objects.filter(job=OuterRef("job"))
+    ready = (ServiceReplica.objects.filter(service=OuterRef("pk"), removed_reason="",
+                                           job__state=JobState.RUNNING)
+             .filter(Exists(pods)).exclude(Exists(pods.filter(ready=False)))
+             .order_by().values("service").annotate(n=Count("pk")).values("n"))
+    return qs.annotate(ready_now=Coalesce(Subquery(ready, output_field=IntegerField()), 0))
+
+
+@dataclass(frozen=True)
+class ServiceEvent:
+    """One thing that happened to a service, in words: scaled up or down (by whom, why), created,
+    rolled out, or a replica that preempted other jobs (named only where the reader may see them)."""
+
+    at: Any
+    kind: str  # "up" | "down" | "created" | "rollout" | "preempted"
+    text: str
+
+
+def _scaled_text(ev: Any) -> tuple[str, str]:
+    before = (ev.before or {}).get("desired_replicas")
+    after = (ev.after or {}).get("desired_replicas")
+    who = ev.actor_username or "someone"
+    if before is None or after is None or before == after:
+        bounds = ev.after or {}
+        return "up", (f"Scaling changed by {who}: {bounds.get('min_replicas', '?')}–"
+                      f"{bounds.get('max_replicas', '?')} replicas")
+    kind = "up" if after > before else "down"
+    words = f"Scaled {kind} {before} → {after}"
+    load = (ev.after or {}).get("load")
+    if who == "autoscaler" and load is not None:
+        return kind, f"{words} by the autoscaler (load {load:g})"
+    return kind, f"{words} by {who}"
+
+
+def service_events(services: list[ModelService], user: Any, *, per_service: int = 5,
+                   ) -> dict[int, list[ServiceEvent]]:
+    """The latest events of each service (newest first), in three queries whatever the number
+    of services: its audit events (created, scaled, rolled out) and its replicas' preemptions.
+    A victim is named when ``user`` may see it; the others are counted."""
+    from scheduling.models import DecisionKind, SchedulingDecision
+    from tenants.models import AuditEvent
+
+    if not services:
+        return {}
+    ids = [s.pk for s in services]
+    cap = per_service * len(ids) * 4
+    out: dict[int, list[ServiceEvent]] = {pk: [] for pk in ids}
+    audit = (AuditEvent.objects.filter(
+        target_type=ModelService._meta.label_lower, target_id__in=[str(pk) for pk in ids],
+        action__in=["service.created", "service.scaled", "service.rolled_out"])
+        .only("created_at", "actor_username", "action", "target_id", "before", "after")
+        .order_by("-created_at", "-id")[:cap])
+    for ev in audit:
+        if ev.action == "service.scaled":
+            kind, text = _scaled_text(ev)
+        elif ev.action == "service.created":
+            kind, text = "created", f"Created by {ev.actor_username or 'someone'}"
+        else:
+            revision = (ev.after or {}).get("revision", "")
+            kind, text = "rollout", f"Rolled out revision {revision} by {ev.actor_username or 'someone'}"
+        out[int(ev.target_id)].append(ServiceEvent(ev.created_at, kind, text))
+    decisions = list(SchedulingDecision.objects.filter(
+        kind=DecisionKind.PREEMPTING, job__service_replica__service__in=ids)
+        .select_related("job__service_replica").order_by("-created_at", "-id")[:cap])
+    victim_ids = {int(v) for d in decisions for v in (d.victims or [])}
+    visible = dict(restrict(Job.objects.filter(pk__in=victim_ids), user).values_list("pk", "name"))
+    for d in decisions:
+        replica = d.job.service_replica  # type: ignore[attr-defined]
+        victims = [int(v) for v in (d.victims or [])]
+        named = [visible[v] for v in victims if v in visible]
+        hidden = len(victims) - len(named)
+        whom = ", ".join(named + ([f"{hidden} job{'s' if hidden > 1 else ''} you cannot see"]
+                                  if hidden else []))
+        out[replica.service_id].append(ServiceEvent(
+            d.created_at, "preempted", f"Replica {replica.number} preempted {whom or 'nobody'}"))
+    for pk, events in out.items():
+        events.sort(key=lambda e: e.at, reverse=True)
+        out[pk] = events[:per_service]
+    return out

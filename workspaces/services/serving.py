@@ -44,9 +44,10 @@ from tenants.audit import snapshot
 from tenants.models import Project, User
 
 from ..kinds import WorkloadKind, kind_audit, kind_check, kind_run, register_kind
-from ..models import AutoscaleMetric, ModelService, ModelSourceKind, ServiceReplica, ServiceStatus
+from ..models import AutoscaleMetric, ModelService, ModelSourceKind, Profile, ServiceReplica, ServiceStatus
 from ..serving_load import DEFAULT_PROFILE, load_of, recommend
 from .common import _clean_cluster, _clean_env, _resolve_image, enqueue_on_commit
+from .policies import _check_profile
 
 logger = logging.getLogger(__name__)
 AUTOSCALER = "autoscaler"  # actor_username of the platform's own scaling decisions
@@ -262,12 +263,20 @@ def _refuse_min_beyond_limits(svc: ModelService) -> None:
 @transaction.atomic
 def model_service_create(*, actor: User, project: Project, cluster: Cluster, name: str,
                          image: Image | None = None, image_reference: str = "",
-                         **fields: Any) -> ModelService:
+                         profile: Profile | None = None, **fields: Any) -> ModelService:
     """Create a model service and queue its first replicas (``max(min_replicas, 1)``, at most
-    ``max_replicas``). ``fields``: any of ``CREATE_FIELDS``."""
+    ``max_replicas``). ``fields``: any of ``CREATE_FIELDS``. With a compute preset
+    (``profile``, one offered to the project) each replica takes the preset's shape and GPU
+    model, as a training worker does."""
     unknown = set(fields) - CREATE_FIELDS
     if unknown:
         raise ValidationError({sorted(unknown)[0]: ["Unknown field."]})
+    if profile is not None:  # r4servebench: the portal's launch form offers presets
+        _check_profile(actor, profile, project)
+        fields.update(gpu_count=profile.gpu_count, gpu_memory_mib=profile.gpu_memory_mib,
+                      gpu_cores_percent=profile.gpu_cores_percent, exclusive=profile.exclusive,
+                      cpu_millicores=profile.cpu_millicores, ram_mib=profile.ram_mib,
+                      gpu_models=[profile.gpu_model] if profile.gpu_model else [])
     fields = {k: v for k, v in fields.items() if v is not None or k == "scale_to_zero_seconds"}
     svc = ModelService(tenant=project.tenant, project=project, owner=actor, cluster=cluster, name=name,
                        **{**SERVICE_KIND.defaults, **fields})
@@ -281,7 +290,8 @@ def model_service_create(*, actor: User, project: Project, cluster: Cluster, nam
     _refuse_min_beyond_limits(svc)
     svc.desired_replicas = min(max(svc.min_replicas, 1), svc.max_replicas)
     _save(svc)
-    kind_audit(SERVICE_KIND, "created", svc, actor=actor, after=_snapshot(svc))
+    kind_audit(SERVICE_KIND, "created", svc, actor=actor, after={
+        **_snapshot(svc), **({"preset": profile.name} if profile is not None else {})})
     _converge(svc, actor=actor, by=actor.get_username())
     return svc
 
