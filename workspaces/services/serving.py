@@ -32,6 +32,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
+from django.http import Http404
 from django.utils import timezone
 
 from registry.models import Image, Variant
@@ -184,8 +185,8 @@ def _clean_source(svc: ModelService) -> None:
 def _clean_scaling(svc: ModelService) -> None:
     if svc.autoscale_metric not in AutoscaleMetric.values:
         raise ValidationError({"autoscale_metric": [f"Choose one of: {', '.join(AutoscaleMetric.values)}."]})
-    if not svc.autoscale_target or svc.autoscale_target <= 0:
-        raise ValidationError({"autoscale_target": ["A positive amount per replica."]})
+    if not svc.autoscale_target or not 0 < svc.autoscale_target <= 1_000_000:
+        raise ValidationError({"autoscale_target": ["A positive amount per replica, at most 1,000,000."]})
     if svc.max_replicas > 64:
         raise ValidationError({"max_replicas": ["At most 64 replicas."]})
     if svc.min_replicas > svc.max_replicas:
@@ -237,9 +238,17 @@ def _save(svc: ModelService) -> None:
         raise ValidationError({"name": ["This project already has a model service with this name."]}) from exc
 
 
+class ServiceGone(ModelService.DoesNotExist, Http404):
+    """The service was deleted while this request waited for its row (a double-clicked delete,
+    a scale racing a delete): a 404 to the portal and the API, never a 500."""
+
+
 def _locked(pk: int) -> ModelService:
-    return (ModelService.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("tenant", "project", "cluster", "owner", "image").get(pk=pk))
+    try:
+        return (ModelService.objects.select_for_update(no_key=True, of=("self",))
+                .select_related("tenant", "project", "cluster", "owner", "image").get(pk=pk))
+    except ModelService.DoesNotExist as exc:
+        raise ServiceGone("This model service no longer exists.") from exc
 
 
 def _refuse_min_beyond_limits(svc: ModelService) -> None:
