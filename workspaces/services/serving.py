@@ -45,7 +45,7 @@ from tenants.models import Project, User
 
 from ..kinds import WorkloadKind, kind_audit, kind_check, kind_run, register_kind
 from ..models import AutoscaleMetric, ModelService, ModelSourceKind, Profile, ServiceReplica, ServiceStatus
-from ..serving_load import DEFAULT_PROFILE, load_of, recommend
+from ..serving_load import DEFAULT_PROFILE, LoadReading, read_load, recommend
 from .common import _clean_cluster, _clean_env, _resolve_image, enqueue_on_commit
 from .policies import _check_profile
 
@@ -418,25 +418,30 @@ def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = 
     with transaction.atomic():
         svc = _locked(service.pk)
         now = now or timezone.now()  # read after the lock: a step that waited is not in the past
-        measured = load_of(svc, now) if load is None else float(load)
-        if measured is None:
-            _hold(svc)  # no load source for this cluster: never scale on made-up numbers
+        reading = read_load(svc, now) if load is None else LoadReading(float(load))
+        svc.latency_p50_seconds, svc.latency_p95_seconds = reading.p50, reading.p95
+        if reading.load is None:
+            _hold(svc, reading.error)  # nothing measured it: never scale on made-up numbers
         else:
-            _scale_on(svc, measured, now)
+            svc.load_error = ""
+            _scale_on(svc, reading.load, now)
         _converge(svc, actor=None, by=AUTOSCALER, retry=False)
     return svc
 
 
-def _hold(svc: ModelService) -> None:
-    """Without a load reading the service keeps its replica count (within its bounds)."""
+def _hold(svc: ModelService, why: str) -> None:
+    """Without a load reading (``why``: no source, Prometheus down, no series) the service
+    keeps its replica count within its bounds — never zero by accident — and shows why."""
     floor = 0 if svc.max_replicas == 0 else max(svc.min_replicas, 1)
     held = min(max(svc.desired_replicas, floor), svc.max_replicas)
+    svc.load_error = (why or "no load reading")[:300]
     if held != svc.desired_replicas:
         kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
                    before={"desired_replicas": svc.desired_replicas},
-                   after={"desired_replicas": held, "reason": "no load source: held within min/max"})
+                   after={"desired_replicas": held, "reason": f"{svc.load_error}: held within min/max"})
         svc.desired_replicas = held
-        svc.save(update_fields=["desired_replicas", "updated_at"])
+    svc.save(update_fields=["desired_replicas", "load_error", "latency_p50_seconds", "latency_p95_seconds",
+                            "updated_at"])
 
 
 def _scale_on(svc: ModelService, load: float, now: dt.datetime) -> None:
@@ -456,7 +461,7 @@ def _scale_on(svc: ModelService, load: float, now: dt.datetime) -> None:
         rec = dataclasses.replace(rec, desired=0)
     svc.desired_replicas = rec.desired
     svc.save(update_fields=["load", "load_at", "idle_since", "recommendations", "desired_replicas",
-                            "updated_at"])
+                            "load_error", "latency_p50_seconds", "latency_p95_seconds", "updated_at"])
     if rec.desired != before:
         kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
                    before={"desired_replicas": before},
