@@ -166,18 +166,6 @@ class DevEnvironment(models.Model):
         return f"{self.pk}-{self.name}"
 
     @property
-    def latency_text(self) -> str:
-        """``p50 120 ms · p95 480 ms`` from the last autoscaler step, ``—`` when unknown."""
-        def fmt(seconds: float | None) -> str:
-            if seconds is None:
-                return "—"
-            return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-        if self.latency_p50_seconds is None and self.latency_p95_seconds is None:
-            return "—"
-        return f"p50 {fmt(self.latency_p50_seconds)} · p95 {fmt(self.latency_p95_seconds)}"
-
-    @property
     def service_name(self) -> str:
         return f"ws-{self.pk}"
 
@@ -413,6 +401,18 @@ class ModelService(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project}/{self.name}" if self.project_id else self.name
+
+    @property
+    def latency_text(self) -> str:
+        """``p50 120 ms · p95 480 ms`` from the last autoscaler step, ``—`` when unknown."""
+        def fmt(seconds: float | None) -> str:
+            if seconds is None:
+                return "—"
+            return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+        if self.latency_p50_seconds is None and self.latency_p95_seconds is None:
+            return "—"
+        return f"p50 {fmt(self.latency_p50_seconds)} · p95 {fmt(self.latency_p95_seconds)}"
 
     @property
     def service_name(self) -> str:
