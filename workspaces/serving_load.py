@@ -100,7 +100,8 @@ def _fill(template: str, **values: str) -> str:
 
 
 def prometheus_selector(service: Any) -> str | None:
-    """The label matchers of ``service``'s replica pods (None when it has no pod): by default
+    """The label matchers of ``service``'s replica pods (None when the template names the
+    pods, ``{pods}``, and it has none): by default
     the project's namespace and the pods' names, the labels Prometheus' Kubernetes discovery
     (and kube-prometheus' PodMonitors) put on every scraped series."""
     from django.conf import settings
@@ -108,12 +109,12 @@ def prometheus_selector(service: Any) -> str | None:
     from scheduling.models import Allocation
     from scheduling.selectors import project_namespace_name
 
+    template = getattr(settings, "SERVING_PROMETHEUS_SELECTOR", DEFAULT_SELECTOR)
     pods = sorted(Allocation.objects.filter(
         job__service_replica__service=service, job__service_replica__removed_reason="",
-    ).values_list("pod_name", flat=True).distinct())
-    if not pods:
+    ).values_list("pod_name", flat=True).distinct()) if "{pods}" in template else []
+    if "{pods}" in template and not pods:
         return None
-    template = getattr(settings, "SERVING_PROMETHEUS_SELECTOR", DEFAULT_SELECTOR)
     return _fill(template, namespace=project_namespace_name(cluster=service.cluster, project=service.project),
                  pods="|".join(pods), service_id=str(service.pk))
 
@@ -137,7 +138,7 @@ def _prometheus(service: Any, at: dt.datetime) -> LoadReading:
     if not url:
         return LoadReading(None, error="the cluster has no Prometheus URL")
     selector = prometheus_selector(service)
-    if selector is None:
+    if selector is None:  # the selector names the pods and there is none
         return LoadReading(None, error="no replica pod to measure yet")
     queries = {**DEFAULT_QUERIES, **getattr(settings, "SERVING_PROMETHEUS_QUERIES", {})}
     promql = _fill(queries[service.autoscale_metric], selector=selector)

@@ -410,15 +410,19 @@ def model_service_delete(*, actor: User, service: ModelService) -> None:
 
 def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = None,
                             load: float | None = None) -> ModelService:
-    """One autoscaler step for one service: read its load (``serving_load.load_of``, or
+    """One autoscaler step for one service: read its load (``serving_load.read_load``, or
     ``load`` as given), recommend replicas (scale up at once, down after the stabilisation
     window, to zero after the idle window), audit a change as ``service.scaled`` by
     ``autoscaler``, then converge the replicas (also replacing ended ones and moving a
     rollout on)."""
+    reading = LoadReading(float(load)) if load is not None else None
+    if reading is None:
+        # Read before taking the row lock: a slow Prometheus must not hold it (nor a transaction).
+        unlocked = ModelService.objects.select_related("project", "cluster").get(pk=service.pk)
+        reading = read_load(unlocked, now or timezone.now())
     with transaction.atomic():
         svc = _locked(service.pk)
         now = now or timezone.now()  # read after the lock: a step that waited is not in the past
-        reading = read_load(svc, now) if load is None else LoadReading(float(load))
         svc.latency_p50_seconds, svc.latency_p95_seconds = reading.p50, reading.p95
         if reading.load is None:
             _hold(svc, reading.error)  # nothing measured it: never scale on made-up numbers
@@ -431,8 +435,11 @@ def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = 
 
 def _hold(svc: ModelService, why: str) -> None:
     """Without a load reading (``why``: no source, Prometheus down, no series) the service
-    keeps its replica count within its bounds — never zero by accident — and shows why."""
-    floor = 0 if svc.max_replicas == 0 else max(svc.min_replicas, 1)
+    keeps its replica count within its bounds — never zero by accident — and shows why. A
+    service already scaled to zero stays there: a reading taken from its pods has none to
+    come from, and waking it for that would flap between 0 and 1."""
+    at_zero = svc.desired_replicas == 0 and svc.min_replicas == 0
+    floor = 0 if svc.max_replicas == 0 or at_zero else max(svc.min_replicas, 1)
     held = min(max(svc.desired_replicas, floor), svc.max_replicas)
     svc.load_error = (why or "no load reading")[:300]
     if held != svc.desired_replicas:

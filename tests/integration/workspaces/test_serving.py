@@ -177,6 +177,13 @@ def test_scale_to_zero_after_the_idle_window_and_back(world: Any) -> None:
     assert svc.desired_replicas == 1  # idle, but not yet for the window
     svc = serving.model_service_autoscale(service=svc, now=NIGHT + dt.timedelta(minutes=6), load=0)
     assert svc.desired_replicas == 0 and _live(svc) == [] and svc.status == "idle"
+    # No reading while at zero (a source that reads the pods has none to read): it stays at
+    # zero rather than waking a replica only to put it back to sleep.
+    from django.test import override_settings
+
+    with override_settings(SERVING_LOAD_SOURCE="prometheus"):  # this cluster has no Prometheus URL
+        svc = serving.model_service_autoscale(service=svc, now=NIGHT + dt.timedelta(minutes=6, seconds=30))
+    assert svc.desired_replicas == 0 and _live(svc) == [] and svc.load_error
     svc = serving.model_service_autoscale(service=svc, now=NIGHT + dt.timedelta(minutes=7), load=3)
     assert svc.desired_replicas == 1 and len(_live(svc)) == 1
 
