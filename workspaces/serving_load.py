@@ -27,6 +27,7 @@ import datetime as dt
 import hashlib
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -127,6 +128,13 @@ def _first_value(rows: list[dict[str, Any]]) -> float | None:
     return None
 
 
+_UNREACHABLE: dict[str, tuple[float, str]] = {}
+"""Prometheus URL → (monotonic time, error) of its last failure to answer, in this process."""
+UNREACHABLE_SECONDS = 10.0
+"""For this long after a Prometheus did not answer, other services of the tick skip it (each
+read would wait for the timeout again: a hung server times one tick × services out)."""
+
+
 def _prometheus(service: Any, at: dt.datetime) -> LoadReading:
     """The service's load and latency from its cluster's Prometheus (instant queries, now)."""
     from django.conf import settings
@@ -140,6 +148,9 @@ def _prometheus(service: Any, at: dt.datetime) -> LoadReading:
     selector = prometheus_selector(service)
     if selector is None:  # the selector names the pods and there is none
         return LoadReading(None, error="no replica pod to measure yet")
+    down = _UNREACHABLE.get(url)
+    if down is not None and time.monotonic() - down[0] < UNREACHABLE_SECONDS:
+        return LoadReading(None, error=down[1])
     queries = {**DEFAULT_QUERIES, **getattr(settings, "SERVING_PROMETHEUS_QUERIES", {})}
     promql = _fill(queries[service.autoscale_metric], selector=selector)
     try:
@@ -151,7 +162,10 @@ def _prometheus(service: Any, at: dt.datetime) -> LoadReading:
                     if latency else None for q in ("0.5", "0.95"))
     except BackendError as exc:
         logger.warning("model service %s: no load from Prometheus: %s", service.pk, exc)
+        if exc.retryable:  # it did not answer (a refused query answers: no need to skip it)
+            _UNREACHABLE[url] = (time.monotonic(), str(exc)[:300])
         return LoadReading(None, error=str(exc)[:300])
+    _UNREACHABLE.pop(url, None)
     return LoadReading(round(max(0.0, load), 3), p50=p50, p95=p95)
 
 

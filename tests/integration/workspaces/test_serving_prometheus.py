@@ -10,6 +10,8 @@ default PromQL of ``workspaces.serving_load`` — the cluster has a Prometheus U
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +25,7 @@ from scheduling.selectors import project_namespace_name
 from tenants.models import AuditEvent
 from tests.conftest import client_for
 from tests.prometheus import Exporter, Prometheus, requires_prometheus, running_prometheus, wait_for
+from workspaces import serving_load
 from workspaces.models import ModelService
 from workspaces.services import serving
 
@@ -86,6 +89,7 @@ def _quantile(q: float) -> float:
 
 @pytest.fixture
 def prom() -> Iterator[Prometheus]:
+    serving_load._UNREACHABLE.clear()  # another test's port may be this one's
     with running_prometheus() as prometheus:
         yield prometheus
 
@@ -204,3 +208,40 @@ def test_prometheus_silent_or_down_holds_the_replicas_and_says_why(world: Any, p
     assert "Replicas held:" in page and "did not answer" in page and "<strong>Latency:</strong> —" in page
     listing = client_for(world.a.member).get("/workspaces/services/").content.decode()
     assert "replicas held: Prometheus at" in listing
+
+
+def test_a_hung_prometheus_is_asked_once_per_tick_not_once_per_service(world: Any) -> None:
+    """A Prometheus that accepts connections and never answers: the first service's read
+    times out, and the tick's other services hold at once with the same reason instead of
+    each waiting for the timeout again."""
+    accepted: list[socket.socket] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept_and_say_nothing() -> None:
+        try:
+            while True:
+                accepted.append(listener.accept()[0])
+        except OSError:  # the listener closed: the test is over
+            return
+
+    threading.Thread(target=accept_and_say_nothing, daemon=True).start()
+    serving_load._UNREACHABLE.clear()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        cluster = scheduling.cluster_create(actor=world.admin, name="sim", backend="simulated",
+                                            inventory=INVENTORY, prometheus_url=url)
+        scheduling.inventory_sync(cluster=cluster)
+        made = [serving.model_service_create(
+            actor=world.a.member, project=world.a.project, cluster=cluster, name=name,
+            image_reference="docker.io/vllm/vllm-openai:v0.6.3", model_source="hf://Qwen/Qwen2.5-7B-Instruct",
+            gpu_memory_mib=20480, gpu_cores_percent=30, min_replicas=1, max_replicas=3)
+            for name in ("a", "b", "c")]
+        advance(cluster)
+        assert serving.model_services_autoscale() == {"services": 3, "failed": 0, "gone": 0}
+        errors = {ModelService.objects.get(pk=s.pk).load_error for s in made}
+        assert len(errors) == 1 and f"Prometheus at {url} did not answer" in errors.pop()
+        assert len(accepted) == 1
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
