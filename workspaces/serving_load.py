@@ -80,8 +80,8 @@ def _simulated(service: Any, at: dt.datetime) -> LoadReading:
     return LoadReading(simulated_load(service.pk, service.load_profile or {}, at))
 
 
-# vLLM's metrics (vllm/v1/metrics/loggers.py: the ``vllm:`` gauges, counters and histograms it
-# exports on /metrics) and DCGM-exporter's GPU utilisation. ``{selector}`` becomes the label
+# vLLM's metrics (the ``vllm:`` gauges, counters and histograms of its /metrics, listed in vLLM's
+# docs/design/v1/metrics.md) and dcgm-exporter's GPU utilisation. ``{selector}`` becomes the label
 # matchers of the service's replica pods (SERVING_PROMETHEUS_SELECTOR).
 DEFAULT_QUERIES: dict[str, str] = {
     "concurrency": 'sum({__name__=~"vllm:num_requests_(running|waiting)",{selector}})',
@@ -102,20 +102,22 @@ def _fill(template: str, **values: str) -> str:
 
 def prometheus_selector(service: Any) -> str | None:
     """The label matchers of ``service``'s replica pods (None when the template names the
-    pods, ``{pods}``, and it has none): by default
-    the project's namespace and the pods' names, the labels Prometheus' Kubernetes discovery
-    (and kube-prometheus' PodMonitors) put on every scraped series."""
+    pods, ``{pods}``, and it has none): by default the project's namespace and the pods'
+    names, the labels Prometheus' Kubernetes discovery (and kube-prometheus' PodMonitors)
+    put on every scraped series."""
     from django.conf import settings
 
     from scheduling.models import Allocation
     from scheduling.selectors import project_namespace_name
 
     template = getattr(settings, "SERVING_PROMETHEUS_SELECTOR", DEFAULT_SELECTOR)
-    pods = sorted(Allocation.objects.filter(
-        job__service_replica__service=service, job__service_replica__removed_reason="",
-    ).values_list("pod_name", flat=True).distinct()) if "{pods}" in template else []
-    if "{pods}" in template and not pods:
-        return None
+    pods: list[str] = []
+    if "{pods}" in template:
+        pods = sorted(Allocation.objects.filter(
+            job__service_replica__service=service, job__service_replica__removed_reason="",
+        ).values_list("pod_name", flat=True).distinct())  # DNS labels: nothing to escape in a regex
+        if not pods:
+            return None
     return _fill(template, namespace=project_namespace_name(cluster=service.cluster, project=service.project),
                  pods="|".join(pods), service_id=str(service.pk))
 
