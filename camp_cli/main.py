@@ -443,6 +443,14 @@ def serve_status(ctx: click.Context, service: str) -> None:
     click.echo(f"replicas: {s['ready_replicas']} ready of {s['desired_replicas']} desired "
                f"(min {s['min_replicas']}, max {s['max_replicas']}); revision {s['revision']}")
     click.echo(f"load: {s['load']:g} ({s['autoscale_metric']}, target {s['autoscale_target']:g} per replica)")
+    if s.get("load_error"):
+        click.echo(f"replicas held: {s['load_error']}")
+    p50, p95 = s.get("latency_p50_seconds"), s.get("latency_p95_seconds")
+
+    def ms(v: float | None) -> str:
+        return "—" if v is None else f"{v * 1000:.0f} ms"
+
+    click.echo("latency: " + ("—" if p50 is None and p95 is None else f"p50 {ms(p50)} · p95 {ms(p95)}"))
     click.echo(f"endpoint: {s['endpoint']}")
     for r in s["replicas"]:
         job = r["job"]

@@ -273,10 +273,11 @@ class ModelServiceSerializer(MaskedEnvMixin, serializers.ModelSerializer[ModelSe
                   "cpu_millicores", "ram_mib", "min_replicas", "max_replicas", "autoscale_metric",
                   "autoscale_target", "scale_down_delay_seconds", "scale_to_zero_seconds", "load_profile",
                   "priority_class", "preemptible", "revision", "desired_replicas", "ready_replicas",
-                  "status", "status_reason", "load", "load_at", "replicas", "endpoint", "created_at",
-                  "updated_at"]
+                  "status", "status_reason", "load", "load_at", "load_error", "latency_p50_seconds",
+                  "latency_p95_seconds", "replicas", "endpoint", "created_at", "updated_at"]
         read_only_fields = ["id", "revision", "desired_replicas", "ready_replicas", "status", "status_reason",
-                            "load", "load_at", "created_at", "updated_at"]
+                            "load", "load_at", "load_error", "latency_p50_seconds", "latency_p95_seconds",
+                            "created_at", "updated_at"]
         extra_kwargs = {"image_reference": {"required": False, "allow_blank": True},
                         "model_source": {"required": False, "allow_blank": True}}
         validators: list[Any] = []

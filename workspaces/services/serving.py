@@ -46,7 +46,7 @@ from tenants.models import Project, User
 
 from ..kinds import WorkloadKind, kind_audit, kind_check, kind_run, register_kind
 from ..models import AutoscaleMetric, ModelService, ModelSourceKind, Profile, ServiceReplica, ServiceStatus
-from ..serving_load import DEFAULT_PROFILE, load_of, recommend
+from ..serving_load import DEFAULT_PROFILE, LoadReading, read_load, recommend
 from .common import _clean_cluster, _clean_env, _resolve_image, enqueue_on_commit
 from .policies import _check_profile
 
@@ -419,33 +419,45 @@ def model_service_delete(*, actor: User, service: ModelService) -> None:
 
 def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = None,
                             load: float | None = None) -> ModelService:
-    """One autoscaler step for one service: read its load (``serving_load.load_of``, or
+    """One autoscaler step for one service: read its load (``serving_load.read_load``, or
     ``load`` as given), recommend replicas (scale up at once, down after the stabilisation
     window, to zero after the idle window), audit a change as ``service.scaled`` by
     ``autoscaler``, then converge the replicas (also replacing ended ones and moving a
     rollout on)."""
+    reading = LoadReading(float(load)) if load is not None else None
+    if reading is None:
+        # Read before taking the row lock: a slow Prometheus must not hold it (nor a transaction).
+        unlocked = ModelService.objects.select_related("project", "cluster").get(pk=service.pk)
+        reading = read_load(unlocked, now or timezone.now())
     with transaction.atomic():
         svc = _locked(service.pk)
         now = now or timezone.now()  # read after the lock: a step that waited is not in the past
-        measured = load_of(svc, now) if load is None else float(load)
-        if measured is None:
-            _hold(svc)  # no load source for this cluster: never scale on made-up numbers
+        svc.latency_p50_seconds, svc.latency_p95_seconds = reading.p50, reading.p95
+        if reading.load is None:
+            _hold(svc, reading.error)  # nothing measured it: never scale on made-up numbers
         else:
-            _scale_on(svc, measured, now)
+            svc.load_error = ""
+            _scale_on(svc, reading.load, now)
         _converge(svc, actor=None, by=AUTOSCALER, retry=False)
     return svc
 
 
-def _hold(svc: ModelService) -> None:
-    """Without a load reading the service keeps its replica count (within its bounds)."""
-    floor = 0 if svc.max_replicas == 0 else max(svc.min_replicas, 1)
+def _hold(svc: ModelService, why: str) -> None:
+    """Without a load reading (``why``: no source, Prometheus down, no series) the service
+    keeps its replica count within its bounds — never zero by accident — and shows why. A
+    service already scaled to zero stays there: a reading taken from its pods has none to
+    come from, and waking it for that would flap between 0 and 1."""
+    at_zero = svc.desired_replicas == 0 and svc.min_replicas == 0
+    floor = 0 if svc.max_replicas == 0 or at_zero else max(svc.min_replicas, 1)
     held = min(max(svc.desired_replicas, floor), svc.max_replicas)
+    svc.load_error = (why or "no load reading")[:300]
     if held != svc.desired_replicas:
         kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
                    before={"desired_replicas": svc.desired_replicas},
-                   after={"desired_replicas": held, "reason": "no load source: held within min/max"})
+                   after={"desired_replicas": held, "reason": f"{svc.load_error}: held within min/max"})
         svc.desired_replicas = held
-        svc.save(update_fields=["desired_replicas", "updated_at"])
+    svc.save(update_fields=["desired_replicas", "load_error", "latency_p50_seconds", "latency_p95_seconds",
+                            "updated_at"])
 
 
 def _scale_on(svc: ModelService, load: float, now: dt.datetime) -> None:
@@ -465,7 +477,7 @@ def _scale_on(svc: ModelService, load: float, now: dt.datetime) -> None:
         rec = dataclasses.replace(rec, desired=0)
     svc.desired_replicas = rec.desired
     svc.save(update_fields=["load", "load_at", "idle_since", "recommendations", "desired_replicas",
-                            "updated_at"])
+                            "load_error", "latency_p50_seconds", "latency_p95_seconds", "updated_at"])
     if rec.desired != before:
         kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
                    before={"desired_replicas": before},
