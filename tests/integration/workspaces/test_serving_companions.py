@@ -14,12 +14,11 @@ from django.core.exceptions import ValidationError
 from scheduling import services as scheduling
 from scheduling.models import Allocation, JobState
 from scheduling.services import job_specs
-from tenants.models import AuditEvent
 from tenants import services as tenant_services
-from tenants.models import Role
+from tenants.models import AuditEvent, Role
 from tests.conftest import client_for, make_user
-from workspaces.selectors import ENV_MASK
 from workspaces.models import ModelService, ServiceReplica
+from workspaces.selectors import ENV_MASK
 from workspaces.services import serving
 
 from .conftest import advance
@@ -58,7 +57,8 @@ DRAFT = {"name": "draft", "image_reference": "docker.io/vllm/vllm-openai:v0.6.3"
 
 
 def _cluster(world: Any, inventory: str) -> Any:
-    cluster = scheduling.cluster_create(actor=world.admin, name="sim", backend="simulated", inventory=inventory)
+    cluster = scheduling.cluster_create(actor=world.admin, name="sim", backend="simulated",
+                                        inventory=inventory)
     scheduling.inventory_sync(cluster=cluster)
     return cluster
 
@@ -127,7 +127,8 @@ def test_companion_pods_specs_services_and_the_audit(world: Any) -> None:
     main, draft = by_role["server"], by_role["draft"]
     assert main.labels[serving.LABEL_SERVICE] == str(svc.pk) and serving.LABEL_SERVICE not in draft.labels
     assert draft.labels[serving.LABEL_COMPANION] == "draft"
-    assert draft.ports == ({"name": "http", "containerPort": 8001},) and draft.image == DRAFT["image_reference"]
+    assert draft.ports == ({"name": "http", "containerPort": 8001},)
+    assert draft.image == DRAFT["image_reference"]
     assert draft.env["CAMP_MODEL"] == DRAFT["model_source"] and draft.env["HF_TOKEN"] == "hf_draft"
     assert draft.readiness_probe is not None and draft.readiness_probe["tcpSocket"] == {"port": "http"}
     draft_svc = f"{svc.service_name}-draft"
@@ -141,7 +142,8 @@ def test_companion_pods_specs_services_and_the_audit(world: Any) -> None:
     assert rule["http"]["paths"][0]["backend"]["service"] == {"name": svc.service_name,
                                                               "port": {"number": 8000}}
     created = AuditEvent.objects.get(action="service.created", target_id=str(svc.pk))
-    assert created.after["companions"][0]["env_names"] == ["HF_TOKEN"] and "hf_draft" not in str(created.after)
+    assert created.after["companions"][0]["env_names"] == ["HF_TOKEN"]
+    assert "hf_draft" not in str(created.after)
     assert created.after["ingress_host"] == "spec.example.com"
 
 
@@ -189,3 +191,43 @@ def test_companions_through_the_api(world: Any) -> None:
     changed = member.patch(f"/api/v1/services/{data['id']}/",
                            {"companions": [{**DRAFT, "port": 9001}]}, format="json")
     assert changed.status_code == 400 and "companions[0].port" in changed.json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_camp_serve_create_with_a_companion(world: Any, live_server: Any, tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    _cluster(world, TWO_NODES)
+    _, token = tenant_services.token_create(actor=world.a.member, name="cli")
+    env = {**os.environ, "CAMP_URL": live_server.url, "CAMP_TOKEN": token,
+           "CAMP_CONFIG": str(tmp_path / "config.json")}
+
+    def camp(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "camp_cli", *args], env=env, cwd=settings.BASE_DIR,
+                              capture_output=True, text=True, timeout=60)
+
+    project = f"{world.a.tenant.name}/{world.a.project.name}"
+    common = ("serve", "create", "spec", "--project", project, "--cluster", "sim", "--image-ref",
+              "docker.io/vllm/vllm-openai:v0.6.3", "--model", "hf://Qwen/Qwen2.5-14B-Instruct",
+              "--gpu-memory", "40960", "--gpu-cores", "50", "--ram", "8192",
+              "--ingress-host", "spec.example.com")
+    bad = camp(*common, "--companion", "name=draft,memory=lots")
+    assert bad.returncode != 0 and "memory: a whole number" in bad.stderr
+    too_big = camp(*common, "--companion",
+                   "name=draft,image-ref=docker.io/vllm/vllm-openai:v0.6.3,memory=100000")
+    assert too_big.returncode == 1 and "companions[0].gpu_memory_mib" in too_big.stdout + too_big.stderr
+    made = camp(*common, "--companion",
+                "name=draft,image-ref=docker.io/vllm/vllm-openai:v0.6.3,model=hf://Qwen/Qwen2.5-0.5B-Instruct,"
+                "memory=20480,compute=20,port=8001")
+    assert made.returncode == 0, made.stdout + made.stderr
+    svc = ModelService.objects.get(name="spec")
+    assert [(c["name"], c["gpu_memory_mib"], c["gpu_cores_percent"], c["model_source"])
+            for c in svc.companions] == [("draft", 20480, 20, "hf://Qwen/Qwen2.5-0.5B-Instruct")]
+    assert svc.ingress_host == "spec.example.com"
+    status = camp("serve", "status", "spec")
+    assert "companion draft (same node)" in status.stdout
+    assert "ingress: http://spec.example.com/" in status.stdout
