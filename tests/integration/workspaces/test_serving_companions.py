@@ -231,3 +231,17 @@ def test_camp_serve_create_with_a_companion(world: Any, live_server: Any, tmp_pa
     status = camp("serve", "status", "spec")
     assert "companion draft (same node)" in status.stdout
     assert "ingress: http://spec.example.com/" in status.stdout
+
+
+def test_the_detail_page_lists_companions_and_the_ingress(world: Any) -> None:
+    from django.test import Client
+
+    cluster = _cluster(world, TWO_NODES)
+    svc = _service(world, cluster, ingress_host="spec.example.com")
+    c = Client()
+    c.force_login(world.a.member)
+    page = c.get(f"/workspaces/services/{svc.pk}/").content.decode()
+    assert "Same node in every replica" in page and "hf://Qwen/Qwen2.5-0.5B-Instruct" in page
+    assert f"{svc.service_name}-draft." in page and ":8001" in page
+    assert "http://spec.example.com/" in page
+    assert "hf_draft" not in page  # env values never on the page
