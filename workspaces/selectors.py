@@ -234,7 +234,8 @@ def service_companions(service: ModelService) -> list[dict[str, Any]]:
     out = []
     for c in service.companions or []:
         host = base.replace(f"//{service.service_name}.", f"//{service.service_name}-{c['name']}.", 1)
-        out.append({**{k: v for k, v in c.items() if k != "env"}, "endpoint": f"{host}:{c.get('port', 8001)}"})
+        shown = {k: v for k, v in c.items() if k != "env"}
+        out.append({**shown, "endpoint": f"{host}:{c.get('port', 8001)}"})
     return out
 
 
