@@ -245,3 +245,27 @@ def test_the_detail_page_lists_companions_and_the_ingress(world: Any) -> None:
     assert f"{svc.service_name}-draft." in page and ":8001" in page
     assert "http://spec.example.com/" in page
     assert "hf_draft" not in page  # env values never on the page
+
+
+def test_the_jobs_api_takes_same_node_affinity(world: Any) -> None:
+    """The affinity a replica job uses is a job option of the scheduler for every job: two
+    whole-card pods on nodes of one card each fit the cluster, but never one node."""
+    cluster = _cluster(world, ONE_CARD_EACH)
+    member = client_for(world.a.member)
+    group = {"name": "w", "replicas": 2, "gpu_count": 1, "cpu_millicores": 1000, "ram_mib": 1024}
+    bad = member.post("/api/v1/jobs/", {"name": "bad", "project": world.a.project.pk, "cluster": "sim",
+                                        "groups": [group], "affinity": "nearby"}, format="json")
+    assert bad.status_code == 400 and "affinity" in bad.json()
+    made = {}
+    for affinity in ("same-node", "none"):
+        r = member.post("/api/v1/jobs/", {"name": f"j-{affinity}", "project": world.a.project.pk,
+                                          "cluster": "sim", "groups": [group], "affinity": affinity},
+                        format="json")
+        assert r.status_code == 201 and r.json()["affinity"] == affinity, r.content
+        made[affinity] = r.json()["id"]
+    scheduling.cycle_run(cluster=cluster)
+    from scheduling.models import Job
+
+    same, free = Job.objects.get(pk=made["same-node"]), Job.objects.get(pk=made["none"])
+    assert same.state == JobState.REJECTED and "no node could hold all 2 pods" in same.reason, same.reason
+    assert free.state == JobState.STARTING
