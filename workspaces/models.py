@@ -368,6 +368,14 @@ class ModelService(models.Model):
     priority_class = models.CharField(max_length=20, choices=PriorityClass.choices,
                                       default=PriorityClass.INFERENCE)
     preemptible = models.BooleanField(default=False)
+    companions = models.JSONField(
+        default=list, blank=True,
+        help_text="Model servers run beside the main one in every replica, on the same node (a "
+                  "speculative-decoding draft): name, image_reference, model_source, args, env, port, "
+                  "health_path, gpu_count, gpu_memory_mib, gpu_cores_percent, cpu_millicores, ram_mib.")
+    ingress_host = models.CharField(
+        max_length=253, blank=True,
+        help_text="On Kubernetes, an Ingress routes this host name to the service (empty: none).")
     revision = models.PositiveIntegerField(default=1)
     desired_replicas = models.PositiveSmallIntegerField(default=1)
     ready_replicas = models.PositiveSmallIntegerField(default=0)

@@ -227,6 +227,18 @@ def service_endpoint(service: ModelService) -> str:
     return f"http://{service.service_name}.{ns}.svc:{service.port}"
 
 
+def service_companions(service: ModelService) -> list[dict[str, Any]]:
+    """The companions of a service (each run beside the main server on the same node in
+    every replica) with their in-cluster endpoints; env values left out."""
+    base = service_endpoint(service).rsplit(":", 1)[0]  # http://<service>.<ns>.svc
+    out = []
+    for c in service.companions or []:
+        host = base.replace(f"//{service.service_name}.", f"//{service.service_name}-{c['name']}.", 1)
+        shown = {k: v for k, v in c.items() if k != "env"}
+        out.append({**shown, "endpoint": f"{host}:{c.get('port', 8001)}"})
+    return out
+
+
 # --- the portal's services pages (r4servebench) --------------------------------------------------
 
 LOAD_UNITS = {"concurrency": "concurrent requests", "rps": "requests/s", "gpu_util": "% GPU"}

@@ -137,6 +137,8 @@ CAMP_URL = env_str("CAMP_URL", "http://localhost:8000")  # this portal, for the 
 WORKSPACES_URL = env_str("WORKSPACES_URL", "https://workspaces.camp.local")  # environment URLs
 WORKSPACES_SSH_GATEWAY = env_str("WORKSPACES_SSH_GATEWAY", "ssh.camp.local")
 WORKSPACES_INGRESS_CLASS = env_str("WORKSPACES_INGRESS_CLASS", "nginx")
+# A model service's optional Ingress (its ingress_host); empty: the cluster's default class.
+SERVING_INGRESS_CLASS = env_str("SERVING_INGRESS_CLASS", WORKSPACES_INGRESS_CLASS)
 WORKSPACES_STORAGE_CLASS = env_str("WORKSPACES_STORAGE_CLASS", "")
 WORKSPACES_IDLE_MINUTES = env_int("WORKSPACES_IDLE_MINUTES", 60)
 # An environment's open link works once, within this many seconds of being issued.
