@@ -5,7 +5,8 @@ One request at a time, in process (Django's test client through the full middlew
 ``bench/api_load.py`` (seeded there). For each endpoint: the median wall time of ``--repeat``
 requests, the statements one request runs and their total time, and the slowest statements
 (``--sql`` prints them; ``--explain`` runs EXPLAIN ANALYZE on the slowest one); for a write,
-how long the audit chain's lock was held (from acquiring it to the commit). A job's
+how long the audit chain's lock was held by the seal after its commit (from acquiring it to
+the seal's commit; writers themselves no longer take it, round 3). A job's
 "why" is its ``reason`` and queue position, part of the one-job answer.
 
     .venv/bin/python -m bench.api_profile --db postgres://postgres@127.0.0.1:5432/bench_r3i13b
@@ -54,6 +55,28 @@ def main() -> None:
     api = Client(HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_ACCEPT="application/json")
     portal = Client()
     portal.force_login(api_load._owner())
+    # Deep pages (issue 13, round 3): the tenant's last page by page number (OFFSET)
+    # and by cursor, and the same for a platform admin's all-jobs view at row 50,000.
+    from camp.pagination import _encode, _keyset
+    from scheduling import selectors
+    from tenants.models import User
+
+    admin_user = User.objects.filter(is_platform_admin=True).order_by("id").first()
+    admin = Client(HTTP_ACCEPT="application/json")
+    admin.force_login(admin_user)
+
+    def cursor_at(user: Any, row: int) -> str:
+        qs = selectors.job_list(user=user)
+        keyset = _keyset(qs)
+        assert keyset is not None
+        return _encode(keyset, qs[min(row, qs.count()) - 50], forward=True)
+
+    from scheduling.models import Cluster
+
+    tenant_pages = -(-selectors.job_list(user=api_load._owner()).count() // 50)
+
+    cluster_id = Cluster.objects.get(name="openb").pk
+    tenant_cursor, admin_cursor = cursor_at(api_load._owner(), 10**9), cursor_at(admin_user, 50000)
     group = {"name": "worker", "gpu_count": 1, "gpu_memory_mib": 2000, "gpu_cores_percent": 10}
     run = secrets.token_hex(3)
     counter = iter(range(10**9))
@@ -63,6 +86,16 @@ def main() -> None:
         ("jobs list (project, state, page_size=500)",
          lambda: api.get(f"/api/v1/jobs/?project={project_id}&state=succeeded&page_size=500")),
         ("jobs list (tenant, no filter)", lambda: api.get("/api/v1/jobs/")),
+        ("jobs list (tenant, state=running)", lambda: api.get("/api/v1/jobs/?state=running")),
+        ("jobs list (tenant) last page by number", lambda: api.get(f"/api/v1/jobs/?page={tenant_pages}")),
+        ("jobs list (tenant) last page by cursor", lambda: api.get(f"/api/v1/jobs/?cursor={tenant_cursor}")),
+        ("all jobs (admin) page 1", lambda: admin.get("/api/v1/jobs/")),
+        ("all jobs (admin) page 1000 by number", lambda: admin.get("/api/v1/jobs/?page=1000")),
+        ("all jobs (admin) row 50,000 by cursor", lambda: admin.get(f"/api/v1/jobs/?cursor={admin_cursor}")),
+        ("all jobs (admin) one cluster",
+         lambda: admin.get(f"/api/v1/jobs/?cluster={cluster_id}&state=running")),
+        ("audit list (tenant) page 100 by number",
+         lambda: api.get(f"/api/v1/audit-events/?tenant={tenant_id}&page=100")),
         ("one job", lambda: api.get(f"/api/v1/jobs/{job_id}/")),
         ("its decisions", lambda: api.get(f"/api/v1/jobs/{job_id}/decisions/")),
         ("audit list (tenant)", lambda: api.get(f"/api/v1/audit-events/?tenant={tenant_id}")),
@@ -94,7 +127,7 @@ def main() -> None:
                     return execute(sql, params, many, context)
                 finally:
                     log.append((time.perf_counter() - t, sql, params))
-                    if "pg_advisory_xact_lock" in sql:  # the audit chain's lock: held until commit
+                    if "advisory_xact_lock" in sql:  # the audit chain's (sealer's) lock: held until commit
                         locked = time.perf_counter()
                         transaction.on_commit(lambda: holds.append(time.perf_counter() - locked))
 

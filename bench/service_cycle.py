@@ -33,6 +33,8 @@ Heads of queues: the service's own rule (``services.heads_per_queue``): at least
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import random
@@ -292,6 +294,24 @@ def _reset(cluster: Any, pending_ids: list[int], running_ids: list[int], decisio
         SchedulingDecision.objects.filter(pk__gt=decision_mark).delete()
 
 
+def _status_mib(field: str) -> float:
+    """A memory figure of this process from /proc/self/status (Linux), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024  # kB
+    return float("nan")
+
+
+def _reset_peak_rss() -> float:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux ≥ 4.0: writing 5 to
+    /proc/self/clear_refs), so the VmHWM read after the cycle is the peak *during* it, as a
+    worker that runs cycles would see it. Returns the RSS before the cycle."""
+    gc.collect()
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+    return _status_mib("VmRSS")
+
+
 def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
     from django.db import connection
     from django.utils import timezone
@@ -317,12 +337,23 @@ def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
         queries += 1
         return execute(sql, params, many, context)
 
+    rss_before_mib = _reset_peak_rss()
     with connection.execute_wrapper(count):
         t0, c0 = time.perf_counter(), time.process_time()
         summary = services.cycle_run(cluster=cluster)
         cycle_s, cycle_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    rss_peak_mib = _status_mib("VmHWM")
     assert summary is not None
+    # What the audit_seal task does after a cycle (Celery's broker is in memory here, so the
+    # task the cycle queued does not run): sealing the cycle's audit events, timed apart.
+    from tenants.audit import seal
+
+    t0 = time.perf_counter()
+    sealed = seal(wait=True)
+    seal_s = time.perf_counter() - t0
     out = {"cycle_s": cycle_s, "cycle_cpu_s": cycle_cpu_s, "queries": queries, "engine_s": engine_s,
+           "rss_before_mib": rss_before_mib, "rss_peak_mib": rss_peak_mib,
+           "seal_s": seal_s, "sealed": sealed,
            "snapshot_s": snap_s, "admitted": len(summary.admitted), "waiting": len(summary.waiting),
            "preempting": len(summary.preempting), "rejected": len(summary.rejected),
            "conflicts": len(summary.conflicts)}
@@ -389,7 +420,10 @@ def main() -> None:
                   f"{med['snapshot_s']:>7.2f} {med['cycle_s'] / max(med['engine_s'], 1e-9):>6.1f}"
                   + (f"  {med['drain_s']:.2f} ({med['drain_cycles']:.0f}, {med['drain_admitted']:.0f})"
                      if args.drain else ""), flush=True)
-            print("   runs (cycle s):", ", ".join(f"{r['cycle_s']:.3f}" for r in runs), flush=True)
+            print("   runs (cycle s):", ", ".join(f"{r['cycle_s']:.3f}" for r in runs),
+                  "| seal after (s):", ", ".join(f"{r['seal_s']:.3f}" for r in runs),
+                  "| RSS before → peak during the cycle (MiB):",
+                  ", ".join(f"{r['rss_before_mib']:.0f} → {r['rss_peak_mib']:.0f}" for r in runs), flush=True)
     Job.objects.filter(pk__in=pool).update(state=JobState.CANCELLED)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"service_cycle{'_' + args.label if args.label else ''}.json"

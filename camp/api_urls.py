@@ -23,6 +23,7 @@ router.register("environments", workspace_views.EnvironmentViewSet, basename="en
 router.register("training-jobs", workspace_views.TrainingViewSet, basename="trainingjob")
 router.register("profiles", workspace_views.ProfileViewSet, basename="profile")
 router.register("workspace-policies", workspace_views.PolicyViewSet, basename="workspacepolicy")
+router.register("services", workspace_views.ModelServiceViewSet, basename="modelservice")
 router.register("ssh-keys", workspace_views.SshKeyViewSet, basename="sshkey")
 router.register("images", registry_views.ImageViewSet, basename="image")
 router.register("registries", registry_views.RegistryViewSet, basename="registry")

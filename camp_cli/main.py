@@ -13,6 +13,9 @@ are printed field by field and exit with status 1.
     camp why JOB
     camp stop JOB
     camp rm JOB
+    camp serve create NAME --project T/P --cluster C --image vllm --model hf://org/model
+    camp serve list | status NAME | scale NAME N | update NAME --max 4 | rollout NAME | delete NAME
+    camp serve create ... --companion name=draft,image-ref=REF,model=hf://org/m,memory=20480,compute=20
 """
 
 from __future__ import annotations
@@ -377,6 +380,234 @@ def rm(ctx: click.Context, job: str, yes: bool) -> None:
     api.call("DELETE", f"{path}/{obj['id']}/")
     kind = "environment" if path == "environments" else "training job"
     click.echo(f"{kind} {obj['name']} (#{obj['id']}) deleted")
+
+
+# --- model services ------------------------------------------------------------------------------
+
+
+@cli.group()
+def serve() -> None:
+    """Model services: online inference replicas, autoscaled, beside training."""
+
+
+def _service(api: Api, ref: str) -> dict[str, Any]:
+    if ref.isdigit():
+        return dict(api.call("GET", f"services/{ref}/"))
+    found = [s for s in api.items("services/", name=ref)]
+    if not found:
+        raise click.ClickException(f"No model service named {ref}.")
+    if len(found) > 1:
+        where = ", ".join(f"#{s['id']} in {s['tenant']}/{s['project_name']}" for s in found)
+        raise click.ClickException(f"{ref} names several services ({where}): give its id.")
+    return found[0]
+
+
+def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair}: write NAME=VALUE", param_hint="--env")
+        out[key] = value
+    return out
+
+
+_COMPANION_KEYS = {"name": "name", "image": "image", "image-ref": "image_reference", "model": "model_source",
+                   "port": "port", "health": "health_path", "gpus": "gpu_count", "memory": "gpu_memory_mib",
+                   "compute": "gpu_cores_percent", "cpu": "cpu_millicores", "ram": "ram_mib"}
+_COMPANION_INTS = {"port", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "cpu_millicores", "ram_mib"}
+
+
+def _companion(spec: str) -> dict[str, Any]:
+    """``name=draft,image-ref=REF,model=hf://org/m,memory=20480,compute=20[,port=8001,gpus=1,
+    cpu=1000,ram=8192,health=/health,image=vllm]``: one companion model server (same node)."""
+    out: dict[str, Any] = {}
+    for part in filter(None, spec.split(",")):
+        key, sep, value = part.partition("=")
+        field = _COMPANION_KEYS.get(key.strip())
+        if not sep or field is None:
+            raise click.BadParameter(f"{part}: write KEY=VALUE with KEY one of {', '.join(_COMPANION_KEYS)}",
+                                     param_hint="--companion")
+        if field in _COMPANION_INTS:
+            try:
+                out[field] = int(value)
+            except ValueError as exc:
+                raise click.BadParameter(f"{key}: a whole number", param_hint="--companion") from exc
+        else:
+            out[field] = value
+    if "name" not in out:
+        raise click.BadParameter(f"{spec}: give name=...", param_hint="--companion")
+    return out
+
+
+@serve.command(name="create")
+@click.argument("name")
+@click.option("--project", required=True, help="tenant/project")
+@click.option("--cluster", required=True)
+@click.option("--image", "image", help="A catalog image (vllm, triton, tgi, ...)")
+@click.option("--image-ref", "image_reference", default="", help="Or an image reference")
+@click.option("--model", "model_source", default="", help="hf://org/model, a path in the image, or pvc:path")
+@click.option("--model-kind", "model_source_kind", type=click.Choice(["uri", "image", "volume"]),
+              default="uri")
+@click.option("--port", type=int, default=8000)
+@click.option("--health", "health_path", default="/health")
+@click.option("--gpus", "gpu_count", type=int, default=1)
+@click.option("--gpu-memory", "gpu_memory_mib", type=int, default=20480, help="MiB per GPU (0: whole cards)")
+@click.option("--gpu-cores", "gpu_cores_percent", type=int, default=30, help="% of each GPU's compute")
+@click.option("--cpu", "cpu_millicores", type=int, default=2000, help="millicores")
+@click.option("--ram", "ram_mib", type=int, default=16384, help="MiB")
+@click.option("--min", "min_replicas", type=int, default=1)
+@click.option("--max", "max_replicas", type=int, default=1)
+@click.option("--metric", "autoscale_metric", type=click.Choice(["concurrency", "rps", "gpu_util"]),
+              default="concurrency")
+@click.option("--target", "autoscale_target", type=float, default=8.0, help="per replica")
+@click.option("--scale-to-zero", "scale_to_zero_seconds", type=int, default=None, help="idle seconds")
+@click.option("--priority", "priority_class", default="inference")
+@click.option("--arg", "args", multiple=True, help="A server argument (repeat)")
+@click.option("--env", "env", multiple=True, help="NAME=VALUE (repeat)")
+@click.option("--companion", "companions", multiple=True,
+              help="A model server on the same node in every replica (repeat): name=draft,image-ref=REF,"
+                   "model=hf://org/m,memory=MiB,compute=%[,port=8001,gpus=1,cpu=1000,ram=8192,health=/path]")
+@click.option("--ingress-host", "ingress_host", default="", help="Kubernetes: route this host to the service")
+@click.pass_context
+def serve_create(ctx: click.Context, name: str, project: str, image: str | None, args: tuple[str, ...],
+                 env: tuple[str, ...], companions: tuple[str, ...], **opts: Any) -> None:
+    """Create a model service; its first replicas are queued at once."""
+    api = _api(ctx)
+    body: dict[str, Any] = {**opts, "name": name, "project": _project_id(api, project),
+                            "args": list(args), "env": _env_pairs(env),
+                            "companions": [_companion(c) for c in companions]}
+    if image:
+        body["image"] = _image_id(api, image)
+    svc = api.call("POST", "services/", json=body)
+    click.echo(f"service {svc['name']} (#{svc['id']}) created: {svc['desired_replicas']} replica(s) queued")
+    click.echo(f"endpoint: {svc['endpoint']}")
+
+
+@serve.command(name="list")
+@click.pass_context
+def serve_list(ctx: click.Context) -> None:
+    """Your model services: status, replicas ready/desired, revision, load."""
+    rows = [["ID", "NAME", "PROJECT", "STATUS", "READY", "REV", "LOAD"]]
+    for s in _api(ctx).items("services/", page_size=500):
+        rows.append([str(s["id"]), s["name"], f"{s['tenant']}/{s['project_name']}", s["status"],
+                     f"{s['ready_replicas']}/{s['desired_replicas']}", str(s["revision"]), f"{s['load']:g}"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+@serve.command(name="status")
+@click.argument("service")
+@click.pass_context
+def serve_status(ctx: click.Context, service: str) -> None:
+    """One service: replicas (and why a replica waits), load, revision, endpoint."""
+    s = _service(_api(ctx), service)
+    click.echo(f"{s['name']} (#{s['id']}) in {s['tenant']}/{s['project_name']}: {s['status']}")
+    if s.get("status_reason"):
+        click.echo(f"why: {s['status_reason']}")
+    click.echo(f"replicas: {s['ready_replicas']} ready of {s['desired_replicas']} desired "
+               f"(min {s['min_replicas']}, max {s['max_replicas']}); revision {s['revision']}")
+    click.echo(f"load: {s['load']:g} ({s['autoscale_metric']}, target {s['autoscale_target']:g} per replica)")
+    if s.get("load_error"):
+        click.echo(f"replicas held: {s['load_error']}")
+    p50, p95 = s.get("latency_p50_seconds"), s.get("latency_p95_seconds")
+
+    def ms(v: float | None) -> str:
+        return "—" if v is None else f"{v * 1000:.0f} ms"
+
+    click.echo("latency: " + ("—" if p50 is None and p95 is None else f"p50 {ms(p50)} · p95 {ms(p95)}"))
+    click.echo(f"endpoint: {s['endpoint']}")
+    if s.get("ingress_host"):
+        click.echo(f"ingress: http://{s['ingress_host']}/")
+    for c in s.get("companions") or []:
+        click.echo(f"companion {c['name']} (same node): {c.get('image_reference', '')} "
+                   f"{c.get('gpu_memory_mib')} MiB × {c.get('gpu_cores_percent')} %, port {c.get('port')}")
+    for r in s["replicas"]:
+        job = r["job"]
+        line = f"  #{r['number']} r{r['revision']} {job['name']}: {job['state']}"
+        if job["state"] != "running" and job.get("reason"):
+            line += f" — {job['reason']}"
+        click.echo(line)
+
+
+@serve.command(name="scale")
+@click.argument("service")
+@click.argument("replicas", type=int, required=False)
+@click.option("--min", "min_replicas", type=int, default=None)
+@click.option("--max", "max_replicas", type=int, default=None)
+@click.pass_context
+def serve_scale(ctx: click.Context, service: str, replicas: int | None, min_replicas: int | None,
+                max_replicas: int | None) -> None:
+    """A fixed replica count (0 stops it), or the autoscaler's --min/--max."""
+    api = _api(ctx)
+    s = _service(api, service)
+    body = {k: v for k, v in (("replicas", replicas), ("min_replicas", min_replicas),
+                              ("max_replicas", max_replicas)) if v is not None}
+    done = api.call("POST", f"services/{s['id']}/scale/", json=body)
+    click.echo(f"{done['name']}: {done['desired_replicas']} desired (min {done['min_replicas']}, "
+               f"max {done['max_replicas']})")
+
+
+@serve.command(name="update")
+@click.argument("service")
+@click.option("--min", "min_replicas", type=int, default=None)
+@click.option("--max", "max_replicas", type=int, default=None)
+@click.option("--metric", "autoscale_metric", type=click.Choice(["concurrency", "rps", "gpu_util"]),
+              default=None)
+@click.option("--target", "autoscale_target", type=float, default=None, help="per replica")
+@click.option("--scale-down-delay", "scale_down_delay_seconds", type=int, default=None, help="seconds")
+@click.option("--scale-to-zero", "scale_to_zero_seconds", type=int, default=None, help="idle seconds")
+@click.pass_context
+def serve_update(ctx: click.Context, service: str, **opts: Any) -> None:
+    """Change the autoscaling settings (a new image or arguments: ``camp serve rollout``)."""
+    api = _api(ctx)
+    s = _service(api, service)
+    body = {k: v for k, v in opts.items() if v is not None}
+    if not body:
+        raise click.UsageError("Give at least one setting to change.")
+    done = api.call("PATCH", f"services/{s['id']}/", json=body)
+    click.echo(f"{done['name']}: min {done['min_replicas']}, max {done['max_replicas']}, "
+               f"{done['autoscale_metric']} target {done['autoscale_target']:g} per replica")
+
+
+@serve.command(name="rollout")
+@click.argument("service")
+@click.option("--image-ref", "image_reference", default=None)
+@click.option("--model", "model_source", default=None)
+@click.option("--arg", "args", multiple=True, help="The new arguments (repeat; replaces them all)")
+@click.option("--env", "env", multiple=True, help="NAME=VALUE (repeat; replaces them all)")
+@click.pass_context
+def serve_rollout(ctx: click.Context, service: str, image_reference: str | None, model_source: str | None,
+                  args: tuple[str, ...], env: tuple[str, ...]) -> None:
+    """A new revision (the changes given, else a restart), one replica at a time."""
+    api = _api(ctx)
+    s = _service(api, service)
+    body: dict[str, Any] = {}
+    if image_reference:
+        body["image_reference"] = image_reference
+    if model_source:
+        body["model_source"] = model_source
+    if args:
+        body["args"] = list(args)
+    if env:
+        body["env"] = _env_pairs(env)
+    done = api.call("POST", f"services/{s['id']}/rollout/", json=body)
+    click.echo(f"{done['name']}: rolling out revision {done['revision']}")
+
+
+@serve.command(name="delete")
+@click.argument("service")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask")
+@click.pass_context
+def serve_delete(ctx: click.Context, service: str, yes: bool) -> None:
+    """Delete a service: its replicas stop and its Service object goes."""
+    api = _api(ctx)
+    s = _service(api, service)
+    if not yes:
+        click.confirm(f"Delete model service {s['name']} and stop its replicas?", abort=True)
+    api.call("DELETE", f"services/{s['id']}/")
+    click.echo(f"service {s['name']} (#{s['id']}) deleted")
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ ROWS = 8  # rows per list on the home page; the full lists are a click away
 
 @dataclass
 class WorkloadRow:
-    kind: str  # "notebook" | "training" | "job"
+    kind: str  # "notebook" | "training" | "service" | "job"
     name: str
     url: str
     project: str
@@ -37,7 +37,7 @@ class WorkloadRow:
 
 
 def _gpu_words(gpu_count: int, mem: int, cores: int, exclusive: bool, models: list[str],
-               workers: int = 1) -> str:
+               workers: int = 1, unit: str = "workers") -> str:
     if not gpu_count:
         return "no GPU"
     model = models[0].split("@", 1)[0] if models else "GPU"
@@ -48,16 +48,18 @@ def _gpu_words(gpu_count: int, mem: int, cores: int, exclusive: bool, models: li
         each = part if gpu_count == 1 else f"{gpu_count}× {part}"
     else:
         each = f"{gpu_count}× {model}"
-    return each if workers == 1 else f"{workers} workers × {each}"
+    return each if workers == 1 else f"{workers} {unit} × {each}"
 
 
 def my_workloads(user: Any) -> list[WorkloadRow]:
-    """The user's notebooks and training jobs that run or wait (newest first)."""
-    from workspaces.models import DevEnvironment, TrainingJob
+    """The user's notebooks, training jobs and model services that run or wait (newest first),
+    among those the user may still see (an owner removed from a project no longer sees them)."""
+    from workspaces.models import DevEnvironment, ModelService, ServiceStatus, TrainingJob
+    from workspaces.selectors import with_ready_now
 
     live = list(ACTIVE_STATES) + [JobState.QUEUED]
     rows: list[WorkloadRow] = []
-    envs = (DevEnvironment.objects.filter(owner=user, job__state__in=live)
+    envs = (restrict(DevEnvironment.objects.filter(owner=user, job__state__in=live), user)
             .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
     for e in envs:
         rows.append(WorkloadRow(
@@ -65,7 +67,7 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
             e.job.get_state_display() if e.job else e.state, _gpu_words(
                 e.gpu_count, e.gpu_memory_mib, e.gpu_cores_percent, e.exclusive, e.gpu_models),
             e.job.started_at if e.job else None, e.job.reason if e.job and e.state == "queued" else "", e))
-    trainings = (TrainingJob.objects.filter(owner=user)
+    trainings = (restrict(TrainingJob.objects.filter(owner=user), user)
                  .filter(Q(job__state__in=live) | Q(job__isnull=True, failed_dependency=False))
                  .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
     for t in trainings:
@@ -76,6 +78,18 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
                 t.workers),
             t.job.started_at if t.job else None,
             (t.job.reason if t.job and t.state == "queued" else t.blocked_reason), t))
+    services = (with_ready_now(restrict(ModelService.objects.filter(owner=user), user)
+                               .exclude(status=ServiceStatus.IDLE))
+                .select_related("project__tenant").order_by("-created_at")[:ROWS])
+    for svc in services:
+        ready = int(getattr(svc, "ready_now", 0))  # annotated by with_ready_now
+        rows.append(WorkloadRow(
+            "service", svc.name, f"/workspaces/services/{svc.pk}/", str(svc.project),
+            "running" if ready else "queued",
+            f"{ready} of {svc.desired_replicas} replicas ready",
+            _gpu_words(svc.gpu_count, svc.gpu_memory_mib, svc.gpu_cores_percent, svc.exclusive,
+                       svc.gpu_models, svc.desired_replicas, unit="replicas"),
+            svc.created_at if ready else None, "", svc))
     rows.sort(key=lambda r: (r.state != "running", r.name))
     return rows[:ROWS]
 

@@ -1,9 +1,11 @@
 """The platform's base images, seeded by migration 0002 and by ``seed_demo``.
 
 PyTorch, TensorFlow and PaddlePaddle, each for JupyterLab, VS Code (code-server) and
-training. The Jupyter images are the Jupyter Docker Stacks' CUDA builds; the code-server
-variants are Camp's thin layers over the same bases (docs/WORKLOADS.md says how to build
-them); the training images are the frameworks' own. Admins may edit or disable any of them.
+training; and three inference servers for model services (vLLM's OpenAI-compatible server,
+NVIDIA Triton Inference Server, Hugging Face Text Generation Inference). The Jupyter
+images are the Jupyter Docker Stacks' CUDA builds; the code-server variants are Camp's thin
+layers over the same bases (docs/WORKLOADS.md says how to build them); the training images
+are the frameworks' own. Admins may edit or disable any of them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,14 @@ BASE_IMAGES: list[dict[str, str]] = [
     {"name": "paddle-training", "display_name": "PaddlePaddle · training", "framework": "paddle",
      "variant": "training",
      "reference": "docker.io/paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6"},
+    # Model services (workspaces.ModelService): health paths are each server's own —
+    # vLLM /health on 8000, Triton /v2/health/ready on 8000, TGI /health on 80 (docs/SERVING.md).
+    {"name": "vllm", "display_name": "vLLM · OpenAI-compatible server", "framework": "other",
+     "variant": "inference", "reference": "docker.io/vllm/vllm-openai:v0.6.3"},
+    {"name": "triton", "display_name": "NVIDIA Triton Inference Server", "framework": "other",
+     "variant": "inference", "reference": "nvcr.io/nvidia/tritonserver:24.10-py3"},
+    {"name": "tgi", "display_name": "Hugging Face Text Generation Inference", "framework": "other",
+     "variant": "inference", "reference": "ghcr.io/huggingface/text-generation-inference:2.4.0"},
 ]
 
 

@@ -22,6 +22,7 @@ class Variant(models.TextChoices):
     VSCODE = "vscode", "VS Code (code-server)"
     SSH = "ssh", "SSH"
     TRAINING = "training", "Training / batch"
+    INFERENCE = "inference", "Inference server"
 
 
 class Framework(models.TextChoices):

@@ -23,7 +23,7 @@ STATE_CHOICES = [(ACTIVE, "Running or waiting"), *JobState.choices]
 KIND_LABELS = {
     "jupyter": "Notebook (JupyterLab)", "vscode": "VS Code", "ssh": "SSH environment",
     "pytorch": "Training: PyTorch", "deepspeed": "Training: DeepSpeed", "mpi": "Training: MPI",
-    "tensorflow": "Training: TensorFlow", "batch": "Batch job",
+    "tensorflow": "Training: TensorFlow", "batch": "Batch job", "service": "Model service replica",
 }
 
 

@@ -248,6 +248,14 @@ class PriorityClass(models.TextChoices):
     BATCH = "batch", "Batch (preemptible)"
 
 
+class JobAffinityChoice(models.TextChoices):
+    """The engine's ``JobAffinity`` (scheduling/engine/model.py) as a model field's choices."""
+
+    NONE = "none", "None"
+    SAME_NODE = "same-node", "All pods on one node"
+    DISTINCT_NODES = "distinct-nodes", "Every pod on its own node"
+
+
 PRIORITY_VALUES = {"inference": 1000, "high": 100, "normal": 50, "batch": 10}
 # The non-preemptible allowlist: these classes are never victims.
 NON_PREEMPTIBLE_CLASSES = frozenset({"inference"})
@@ -288,6 +296,10 @@ class Job(models.Model):
     mixed_gpu_models = models.BooleanField(
         default=False, help_text="Its pods may run on GPUs of different models (by default all of "
                                  "a job's GPUs are of one model).")
+    affinity = models.CharField(
+        max_length=16, choices=JobAffinityChoice.choices, default="none",
+        help_text="Where its pods go relative to each other: none, same-node (all on one node: a "
+                  "model service's draft and target) or distinct-nodes.")
     duration_seconds = models.PositiveIntegerField(
         null=True, blank=True, help_text="Expected run time (the simulated backend runs this long)."
     )
@@ -326,6 +338,10 @@ class Job(models.Model):
             models.Index(fields=["tenant", "-submitted_at", "-id"], name="job_tenant_newest"),
             models.Index(fields=["state", "-submitted_at", "-id"], name="job_state_newest"),
             models.Index(fields=["owner", "-submitted_at", "-id"], name="job_owner_newest"),
+            # issue 13, round 3: a tenant's jobs in one state (the owner's usual view) and one
+            # cluster's jobs (a platform admin's), page by page, by cursor too.
+            models.Index(fields=["tenant", "state", "-submitted_at", "-id"], name="job_tenant_state_newest"),
+            models.Index(fields=["cluster", "-submitted_at", "-id"], name="job_cluster_newest"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -427,6 +443,7 @@ class Allocation(models.Model):
     cpu_millicores = models.PositiveIntegerField(default=0)
     ram_mib = models.PositiveIntegerField(default=0)
     phase = models.CharField(max_length=10, choices=PodPhase.choices, default=PodPhase.PENDING)
+    ready = models.BooleanField(default=False, help_text="The pod's Ready condition, as last seen.")
     message = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -262,8 +262,11 @@ class AuditEvent(models.Model):
     after = models.JSONField(null=True, blank=True)
     request_id = models.CharField(max_length=64, blank=True)
     client_ip = models.GenericIPAddressField(null=True, blank=True)
-    prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64, unique=True)
+    # The chain (tenants/audit.py): empty until the row is sealed, shortly after its commit.
+    prev_hash = models.CharField(max_length=64, null=True, blank=True)
+    hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    chain_seq = models.BigIntegerField(unique=True, null=True, blank=True,
+                                       help_text="Position in the hash chain (order of sealing).")
 
     class Meta:
         ordering = ["-id"]
@@ -274,6 +277,8 @@ class AuditEvent(models.Model):
             models.Index(fields=["target_type", "target_id", "-id"], name="audit_target_latest"),
             models.Index(fields=["actor_username", "-id"], name="audit_actor_latest"),
             models.Index(fields=["request_id"], name="audit_request"),
+            # The sealer's queue: committed rows not chained yet, oldest first.
+            models.Index(fields=["id"], name="audit_unsealed", condition=models.Q(hash__isnull=True)),
         ]
 
     def __str__(self) -> str:

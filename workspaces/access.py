@@ -23,7 +23,16 @@ from tenants.permissions import (
     register,
 )
 
-from .models import DevEnvironment, Profile, SshKey, TrainingCheckpoint, TrainingJob, WorkspacePolicy
+from .models import (
+    DevEnvironment,
+    ModelService,
+    Profile,
+    ServiceReplica,
+    SshKey,
+    TrainingCheckpoint,
+    TrainingJob,
+    WorkspacePolicy,
+)
 
 
 def _profile_visible(scope: Scope, user: Any) -> Q | None:
@@ -44,6 +53,10 @@ def register_rules() -> None:
     # project admin stops and deletes.
     register(DevEnvironment, JOB_RULE)
     register(TrainingJob, JOB_RULE)
+    register(ModelService, JOB_RULE)
+    # A service's replicas are read by whoever reads the service; only its services write them.
+    register(ServiceReplica, ProjectScoped(project="service__project", tenant="service__tenant",
+                                           view=PROJECT_MEMBER))
     # Checkpoints are read by whoever reads their training job; the trainer writes them.
     register(TrainingCheckpoint, ProjectScoped(project="training__project",
                                                tenant="training__tenant", view=PROJECT_MEMBER))

@@ -8,8 +8,9 @@ class WorkspacesConfig(AppConfig):
     def ready(self) -> None:
         from scheduling.extensions import register_job_spec_hook
 
+        from . import services  # noqa: F401 (registers the workload kinds: environment, training, service)
         from .access import register_rules
-        from .pods import workload_job_spec_hook
+        from .kinds import kinds_job_spec_hook
 
         register_rules()  # this app's models' access rules (tenants.permissions)
-        register_job_spec_hook(workload_job_spec_hook)
+        register_job_spec_hook(kinds_job_spec_hook)

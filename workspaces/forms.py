@@ -13,7 +13,7 @@ from scheduling.models import Cluster, PriorityClass
 from tenants.models import Project
 from tenants.permissions import restrict
 
-from .models import EnvKind, Profile, TrainingFramework, WorkspacePolicy
+from .models import AutoscaleMetric, EnvKind, ModelSourceKind, Profile, TrainingFramework, WorkspacePolicy
 
 
 def parse_env(text: str) -> dict[str, str]:
@@ -202,6 +202,94 @@ class TrainingForm(_WorkloadForm):
             return shlex.split(self.cleaned_data.get("command") or "")
         except ValueError as exc:
             raise forms.ValidationError(f"Cannot split this command: {exc}") from exc
+
+
+class ServiceForm(_WorkloadForm):
+    """Launch a model service: a preset per replica (a slice of a named card by default), an
+    inference server image, what to serve and how far it may scale; the server's port, health
+    path, arguments and the autoscaler's finer settings fold into Advanced."""
+
+    basic = ("project", "cluster", "name", "image", "model_source", "min_replicas", "max_replicas",
+             "autoscale_target")
+    model_source_kind = forms.ChoiceField(choices=ModelSourceKind.choices, initial=ModelSourceKind.URI,
+                                          label="Where the model comes from")
+    model_source = forms.CharField(
+        max_length=500, required=False, label="Model",
+        help_text="e.g. hf://Qwen/Qwen2.5-7B-Instruct; a path in the image, or <volume>:<path> "
+                  "(see Advanced).")
+    min_replicas = forms.IntegerField(min_value=0, max_value=64, initial=1, label="Fewest replicas",
+                                      help_text="0 lets it scale to zero when idle (Advanced).")
+    max_replicas = forms.IntegerField(min_value=0, max_value=64, initial=2, label="Most replicas",
+                                      help_text="The autoscaler stays within these bounds.")
+    autoscale_metric = forms.ChoiceField(choices=AutoscaleMetric.choices, initial=AutoscaleMetric.CONCURRENCY,
+                                         label="Scale on")
+    autoscale_target = forms.FloatField(min_value=0.01, initial=8.0, label="Target per replica",
+                                        help_text="Concurrent requests per replica (or what "
+                                                  "\"Scale on\" says under Advanced).")
+    port = forms.IntegerField(min_value=1, max_value=65535, initial=8000, label="Server port")
+    health_path = forms.CharField(max_length=200, initial="/health", label="Health path",
+                                  help_text="Readiness probe; /v2/health/ready for Triton.")
+    args = forms.CharField(required=False, max_length=4096, label="Server arguments",
+                           help_text="As in a shell, e.g. --max-model-len 8192")
+    scale_down_delay_seconds = forms.IntegerField(
+        min_value=0, initial=300, label="Scale-down delay (seconds)",
+        help_text="Scale up at once; scale down only to the highest need of this window.")
+    scale_to_zero_seconds = forms.IntegerField(
+        min_value=60, required=False, label="Scale to zero after idle (seconds)",
+        help_text="Empty: never.")
+    priority_class = forms.ChoiceField(
+        choices=PriorityClass.choices, initial=PriorityClass.INFERENCE, label="Priority",
+        help_text="Inference: never preempted, may preempt batch training, within the project's "
+                  "guarantee.")
+    preemptible = forms.BooleanField(required=False, label="May be preempted (best-effort services)")
+    field_order = ["project", "cluster", "name", "profile", "image", "model_source", "min_replicas",
+                   "max_replicas", "autoscale_target", "image_reference", "model_source_kind"]
+
+    def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, user=user, variant="inference", **kwargs)
+        fields: Any = self.fields
+        fields["name"].max_length = 24
+        fields["name"].widget.attrs["maxlength"] = "24"
+        fields["name"].help_text = "Lowercase letters, digits and '-'; at most 24."
+        fields["image"].empty_label = "Choose an inference server"
+        # Custom shape defaults: a slice of one card (20 GiB, 30 % of its compute).
+        for name, value in (("gpu_memory_mib", 20480), ("gpu_cores_percent", 30), ("ram_mib", 16384)):
+            fields[name].initial = value
+        self.initial.setdefault("name", _default_name("svc"))
+        first_image = fields["image"].queryset.first()
+        if first_image is not None:
+            self.initial.setdefault("image", first_image.pk)
+        _default_preset(self, slice_first=True)
+
+    def clean_args(self) -> list[str]:
+        try:
+            return shlex.split(self.cleaned_data.get("args") or "")
+        except ValueError as exc:
+            raise forms.ValidationError(f"Cannot split these arguments: {exc}") from exc
+
+    def service_fields(self) -> dict[str, Any]:
+        """What ``model_service_create`` takes: the preset replaces the custom shape."""
+        data = dict(self.cleaned_data)
+        if data.get("profile") is not None:
+            for name in ("gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive", "cpu_millicores",
+                         "ram_mib"):
+                data.pop(name, None)
+        return data
+
+
+class ScaleForm(forms.Form):
+    """Scale a service: a fixed number of replicas, or new bounds for the autoscaler."""
+
+    replicas = forms.IntegerField(min_value=0, max_value=64, required=False, label="Replicas",
+                                  help_text="A fixed count (0 stops the service).")
+    min_replicas = forms.IntegerField(min_value=0, max_value=64, required=False, label="Fewest")
+    max_replicas = forms.IntegerField(min_value=0, max_value=64, required=False, label="Most")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if all(data.get(n) is None for n in ("replicas", "min_replicas", "max_replicas")):
+            raise forms.ValidationError("Give a number of replicas, or the fewest and most.")
+        return data
 
 
 class PresetForm(forms.ModelForm[Profile]):

@@ -288,3 +288,162 @@ class SshKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.fingerprint})"
+
+
+# --- model services (inference) ---------------------------------------------------------------
+
+
+class ModelSourceKind(models.TextChoices):
+    IMAGE = "image", "Baked into the image"
+    VOLUME = "volume", "A path on a volume (PVC) of the project"
+    URI = "uri", "A URI the server downloads (hf://, s3://, https://)"
+
+
+class AutoscaleMetric(models.TextChoices):
+    CONCURRENCY = "concurrency", "Concurrent requests per replica"
+    RPS = "rps", "Requests per second per replica"
+    GPU_UTIL = "gpu_util", "GPU utilisation % per replica"
+
+
+class ServiceStatus(models.TextChoices):
+    PENDING = "pending", "Pending (no replica ready)"
+    READY = "ready", "Ready"
+    DEGRADED = "degraded", "Degraded (fewer ready replicas than desired)"
+    ROLLING = "rolling", "Rolling out a new revision"
+    IDLE = "idle", "Scaled to zero"
+    BLOCKED = "blocked", "Blocked (a replica was rejected)"
+
+
+class ModelService(models.Model):
+    """An online model server (vLLM, Triton, TGI, ...): ``desired_replicas`` identical
+    replicas behind one Service. Each replica is one ``scheduling.Job`` of kind ``service``
+    (``ServiceReplica``), so queueing, quotas, preemption, fractional placement and
+    why-pending are the scheduler's; the autoscaler (workspaces/services/serving.py) only decides how
+    many replicas there should be."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="model_services")
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="model_services")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                              related_name="model_services")
+    cluster = models.ForeignKey("scheduling.Cluster", on_delete=models.PROTECT, related_name="+")
+    # Replica jobs are named <name>-r<revision>-<n> (a job name has at most 40 characters).
+    name = models.CharField(max_length=24, validators=[slug_validator])
+    image = models.ForeignKey("registry.Image", on_delete=models.SET_NULL, null=True, blank=True,
+                              related_name="+")
+    image_reference = models.CharField(max_length=512)
+    model_source_kind = models.CharField(max_length=10, choices=ModelSourceKind.choices,
+                                         default=ModelSourceKind.URI)
+    model_source = models.CharField(
+        max_length=500, blank=True,
+        help_text="What to serve: a URI (hf://org/model), or a path in the image, or "
+                  "<pvc>:<path> for a volume; given to the server as CAMP_MODEL.")
+    port = models.PositiveIntegerField(default=8000, validators=[MinValueValidator(1),
+                                                                 MaxValueValidator(65535)])
+    health_path = models.CharField(max_length=200, default="/health")
+    args = models.JSONField(default=list, blank=True, help_text="The server's arguments.")
+    env = models.JSONField(default=dict, blank=True)
+    # Per replica. Fractional by default: a slice of one card.
+    gpu_count = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(16)])
+    gpu_memory_mib = models.PositiveIntegerField(default=20480, help_text="Per GPU; 0: whole cards")
+    gpu_cores_percent = models.PositiveSmallIntegerField(default=30, validators=[MaxValueValidator(100)])
+    exclusive = models.BooleanField(default=False)
+    gpu_models = models.JSONField(default=list, blank=True)
+    cpu_millicores = models.PositiveIntegerField(default=2000)
+    ram_mib = models.PositiveIntegerField(default=16384)
+    min_replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(64)])
+    max_replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(64)],
+                                                    help_text="0 stops the service.")
+    autoscale_metric = models.CharField(max_length=12, choices=AutoscaleMetric.choices,
+                                        default=AutoscaleMetric.CONCURRENCY)
+    autoscale_target = models.FloatField(default=8.0, validators=[MinValueValidator(0.01)],
+                                         help_text="Per replica: requests, requests/s or GPU %.")
+    scale_down_delay_seconds = models.PositiveIntegerField(
+        default=300, help_text="Stabilisation window: scale down to the largest recommendation "
+                               "of this window (scale-up is immediate).")
+    scale_to_zero_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Scale to zero after this long without requests (empty: never).")
+    load_profile = models.JSONField(
+        default=dict, blank=True,
+        help_text="Simulated load (no Prometheus): base, peak, peak_hour, burst_every_minutes, burst.")
+    priority_class = models.CharField(max_length=20, choices=PriorityClass.choices,
+                                      default=PriorityClass.INFERENCE)
+    preemptible = models.BooleanField(default=False)
+    companions = models.JSONField(
+        default=list, blank=True,
+        help_text="Model servers run beside the main one in every replica, on the same node (a "
+                  "speculative-decoding draft): name, image_reference, model_source, args, env, port, "
+                  "health_path, gpu_count, gpu_memory_mib, gpu_cores_percent, cpu_millicores, ram_mib.")
+    ingress_host = models.CharField(
+        max_length=253, blank=True,
+        help_text="On Kubernetes, an Ingress routes this host name to the service (empty: none).")
+    revision = models.PositiveIntegerField(default=1)
+    desired_replicas = models.PositiveSmallIntegerField(default=1)
+    ready_replicas = models.PositiveSmallIntegerField(default=0)
+    status = models.CharField(max_length=10, choices=ServiceStatus.choices, default=ServiceStatus.PENDING)
+    status_reason = models.CharField(max_length=300, blank=True)
+    load = models.FloatField(default=0.0, help_text="The last load read by the autoscaler.")
+    load_at = models.DateTimeField(null=True, blank=True)
+    load_error = models.CharField(
+        max_length=300, blank=True,
+        help_text="Why the last autoscaler step read no load (replicas held); empty when it read one.")
+    latency_p50_seconds = models.FloatField(
+        null=True, blank=True, help_text="Median request latency at the last autoscaler step (Prometheus).")
+    latency_p95_seconds = models.FloatField(
+        null=True, blank=True, help_text="95th percentile request latency at the last autoscaler step.")
+    idle_since = models.DateTimeField(null=True, blank=True)
+    recommendations = models.JSONField(
+        default=list, blank=True, help_text="[epoch seconds, replicas] of the stabilisation window.")
+    replica_seq = models.PositiveIntegerField(default=0, help_text="The last replica number used.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="modelservice_unique_name_in_project",
+                                    violation_error_message="This project already has a model service "
+                                                            "with this name."),
+            models.CheckConstraint(condition=models.Q(min_replicas__lte=models.F("max_replicas")),
+                                   name="modelservice_min_le_max"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.name}" if self.project_id else self.name
+
+    @property
+    def latency_text(self) -> str:
+        """``p50 120 ms · p95 480 ms`` from the last autoscaler step, ``—`` when unknown."""
+        def fmt(seconds: float | None) -> str:
+            if seconds is None:
+                return "—"
+            return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+        if self.latency_p50_seconds is None and self.latency_p95_seconds is None:
+            return "—"
+        return f"p50 {fmt(self.latency_p50_seconds)} · p95 {fmt(self.latency_p95_seconds)}"
+
+    @property
+    def service_name(self) -> str:
+        """The Kubernetes Service (ClusterIP) in the project's namespace."""
+        return f"svc-{self.pk}-{self.name}"
+
+
+class ServiceReplica(models.Model):
+    """One replica of a model service = one scheduling Job (kind ``service``). Rows stay
+    after the job ends (history: which revision, why it was removed)."""
+
+    service = models.ForeignKey(ModelService, on_delete=models.CASCADE, related_name="replicas")
+    job = models.OneToOneField("scheduling.Job", on_delete=models.CASCADE, related_name="service_replica")
+    revision = models.PositiveIntegerField()
+    number = models.PositiveIntegerField()
+    spec = models.JSONField(default=dict, blank=True,
+                            help_text="Its revision's server settings (args, env, model, port, health path).")
+    removed_reason = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["service_id", "number"]
+        constraints = [models.UniqueConstraint(fields=["service", "number"], name="replica_unique_number")]
+
+    def __str__(self) -> str:
+        return f"{self.service_id}#{self.number} (r{self.revision})"

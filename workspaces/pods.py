@@ -1,7 +1,8 @@
-"""What workload pods look like: the job spec hook (scheduling/extensions.py).
+"""What workload pods look like: the ``specs`` of the environment and training kinds
+(workspaces/kinds.py, whose one job spec hook calls them; scheduling/extensions.py).
 
-The scheduler derives bound, GPU-annotated pods for every admitted job; this hook adds
-what makes them a notebook or a distributed training job:
+The scheduler derives bound, GPU-annotated pods for every admitted job; these add what
+makes them a notebook or a distributed training job:
 
 * dev environments: the server's command, port and base URL, the home PVC, a Service and
   an Ingress guarded by Camp's auth endpoint (ingress-nginx external auth), or for SSH the
@@ -237,14 +238,23 @@ def _training_specs(t: TrainingJob, ns: str, objs: JobObjects,
     return dataclasses.replace(objs, data=data, extra=tuple(extra)), out
 
 
-def workload_job_spec_hook(job: Job, ns: Any, objs: JobObjects,
-                           pods: list[PodSpec]) -> tuple[JobObjects, list[PodSpec]] | None:
-    env = DevEnvironment.objects.filter(job=job).select_related(
+def environment_of_job(job: Job) -> DevEnvironment | None:
+    return DevEnvironment.objects.filter(job=job).select_related(
         "tenant", "project", "cluster", "image__registry").first()
-    if env is not None:
-        return _environment_specs(env, objs, pods)
-    t = TrainingJob.objects.filter(job=job).select_related(
+
+
+def training_of_job(job: Job) -> TrainingJob | None:
+    return TrainingJob.objects.filter(job=job).select_related(
         "tenant", "project", "cluster", "image__registry").first()
-    if t is not None:
-        return _training_specs(t, ns.name, objs, pods)
-    return None
+
+
+def environment_specs(env: DevEnvironment, job: Job, ns: Any, objs: JobObjects,
+                      pods: list[PodSpec]) -> tuple[JobObjects, list[PodSpec]]:
+    """The ``environment`` kind's pods and objects (workspaces/kinds.py)."""
+    return _environment_specs(env, objs, pods)
+
+
+def training_specs(t: TrainingJob, job: Job, ns: Any, objs: JobObjects,
+                   pods: list[PodSpec]) -> tuple[JobObjects, list[PodSpec]]:
+    """The ``training`` kind's pods and objects (workspaces/kinds.py)."""
+    return _training_specs(t, ns.name, objs, pods)

@@ -198,3 +198,21 @@ def offered_presets(user: Any, project_ids: Iterable[int] | None = None) -> list
         if (not tenants and not pids) or any(pr.tenant_id in tenants or pr.pk in pids for pr in projects):
             out.append(p)
     return out
+
+
+def card_memory() -> dict[str, int]:
+    """Memory of each GPU model in the inventory (MiB), to name a slice as a share of its card."""
+    from django.db.models import Max
+
+    rows = GpuDevice.objects.values_list("model").annotate(mib=Max("memory_mib")).values_list("model", "mib")
+    return {str(m): int(mib or 0) for m, mib in rows}
+
+
+def shape_card(w: Any, card_mib: dict[str, int]) -> PresetCard:
+    """A workload's per-replica ask (a model service's, a worker's) in the words of the preset
+    cards: "¼ of an A100-80G", with the MiB and % detail and its CPU and RAM."""
+    models = list(getattr(w, "gpu_models", None) or [])
+    p = Profile(name="", gpu_model=models[0] if len(models) == 1 else "", gpu_count=w.gpu_count,
+                gpu_memory_mib=w.gpu_memory_mib, gpu_cores_percent=w.gpu_cores_percent,
+                exclusive=w.exclusive, cpu_millicores=w.cpu_millicores, ram_mib=w.ram_mib)
+    return describe(p, card_mib)

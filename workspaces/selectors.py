@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet, Window
+from django.db.models.functions import RowNumber
 
 from scheduling.backends import backend_for
 from scheduling.backends.base import BackendError
@@ -15,7 +16,15 @@ from scheduling.services import namespace_spec
 from tenants.models import Project
 from tenants.permissions import CHANGE, VIEW, can, restrict
 
-from .models import DevEnvironment, EnvKind, SshKey, TrainingJob, WorkspacePolicy
+from .models import (
+    DevEnvironment,
+    EnvKind,
+    ModelService,
+    ServiceReplica,
+    SshKey,
+    TrainingJob,
+    WorkspacePolicy,
+)
 
 
 def policy_for(project: Project) -> WorkspacePolicy:
@@ -97,7 +106,7 @@ def environment_reachable(env: DevEnvironment) -> bool:
     )
 
 
-def env_values_visible(user: Any, obj: DevEnvironment | TrainingJob) -> bool:
+def env_values_visible(user: Any, obj: DevEnvironment | TrainingJob | ModelService) -> bool:
     """Environment variables often carry secrets: their values are for whoever may change
     the workload (its owner, project admins and above); others see the names only."""
     return can(user, CHANGE, obj)
@@ -106,7 +115,7 @@ def env_values_visible(user: Any, obj: DevEnvironment | TrainingJob) -> bool:
 ENV_MASK = "********"
 
 
-def env_for(user: Any, obj: DevEnvironment | TrainingJob) -> dict[str, str]:
+def env_for(user: Any, obj: DevEnvironment | TrainingJob | ModelService) -> dict[str, str]:
     env = dict(obj.env or {})
     if env_values_visible(user, obj):
         return env
@@ -175,3 +184,158 @@ def job_why(job: Job | None) -> dict[str, Any]:
     hint = _HINTS.get(job.reason_kind, "") if job.state == "queued" else ""
     return {"job": job.pk, "state": job.state, "reason": job.reason, "reason_kind": job.reason_kind,
             "queue_position": job.queue_position, "queue_length": job.queue_length, "hint": hint}
+
+
+# --- model services (workspaces/services/serving.py) ----------------------------------------------------
+
+
+def model_services(user: Any, *, project: Project | None = None) -> QuerySet[ModelService]:
+    """The model services ``user`` may see (newest first), with what a list renders; the API
+    and the portal's services pages share it."""
+    from django.db.models import OuterRef, Subquery
+
+    from scheduling.models import ProjectNamespace
+
+    stored = ProjectNamespace.objects.filter(cluster=OuterRef("cluster"), project=OuterRef("project"))
+    qs = restrict(ModelService.objects.all(), user).select_related(
+        "tenant", "project__tenant", "cluster", "owner", "image").annotate(
+        namespace_name=Subquery(stored.values("name")[:1]))
+    if project is not None:
+        qs = qs.filter(project=project)
+    return qs.order_by("-created_at", "-id")
+
+
+def service_replicas(service: ModelService, *, removed: bool = False) -> QuerySet[ServiceReplica]:
+    """A service's replicas with their jobs: the live ones, or (``removed``) those removed
+    or ended, newest first (scaled down, replaced by a revision, failed)."""
+    qs = service.replicas.select_related("job")
+    if removed:
+        return qs.exclude(removed_reason="").order_by("-number")
+    return qs.filter(removed_reason="").order_by("number")
+
+
+def service_endpoint(service: ModelService) -> str:
+    """In-cluster URL of the service (its ClusterIP Service in the project's namespace)."""
+    from scheduling.backends.naming import namespace_name
+    from scheduling.selectors import project_namespace_name
+
+    if hasattr(service, "namespace_name"):  # model_services() read it with the row
+        ns = getattr(service, "namespace_name", None) or namespace_name(
+            service.cluster.namespace_prefix, service.project_id, service.project.name)
+    else:
+        ns = project_namespace_name(cluster=service.cluster, project=service.project)
+    return f"http://{service.service_name}.{ns}.svc:{service.port}"
+
+
+def service_companions(service: ModelService) -> list[dict[str, Any]]:
+    """The companions of a service (each run beside the main server on the same node in
+    every replica) with their in-cluster endpoints; env values left out."""
+    base = service_endpoint(service).rsplit(":", 1)[0]  # http://<service>.<ns>.svc
+    out = []
+    for c in service.companions or []:
+        host = base.replace(f"//{service.service_name}.", f"//{service.service_name}-{c['name']}.", 1)
+        shown = {k: v for k, v in c.items() if k != "env"}
+        out.append({**shown, "endpoint": f"{host}:{c.get('port', 8001)}"})
+    return out
+
+
+# --- the portal's services pages (r4servebench) --------------------------------------------------
+
+LOAD_UNITS = {"concurrency": "concurrent requests", "rps": "requests/s", "gpu_util": "% GPU"}
+
+
+def with_ready_now(qs: QuerySet[ModelService]) -> QuerySet[ModelService]:
+    """``ready_now``: replicas ready at this moment, as ``services.serving._set_status`` counts
+    them (running, with pods, none of them not Ready); ``ready_replicas`` is the count the
+    autoscaler last stored, up to one beat old."""
+    from django.db.models import Count, Exists, IntegerField, OuterRef, Subquery
+    from django.db.models.functions import Coalesce
+
+    from scheduling.models import Allocation, JobState
+
+    pods = Allocation.objects.filter(job=OuterRef("job"))
+    ready = (ServiceReplica.objects.filter(service=OuterRef("pk"), removed_reason="",
+                                           job__state=JobState.RUNNING)
+             .filter(Exists(pods)).exclude(Exists(pods.filter(ready=False)))
+             .order_by().values("service").annotate(n=Count("pk")).values("n"))
+    return qs.annotate(ready_now=Coalesce(Subquery(ready, output_field=IntegerField()), 0))
+
+
+@dataclass(frozen=True)
+class ServiceEvent:
+    """One thing that happened to a service, in words: scaled up or down (by whom, why), created,
+    rolled out, or a replica that preempted other jobs (named only where the reader may see them)."""
+
+    at: Any
+    kind: str  # "up" | "down" | "created" | "rollout" | "preempted"
+    text: str
+
+
+def _scaled_text(ev: Any) -> tuple[str, str]:
+    before = (ev.before or {}).get("desired_replicas")
+    after = (ev.after or {}).get("desired_replicas")
+    who = ev.actor_username or "someone"
+    if before is None or after is None or before == after:
+        bounds = ev.after or {}
+        return "up", (f"Scaling changed by {who}: {bounds.get('min_replicas', '?')}–"
+                      f"{bounds.get('max_replicas', '?')} replicas")
+    kind = "up" if after > before else "down"
+    words = f"Scaled {kind} {before} → {after}"
+    load = (ev.after or {}).get("load")
+    if who == "autoscaler" and load is not None:
+        return kind, f"{words} by the autoscaler (load {load:g})"
+    return kind, f"{words} by {who}"
+
+
+def service_events(services: list[ModelService], user: Any, *, per_service: int = 5,
+                   ) -> dict[int, list[ServiceEvent]]:
+    """The latest events of each service (newest first), in three queries whatever the number
+    of services: its audit events (created, scaled, rolled out) and its replicas' preemptions.
+    A victim is named when ``user`` may see it; the others are counted."""
+    from scheduling.models import DecisionKind, SchedulingDecision
+    from tenants.models import AuditEvent
+
+    if not services:
+        return {}
+    ids = [s.pk for s in services]
+    out: dict[int, list[ServiceEvent]] = {pk: [] for pk in ids}
+    # The latest per_service of EACH service (a window per target), so a busy service's many
+    # scalings never crowd a quiet one's events off the page.
+    audit = (AuditEvent.objects.filter(
+        target_type=ModelService._meta.label_lower, target_id__in=[str(pk) for pk in ids],
+        action__in=["service.created", "service.scaled", "service.rolled_out"])
+        .annotate(nth=Window(RowNumber(), partition_by=[F("target_id")],
+                             order_by=[F("created_at").desc(), F("id").desc()]))
+        .filter(nth__lte=per_service)
+        .only("created_at", "actor_username", "action", "target_id", "before", "after")
+        .order_by("-created_at", "-id"))
+    for ev in audit:
+        if ev.action == "service.scaled":
+            kind, text = _scaled_text(ev)
+        elif ev.action == "service.created":
+            kind, text = "created", f"Created by {ev.actor_username or 'someone'}"
+        else:
+            revision = (ev.after or {}).get("revision", "")
+            kind, text = "rollout", f"Rolled out revision {revision} by {ev.actor_username or 'someone'}"
+        out[int(ev.target_id)].append(ServiceEvent(ev.created_at, kind, text))
+    decisions = list(SchedulingDecision.objects.filter(
+        kind=DecisionKind.PREEMPTING, job__service_replica__service__in=ids)
+        .annotate(nth=Window(RowNumber(), partition_by=[F("job__service_replica__service")],
+                             order_by=[F("created_at").desc(), F("id").desc()]))
+        .filter(nth__lte=per_service)
+        .select_related("job__service_replica").order_by("-created_at", "-id"))
+    victim_ids = {int(v) for d in decisions for v in (d.victims or [])}
+    visible = dict(restrict(Job.objects.filter(pk__in=victim_ids), user).values_list("pk", "name"))
+    for d in decisions:
+        replica = d.job.service_replica  # type: ignore[attr-defined]
+        victims = [int(v) for v in (d.victims or [])]
+        named = [visible[v] for v in victims if v in visible]
+        hidden = len(victims) - len(named)
+        whom = ", ".join(named + ([f"{hidden} job{'s' if hidden > 1 else ''} you cannot see"]
+                                  if hidden else []))
+        out[replica.service_id].append(ServiceEvent(
+            d.created_at, "preempted", f"Replica {replica.number} preempted {whom or 'nobody'}"))
+    for pk, events in out.items():
+        events.sort(key=lambda e: e.at, reverse=True)
+        out[pk] = events[:per_service]
+    return out

@@ -57,3 +57,24 @@ def delete_objects(cluster_id: int, namespace: str, objects: list[list[str] | tu
         backend.delete_object(namespace, kind, name)  # 404 counts as done; errors retry
         n += 1
     return n
+
+
+@shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
+def services_autoscale() -> dict[str, int]:
+    """Beat (``SERVING_AUTOSCALE_SECONDS``): one autoscaler step per model service
+    (workspaces/services/serving.py): load → desired replicas → replica jobs added or removed."""
+    return services.model_services_autoscale()
+
+
+@shared_task(**_OPTS)
+def services_sweep() -> dict[str, int]:
+    """Beat (``SERVING_SWEEP_SECONDS``): delete the Service objects of deleted model services
+    on every enabled Kubernetes cluster (one list per cluster); an unreachable cluster waits
+    for the next round."""
+    removed = 0
+    for cluster in Cluster.objects.filter(enabled=True, backend="kubernetes"):
+        try:
+            removed += len(services.model_service_objects_sweep(cluster=cluster))
+        except BackendError as exc:
+            logger.warning("cluster %s: model service sweep failed: %s", cluster.name, exc)
+    return {"removed": removed}

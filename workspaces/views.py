@@ -25,8 +25,9 @@ from tenants.forms import apply_service_errors
 from tenants.permissions import CHANGE, DELETE, actor_of, can, restrict
 
 from . import presets, selectors, services
-from .forms import EnvironmentForm, PolicyForm, PresetForm, SshKeyForm, TrainingForm
-from .models import DevEnvironment, Profile, SshKey, TrainingJob
+from .filters import ServiceListFilter
+from .forms import EnvironmentForm, PolicyForm, PresetForm, ScaleForm, ServiceForm, SshKeyForm, TrainingForm
+from .models import DevEnvironment, ModelService, Profile, SshKey, TrainingJob
 from .pods import tensorboard_path
 
 COOKIE_MAX_AGE = 12 * 3600
@@ -316,3 +317,99 @@ def ssh_key_delete(request: HttpRequest, pk: int) -> HttpResponseBase:
     services.ssh_key_delete(actor=actor_of(request), key=key)
     messages.success(request, f"SSH key {key.name} removed.")
     return redirect("workspaces:ssh-keys")
+
+
+# --- model services (issue 15): list, launch form, detail, scale, delete ----------------------
+
+
+@login_required
+def service_list(request: HttpRequest) -> HttpResponse:
+    """The services the reader may see: replicas desired/ready, load, revision, endpoint and
+    the latest events (scaled up/down, preempted whom), with search, filters and pages."""
+    base = selectors.with_ready_now(selectors.model_services(request.user))
+    f = ServiceListFilter(request.GET or None, queryset=base, request=request)
+    # an unreadable filter lists nothing and says which one (never "everything")
+    qs = base if not f.is_bound else f.qs if f.is_valid() else base.none()
+    page = Paginator(qs, 25).get_page(request.GET.get("page"))
+    shown = list(page)
+    events = selectors.service_events(shown, request.user, per_service=3)
+    card_mib = presets.card_memory()
+    params = request.GET.copy()
+    params.pop("page", None)
+    return render(request, "workspaces/services.html", {
+        "page": page, "filter": f, "query": params.urlencode(), "count": page.paginator.count,
+        "rows": [{"svc": s, "endpoint": selectors.service_endpoint(s), "events": events[s.pk],
+                  "unit": selectors.LOAD_UNITS.get(s.autoscale_metric, ""),
+                  "shape": presets.shape_card(s, card_mib)} for s in shown]})
+
+
+@login_required
+def service_new(request: HttpRequest) -> HttpResponseBase:
+    form = ServiceForm(request.POST or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        try:
+            svc = services.model_service_create(actor=actor_of(request), **form.service_fields())
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            n = svc.desired_replicas
+            messages.success(request, f"Model service {svc.name} created; {n} replica{'s' if n != 1 else ''} "
+                                      "queued.")
+            return redirect("workspaces:service", pk=svc.pk)
+    return render(request, "workspaces/service_form.html", {"form": form, "cards": _cards(form, request)})
+
+
+@login_required
+def service_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    svc = get_object_or_404(selectors.with_ready_now(selectors.model_services(request.user)), pk=pk)
+    replicas = list(selectors.service_replicas(svc))
+    return render(request, "workspaces/service.html", {
+        "svc": svc,
+        "endpoint": selectors.service_endpoint(svc),
+        "companions": selectors.service_companions(svc),
+        "unit": selectors.LOAD_UNITS.get(svc.autoscale_metric, ""),
+        "shape": presets.shape_card(svc, presets.card_memory()),
+        "replicas": [(r, selectors.job_why(r.job)) for r in replicas],
+        "removed": selectors.service_replicas(svc, removed=True)[:10],
+        "events": selectors.service_events([svc], request.user, per_service=20)[svc.pk],
+        "scale_form": ScaleForm(initial={"min_replicas": svc.min_replicas, "max_replicas": svc.max_replicas}),
+        "can_change": can(request.user, CHANGE, svc),
+        "can_delete": can(request.user, DELETE, svc),
+    })
+
+
+@login_required
+@require_POST
+def service_scale(request: HttpRequest, pk: int) -> HttpResponseBase:
+    """A fixed replica count or new autoscaler bounds, through ``model_service_scale`` (its
+    permission check and audit event)."""
+    svc = get_object_or_404(restrict(ModelService.objects.all(), request.user), pk=pk)
+    form = ScaleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(str(e) for errs in form.errors.values() for e in errs))
+        return redirect("workspaces:service", pk=svc.pk)
+    data = form.cleaned_data
+    try:
+        svc = services.model_service_scale(
+            actor=actor_of(request), service=svc, replicas=data["replicas"],
+            min_replicas=data["min_replicas"], max_replicas=data["max_replicas"])
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"Model service {svc.name}: {svc.desired_replicas} replica"
+                                  f"{'s' if svc.desired_replicas != 1 else ''} wanted "
+                                  f"({svc.min_replicas}–{svc.max_replicas}).")
+    return redirect("workspaces:service", pk=svc.pk)
+
+
+@login_required
+@require_POST
+def service_delete(request: HttpRequest, pk: int) -> HttpResponseBase:
+    svc = get_object_or_404(restrict(ModelService.objects.all(), request.user), pk=pk)
+    try:
+        services.model_service_delete(actor=actor_of(request), service=svc)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("workspaces:service", pk=svc.pk)
+    messages.success(request, f"Model service {svc.name} deleted; its replicas are stopping.")
+    return redirect("workspaces:services")

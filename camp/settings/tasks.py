@@ -6,6 +6,7 @@ production with no server at all, and Channels uses its in-memory layer.
 """
 
 from camp.env import env_bool, env_int, env_list, env_str
+from workspaces import serving_load as _serving_load  # PromQL defaults (no Django imports)
 
 from .base import BASE_DIR
 from .database import REDIS_URL
@@ -70,6 +71,13 @@ CELERY_BEAT_SCHEDULE["utilization-tick"] = {
 # derived from SECRET_KEY (scheduling/backends/credentials.py).
 CAMP_ENCRYPTION_KEYS = env_list("CAMP_ENCRYPTION_KEY", [])
 
+# --- Audit chain (tenants/audit.py): writers seal after their commit; this sweeps up the rows
+# a race left unsealed, so no event stays outside the chain longer than this.
+AUDIT_SEAL_SECONDS = env_int("AUDIT_SEAL_SECONDS", 10)
+CELERY_BEAT_SCHEDULE["audit-seal"] = {
+    "task": "tenants.tasks.audit_seal", "schedule": float(AUDIT_SEAL_SECONDS),
+}
+
 # --- Portal (portal/tasks.py): usage samples for charts, showback and /metrics ---------------
 USAGE_SAMPLE_SECONDS = env_int("USAGE_SAMPLE_SECONDS", 60)
 USAGE_RETENTION_DAYS = env_int("USAGE_RETENTION_DAYS", 400)
@@ -106,10 +114,31 @@ WORKSPACES_TICK_SECONDS = env_int("WORKSPACES_TICK_SECONDS", 30)
 CELERY_BEAT_SCHEDULE["workspaces-tick"] = {
     "task": "workspaces.tasks.workspaces_tick", "schedule": float(WORKSPACES_TICK_SECONDS),
 }
+# Model services (workspaces/services/serving.py, docs/SERVING.md): the autoscaler's step, and where
+# it reads load ("auto": the cluster's Prometheus when it has a URL, the simulated daily curve on
+# simulated clusters, else none and replicas are held; "prometheus"; "simulated").
+SERVING_AUTOSCALE_SECONDS = env_int("SERVING_AUTOSCALE_SECONDS", 15)
+SERVING_LOAD_SOURCE = env_str("SERVING_LOAD_SOURCE", "auto")
+# PromQL of the Prometheus load source, per autoscale metric ({selector}: the replica pods' label
+# matchers, SERVING_PROMQL_SELECTOR with {namespace}, {pods}, {service_id}); latency adds {quantile}.
+SERVING_PROMETHEUS_QUERIES = {
+    metric: env_str(f"SERVING_PROMQL_{metric.upper()}", _serving_load.DEFAULT_QUERIES[metric])
+    for metric in _serving_load.DEFAULT_QUERIES}
+SERVING_PROMETHEUS_LATENCY = env_str("SERVING_PROMQL_LATENCY", _serving_load.DEFAULT_LATENCY)
+SERVING_PROMETHEUS_SELECTOR = env_str("SERVING_PROMQL_SELECTOR", _serving_load.DEFAULT_SELECTOR)
+CELERY_BEAT_SCHEDULE["services-autoscale"] = {
+    "task": "workspaces.tasks.services_autoscale", "schedule": float(SERVING_AUTOSCALE_SECONDS),
+}
+SERVING_SWEEP_SECONDS = env_int("SERVING_SWEEP_SECONDS", 60)  # Services of deleted model services
+CELERY_BEAT_SCHEDULE["services-sweep"] = {
+    "task": "workspaces.tasks.services_sweep", "schedule": float(SERVING_SWEEP_SECONDS),
+}
 CAMP_URL = env_str("CAMP_URL", "http://localhost:8000")  # this portal, for the ingress auth hook
 WORKSPACES_URL = env_str("WORKSPACES_URL", "https://workspaces.camp.local")  # environment URLs
 WORKSPACES_SSH_GATEWAY = env_str("WORKSPACES_SSH_GATEWAY", "ssh.camp.local")
 WORKSPACES_INGRESS_CLASS = env_str("WORKSPACES_INGRESS_CLASS", "nginx")
+# A model service's optional Ingress (its ingress_host); empty: the cluster's default class.
+SERVING_INGRESS_CLASS = env_str("SERVING_INGRESS_CLASS", WORKSPACES_INGRESS_CLASS)
 WORKSPACES_STORAGE_CLASS = env_str("WORKSPACES_STORAGE_CLASS", "")
 WORKSPACES_IDLE_MINUTES = env_int("WORKSPACES_IDLE_MINUTES", 60)
 # An environment's open link works once, within this many seconds of being issued.

@@ -293,7 +293,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         model = Job
         fields = ["id", "name", "tenant", "project", "cluster", "floating", "cluster_choice", "owner",
                   "kind", "priority_class",
-                  "priority", "preemptible", "checkpoint_capable", "gang", "mixed_gpu_models",
+                  "priority", "preemptible", "checkpoint_capable", "gang", "mixed_gpu_models", "affinity",
                   "duration_seconds",
                   "groups", "state", "reason", "reason_kind", "why_across_clusters", "queue_position",
                   "queue_length",

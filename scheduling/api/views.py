@@ -165,6 +165,7 @@ class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveMo
 
     model = Job
     serializer_class = JobSerializer
+    cursor_pages = True  # camp.pagination: ?cursor= documented in the schema
     filterset_fields = ["project", "cluster", "state", "priority_class", "tenant"]
     search_fields = ["name"]
     ordering_fields = ["submitted_at", "priority", "state", "queue_position"]

@@ -118,6 +118,10 @@ class PodSpec:
     volume_mounts: tuple[Mapping[str, Any], ...] = ()
     image_pull_secrets: tuple[str, ...] = ()
     """Names of Secrets (type ``kubernetes.io/dockerconfigjson``) in the pod's namespace."""
+    args: tuple[str, ...] = ()
+    """The main container's arguments (its image's entrypoint runs them: a model server)."""
+    readiness_probe: Mapping[str, Any] | None = None
+    """The main container's readinessProbe (a model service's health path), in Kubernetes' shape."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,9 @@ class PodStatus:
     labels: Mapping[str, str] = field(default_factory=dict)
     message: str = ""
     deleting: bool = False
+    ready: bool = False
+    """The pod's Ready condition (its readiness probe passes): a model service's replica
+    takes requests, and counts for a rollout, only then."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +213,16 @@ class ClusterBackend(Protocol):
 
     def delete_object(self, namespace: str, kind: str, name: str) -> None:
         """Delete one extra object (e.g. a home PVC when its environment is deleted)."""
+        ...
+
+    def list_services(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        """(namespace, name, labels) of every Service Camp made that carries ``label`` (a
+        workload's objects that outlive single jobs, swept when their workload is gone)."""
+        ...
+
+    def list_ingresses(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        """(namespace, name, labels) of every Ingress Camp made that carries ``label`` (swept
+        like ``list_services``' Services)."""
         ...
 
     def follow_pod_logs(self, namespace: str, name: str, *, tail_lines: int, timeout_seconds: float,

@@ -613,6 +613,25 @@ class KubernetesBackend:
                     self._call(getattr(api, f"delete_namespaced_{suffix}"), obj.metadata.name,
                                namespace, ok=(404,))
 
+    def list_services(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        listed = self._call(self.core.list_service_for_all_namespaces, label_selector=f"{SELECTOR},{label}")
+        out = []
+        for svc in (listed.items if listed is not None else []):
+            labels = dict(svc.metadata.labels or {})
+            if labels.get(MANAGED_BY) == "camp" and label in labels:  # checked again, as elsewhere
+                out.append((svc.metadata.namespace, svc.metadata.name, labels))
+        return out
+
+    def list_ingresses(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        listed = self._call(self.networking.list_ingress_for_all_namespaces,
+                            label_selector=f"{SELECTOR},{label}")
+        out = []
+        for ing in (listed.items if listed is not None else []):
+            labels = dict(ing.metadata.labels or {})
+            if labels.get(MANAGED_BY) == "camp" and label in labels:
+                out.append((ing.metadata.namespace, ing.metadata.name, labels))
+        return out
+
     def list_job_objects(self) -> list[tuple[str, str, int]]:
         """(namespace, owner name, job id) of every per-job ConfigMap Camp made (the owner of
         its job's other objects): what reconcile checks for leftovers."""
@@ -667,6 +686,10 @@ class KubernetesBackend:
             container["command"] = list(spec.command)
         if spec.ports:
             container["ports"] = [dict(p) for p in spec.ports]
+        if spec.args:
+            container["args"] = list(spec.args)
+        if spec.readiness_probe:
+            container["readinessProbe"] = json.loads(json.dumps(dict(spec.readiness_probe)))
         pod_spec: dict[str, Any] = {"schedulerName": scheduler_name(), "restartPolicy": "Never",
                                     "containers": [container]}
         if tolerations:
@@ -975,9 +998,11 @@ def _pod_status(p: Any) -> PodStatus:
     meta = p.metadata
     phase = (p.status.phase if p.status else None) or "Pending"
     message = (p.status.message if p.status else None) or ""
+    conditions = (p.status.conditions if p.status else None) or []
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
     return PodStatus(name=meta.name, namespace=meta.namespace or "", phase=phase,
                      labels=dict(meta.labels or {}), message=message,
-                     deleting=bool(meta.deletion_timestamp))
+                     deleting=bool(meta.deletion_timestamp), ready=ready)
 
 
 def _describe(exc: ApiException) -> str:

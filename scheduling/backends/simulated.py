@@ -194,6 +194,12 @@ class SimulatedBackend:
     def delete_object(self, namespace: str, kind: str, name: str) -> None:
         return None  # extra objects are implicit in the simulation
 
+    def list_services(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        return []
+
+    def list_ingresses(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        return []
+
     POLL_SECONDS = 0.5
 
     def follow_pod_logs(self, namespace: str, name: str, *, tail_lines: int, timeout_seconds: float,
@@ -280,4 +286,4 @@ def _status(p: SimulatedPod, now: dt.datetime) -> PodStatus:
         phase = "Failed" if p.fail else "Succeeded"
     message = "simulated failure" if phase == "Failed" else ""
     return PodStatus(name=p.name, namespace=p.namespace, phase=phase, labels=p.labels,
-                     message=message)
+                     message=message, ready=phase == "Running")

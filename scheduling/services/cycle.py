@@ -43,6 +43,7 @@ from .common import (
     _json_value,
     _record,
     _record_all,
+    _record_rows,
     _send_after_commit,
     enqueue_on_commit,
     logger,
@@ -386,16 +387,16 @@ def _wait_all(rows: list[_WaitRow]) -> None:
         [(pk, reason, r.kind, r.position, r.length) for pk, (r, reason) in changed.items()],
         where=("state", JobState.QUEUED.value),
     )
-    history = []
+    history: list[dict[str, Any]] = []
     for pk in sorted(updated):
         r, reason = changed[pk]
         if r.job.reason.split(" — ")[0] != reason.split(" — ")[0] or r.job.reason_kind != r.kind:
-            history.append(SchedulingDecision(job_id=pk, cluster_id=r.job.cluster_id,
-                                              kind=DecisionKind.WAITING, reason=reason,
-                                              queue_position=r.position))
+            history.append({"job_id": pk, "cluster_id": r.job.cluster_id,
+                            "kind": DecisionKind.WAITING.value, "reason": reason,
+                            "queue_position": r.position})
         r.job.reason, r.job.reason_kind = reason, r.kind
         r.job.queue_position, r.job.queue_length = r.position, r.length
-    _record_all(history)
+    _record_rows(history)
 
 
 def _update_from_values(model: type[models.Model], columns: list[tuple[str, str]],
@@ -649,6 +650,25 @@ def _admit_reason(placement: E.Placement) -> str:
     return f"Admitted: {len(placement.pods)} pod(s) on {', '.join(nodes)} with {gpus} GPU slice(s)"
 
 
+def _preemptions_still_valid(inputs: selectors.CycleInputs, preemptions: list[tuple[Job, E.Preempt]],
+                             summary: CycleSummary, locked: _Locked,
+                             ) -> tuple[list[tuple[Job, E.Preempt]], list[Job]]:
+    """``(going, taken)``: the preemptions whose preemptor is still QUEUED and whose GPUs have
+    not moved since the snapshot, and the preemptors that must wait because they moved."""
+    taken: list[Job] = []
+    going: list[tuple[Job, E.Preempt]] = []
+    for job, d in preemptions:
+        if locked.jobs.get(job.pk, ("", 0))[0] != JobState.QUEUED:
+            summary.conflicts.append(job.pk)  # cancelled meanwhile
+        elif _placement_gpus(inputs, d.placement) & locked.moved:
+            logger.warning("preemption by job %s: its GPUs moved since the snapshot; it waits", job.pk)
+            summary.conflicts.append(job.pk)
+            taken.append(job)
+        else:
+            going.append((job, d))
+    return going, taken
+
+
 def _preempt_all(inputs: selectors.CycleInputs, jobs: dict[int, Job],
                  preemptions: list[tuple[Job, E.Preempt]], summary: CycleSummary,
                  locked: _Locked) -> list[Job]:
@@ -668,20 +688,7 @@ def _preempt_all(inputs: selectors.CycleInputs, jobs: dict[int, Job],
     since the snapshot (taken by another job, or by another scheduler's pods) evicts nobody
     and is returned, to wait ("placement taken concurrently"): its victims are not killed
     for room it could not use."""
-    if not preemptions:
-        return []
-    taken: list[Job] = []
-    going: list[tuple[Job, E.Preempt]] = []
-    for job, d in preemptions:
-        if locked.jobs.get(job.pk, ("", 0))[0] != JobState.QUEUED:
-            summary.conflicts.append(job.pk)  # cancelled meanwhile
-        elif _placement_gpus(inputs, d.placement) & locked.moved:
-            logger.warning("preemption by job %s: its GPUs moved since the snapshot; it waits", job.pk)
-            summary.conflicts.append(job.pk)
-            taken.append(job)
-        else:
-            going.append((job, d))
-    preemptions = going
+    preemptions, taken = _preemptions_still_valid(inputs, preemptions, summary, locked)
     if not preemptions:
         return taken
     claimed: dict[int, tuple[Job, Job, str]] = {}

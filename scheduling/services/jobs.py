@@ -41,7 +41,7 @@ from .common import (
 )
 
 JOB_FIELDS = ("name", "kind", "priority_class", "priority", "preemptible", "checkpoint_capable",
-              "gang", "mixed_gpu_models", "duration_seconds", "state", "reason", "floating",
+              "gang", "mixed_gpu_models", "affinity", "duration_seconds", "state", "reason", "floating",
               "cluster_choice")
 GROUP_FIELDS = ("name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
                 "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env")
@@ -81,6 +81,7 @@ def _job_build(
     gang: bool = True,
     duration_seconds: int | None = None,
     mixed_gpu_models: bool = False,
+    affinity: str = "none",
     choice_context: Any = None,
 ) -> tuple[Job, list[PodGroup]]:
     """A validated, unsaved job and its pod groups (the rules of a submit, without writes).
@@ -98,6 +99,7 @@ def _job_build(
         priority_class=priority_class, priority=PRIORITY_VALUES[priority_class],
         preemptible=preemptible, checkpoint_capable=checkpoint_capable, gang=gang,
         mixed_gpu_models=mixed_gpu_models, duration_seconds=duration_seconds, state=JobState.QUEUED,
+        affinity=affinity,
     )
     _require(actor, permissions.CREATE, job)
     if cluster is not None and not cluster.enabled:
@@ -149,6 +151,7 @@ def job_submit(
     gang: bool = True,
     duration_seconds: int | None = None,
     mixed_gpu_models: bool = False,
+    affinity: str = "none",
 ) -> Job:
     """Queue a job (state QUEUED) and ask for a scheduling cycle after commit (requests
     coalesce per cluster: ``request_cycle``); a floating job (no ``cluster``) asks for a
@@ -162,7 +165,7 @@ def job_submit(
         groups=groups, kind=kind,
         priority_class=priority_class, preemptible=preemptible,
         checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds,
-        mixed_gpu_models=mixed_gpu_models)
+        mixed_gpu_models=mixed_gpu_models, affinity=affinity)
     with audit_batch():
         try:
             with transaction.atomic():

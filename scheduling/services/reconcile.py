@@ -103,6 +103,31 @@ def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None,
     return result
 
 
+def _reconcile_ending(backend: Any, job: Job, rows: list[Allocation], present: list[PodStatus],
+                      result: ReconcileResult) -> None:
+    """A finished or preempted job's pods: those on dead nodes go at once; when none is left
+    alive the resources are given back, else the live ones are asked to stop (30 s grace)."""
+    dead = _on_dead_nodes(rows)
+    for p in present:
+        if p.name in dead:
+            with contextlib.suppress(BackendError):
+                backend.delete_pod(p.namespace, p.name, grace_seconds=0)
+    present = [p for p in present if p.name not in dead]
+    live = [p for p in present if p.phase in ("Pending", "Running")]
+    if not present or (job.state in FINAL_STATES and not live):
+        # Finished pods hold nothing; clean them up and give the resources back.
+        for p in present:
+            with contextlib.suppress(BackendError):
+                backend.delete_pod(p.namespace, p.name, grace_seconds=0)
+        if _pods_gone(job.pk):
+            result.released.append(job.pk)
+    else:
+        for p in present:
+            if not p.deleting:
+                with contextlib.suppress(BackendError):
+                    backend.delete_pod(p.namespace, p.name, grace_seconds=30)
+
+
 def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict[str, PodStatus],
                    result: ReconcileResult, *, complete: bool = True, deleted: str = "") -> None:
     """The reconcile rules for one job. ``complete``: ``pods`` is a full list of the cluster's
@@ -114,25 +139,7 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
     present = [pods[a.pod_name] for a in rows if a.pod_name in pods]
     phases = [p.phase for p in present]
     if job.state in FINAL_STATES or job.state == JobState.PREEMPTING:
-        dead = _on_dead_nodes(rows)
-        for p in present:
-            if p.name in dead:
-                with contextlib.suppress(BackendError):
-                    backend.delete_pod(p.namespace, p.name, grace_seconds=0)
-        present = [p for p in present if p.name not in dead]
-        live = [p for p in present if p.phase in ("Pending", "Running")]
-        if not present or (job.state in FINAL_STATES and not live):
-            # Finished pods hold nothing; clean them up and give the resources back.
-            for p in present:
-                with contextlib.suppress(BackendError):
-                    backend.delete_pod(p.namespace, p.name, grace_seconds=0)
-            if _pods_gone(job_id):
-                result.released.append(job_id)
-        else:
-            for p in present:
-                if not p.deleting:
-                    with contextlib.suppress(BackendError):
-                        backend.delete_pod(p.namespace, p.name, grace_seconds=30)
+        _reconcile_ending(backend, job, rows, present, result)
         return
     # STARTING / RUNNING
     _update_phases(rows, pods)
@@ -250,8 +257,10 @@ def _update_phases(rows: list[Allocation], pods: dict[str, PodStatus]) -> None:
         p = pods.get(a.pod_name)
         phase = mapping.get(p.phase, PodPhase.CREATED) if p else (
             PodPhase.GONE if a.phase not in (PodPhase.PENDING,) else PodPhase.PENDING)
-        if a.phase != phase:
-            Allocation.objects.filter(pk=a.pk).update(phase=phase, message=(p.message if p else "")[:500])
+        ready = bool(p and p.ready and phase == PodPhase.RUNNING)
+        if a.phase != phase or a.ready != ready:
+            Allocation.objects.filter(pk=a.pk).update(phase=phase, ready=ready,
+                                                      message=(p.message if p else "")[:500])
 
 
 def _end(job_id: int, state: str, reason: str) -> None:

@@ -172,6 +172,6 @@ class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
         fields = [
             "id", "created_at", "actor", "actor_username", "tenant", "project", "action",
             "target_type", "target_id", "target_repr", "before", "after", "request_id",
-            "client_ip", "prev_hash", "hash",
+            "client_ip", "prev_hash", "hash", "chain_seq",
         ]
         read_only_fields = fields

@@ -314,6 +314,7 @@ class AuditEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, CampVi
 
     model = AuditEvent
     serializer_class = AuditEventSerializer
+    cursor_pages = True  # camp.pagination: ?cursor= documented in the schema
     filterset_class = AuditEventFilter
     search_fields = ["target_repr", "actor_username"]
     ordering_fields = ["id", "created_at", "action"]

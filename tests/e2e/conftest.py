@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import PASSWORD
+
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-results" / "screenshots"
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _orm_beside_playwright() -> Iterator[None]:
@@ -49,6 +52,16 @@ def page(browser: Any) -> Iterator[Any]:
         yield page
     finally:
         context.close()
+
+
+def login(page: Any, base: str, username: str) -> None:
+    """Sign in through the login form as one of the ``world`` users (tests/conftest.py) and
+    wait for the home page."""
+    page.goto(f"{base}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/")
 
 
 def shot(page: Any, name: str) -> None:

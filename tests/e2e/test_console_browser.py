@@ -9,18 +9,10 @@ from typing import Any
 import pytest
 
 from tenants import services
-from tests.conftest import PASSWORD, World
-from tests.e2e.conftest import shot
+from tests.conftest import World
+from tests.e2e.conftest import login, shot
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def login(page: Any, base: str, username: str) -> None:
-    page.goto(f"{base}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
 
 
 def test_owner_changes_quota_and_finds_it_in_audit_log(world: World, live_server: Any, page: Any) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from scheduling import services
-from tests.conftest import PASSWORD, World
-from tests.e2e.conftest import shot
+from tests.conftest import World
+from tests.e2e.conftest import login, shot
 from tests.integration.scheduling.conftest import SMALL_INVENTORY, submit
 from tests.integration.scheduling.test_concurrency import celery_worker
 
@@ -70,11 +70,7 @@ def test_job_page_turns_starting_without_reload(world: World, asgi_server: str, 
                                       inventory=SMALL_INVENTORY)
     services.inventory_sync(cluster=cluster)
     job = submit(world, cluster, "live-one", group={"gpu_count": 1})
-    page.goto(f"{asgi_server}/login/")
-    page.fill("#id_username", "acme-member")
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{asgi_server}/")
+    login(page, asgi_server, "acme-member")
     page.goto(f"{asgi_server}/scheduling/jobs/{job.pk}/")
     state = page.locator("h1 [data-live-field=state]")
     assert state.inner_text() == "Queued"
@@ -102,11 +98,7 @@ def test_jobs_list_badge_and_counts_change_without_reload(world: World, asgi_ser
     services.inventory_sync(cluster=cluster)
     job = submit(world, cluster, "live-row", group={"gpu_count": 1})
     submit(world, cluster, "other-row", group={"gpu_count": 1})
-    page.goto(f"{asgi_server}/login/")
-    page.fill("#id_username", "acme-member")
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{asgi_server}/")
+    login(page, asgi_server, "acme-member")
     page.goto(f"{asgi_server}/scheduling/jobs/")
     badge = f'[data-live-job="{job.pk}"] [data-live-field=state]'
     assert page.locator(badge).inner_text() == "Queued"
@@ -153,11 +145,7 @@ def test_removed_member_stops_receiving_updates(world: World, asgi_server: str, 
                                       inventory=SMALL_INVENTORY)
     services.inventory_sync(cluster=cluster)
     job = submit(world, cluster, "secret-one", group={"gpu_count": 1})
-    page.goto(f"{asgi_server}/login/")
-    page.fill("#id_username", "acme-member")
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{asgi_server}/")
+    login(page, asgi_server, "acme-member")
     page.goto(f"{asgi_server}/scheduling/jobs/{job.pk}/")
     page.wait_for_timeout(500)
     membership = Membership.objects.get(user=world.a.member, project=world.a.project)

@@ -17,21 +17,13 @@ import pytest
 
 from scheduling import services
 from tenants import services as tenant_services
-from tests.conftest import PASSWORD, World
-from tests.e2e.conftest import shot
+from tests.conftest import World
+from tests.e2e.conftest import login, shot
 from tests.e2e.test_live import asgi_server  # noqa: F401  (fixture)
 from tests.integration.scheduling.conftest import SMALL_INVENTORY, submit
 from tests.integration.workspaces.conftest import advance
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _login(page: Any, base: str, username: str) -> None:
-    page.goto(f"{base}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
 
 
 def test_launch_notebook_and_watch_it_run(world: World, asgi_server: str, page: Any) -> None:  # noqa: F811
@@ -43,7 +35,7 @@ def test_launch_notebook_and_watch_it_run(world: World, asgi_server: str, page: 
     tenant_services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
                               values={"gpus_guaranteed": Decimal(2), "gpus_limit": Decimal(4)})
     base = asgi_server
-    _login(page, base, "acme-member")
+    login(page, base, "acme-member")
     page.goto(f"{base}/workspaces/environments/new/")
     # the launch form shows what is left before submitting
     assert "GPU quota left in your projects" in page.inner_text("main")
@@ -84,7 +76,7 @@ def test_pending_job_explains_why(world: World, asgi_server: str, page: Any) -> 
     job = submit(world, cluster, "waits", group={"gpu_count": 4, "gpu_models": ["A100-80G"]})
     services.cycle_run(cluster=cluster)
     base = asgi_server
-    _login(page, base, "acme-member")
+    login(page, base, "acme-member")
     page.goto(f"{base}/scheduling/jobs/{job.pk}/")
     reason = page.locator("[data-live-field=reason]").inner_text()
     assert page.locator("h1 [data-live-field=state]").inner_text() == "Queued"

@@ -79,8 +79,19 @@ def _as_superuser_bypassing_triggers(sql: str, params: list[object]) -> None:
             cursor.execute("SET session_replication_role = DEFAULT")
 
 
-def test_verify_names_the_first_edited_row(world: World) -> None:
+def _sealed_events() -> list[AuditEvent]:
+    """The events as they are once their writers have committed: sealed into the chain
+    (here the test's transaction never commits, so seal as the after-commit step would)."""
+    from tenants.audit import seal
+
+    seal(wait=True)
     events = list(AuditEvent.objects.order_by("id"))
+    assert all(event.hash for event in events)
+    return events
+
+
+def test_verify_names_the_first_edited_row(world: World) -> None:
+    events = _sealed_events()
     victim = events[5]
     _as_superuser_bypassing_triggers(
         "UPDATE tenants_auditevent SET after = %s WHERE id = %s", ['{"role": "tenant_owner"}', victim.pk]
@@ -90,7 +101,7 @@ def test_verify_names_the_first_edited_row(world: World) -> None:
 
 
 def test_verify_names_the_row_after_a_deleted_one(world: World) -> None:
-    events = list(AuditEvent.objects.order_by("id"))
+    events = _sealed_events()
     _as_superuser_bypassing_triggers("DELETE FROM tenants_auditevent WHERE id = %s", [events[3].pk])
     with pytest.raises(CommandError, match=f"event #{events[4].pk}: its link"):
         call_command("audit_verify", stdout=StringIO())

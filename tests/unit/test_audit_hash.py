@@ -1,5 +1,7 @@
-"""The audit chain's hash prepared before the chain lock is exactly ``compute_hash`` (issue 13):
-the JSON is built outside the lock and only the previous hash is filled in under it."""
+"""The audit chain's hashes (issue 13): the sealer chains a batch of events with
+``chain_hashes``, which must be exactly ``compute_hash`` applied link by link (what
+``verify_chain`` recomputes), whatever the content (quotes, unicode, numbers jsonb rewrites,
+a field named like the link)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tenants.audit import GENESIS_HASH, _Prepared, compute_hash
+from tenants.audit import GENESIS_HASH, chain_hashes, compute_hash
 
 FIELDS: list[dict[str, Any]] = [
     {"created_at": "2026-11-23T11:00:00+00:00", "actor_id": 3, "actor_username": "ana",
@@ -19,8 +21,13 @@ FIELDS: list[dict[str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize("fields", FIELDS)
-def test_prepared_hash_is_compute_hash(fields: dict[str, Any]) -> None:
-    for prev in (GENESIS_HASH, "f" * 64, compute_hash(fields, GENESIS_HASH)):
-        assert _Prepared(fields).hash(prev) == compute_hash(fields, prev)
-    assert _Prepared(fields).hash("a" * 64) != _Prepared(fields).hash("b" * 64)
+@pytest.mark.parametrize("prev", [GENESIS_HASH, "f" * 64])
+def test_chain_hashes_link_each_event_to_the_one_before(prev: str) -> None:
+    first, second = chain_hashes(FIELDS, prev)
+    assert first == compute_hash(FIELDS[0], prev)
+    assert second == compute_hash(FIELDS[1], first)
+    # The link is part of what is hashed: another predecessor, another hash.
+    assert chain_hashes(FIELDS[:1], "a" * 64) != chain_hashes(FIELDS[:1], "b" * 64)
+    # A field named like the link does not stand in for it: the link given is what is hashed.
+    without = {k: v for k, v in FIELDS[1].items() if k != "prev_hash"}
+    assert compute_hash(FIELDS[1], prev) == compute_hash(without, prev)

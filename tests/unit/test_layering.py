@@ -307,3 +307,40 @@ def test_the_template_reader_sees_loads_and_includes() -> None:
         '{% include "portal/quota_bars.html" with bars=b %}{% include section %}')
     assert libraries == {"static", "portal_tags", "x_tags"}
     assert templates == {"base.html", "portal/quota_bars.html"}
+
+
+
+SERVICE_FUNCTION_LINES = 80  # issue 14: a service function a newcomer can read in one screen
+
+
+def _service_sources() -> list[Path]:
+    packages = [p for app in APPS for p in modules_of(f"{app}.services")]
+    single = [ROOT / app / "services.py" for app in ("tenants", "registry", "portal")]
+    return packages + [p for p in single if p.exists()] + [ROOT / "workspaces" / "kinds.py"]
+
+
+def long_functions(path: Path, limit: int = SERVICE_FUNCTION_LINES, root: Path = ROOT) -> list[str]:
+    """``module.function (N lines)`` for every function or method in ``path`` longer than
+    ``limit`` lines, its signature and docstring included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{module_name(path, root)}.{n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno is not None and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_no_service_function_runs_over_80_lines() -> None:
+    sources = _service_sources()
+    assert ROOT / "scheduling" / "services" / "cycle.py" in sources
+    assert ROOT / "workspaces" / "services" / "training.py" in sources
+    assert [f for p in sources for f in long_functions(p)] == []
+
+
+def test_the_length_reader_counts_whole_functions(tmp_path: Path) -> None:
+    body = "\n".join(f"        x{i} = {i}" for i in range(79))
+    (tmp_path / "m.py").write_text(
+        "def short():\n    return 1\n\n\nclass K:\n    def long(self):\n"
+        f"        \"\"\"doc\"\"\"\n{body}\n", encoding="utf-8")
+    # K.long is 81 lines (signature, docstring, 79 statements); short is 2
+    assert long_functions(tmp_path / "m.py", root=tmp_path) == ["m.long (81 lines)"]
+    assert long_functions(tmp_path / "m.py", limit=81, root=tmp_path) == []

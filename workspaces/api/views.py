@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.http import HttpResponseBase, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -19,14 +19,26 @@ from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import actor_of
 
 from .. import logstream, selectors, services
-from ..models import DevEnvironment, Profile, SshKey, TrainingJob, WorkspacePolicy
+from ..models import (
+    DevEnvironment,
+    ModelService,
+    Profile,
+    ServiceReplica,
+    SshKey,
+    TrainingJob,
+    WorkspacePolicy,
+)
 from .serializers import (
     CheckpointSerializer,
     EnvironmentSerializer,
     LogSerializer,
+    ModelServiceSerializer,
+    ModelServiceUpdateSerializer,
     OpenSerializer,
     PolicySerializer,
     ProfileSerializer,
+    RolloutSerializer,
+    ScaleSerializer,
     SshKeySerializer,
     TrainingSerializer,
     WhySerializer,
@@ -380,3 +392,73 @@ class SshKeyViewSet(
 
     def perform_destroy(self, instance: SshKey) -> None:
         services.ssh_key_delete(actor=actor_of(self.request), key=instance)
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class ModelServiceViewSet(
+    IdempotentCreateMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    CampViewSet,
+):
+    """Model services (online inference): create, follow (replicas desired/ready, each
+    replica's job and why it waits, load, revision, endpoint), change (scaling settings at
+    once; image/args/env/model/shape as a new revision), scale, roll out, delete. Replicas
+    are scheduling jobs of kind ``service`` (also listed under /jobs/)."""
+
+    model = ModelService
+    serializer_class = ModelServiceSerializer
+    idempotency_redact = ("env",)
+    filterset_fields = ["project", "cluster", "name", "tenant", "status"]
+    search_fields = ["name"]
+    ordering_fields = ["created_at", "name"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        live = ServiceReplica.objects.filter(removed_reason="").select_related("job").order_by("number")
+        return selectors.model_services(self.request.user).prefetch_related(
+            Prefetch("replicas", queryset=live, to_attr="live_replicas"))
+
+    def get_serializer_class(self) -> Any:
+        if self.action in ("update", "partial_update"):
+            return ModelServiceUpdateSerializer
+        return ModelServiceSerializer
+
+    def _answer(self, svc: ModelService, code: int = status.HTTP_200_OK) -> Response:
+        fresh = self.get_queryset().get(pk=svc.pk)
+        data = ModelServiceSerializer(fresh, context=self.get_serializer_context()).data
+        return Response(data, status=code)
+
+    def perform_create(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = services.model_service_create(actor=actor_of(self.request), **data)
+
+    def perform_update(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = services.model_service_update(
+            actor=actor_of(self.request), service=serializer.instance, **data)
+
+    def perform_destroy(self, instance: ModelService) -> None:
+        services.model_service_delete(actor=actor_of(self.request), service=instance)
+
+    @extend_schema(request=ScaleSerializer, responses=ModelServiceSerializer)
+    @action(detail=True, methods=["post"])
+    def scale(self, request: Request, pk: str | None = None) -> Response:
+        """A fixed replica count (``replicas``), or the autoscaler's bounds."""
+        body = ScaleSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        svc = services.model_service_scale(actor=actor_of(request), service=self.get_object(),
+                                          **body.validated_data)
+        return self._answer(svc)
+
+    @extend_schema(request=RolloutSerializer, responses=ModelServiceSerializer)
+    @action(detail=True, methods=["post"])
+    def rollout(self, request: Request, pk: str | None = None) -> Response:
+        """A new revision (the changes given, or a restart), one replica at a time."""
+        body = RolloutSerializer(data=request.data, context=self.get_serializer_context())
+        body.is_valid(raise_exception=True)
+        svc = services.model_service_rollout(actor=actor_of(request), service=self.get_object(),
+                                            **body.validated_data)
+        return self._answer(svc)

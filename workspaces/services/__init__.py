@@ -9,7 +9,7 @@ stored as SHA-256 only, accepted once and only within ``WORKSPACES_LINK_TTL_SECO
 """
 
 # The services are a package split by concern (common, access, policies, environments, culling,
-# training); every name is re-exported here so ``services.<name>`` keeps working.
+# training, serving: model services); every name is re-exported here so ``services.<name>`` keeps working.
 from .access import (
     ACCESS_FIELDS,
     MAX_SSH_KEYS,
@@ -52,6 +52,7 @@ from .culling import (
 )
 from .environments import (
     ACTIVE,
+    ENVIRONMENT_KIND,
     VARIANT_OF,
     _env_group,
     _locked_env,
@@ -74,8 +75,24 @@ from .policies import (
     profile_update,
     workspace_policy_set,
 )
+from .serving import (
+    AUTOSCALER,
+    LABEL_REVISION,
+    LABEL_SERVICE,
+    SERVICE_KIND,
+    model_service_autoscale,
+    model_service_create,
+    model_service_delete,
+    model_service_objects_sweep,
+    model_service_rollout,
+    model_service_scale,
+    model_service_update,
+    model_services_autoscale,
+    service_manifest,
+)
 from .training import (
     CHECKPOINT_LINE,
+    TRAINING_KIND,
     _account,
     _gpu_share,
     _run_names,
@@ -156,4 +173,19 @@ __all__ = [
     "_account",
     "_run_names",
     "training_sync",
+    "ENVIRONMENT_KIND",
+    "TRAINING_KIND",
+    "AUTOSCALER",
+    "LABEL_SERVICE",
+    "LABEL_REVISION",
+    "SERVICE_KIND",
+    "service_manifest",
+    "model_service_create",
+    "model_service_update",
+    "model_service_scale",
+    "model_service_rollout",
+    "model_service_delete",
+    "model_service_objects_sweep",
+    "model_service_autoscale",
+    "model_services_autoscale",
 ]

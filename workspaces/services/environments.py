@@ -20,13 +20,15 @@ from tenants import permissions
 from tenants.audit import snapshot
 from tenants.models import Project, User
 
+from ..kinds import WorkloadKind, kind_check, kind_run, register_kind
 from ..models import (
     DevEnvironment,
     EnvKind,
     Profile,
     SshKey,
 )
-from ..quota import refuse_if_never_within_limits, refuse_if_over_storage
+from ..pods import environment_of_job, environment_specs
+from ..quota import refuse_if_over_storage
 from ..selectors import environment_url, policy_for
 from .access import ACCESS_FIELDS, _clean_ssh_keys, _issue_link, _retire_access
 from .common import (
@@ -39,7 +41,6 @@ from .common import (
     _require,
     _resolve_image,
     _save,
-    _submit_run,
     enqueue_on_commit,
 )
 from .policies import _check_profile
@@ -65,21 +66,23 @@ def _env_group(env: DevEnvironment) -> dict[str, Any]:
     }
 
 
-def _start_run(actor: User, env: DevEnvironment) -> Job:
-    env.runs += 1
+def _env_job_options(env: DevEnvironment) -> dict[str, Any]:
     policy = policy_for(env.project)
     lifetime = policy.max_lifetime_hours * 3600 if policy.max_lifetime_hours else ENV_DURATION_SECONDS
-    job = _submit_run(
-        actor=actor,
-        project=env.project,
-        cluster=env.cluster,
-        name=f"{env.name[:34]}-{env.runs}",
-        kind=env.kind,
-        groups=[_env_group(env)],
-        priority_class=PriorityClass.NORMAL,
-        preemptible=False,
-        duration_seconds=min(lifetime, ENV_DURATION_SECONDS),
-    )
+    return {"priority_class": PriorityClass.NORMAL, "preemptible": False,
+            "duration_seconds": min(lifetime, ENV_DURATION_SECONDS)}
+
+
+ENVIRONMENT_KIND = register_kind(WorkloadKind(
+    name="environment", job_kinds=tuple(EnvKind.values), job_kind_of=lambda env: env.kind,
+    groups=lambda env: [_env_group(env)], job_options=_env_job_options,
+    row_of_job=environment_of_job, specs=environment_specs,
+))
+
+
+def _start_run(actor: User, env: DevEnvironment) -> Job:
+    env.runs += 1
+    job = kind_run(ENVIRONMENT_KIND, actor=actor, row=env, name=f"{env.name[:34]}-{env.runs}")
     env.job = job
     env.stop_reason = ""
     env.cull_warning = ""
@@ -153,7 +156,7 @@ def environment_launch(
     if kind == EnvKind.SSH and not row.ssh_public_keys and not SshKey.objects.filter(user=actor).exists():
         raise ValidationError({"ssh_public_keys": [
             "An SSH environment needs a public key: add one to your SSH keys (or give one here)."]})
-    refuse_if_never_within_limits(project=project, cluster=cluster, groups=[_env_group(row)])
+    kind_check(ENVIRONMENT_KIND, project=project, cluster=cluster, row=row)
     refuse_if_over_storage(project=project, extra_gib=row.home_gib, field="home_gib")
     token = _issue_link(row)
     _save(row, "This project already has an environment with this name.")
@@ -204,7 +207,7 @@ def environment_start(*, actor: User, env: DevEnvironment) -> DevEnvironment:
     if env.state in ACTIVE:
         raise ValidationError({"state": [f"The environment is already {env.state}."]})
     _clean_cluster(env.cluster, actor)
-    refuse_if_never_within_limits(project=env.project, cluster=env.cluster, groups=[_env_group(env)])
+    kind_check(ENVIRONMENT_KIND, project=env.project, cluster=env.cluster, row=env)
     _retire_access(env)  # a new run is opened with a new link (saved by _start_run)
     _start_run(actor, env)
     _audit("environment.started", env, actor=actor, after={"run": env.runs})

@@ -25,13 +25,15 @@ from tenants import permissions
 from tenants.audit import snapshot
 from tenants.models import Project, User
 
+from ..kinds import WorkloadKind, kind_check, kind_run, register_kind
 from ..models import (
     Profile,
     TrainingCheckpoint,
     TrainingFramework,
     TrainingJob,
 )
-from ..quota import refuse_if_never_within_limits, refuse_if_over_storage
+from ..pods import training_of_job, training_specs
+from ..quota import refuse_if_over_storage
 from .common import (
     CULLER,
     LAUNCHER,
@@ -44,7 +46,6 @@ from .common import (
     _require,
     _resolve_image,
     _save,
-    _submit_run,
     enqueue_on_commit,
 )
 from .policies import _check_profile
@@ -82,20 +83,21 @@ def _training_groups(t: TrainingJob) -> list[dict[str, Any]]:
     return [launcher, worker]
 
 
+def _training_job_options(t: TrainingJob) -> dict[str, Any]:
+    return {"priority_class": t.priority_class, "preemptible": t.preemptible,
+            "checkpoint_capable": bool(t.checkpoint_dir), "gang": True,
+            "duration_seconds": t.duration_seconds}
+
+
+TRAINING_KIND = register_kind(WorkloadKind(
+    name="training", job_kinds=tuple(TrainingFramework.values), job_kind_of=lambda t: t.framework,
+    groups=_training_groups, job_options=_training_job_options, row_of_job=training_of_job,
+    specs=training_specs,
+))
+
+
 def _training_run(actor: User, t: TrainingJob, name: str) -> Job:
-    job = _submit_run(
-        actor=actor,
-        project=t.project,
-        cluster=t.cluster,
-        name=name,
-        kind=t.framework,
-        groups=_training_groups(t),
-        priority_class=t.priority_class,
-        preemptible=t.preemptible,
-        checkpoint_capable=bool(t.checkpoint_dir),
-        gang=True,
-        duration_seconds=t.duration_seconds,
-    )
+    job = kind_run(TRAINING_KIND, actor=actor, row=t, name=name)
     latest = t.checkpoints.order_by("-step", "-id").first() if t.pk else None
     if latest is not None:  # a retry resumes from the latest checkpoint too
         Job.objects.filter(pk=job.pk).update(last_checkpoint=latest.path)
@@ -181,59 +183,9 @@ def training_submit(
         duration_seconds=duration_seconds,
     )
     _require(actor, permissions.CREATE, t)
-    _clean_cluster(cluster, actor)
-    if not 1 <= workers <= 128:
-        raise ValidationError({"workers": ["Between 1 and 128 workers."]})
-    _clean_shape(
-        {
-            "gpu_count": gpu_count,
-            "gpu_memory_mib": gpu_memory_mib,
-            "gpu_cores_percent": gpu_cores_percent,
-            "exclusive": exclusive,
-            "cpu_millicores": cpu_millicores,
-            "ram_mib": ram_mib,
-        }
-    )
-    if checkpoint_dir and not checkpoint_dir.startswith("/"):
-        raise ValidationError({"checkpoint_dir": ["An absolute path inside the container."]})
-    if log_dir and not log_dir.startswith("/"):
-        raise ValidationError({"log_dir": ["An absolute path inside the container."]})
-    if checkpoint_volume_gib and not checkpoint_dir:
-        raise ValidationError({"checkpoint_volume_gib": ["A checkpoint volume needs a checkpoint_dir."]})
-    if data_volume:
-        _clean_data_volume(actor, project, data_volume)
-    t.image, t.image_reference = _resolve_image(
-        project=project,
-        image=image,
-        image_reference=image_reference,
-        variant=Variant.TRAINING,
-        variant_label="training",
-    )
-    t.env = _clean_env(env)
-    deps = list(depends_on or [])
-    for d in deps:
-        if d.project_id != project.pk:
-            raise ValidationError({"depends_on": ["Dependencies must be training jobs of the same project."]})
-        if d.state in ("failed", "stopped"):
-            raise ValidationError({"depends_on": [f"{d.name} has already {d.state}; it will never succeed."]})
-    refuse_if_never_within_limits(project=project, cluster=cluster, groups=_training_groups(t))
-    refuse_if_over_storage(project=project, extra_gib=checkpoint_volume_gib, field="checkpoint_volume_gib")
-    _save(t, "This project already has a training job with this name.")
-    if deps:
-        t.depends_on.set(deps)
-    pending = [d.name for d in deps if d.state != "succeeded"]
-    if pending:
-        t.blocked_reason = f"Waiting for {', '.join(pending)} to succeed"
-        t.save(update_fields=["blocked_reason"])
-    else:
-        _training_run(actor, t, t.name)
-    _audit(
-        "training.submitted",
-        t,
-        actor=actor,
-        after={**snapshot(t, TRAINING_FIELDS), "depends_on": [d.pk for d in deps],
-               **({"preset": profile.name} if profile is not None else {})},
-    )
+    _clean_training(actor, t, image=image, image_reference=image_reference, env=env)
+    deps = _clean_depends_on(project, depends_on)
+    _training_begin(actor, t, deps, profile)
     return t
 
 
@@ -419,3 +371,63 @@ def training_sync(*, training: TrainingJob, now: dt.datetime | None = None) -> s
             _audit("training.retried", t, after={"retry": t.retries, "after": job.reason})
         return "retried"
     return job.state
+
+
+def _clean_training(actor: User, t: TrainingJob, *, image: Image | None, image_reference: str,
+                    env: dict[str, Any] | None) -> None:
+    """Validate an unsaved training job's cluster, gang, shape and paths (each error names its
+    field), then resolve its image and clean its environment onto it."""
+    _clean_cluster(t.cluster, actor)
+    if not 1 <= t.workers <= 128:
+        raise ValidationError({"workers": ["Between 1 and 128 workers."]})
+    _clean_shape({f: getattr(t, f) for f in ("gpu_count", "gpu_memory_mib", "gpu_cores_percent",
+                                             "exclusive", "cpu_millicores", "ram_mib")})
+    if t.checkpoint_dir and not t.checkpoint_dir.startswith("/"):
+        raise ValidationError({"checkpoint_dir": ["An absolute path inside the container."]})
+    if t.log_dir and not t.log_dir.startswith("/"):
+        raise ValidationError({"log_dir": ["An absolute path inside the container."]})
+    if t.checkpoint_volume_gib and not t.checkpoint_dir:
+        raise ValidationError({"checkpoint_volume_gib": ["A checkpoint volume needs a checkpoint_dir."]})
+    if t.data_volume:
+        _clean_data_volume(actor, t.project, t.data_volume)
+    t.image, t.image_reference = _resolve_image(
+        project=t.project,
+        image=image,
+        image_reference=image_reference,
+        variant=Variant.TRAINING,
+        variant_label="training",
+    )
+    t.env = _clean_env(env)
+
+
+def _clean_depends_on(project: Project, depends_on: list[TrainingJob] | None) -> list[TrainingJob]:
+    deps = list(depends_on or [])
+    for d in deps:
+        if d.project_id != project.pk:
+            raise ValidationError({"depends_on": ["Dependencies must be training jobs of the same project."]})
+        if d.state in ("failed", "stopped"):
+            raise ValidationError({"depends_on": [f"{d.name} has already {d.state}; it will never succeed."]})
+    return deps
+
+
+def _training_begin(actor: User, t: TrainingJob, deps: list[TrainingJob], profile: Profile | None) -> None:
+    """Quota pre-check, save, then submit its first run now or wait for its dependencies; audited."""
+    kind_check(TRAINING_KIND, project=t.project, cluster=t.cluster, row=t)
+    refuse_if_over_storage(project=t.project, extra_gib=t.checkpoint_volume_gib,
+                           field="checkpoint_volume_gib")
+    _save(t, "This project already has a training job with this name.")
+    if deps:
+        t.depends_on.set(deps)
+    pending = [d.name for d in deps if d.state != "succeeded"]
+    if pending:
+        t.blocked_reason = f"Waiting for {', '.join(pending)} to succeed"
+        t.save(update_fields=["blocked_reason"])
+    else:
+        _training_run(actor, t, t.name)
+    _audit(
+        "training.submitted",
+        t,
+        actor=actor,
+        after={**snapshot(t, TRAINING_FIELDS), "depends_on": [d.pk for d in deps],
+               **({"preset": profile.name} if profile is not None else {})},
+    )

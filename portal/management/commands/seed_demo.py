@@ -167,12 +167,12 @@ class Command(BaseCommand):
                     duration_seconds=seconds, preemptible=cls == "batch")
 
     def _workloads(self, cluster: Cluster, admin: User) -> None:
-        """Workloads (workspaces/, registry/): a tenant image, two profiles, a notebook and a
-        checkpointing DDP training job (idempotent: each is made once)."""
+        """Workloads (workspaces/, registry/): a tenant image, two profiles, a notebook, a
+        checkpointing DDP training job and a model service (idempotent: each is made once)."""
         from registry import services as registry_services
         from registry.models import Image
         from workspaces import services as workspace_services
-        from workspaces.models import DevEnvironment, Profile, TrainingJob
+        from workspaces.models import DevEnvironment, ModelService, Profile, TrainingJob
 
         vision = Tenant.objects.get(name="vision")
         detection = Project.objects.get(tenant=vision, name="detection")
@@ -210,6 +210,15 @@ class Command(BaseCommand):
                     workers=2, gpu_count=2, cpu_millicores=8000, ram_mib=32768,
                     command=["torchrun", "train.py"], checkpoint_dir="/ckpt", checkpoint_every=30,
                     priority_class="batch", duration_seconds=240, log_dir="/logs")
+            if not ModelService.objects.filter(project=detection, name="chat").exists():
+                # A model service on a quarter card: the autoscaler follows the simulated day
+                # (docs/SERVING.md), up to 3 replicas at 14:00 UTC, preempting batch training.
+                workspace_services.model_service_create(
+                    actor=vince, project=detection, cluster=cluster, name="chat",
+                    image=Image.objects.get(scope="platform", name="vllm"),
+                    model_source="hf://Qwen/Qwen2.5-7B-Instruct", gpu_memory_mib=20480,
+                    gpu_cores_percent=25, cpu_millicores=4000, ram_mib=16384, min_replicas=1,
+                    max_replicas=3, autoscale_target=8)
 
     def _living(self, admin: User) -> None:
         """The load generator's row (portal/demo.py) and a workspace policy that culls idle

@@ -44,9 +44,12 @@ def test_reference_grammar(ref: str, ok: bool) -> None:
 @pytest.mark.django_db
 def test_base_images_are_seeded(world: Any) -> None:
     platform = Image.objects.filter(scope="platform")
-    assert {i.framework for i in platform} == {"pytorch", "tensorflow", "paddle"}
+    assert {i.framework for i in platform.exclude(variant="inference")} == {"pytorch", "tensorflow", "paddle"}
     for fw in ("pytorch", "tensorflow", "paddle"):
         assert {"jupyter", "vscode", "training"} <= {i.variant for i in platform.filter(framework=fw)}
+    # Model services' servers (issue 15): vLLM, Triton and TGI.
+    servers = platform.filter(variant="inference").values_list("name", flat=True)
+    assert set(servers) == {"vllm", "triton", "tgi"}
 
 
 @pytest.mark.django_db

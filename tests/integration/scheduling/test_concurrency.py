@@ -175,3 +175,60 @@ def test_worker_killed_mid_cycle_recovers_consistently(world: Any) -> None:
         assert_consistent(cluster)
     assert Job.objects.filter(cluster=cluster).count() == 150
     assert Job.objects.filter(cluster=cluster, state=JobState.STARTING).exists()
+
+
+def test_two_workers_racing_cycles_never_over_allocate_nor_admit_a_cancelled_job(world: Any) -> None:
+    """Two scheduler loops (two threads, each its own connection) run cycles on one cluster
+    back to back, beside a real Celery worker that runs the cycles the submits ask for and
+    the stops, while users submit and cancel: whichever wins the cluster's lock, no GPU is
+    over-allocated, the totals equal the slice rows, and no job is admitted after its cancel
+    (a cancelled job's allocation is released)."""
+    import threading
+
+    from scheduling.models import DecisionKind, SchedulingDecision
+
+    cluster = services.cluster_create(actor=world.admin, name="sim", inventory=SMALL_INVENTORY)
+    services.inventory_sync(cluster=cluster)
+    stop = threading.Event()
+    ran = [0, 0]
+
+    def worker(w: int) -> None:
+        try:
+            while not stop.is_set():
+                if services.cycle_run(cluster=cluster) is not None:
+                    ran[w] += 1
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
+    with celery_worker():
+        for t in threads:
+            t.start()
+        try:
+            ids = _submit_many(world, cluster, 90, seed=7)
+            # mid-race too: no card over-allocated, totals equal the slice rows (stops of
+            # cancelled and preempted jobs may still be on their way to the worker)
+            # — one statement, so counters and slices are read from one snapshot.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT g.id FROM scheduling_gpudevice g JOIN scheduling_node n ON n.id = g.node_id"
+                    " LEFT JOIN (SELECT gpu_id, SUM(memory_mib) AS m, SUM(cores_percent) AS c"
+                    "            FROM scheduling_gpuslice GROUP BY gpu_id) s ON s.gpu_id = g.id"
+                    " WHERE n.cluster_id = %s AND (g.memory_allocated_mib <> COALESCE(s.m, 0)"
+                    "   OR g.cores_allocated <> COALESCE(s.c, 0) OR COALESCE(s.m, 0) > g.memory_mib"
+                    "   OR COALESCE(s.c, 0) > 100)", [cluster.pk])
+                assert cursor.fetchall() == []
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        _wait_quiet(cluster)
+        assert_consistent(cluster)
+    assert sum(ran) > 2, ran
+    cancelled = Job.objects.filter(pk__in=ids, state=JobState.CANCELLED)
+    assert cancelled.count() == 30
+    assert not Allocation.objects.filter(job__in=cancelled).exists()
+    for job in cancelled:
+        admitted_after_cancel = SchedulingDecision.objects.filter(
+            job=job, kind=DecisionKind.ADMITTED, created_at__gt=job.finished_at)
+        assert not admitted_after_cancel.exists(), job

@@ -427,8 +427,8 @@ def test_images_catalogued_before_the_upgrade_restrict_no_job(world: Any) -> Non
 
     from scheduling import selectors
 
-    before = ("registry", "0003_unique_names_per_owner")
-    after = ("registry", "0004_r4multi_image_architectures")
+    before = ("registry", "0004_r4serve_inference_images")
+    after = ("registry", "0005_r4multi_image_architectures")
     executor = MigrationExecutor(connection)
     executor.migrate([before])
     old = executor.loader.project_state([before]).apps.get_model("registry", "Image")

@@ -22,7 +22,7 @@ from registry import services as registry_services
 from registry.models import Image
 from scheduling import services as scheduling_services
 from tests.conftest import World, client_for
-from workspaces import services
+from workspaces import services, serving
 
 from .conftest import SMALL_INVENTORY
 from .test_ssh_keys import public_key
@@ -69,6 +69,14 @@ EXPECT: dict[tuple[str, str], dict[str, Any]] = {
         "owner": 204,
         "project_admin": 204,
     },
+    # Model services (issue 15): the job rule, like the other workload kinds.
+    ("services", "list"): MEMBERS,
+    ("services", "retrieve"): READ,
+    ("services", "create"): CREATE,
+    ("services", "update"): OWNER_OR_ADMIN,
+    ("services", "scale"): OWNER_OR_ADMIN,
+    ("services", "rollout"): OWNER_OR_ADMIN,
+    ("services", "delete"): {**OWNER_OR_ADMIN, "platform_admin": 204, "owner": 204, "project_admin": 204},
     ("images", "list"): MEMBERS,
     ("images", "retrieve"): READ,
     ("images", "create"): dict(platform_admin=201, owner=201, project_admin=403, member=403, outsider=400),
@@ -122,6 +130,7 @@ def _setup(world: World) -> dict[str, Any]:
         "registries": {},
         "workspace-policies": {},
         "ssh-keys": {},
+        "services": {},
     }
     for side, tw in (("own", world.a), ("foreign", world.b)):
         objs["environments"][side], _ = services.environment_launch(
@@ -143,6 +152,11 @@ def _setup(world: World) -> dict[str, Any]:
             image_reference="pytorch/pytorch:2",
             cpu_millicores=1000,
             ram_mib=1024,
+        )
+        objs["services"][side] = serving.model_service_create(
+            actor=tw.project_admin, project=tw.project, cluster=cluster, name=f"svc-{side}",
+            image=Image.objects.get(name="vllm"), model_source="hf://Qwen/Qwen2.5-0.5B",
+            cpu_millicores=1000, ram_mib=1024,
         )
         objs["registries"][side] = registry_services.registry_create(
             actor=tw.owner, tenant=tw.tenant, name=f"reg-{side}", server="ghcr.io", username="u", password="p"
@@ -202,6 +216,10 @@ def _body(resource: str, ctx: dict[str, Any], side: str) -> dict[str, Any]:
         return {"project": tw.project.pk, "idle_minutes": 30}
     if resource == "ssh-keys":
         return {"name": "new-key", "public_key": public_key()}
+    if resource == "services":
+        return {"name": "new-svc", "project": tw.project.pk, "cluster": "sim",
+                "image": Image.objects.get(name="vllm").pk, "model_source": "hf://a/b",
+                "cpu_millicores": 1000, "ram_mib": 1024}
     return {"name": "new-profile", "cpu_millicores": 1000, "ram_mib": 1024}
 
 
@@ -220,7 +238,9 @@ def _call(client: Any, ctx: dict[str, Any], resource: str, op: str, side: str) -
         return client.delete(f"{base}{obj.pk}/"), obj.pk
     if op in ("logs", "why", "checkpoints"):
         return client.get(f"{base}{obj.pk}/{op}/"), obj.pk
-    return client.post(f"{base}{obj.pk}/{op}/"), obj.pk  # stop, start, open
+    if op == "scale":
+        return client.post(f"{base}{obj.pk}/scale/", {"replicas": 2}, format="json"), obj.pk
+    return client.post(f"{base}{obj.pk}/{op}/"), obj.pk  # stop, start, open, rollout
 
 
 class _Rollback(Exception):  # noqa: N818

@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
     the upgrade. Images created from now on default to ``["linux/amd64"]``."""
 
     dependencies = [
-        ('registry', '0003_unique_names_per_owner'),
+        ('registry', '0004_r4serve_inference_images'),
     ]
 
     operations = [

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0008_r3i11_mixed_gpu_models'),
+        ('scheduling', '0012_r4sng_job_affinity'),
         ('tenants', '0005_merge_i13_saml'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]

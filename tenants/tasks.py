@@ -1,0 +1,21 @@
+"""Celery entry points of the tenants app."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from tenants.audit import seal
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def audit_seal() -> int:
+    """Seal what large writers asked to have sealed (``audit.request_seal``) and what a
+    writer's own seal-after-commit missed (it lost the race to a sealer that had already read
+    its rows); the beat runs it every ``AUDIT_SEAL_SECONDS``. Waits for the chain lock: one
+    sealer at a time."""
+    from django.core.cache import cache
+
+    from tenants.audit import SEAL_QUEUED_KEY
+
+    cache.delete(SEAL_QUEUED_KEY)  # requests from now on queue another run
+    return seal(wait=True)
