@@ -133,16 +133,46 @@ BULK_JOBS = 1000
 """Jobs per ``POST jobs/bulk/`` (the server's limit)."""
 
 
+def cluster_option(value: str | None) -> dict[str, Any] | None:
+    """``--cluster``: ``any``, ``a,b`` (one name pins the job), or labels ``region=eu,arch=arm64``
+    → the job fields ``cluster`` / ``cluster_choice``; None leaves the file's own."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        raise click.BadParameter("any, a cluster name, names a,b, or labels key=value,...",
+                                 param_hint="--cluster")
+    if value == "any":
+        return {"cluster": None, "cluster_choice": {}}
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if all("=" in p for p in parts):
+        labels = dict(p.split("=", 1) for p in parts)
+        if not all(k and v for k, v in labels.items()):
+            raise click.BadParameter("labels as key=value", param_hint="--cluster")
+        return {"cluster": None, "cluster_choice": {"labels": labels}}
+    if any("=" in p for p in parts):
+        raise click.BadParameter("either cluster names or key=value labels, not both",
+                                 param_hint="--cluster")
+    if len(parts) == 1:
+        return {"cluster": parts[0], "cluster_choice": {}}
+    return {"cluster": None, "cluster_choice": {"clusters": parts}}
+
+
 @cli.command()
 @click.option("-f", "--file", "path", required=True, type=click.File("r"), help="A job.yaml ('-': stdin)")
+@click.option("--cluster", "cluster", default=None,
+              help="Where Job documents may run: any | a,b | region=eu,arch=arm64 (one name pins)")
 @click.pass_context
-def submit(ctx: click.Context, path: Any) -> None:
+def submit(ctx: click.Context, path: Any, cluster: str | None) -> None:
     """Submit training jobs, dev environments or plain jobs from a YAML file.
 
     The file may hold many documents (separated by ``---``). Documents of ``kind: Job``
     (a scheduling job: name, project, cluster, groups, priority_class, mixed_gpu_models,
     ...) are submitted together through the bulk endpoint, all or nothing; the others one
-    by one."""
+    by one. ``--cluster`` sets where the Job documents may run (overriding their own
+    ``cluster``): ``any`` cluster the project may use, a set ``a,b``, or cluster labels
+    ``region=eu``; Camp then places each where it starts soonest."""
+    where = cluster_option(cluster)
     try:
         specs = [d for d in yaml.safe_load_all(path) if d is not None]
     except yaml.YAMLError as exc:
@@ -164,6 +194,8 @@ def submit(ctx: click.Context, path: Any) -> None:
         if "project" in body:
             body["project"] = project_of(body["project"])
         if kind == "Job":
+            if where is not None:
+                body.update(where)
             jobs.append(body)
         else:
             _submit_one(api, kind, body)

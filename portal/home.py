@@ -175,6 +175,15 @@ def admin_view() -> list[dict[str, Any]]:
     return out
 
 
+def global_queue() -> dict[str, Any]:
+    """Floating jobs no cluster has taken yet (one pool across clusters): they are in no
+    cluster's waiting count."""
+    now = timezone.now()
+    row = Job.objects.filter(cluster__isnull=True, state=JobState.QUEUED).aggregate(
+        n=Count("id"), at=Min("submitted_at"))
+    return {"queued": row["n"], "longest_wait": (now - row["at"]) if row["at"] else None}
+
+
 def home(user: Any) -> dict[str, Any]:
     scope = scope_of(user)
     owned = list(Tenant.objects.filter(pk__in=scope.owner_tenants)) if scope.owner_tenants else []
@@ -184,6 +193,7 @@ def home(user: Any) -> dict[str, Any]:
         "start_now": can_start_now(user),
         "owner": [owner_view(t) for t in owned[:3]],
         "admin": admin_view() if scope.platform_admin else [],
+        "global_queue": global_queue() if scope.platform_admin else None,
         "demo_load": _demo_load() if scope.platform_admin else None,
     }
 

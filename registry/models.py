@@ -94,6 +94,14 @@ class ExternalRegistry(models.Model):
         return f"camp-registry-{self.pk}"
 
 
+PLATFORMS = ("linux/amd64", "linux/arm64", "linux/ppc64le", "linux/s390x")
+"""Image platforms Camp knows (OCI ``os/architecture``; Kubernetes' ``kubernetes.io/arch``)."""
+
+
+def default_architectures() -> list[str]:
+    return ["linux/amd64"]
+
+
 class Image(models.Model):
     """A catalog entry: a validated image reference users can pick."""
 
@@ -112,6 +120,10 @@ class Image(models.Model):
     registry = models.ForeignKey(ExternalRegistry, on_delete=models.PROTECT, null=True, blank=True,
                                  related_name="images",
                                  help_text="Pull credentials, if the image is private.")
+    architectures = models.JSONField(
+        default=default_architectures, blank=True,
+        help_text='The platforms the image is built for, e.g. ["linux/amd64", "linux/arm64"]: '
+                  "a job using it only goes to nodes of one of them. Empty: unknown (no restriction).")
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

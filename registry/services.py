@@ -21,12 +21,12 @@ from tenants.audit import audit_record, snapshot
 from tenants.models import Project, Tenant, User
 
 from .crypto import decrypt_secret, encrypt_secret
-from .models import ExternalRegistry, Image, Scope, Variant
+from .models import PLATFORMS, ExternalRegistry, Image, Scope, Variant
 from .references import ReferenceError, host_of, parse_reference
 
 REGISTRY_FIELDS = ("scope", "tenant", "project", "name", "server", "username")
 IMAGE_FIELDS = ("scope", "tenant", "project", "name", "display_name", "reference", "variant",
-                "framework", "description", "registry", "enabled")
+                "framework", "description", "registry", "architectures", "enabled")
 
 
 def _require(actor: Any, action: str, obj: Any) -> None:
@@ -158,6 +158,12 @@ def _clean_image(image: Image) -> None:
     except ReferenceError as exc:
         raise ValidationError({"reference": [str(exc)]}) from exc
     image.reference = image.reference.strip()
+    arches = image.architectures
+    # Empty: unknown (images catalogued before architectures were recorded); no restriction.
+    if (not isinstance(arches, list) or len(set(arches)) != len(arches)
+            or not all(a in PLATFORMS for a in arches)):
+        raise ValidationError({"architectures": [
+            f"A list of the platforms the image is built for, among: {', '.join(PLATFORMS)}."]})
     if image.variant not in Variant.values:
         raise ValidationError({"variant": [f"Choose one of: {', '.join(Variant.values)}."]})
     r = image.registry
@@ -175,11 +181,12 @@ def _clean_image(image: Image) -> None:
 def image_create(*, actor: User, name: str, reference: str, variant: str, framework: str = "other",
                  display_name: str = "", description: str = "", registry: ExternalRegistry | None = None,
                  enabled: bool = True, tenant: Tenant | None = None,
-                 project: Project | None = None) -> Image:
+                 project: Project | None = None, architectures: list[str] | None = None) -> Image:
     scope, tenant = _scope_of(tenant, project)
     image = Image(scope=scope, tenant=tenant, project=project, name=name, reference=reference,
                   variant=variant, framework=framework, display_name=display_name,
-                  description=description, registry=registry, enabled=enabled)
+                  description=description, registry=registry, enabled=enabled,
+                  architectures=list(architectures) if architectures is not None else ["linux/amd64"])
     _require(actor, permissions.CREATE, image)
     _clean_image(image)
     _save(image, "An image with this name already exists here.")
@@ -193,7 +200,7 @@ def image_update(*, actor: User, image: Image, **changes: Any) -> Image:
     before = snapshot(image, IMAGE_FIELDS)
     for key, value in changes.items():
         if key not in ("name", "display_name", "reference", "variant", "framework", "description",
-                       "registry", "enabled"):
+                       "registry", "architectures", "enabled"):
             raise ValidationError({key: ["This field cannot be changed."]})
         setattr(image, key, value)
     _clean_image(image)

@@ -46,6 +46,10 @@ class Cluster(models.Model):
     )
     prometheus_url = models.URLField(blank=True, help_text="Optional utilisation feed (DCGM / HAMi).")
     namespace_prefix = models.CharField(max_length=20, default="camp", validators=[slug_validator])
+    labels = models.JSONField(
+        default=dict, blank=True,
+        help_text="What a job may select this cluster by (one pool across clusters): e.g. "
+                  '{"region": "eu-west", "arch": "arm64", "accelerator": "nvidia"}.')
     placement_policy = models.CharField(
         max_length=20, choices=PlacementPolicy.choices, default=PlacementPolicy.FRAGMENTATION,
         help_text="How the scheduler chooses nodes and cards on this cluster.",
@@ -265,7 +269,21 @@ class Job(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="jobs"
     )
-    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs")
+    # Null while a floating job waits in the global queue (no cluster chosen yet); set when
+    # the placement step binds it to one cluster (scheduling/multicluster.py), so a job is
+    # never in two clusters: one column, changed by conditional updates only.
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs",
+                                null=True, blank=True)
+    floating = models.BooleanField(
+        default=False, help_text="Submitted without one named cluster: Camp chooses among "
+                                 "the clusters its choice allows (and may choose again).")
+    cluster_choice = models.JSONField(
+        default=dict, blank=True,
+        help_text='A floating job\'s allowed clusters: {"clusters": [names]} and/or '
+                  '{"labels": {key: value}}; empty means any cluster the project may use.')
+    placement_note = models.CharField(
+        max_length=500, blank=True,
+        help_text="Floating jobs: why not the other clusters, as of the last placement step.")
     name = models.CharField(max_length=40, validators=[slug_validator])
     kind = models.CharField(max_length=20, default="batch", help_text="batch, pytorch, mpi, ...")
     priority_class = models.CharField(
@@ -310,6 +328,9 @@ class Job(models.Model):
         # scans at 100,000 jobs (docs/BENCHMARKS.md).
         indexes = [
             models.Index(fields=["cluster", "state"], name="job_cluster_state"),
+            # The global queue: floating jobs not placed yet (a small partial index).
+            models.Index(fields=["submitted_at", "id"], name="job_global_queue",
+                         condition=Q(cluster__isnull=True, state="queued")),
             models.Index(fields=["-submitted_at", "-id"], name="job_newest"),
             models.Index(fields=["project", "state", "-submitted_at", "-id"],
                          name="job_project_state_newest"),
@@ -339,6 +360,34 @@ class Job(models.Model):
     @property
     def is_final(self) -> bool:
         return self.state in FINAL_STATES
+
+    @property
+    def why_across_clusters(self) -> str:
+        """A floating job's why, cluster by cluster: its own cluster's answer (once placed)
+        and why not the others (e.g. "cluster east: no GPU free; cluster west: the image has
+        no arm64 variant")."""
+        if not self.floating:
+            return ""
+        cluster = self.cluster
+        if cluster is None:
+            return self.reason
+        own = f"cluster {cluster.name}: {self.reason}" if self.reason else f"cluster {cluster.name}"
+        return f"{own}; {self.placement_note}" if self.placement_note else own
+
+    @property
+    def placed_cluster(self) -> Cluster:
+        """The job's cluster, where it must have one (admitted, with pods): a floating job is
+        bound to a cluster before its cluster's cycle can admit it."""
+        cluster = self.cluster
+        if cluster is None:
+            raise ValueError(f"job {self.pk} is in the global queue: it has no cluster yet")
+        return cluster
+
+    @property
+    def placed_cluster_id(self) -> int:
+        if self.cluster_id is None:
+            raise ValueError(f"job {self.pk} is in the global queue: it has no cluster yet")
+        return self.cluster_id
 
 
 class PodGroup(models.Model):
@@ -431,6 +480,8 @@ class GpuSlice(models.Model):
 
 class DecisionKind(models.TextChoices):
     SUBMITTED = "submitted", "Submitted"
+    PLACED = "placed", "Placed on a cluster"
+    UNPLACED = "unplaced", "Back to the global queue"
     ADMITTED = "admitted", "Admitted"
     WAITING = "waiting", "Waiting"
     PREEMPTING = "preempting", "Preempting others"
@@ -447,7 +498,9 @@ class SchedulingDecision(models.Model):
     """What happened to a job and why, in order: the per-job history the API exposes."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
-    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    # Null for a floating job's decisions taken before any cluster was chosen.
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+",
+                                null=True, blank=True)
     kind = models.CharField(max_length=12, choices=DecisionKind.choices)
     reason = models.CharField(max_length=500, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)

@@ -11,16 +11,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import defaultdict
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import FloatField, QuerySet, TextField
+from django.db.models import FloatField, Q, QuerySet, TextField
 from django.db.models.functions import Cast, Extract
 from django.utils import timezone
 
 from scheduling import engine as E
+from scheduling.engine.multicluster import platform_arch
 from scheduling.engine.queueing import (
     ProjectQueue,
     QueueTree,
@@ -229,7 +231,7 @@ _PENDING_COLUMNS = (*_JOB_COLUMNS, "tenant__name", "project__name", "priority", 
                     "gang", "preemptible", "mixed_gpu_models", "affinity", "submitted_at", "duration_seconds",
                     "checkpoint_capable")
 _GROUP_COLUMNS = ("job_id", "pk", "name", "replicas", "gpu_count", "gpu_memory_mib",
-                  "gpu_cores_percent", "exclusive", "cpu_millicores", "ram_mib", "gpu_models")
+                  "gpu_cores_percent", "exclusive", "cpu_millicores", "ram_mib", "image", "gpu_models")
 _ALLOC_COLUMNS = ("pk", "job_id", "group__name", "replica", "node__name", "cpu_millicores", "ram_mib")
 _RUNNING_COLUMNS = (*_JOB_COLUMNS, "tenant__name", "project__name", "priority", "preemptible",
                     "state", "started_at", "admitted_at", "submitted_at", "checkpoint_capable",
@@ -336,11 +338,49 @@ def _running_part(cluster: Cluster, nodes: dict[str, int], gpu_by_id: dict[int, 
     return eallocs, checkpointable, estimates
 
 
-def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow]
+def image_arches(uses: Iterable[tuple[int, int, str]]) -> dict[tuple[int, str], frozenset[str]]:
+    """(tenant id, project id, image reference) → (project id, reference) → the CPU
+    architectures the registry catalog records for that image, as that project sees the
+    catalog: enabled images of the platform, of its tenant and of the project only (another
+    tenant's catalog never changes where this project's jobs may run, nor is it revealed).
+    Absent when Camp cannot tell — not in the project's catalog, or a record with no
+    architectures (unknown, e.g. an image catalogued before architectures were recorded) —
+    and then the job is not restricted. Several records of one reference: the union."""
+    from registry.models import Image  # registry sits above scheduling (it imports its models)
+
+    wanted = {(t, p, ref) for t, p, ref in uses if ref}
+    if not wanted:
+        return {}
+    refs = {ref for _, _, ref in wanted}
+    tenants = {t for t, _, _ in wanted}
+    projects = {p for _, p, _ in wanted}
+    rows = list(Image.objects.filter(enabled=True, reference__in=refs).filter(
+        Q(scope="platform") | Q(scope="tenant", tenant_id__in=tenants)
+        | Q(scope="project", project_id__in=projects)).values_list(
+        "reference", "scope", "tenant_id", "project_id", "architectures"))
+    out: dict[tuple[int, str], frozenset[str]] = {}
+    for tenant_id, project_id, ref in wanted:
+        seen: set[str] = set()
+        unknown = False
+        for r, scope, t, p, platforms in rows:
+            if r != ref or (scope == "tenant" and t != tenant_id) or (scope == "project" and p != project_id):
+                continue
+            if not platforms:
+                unknown = True
+            seen.update(platform_arch(str(x)) for x in platforms or ())
+        if seen and not unknown:
+            out[(project_id, ref)] = frozenset(seen)
+    return out
+
+
+def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow],
+                  ids: Collection[int] | None = None,
                   ) -> tuple[list[E.Job], dict[int, dict[str, int]]]:
     """The queued jobs as the engine sees them (in submission order) and their pod groups
-    (job id → group name → group id); adds the jobs to ``jobs``."""
-    queued = Job.objects.filter(cluster=cluster, state=JobState.QUEUED).order_by("submitted_at", "id")
+    (job id → group name → group id); adds the jobs to ``jobs``. With ``ids``: those queued
+    jobs instead of the cluster's (floating jobs offered to it, scheduling/multicluster.py)."""
+    where = Q(pk__in=list(ids)) if ids is not None else Q(cluster=cluster)
+    queued = Job.objects.filter(where, state=JobState.QUEUED).order_by("submitted_at", "id")
     if connection.vendor == "postgresql":
         # Seconds since the epoch as a float, computed by the server: Django's timestamptz
         # loader parses text in Python (~20 µs a row). The same double as .timestamp().
@@ -352,7 +392,8 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow]
     # gpu_models read as text and parsed once per distinct list (a few dozen), not per row.
     parsed: dict[str | None, list[str]] = {}
     group_rows: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
-    for g in (PodGroup.objects.filter(job__cluster=cluster, job__state=JobState.QUEUED).order_by("id")
+    gwhere = Q(job_id__in=list(ids)) if ids is not None else Q(job__cluster=cluster)
+    for g in (PodGroup.objects.filter(gwhere, job__state=JobState.QUEUED).order_by("id")
               .annotate(models_text=Cast("gpu_models", TextField()))
               .values_list(*_GROUP_COLUMNS[:-1], "models_text")):
         text = g[-1]
@@ -360,9 +401,12 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow]
             parsed[text] = json.loads(text) if text else []
         group_rows[g[0]].append((*g[:-1], parsed[text]))
     # A preemptor waits, out of the queue, until its victims have released their resources.
-    waiting_for_victims = set(
+    waiting_for_victims = set() if ids is not None else set(
         Job.objects.filter(cluster=cluster, state=JobState.PREEMPTING, preempted_by__isnull=False)
         .values_list("preempted_by_id", flat=True))
+    project_of = {r[0]: (r[2], r[3]) for r in rows}
+    arches = image_arches((*project_of[g[0]], g[-2]) for gs in group_rows.values() for g in gs
+                          if g[0] in project_of)
     lists: dict[tuple[int, frozenset[str]], tuple[frozenset[str], frozenset[str]]] = {}
     n = len(_JOB_COLUMNS)
     pending: list[E.Job] = []
@@ -379,7 +423,7 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow]
         if pk in waiting_for_victims:
             continue
         egroups = []
-        for (_, _, name, replicas, gpu_count, gpu_mem, gpu_cores, exclusive, cpu, ram,
+        for (_, _, name, replicas, gpu_count, gpu_mem, gpu_cores, exclusive, cpu, ram, image,
              gpu_models) in gs:
             key = (tenant_id, frozenset(gpu_models or ()))
             if key not in lists:
@@ -389,7 +433,8 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow]
                 name=name,
                 template=E.pod(f"{pk}-{name}", gpu_count=gpu_count, gpu_memory_mib=gpu_mem,
                                gpu_cores_percent=gpu_cores, exclusive=exclusive, cpu_millicores=cpu,
-                               ram_mib=ram, gpu_models=allow, excluded_gpu_models=deny),
+                               ram_mib=ram, gpu_models=allow, excluded_gpu_models=deny,
+                               arches=arches.get((r[3], image), frozenset())),
                 replicas=replicas,
             ))
         pending.append(E.Job(

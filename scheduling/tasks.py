@@ -16,6 +16,7 @@ from . import services
 from .backends import backend_for
 from .backends.base import BackendError
 from .models import Cluster, Job
+from .services import placement as multicluster
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,22 @@ def cluster_cycle(cluster_id: int) -> dict[str, int] | str:
     if summary.admitted:
         # Jobs behind the heads that were tried may fit now: go again until nothing is admitted.
         services.request_cycle(cluster_id)
+    if Job.objects.filter(cluster__isnull=True, floating=True, state="queued").exists():
+        multicluster.request_placement(countdown=1)  # room may have changed for the global queue
     return {"admitted": len(summary.admitted), "waiting": len(summary.waiting),
             "preempting": len(summary.preempting), "rejected": len(summary.rejected)}
+
+
+@shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
+def placement_step() -> dict[str, int] | str:
+    """One placement step of the global queue (floating jobs → clusters)."""
+    multicluster.placement_request_taken()
+    summary = multicluster.placement_run()
+    if summary is None:
+        multicluster.request_placement(countdown=1)
+        return "busy"
+    return {"placed": len(summary.placed), "moved": len(summary.moved),
+            "waiting": len(summary.waiting), "rejected": len(summary.rejected)}
 
 
 @shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
@@ -163,6 +178,8 @@ def scheduler_tick() -> int:
             cluster_reconcile.delay(cluster.pk)
         services.request_cycle(cluster.pk)
         n += 1
+    if Job.objects.filter(floating=True, state="queued").exists():
+        multicluster.request_placement()
     return n
 
 

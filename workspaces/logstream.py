@@ -57,6 +57,8 @@ def _run_pods(job_id: int, pod: str) -> tuple[bool, int, list[tuple[str, str]], 
         return True, 0, [], None, ""
     allocs = job.allocations.select_related("group").order_by("group_id", "replica")
     pods = [(a.pod_name, a.group.name) for a in allocs if not pod or a.pod_name == pod]
+    if job.cluster is None:  # a floating job still in the global queue: no pods anywhere yet
+        return job.is_final, job.attempts, [], None, ""
     return job.is_final, job.attempts, pods, job.cluster, namespace_spec(job, job.cluster).name
 
 

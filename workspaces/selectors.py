@@ -149,8 +149,8 @@ def job_logs(job: Job | None, *, tail: int = 200, pod: str = "") -> list[PodLog]
         allocs = [a for a in allocs if a.pod_name == pod]
     if not allocs:
         return []
-    backend = backend_for(job.cluster)
-    ns = namespace_spec(job, job.cluster).name
+    backend = backend_for(job.placed_cluster)
+    ns = namespace_spec(job, job.placed_cluster).name
     out = []
     for a in allocs:
         try:

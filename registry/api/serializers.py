@@ -9,7 +9,7 @@ from rest_framework import serializers
 from tenants.api.serializers import VisiblePKField
 from tenants.models import Project, Tenant
 
-from ..models import ExternalRegistry, Framework, Image, Variant
+from ..models import PLATFORMS, ExternalRegistry, Framework, Image, Variant
 
 
 class RegistrySerializer(serializers.ModelSerializer[ExternalRegistry]):
@@ -37,10 +37,14 @@ class ImageSerializer(serializers.ModelSerializer[Image]):
     registry = VisiblePKField(queryset=ExternalRegistry.objects.all(), required=False, allow_null=True)
     variant = serializers.ChoiceField(choices=Variant.choices)
     framework = serializers.ChoiceField(choices=Framework.choices, default=Framework.OTHER)
+    architectures = serializers.ListField(
+        child=serializers.ChoiceField(choices=PLATFORMS), required=False, min_length=1,
+        help_text='Platforms the image is built for (default ["linux/amd64"]); a job using it '
+                  "only goes to nodes of one of them.")
 
     class Meta:
         model = Image
         fields = ["id", "scope", "tenant", "project", "name", "display_name", "reference", "variant",
-                  "framework", "description", "registry", "enabled", "created_at"]
+                  "framework", "description", "registry", "architectures", "enabled", "created_at"]
         read_only_fields = ["id", "scope", "created_at"]
         validators: list[Any] = []

@@ -39,8 +39,9 @@ class ClusterSerializer(serializers.ModelSerializer[Cluster]):
 
     class Meta:
         model = Cluster
-        fields = ["id", "name", "display_name", "enabled", "backend", "placement_policy", "api_server",
-                  "prometheus_url", "namespace_prefix", "inventory", "kubeconfig", "token", "ca_cert",
+        fields = ["id", "name", "display_name", "enabled", "backend", "placement_policy", "labels",
+                  "api_server", "prometheus_url", "namespace_prefix", "inventory", "kubeconfig", "token",
+                  "ca_cert",
                   "has_credentials", "last_inventory_at", "last_cycle_at", "last_error",
                   "unreachable_since", "retry_at", "failures", "watch_last_event_at", "watch_error",
                   "watch_error_since", "watch_failing", "created_at"]
@@ -267,7 +268,19 @@ class VisibleClusterField(serializers.SlugRelatedField[Cluster]):
 
 class JobSerializer(serializers.ModelSerializer[Job]):
     project = VisiblePKField(queryset=Project.objects.select_related("tenant"))
-    cluster = VisibleClusterField(slug_field="name", queryset=Cluster.objects.all())
+    cluster = VisibleClusterField(
+        slug_field="name", queryset=Cluster.objects.all(), required=False, allow_null=True,
+        help_text="The one cluster to run on. Leave it out (or null) for a floating job: Camp "
+                  "places it on the cluster where it starts soonest among those "
+                  "``cluster_choice`` allows (null while it waits in the global queue).")
+    cluster_choice = serializers.JSONField(
+        required=False, default=dict,
+        help_text='Floating jobs only: {"clusters": ["a", "b"]} and/or {"labels": {"region": '
+                  '"eu-west"}} (all must match) and {"prefer": {...}} (data locality, a '
+                  "tie-break); empty: any cluster the project may use.")
+    why_across_clusters = serializers.CharField(
+        read_only=True, help_text="Floating jobs: why it waits, cluster by cluster (its own "
+                                  "cluster's answer once placed, and why not the others).")
     tenant = serializers.CharField(source="tenant.name", read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True, default=None)
     priority_class = serializers.ChoiceField(choices=PriorityClass.choices, default="normal")
@@ -278,13 +291,15 @@ class JobSerializer(serializers.ModelSerializer[Job]):
 
     class Meta:
         model = Job
-        fields = ["id", "name", "tenant", "project", "cluster", "owner", "kind", "priority_class",
+        fields = ["id", "name", "tenant", "project", "cluster", "floating", "cluster_choice", "owner",
+                  "kind", "priority_class",
                   "priority", "preemptible", "checkpoint_capable", "gang", "mixed_gpu_models", "affinity",
                   "duration_seconds",
-                  "groups", "state", "reason", "reason_kind", "queue_position", "queue_length",
+                  "groups", "state", "reason", "reason_kind", "why_across_clusters", "queue_position",
+                  "queue_length",
                   "preempted_by", "attempts", "submitted_at", "admitted_at", "started_at",
                   "finished_at", "allocations", "last_decision"]
-        read_only_fields = ["id", "tenant", "owner", "priority", "state", "reason", "reason_kind",
+        read_only_fields = ["id", "tenant", "owner", "floating", "priority", "state", "reason", "reason_kind",
                             "queue_position", "queue_length", "preempted_by", "attempts",
                             "submitted_at", "admitted_at", "started_at", "finished_at"]
         validators: list[Any] = []

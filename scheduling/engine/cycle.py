@@ -456,6 +456,15 @@ class QueueCycle:
 
     def _never_detail(self, p: PodRequest) -> str:
         nodes = [ns.static.node for ns in self.state.nodes.values()]
+        if p.arches:
+            # Its image's platforms (the registry catalog): only nodes of those architectures count.
+            fit = [n for n in nodes if n.arch in p.arches]
+            if not fit:
+                built = ", ".join(sorted(f"linux/{a}" for a in p.arches))
+                have = ", ".join(sorted({f"linux/{n.arch}" for n in nodes})) or "none"
+                return (f"its image's architecture does not match: the image catalog records it as "
+                        f"built for {built} only, and this cluster's nodes are {have}")
+            nodes = fit
         gpus = p.gpu_count
         if p.containers:
             allowed = [sum(1 for g in n.gpus if p.allows_model(g.model)) for n in nodes]

@@ -26,6 +26,7 @@ def shape_key(p: PodRequest) -> PodRequest:
         containers=p.containers,
         gpu_models=p.gpu_models,
         excluded_gpu_models=p.excluded_gpu_models,
+        arches=p.arches,
     )
 
 

@@ -89,6 +89,9 @@ class Topology:
     link_matrix: tuple[tuple[int, ...], ...] = ()
 
 
+ARCH_LABEL = "kubernetes.io/arch"
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """A schedulable machine with its GPUs."""
@@ -105,6 +108,15 @@ class Node:
     topology: Topology = field(default_factory=Topology)
     overcommit: Overcommit | None = None
     """Per-node overcommit; falls back to the snapshot's per-model factors, then to 1.0."""
+
+    @property
+    def arch(self) -> str:
+        """The node's CPU architecture: its ``kubernetes.io/arch`` label (set by the kubelet on
+        every node), ``amd64`` when absent."""
+        for k, v in self.labels:
+            if k == ARCH_LABEL:
+                return v
+        return "amd64"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -145,6 +157,8 @@ class PodRequest:
     gpu_models: frozenset[str] = frozenset()
     """Allowed GPU models; empty means any."""
     excluded_gpu_models: frozenset[str] = frozenset()
+    arches: frozenset[str] = frozenset()
+    """CPU architectures its image runs on (``amd64``, ``arm64``); empty means any."""
 
     @property
     def gpu_count(self) -> int:
@@ -170,6 +184,7 @@ def pod(
     ram_mib: int = 0,
     gpu_models: frozenset[str] | set[str] | tuple[str, ...] = frozenset(),
     excluded_gpu_models: frozenset[str] | set[str] | tuple[str, ...] = frozenset(),
+    arches: frozenset[str] | set[str] | tuple[str, ...] = frozenset(),
 ) -> PodRequest:
     """Build a single-container :class:`PodRequest` (the common case)."""
     containers: tuple[GpuRequest, ...] = ()
@@ -190,6 +205,7 @@ def pod(
         containers=containers,
         gpu_models=frozenset(gpu_models),
         excluded_gpu_models=frozenset(excluded_gpu_models),
+        arches=frozenset(arches),
     )
 
 
@@ -246,6 +262,7 @@ class Job:
                         containers=g.template.containers,
                         gpu_models=g.template.gpu_models,
                         excluded_gpu_models=g.template.excluded_gpu_models,
+                        arches=g.template.arches,
                     )
                 )
         return tuple(out)

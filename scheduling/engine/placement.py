@@ -55,6 +55,8 @@ def node_filter(ns: NodeState, pod: PodRequest) -> str | None:
         return "node unschedulable"
     if not node.healthy:
         return "node unhealthy"
+    if pod.arches and node.arch not in pod.arches:
+        return f"image has no {node.arch} variant"
     if ns.pods_free < 1:
         return "too many pods"
     if pod.cpu_millicores > ns.cpu_free:
@@ -96,6 +98,8 @@ def _static_fits(static: NodeStatic, pod: PodRequest, strict_topology: bool) -> 
     """Could ``pod`` run on this node if the node were empty and schedulable?"""
     node = static.node
     if pod.cpu_millicores > node.cpu_millicores or pod.ram_mib > node.ram_mib or node.max_pods < 1:
+        return False
+    if pod.arches and node.arch not in pod.arches:
         return False
     if not pod.containers:
         return True
@@ -387,6 +391,11 @@ class Placer:
             if ok:
                 self._fits_somewhere.add(sid)
                 return None
+        if pod.arches and not any(ns.static.node.arch in pod.arches for ns in self.state.nodes.values()):
+            built = ", ".join(sorted(f"linux/{a}" for a in pod.arches))
+            have = ", ".join(sorted({f"linux/{ns.static.node.arch}" for ns in self.state.nodes.values()}))
+            return (f"pod {pod.name}: its image's architecture does not match — the image catalog "
+                    f"records it as built for {built} only, and this cluster's nodes are {have or 'none'}")
         if pod.containers and not any(
             pod.allows_model(m) for ns in self.state.nodes.values() for m in ns.static.models
         ):

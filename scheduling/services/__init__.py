@@ -132,6 +132,14 @@ from .jobs import (
     job_submit_many,
     job_terminate,
 )
+from .placement import (
+    PlacementSummary,
+    clean_choice,
+    cluster_unplace_queued,
+    job_unplace,
+    placement_run,
+    request_placement,
+)
 from .pools import (
     POOL_FIELDS,
     _pool_snapshot,
@@ -158,6 +166,12 @@ from .reconcile import (
 )
 
 __all__ = [
+    "PlacementSummary",
+    "clean_choice",
+    "cluster_unplace_queued",
+    "job_unplace",
+    "placement_run",
+    "request_placement",
     "SCHEDULER",
     "MAX_ATTEMPTS",
     "_locked_job",

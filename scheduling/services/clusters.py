@@ -26,7 +26,7 @@ from ..models import (
 from .common import SCHEDULER, _require, enqueue_on_commit
 
 CLUSTER_FIELDS = ("name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
-                  "namespace_prefix", "placement_policy")
+                  "namespace_prefix", "placement_policy", "labels")
 
 
 # --- clusters ------------------------------------------------------------------------------
@@ -40,6 +40,14 @@ def _validate_cluster(cluster: Cluster) -> None:
             raise ValidationError({"inventory": [str(exc)]}) from exc
         if cluster.enabled and not nodes:
             raise ValidationError({"inventory": ["A simulated cluster needs at least one node."]})
+    labels = cluster.labels
+    if labels in (None, ""):
+        cluster.labels = labels = {}
+    if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and v and len(k) <= 63 and len(v) <= 63
+            for k, v in labels.items()):
+        raise ValidationError({"labels": [
+            'Labels as {"key": "value"} (up to 63 characters each), e.g. {"region": "eu-west"}.']})
     cluster.full_clean(exclude=["credentials_encrypted"])
 
 
@@ -212,6 +220,11 @@ def cluster_reachability_record(*, cluster_id: int, error: str | None) -> None:
         if cluster.unreachable_since is None:
             audit_record(actor=None, actor_username=SCHEDULER, action="cluster.unreachable",
                          target=cluster, after={"error": error[:500]})
+        # It takes no new work: its queued floating jobs go back to the global queue (those
+        # running stay; a job never runs in two clusters).
+        from .placement import cluster_unplace_queued  # placement reaches the cycle and jobs
+
+        cluster_unplace_queued(cluster_id=cluster_id, reason=f"cluster {cluster.name} is unreachable")
 
 
 def cluster_due(cluster: Cluster, now: dt.datetime | None = None) -> bool:

@@ -136,14 +136,17 @@ def _audit_job(action: str, job: Job, *, actor: User | None = None, **extra: Any
 # --- cycle requests ------------------------------------------------------------------------
 
 
-def request_cycle(cluster_id: int, *, countdown: float | None = None) -> None:
-    """Ask for one scheduling cycle of a cluster after the current transaction commits.
+def request_cycle(cluster_id: int | None, *, countdown: float | None = None) -> None:
+    """Ask for one scheduling cycle of a cluster after the current transaction commits
+    (``None``: a floating job with no cluster yet; the placement step asks for its cycle).
 
     Requests coalesce: while one cycle is queued and not yet started, more requests add
     nothing (the queued one will see every job committed before it starts). The marker
     lives two beat ticks at most, so a request lost with its message (a broker restart)
     holds back no later one for longer. A broker or cache that is down never fails the
     caller's committed work: the beat's ``scheduler_tick`` asks again from the database."""
+    if cluster_id is None:
+        return
     try:
         if not cache.add(f"camp:cycle-queued:{cluster_id}", 1,
                          timeout=max(5, 2 * settings.SCHEDULER_TICK_SECONDS)):

@@ -262,8 +262,20 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
             admits.append((job, d.placement, status))
         elif isinstance(d, E.Preempt):
             preemptions.append((job, d))
+        elif isinstance(d, E.Reject) and job.floating and inputs.cluster is not None:
+            # A floating job this cluster can never run goes back to the global queue with
+            # this cluster refused, instead of being rejected: another cluster may run it (the
+            # placement step rejects it once none can). Under this cycle's lock.
+            from .placement import job_unplace  # placement imports this module
+
+            if job_unplace(job_id=job.pk, reason=f"cluster {inputs.cluster.name} cannot run it: {d.reason}",
+                           refused=d.reason, locked=True, from_cluster=inputs.cluster.pk):
+                summary.waiting.append(job.pk)
+            else:
+                summary.conflicts.append(job.pk)
         elif isinstance(d, E.Reject):
-            updated = Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+            updated = Job.objects.filter(
+                pk=job.pk, state=JobState.QUEUED, cluster=inputs.cluster or job.cluster).update(
                 state=JobState.REJECTED, reason=d.reason[:500], reason_kind=status.kind,
                 queue_position=None, queue_length=None, finished_at=timezone.now(),
             )
@@ -310,8 +322,13 @@ def _lock_rows(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
         used |= _placement_gpus(inputs, d.placement)
     locked_jobs: dict[int, tuple[str, int]] = {}
     if pks:
-        locked_jobs = {pk: (state, attempts) for pk, state, attempts in Job.objects.select_for_update(
-            no_key=True).filter(pk__in=sorted(pks)).order_by("pk").values_list("pk", "state", "attempts")}
+        rows = Job.objects.select_for_update(no_key=True).filter(pk__in=sorted(pks)).order_by("pk")
+        # A job counts only while it is still this cluster's: a floating job sent back to the
+        # global queue (and perhaps bound elsewhere) since the snapshot is neither admitted
+        # nor a preemptor here — as if it had been cancelled meanwhile.
+        locked_jobs = {pk: (state, attempts) for pk, state, attempts, cluster_id
+                       in rows.values_list("pk", "state", "attempts", "cluster_id")
+                       if inputs.cluster is None or cluster_id == inputs.cluster.pk}
     current: dict[int, tuple[Any, ...]] = {}
     if used:
         current = {row[0]: row[1:] for row in GpuDevice.objects.select_for_update(no_key=True).filter(
@@ -537,7 +554,7 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
     for job, _, _ in accepted:
         if job.project_id not in namespaces:
             namespaces[job.project_id] = project_namespace_ensure(
-                cluster=inputs.cluster or job.cluster, project=job.project)
+                cluster=inputs.cluster or job.placed_cluster, project=job.project)
     # Admission times follow the engine's order (a microsecond apart), as they did when jobs
     # were admitted one by one: preemption picks the most recently started victims first.
     _update_from_values(
@@ -553,7 +570,7 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
         for pp in placement.pods:
             group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
             allocs.append((Allocation(
-                cluster_id=job.cluster_id, job=job, group_id=groups[group_name], replica=int(replica),
+                cluster_id=job.placed_cluster_id, job=job, group_id=groups[group_name], replica=int(replica),
                 pod_name=pod_name(job.name, job.pk, group_name, int(replica)),
                 node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
             ), pp))
@@ -575,21 +592,22 @@ def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, stat
     now = timezone.now()
     try:
         with transaction.atomic():
-            namespace = project_namespace_ensure(cluster=inputs.cluster or job.cluster,
+            namespace = project_namespace_ensure(cluster=inputs.cluster or job.placed_cluster,
                                                  project=job.project)
-            if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+            if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED,
+                                      cluster=inputs.cluster or job.placed_cluster).update(
                 state=JobState.STARTING, admitted_at=now, reason="Admitted; creating pods",
                 namespace=namespace,
                 reason_kind=status.kind, queue_position=None, queue_length=None,
                 attempts=F("attempts") + 1,
             ):
-                return False  # cancelled meanwhile
+                return False  # cancelled (or, floating, moved to another cluster) meanwhile
             gpu_delta: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
             for pp in placement.pods:
                 group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
                 alloc = Allocation.objects.create(
-                    cluster_id=job.cluster_id, job=job, group_id=groups[group_name], replica=int(replica),
-                    pod_name=pod_name(job.name, job.pk, group_name, int(replica)),
+                    cluster_id=job.placed_cluster_id, job=job, group_id=groups[group_name],
+                    replica=int(replica), pod_name=pod_name(job.name, job.pk, group_name, int(replica)),
                     node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
                 )
                 for g in pp.gpus:

@@ -232,7 +232,7 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
     if job.state != JobState.STARTING:
         return "skipped"
-    cluster = job.cluster
+    cluster = job.placed_cluster
     backend = backend_for(cluster)
     ns, objs, pods = job_specs(job, cluster)
     try:
@@ -279,7 +279,14 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
         reason = f"Could not create its pods: {message}"[:500]
         signals.dispatch_failed.send_robust(sender=Job, cluster_id=job.cluster_id, job_id=job.pk,
                                             message=message)
-        if job.attempts >= MAX_ATTEMPTS:
+        tries = job.attempts
+        if job.floating and job.cluster is not None:
+            # One pool across clusters: attempts count per cluster (a failed cluster is
+            # avoided for a while and the job tries the others), not across clusters.
+            from .placement import dispatch_failures
+
+            tries = dispatch_failures(job.cluster_choice, job.cluster.name) + 1
+        if tries >= MAX_ATTEMPTS:
             _finish(job, JobState.FAILED, reason)
             _record(job, DecisionKind.FAILED, reason)
             _audit_job("job.failed", job, after={"reason": reason})
@@ -289,6 +296,16 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
             job.save(update_fields=["state", "reason", "updated_at"])
             _record(job, DecisionKind.REQUEUED, job.reason)
             _audit_job("job.requeued", job, after={"reason": reason})
+            if job.floating:
+                # One pool across clusters: back to the global queue, this cluster avoided for
+                # a while, so another cluster may take it (a job never runs in two).
+                from .placement import job_unplace
+
+                # No cycle lock needed: the job goes from STARTING straight to the global
+                # queue in this transaction, so no cycle ever reads it queued here.
+                job_unplace(job_id=job.pk, reason=f"its pods could not be created on {job.cluster}",
+                            avoid=message, locked=True)
+                return True
         request_cycle(job.cluster_id, countdown=2)
     return True
 
@@ -296,12 +313,12 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
 def job_stop(*, job_id: int) -> str:
     """Delete a job's pods (with a grace period) and release its resources once gone."""
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
-    backend = backend_for(job.cluster)
+    backend = backend_for(job.placed_cluster)
     allocs = list(job.allocations.select_related("node"))
     names = [a.pod_name for a in allocs]
     if not names:
         return "nothing"
-    ns = namespace_spec(job, job.cluster).name
+    ns = namespace_spec(job, job.placed_cluster).name
     dead = _on_dead_nodes(allocs)
     for name in names:
         backend.delete_pod(ns, name, grace_seconds=0 if name in dead else 30)
@@ -365,7 +382,7 @@ def _job_objects_delete(job: Job) -> None:
     (a requeued job's next dispatch makes them again, for its new placement). Best effort:
     reconcile deletes what is left (``_sweep_job_objects``)."""
     try:
-        backend_for(job.cluster).delete_job_objects(namespace_spec(job, job.cluster).name,
+        backend_for(job.placed_cluster).delete_job_objects(namespace_spec(job, job.placed_cluster).name,
                                                     job_object_name(job.name, job.pk))
     except BackendError as exc:
         logger.info("job %s: its objects are left for reconcile: %s", job.pk, exc)

@@ -41,7 +41,8 @@ from .common import (
 )
 
 JOB_FIELDS = ("name", "kind", "priority_class", "priority", "preemptible", "checkpoint_capable",
-              "gang", "mixed_gpu_models", "affinity", "duration_seconds", "state", "reason")
+              "gang", "mixed_gpu_models", "affinity", "duration_seconds", "state", "reason", "floating",
+              "cluster_choice")
 GROUP_FIELDS = ("name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
                 "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env")
 
@@ -69,7 +70,8 @@ def _job_build(
     *,
     actor: User,
     project: Project,
-    cluster: Cluster,
+    cluster: Cluster | None = None,
+    cluster_choice: dict[str, Any] | None = None,
     name: str,
     groups: list[dict[str, Any]],
     kind: str = "batch",
@@ -80,8 +82,12 @@ def _job_build(
     duration_seconds: int | None = None,
     mixed_gpu_models: bool = False,
     affinity: str = "none",
+    choice_context: Any = None,
 ) -> tuple[Job, list[PodGroup]]:
-    """A validated, unsaved job and its pod groups (the rules of a submit, without writes)."""
+    """A validated, unsaved job and its pod groups (the rules of a submit, without writes).
+
+    ``cluster`` None makes a floating job: it waits in the global queue until the placement
+    step (services/placement.py) binds it to one of the clusters ``cluster_choice`` allows."""
     if priority_class not in PRIORITY_VALUES:
         raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PRIORITY_VALUES)}."]})
     if preemptible is None:
@@ -96,10 +102,18 @@ def _job_build(
         affinity=affinity,
     )
     _require(actor, permissions.CREATE, job)
-    if not cluster.enabled:
+    if cluster is not None and not cluster.enabled:
         raise ValidationError({"cluster": ["This cluster is disabled."]})
+    if cluster is not None and cluster_choice:
+        raise ValidationError({"cluster_choice": [
+            "Name one cluster or give a cluster choice (clusters, labels), not both."]})
     if not groups:
         raise ValidationError({"groups": ["A job needs at least one pod group."]})
+    if cluster is None:
+        from .placement import clean_choice  # placement reaches the cycle, which imports this module
+
+        job.floating = True
+        job.cluster_choice = clean_choice(cluster_choice, groups, project, choice_context)
     rows = [_clean_group(n, g) for n, g in enumerate(groups)]
     if len({g.name for g in rows}) != len(rows):
         raise ValidationError({"groups": ["Pod group names must be distinct."]})
@@ -126,7 +140,8 @@ def job_submit(
     *,
     actor: User,
     project: Project,
-    cluster: Cluster,
+    cluster: Cluster | None = None,
+    cluster_choice: dict[str, Any] | None = None,
     name: str,
     groups: list[dict[str, Any]],
     kind: str = "batch",
@@ -139,13 +154,15 @@ def job_submit(
     affinity: str = "none",
 ) -> Job:
     """Queue a job (state QUEUED) and ask for a scheduling cycle after commit (requests
-    coalesce per cluster: ``request_cycle``).
+    coalesce per cluster: ``request_cycle``); a floating job (no ``cluster``) asks for a
+    placement step instead.
 
     The audit event is appended as the transaction's last statement (``audit_batch``): the
     chain lock every writer of the audit log queues on is then held only for that insert
     and the commit, not for the rest of the submit."""
     job, rows = _job_build(
-        actor=actor, project=project, cluster=cluster, name=name, groups=groups, kind=kind,
+        actor=actor, project=project, cluster=cluster, cluster_choice=cluster_choice, name=name,
+        groups=groups, kind=kind,
         priority_class=priority_class, preemptible=preemptible,
         checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds,
         mixed_gpu_models=mixed_gpu_models, affinity=affinity)
@@ -159,8 +176,18 @@ def job_submit(
             g.job = job
         PodGroup.objects.bulk_create(rows)
         _job_submitted(actor, job, rows).save()
-        request_cycle(cluster.pk)
+        _request_for(job.cluster_id)
     return job
+
+
+def _request_for(cluster_id: int | None) -> None:
+    """A cycle of the job's cluster, or for a floating job not placed yet, a placement step."""
+    if cluster_id is not None:
+        request_cycle(cluster_id)
+    else:
+        from .placement import request_placement
+
+        request_placement()
 
 
 MAX_BULK_JOBS = 1000
@@ -181,9 +208,12 @@ def job_submit_many(*, actor: User, jobs: list[dict[str, Any]]) -> list[Job]:
     errors: dict[str, list[str]] = {}
     built: list[tuple[Job, list[PodGroup]]] = []
     seen: dict[tuple[int, str], int] = {}
+    from .placement import ChoiceContext  # placement reaches the cycle, which imports this module
+
+    context = ChoiceContext()  # floating jobs: clusters and image architectures read once
     for i, item in enumerate(jobs):
         try:
-            job, rows = _job_build(actor=actor, **item)
+            job, rows = _job_build(actor=actor, **item, choice_context=context)
         except ValidationError as exc:
             for field_name, msgs in exc.message_dict.items():
                 errors[f"jobs[{i}].{field_name}"] = list(msgs)
@@ -212,8 +242,8 @@ def job_submit_many(*, actor: User, jobs: list[dict[str, Any]]) -> list[Job]:
                 g.job = job
         PodGroup.objects.bulk_create([g for _, rows in built for g in rows], batch_size=500)
         _record_all([_job_submitted(actor, job, rows) for job, rows in built])
-        for cluster_id in sorted({job.cluster_id for job, _ in built}):
-            request_cycle(cluster_id)
+        for cluster_id in {job.cluster_id for job, _ in built}:
+            _request_for(cluster_id)
     return [job for job, _ in built]
 
 
@@ -231,7 +261,7 @@ def job_cancel(*, actor: User, job: Job) -> Job:
                    after={"state": locked.state})
         if before in ACTIVE_STATES:
             _stop_after_commit(locked.pk)
-        else:
+        elif locked.cluster_id is not None:
             request_cycle(locked.cluster_id)
     return locked
 
@@ -252,7 +282,7 @@ def job_terminate(*, job_id: int, reason: str, by: str = SCHEDULER) -> bool:
                      after={"state": job.state, "reason": job.reason})
         if before in ACTIVE_STATES:
             _stop_after_commit(job.pk)
-        else:
+        elif job.cluster_id is not None:
             request_cycle(job.cluster_id)
     return True
 

@@ -12,6 +12,10 @@ from tenants import services
 from tenants.models import Membership, Project, Role, Tenant, User
 
 DEMO_INVENTORY = Path(__file__).resolve().parents[3] / "scheduling" / "inventories" / "demo.yaml"
+DEMO_WEST_INVENTORY = DEMO_INVENTORY.with_name("demo-west.yaml")
+# Cluster labels jobs may select by (``camp submit --cluster region=us-west``).
+DEMO_LABELS = {"sim": {"region": "eu-central", "arch": "amd64", "accelerator": "nvidia"},
+               "sim-west": {"region": "us-west", "arch": "arm64", "accelerator": "nvidia"}}
 
 
 def _g(name: str = "worker", replicas: int = 1, **kw: Any) -> dict[str, Any]:
@@ -36,6 +40,15 @@ DEMO_JOBS: list[tuple[str, str, str, str, str, list[dict[str, Any]], int]] = [
     ("vision", "detection", "vince", "big-sweep", "high",
      [_g(replicas=3, gpu_count=8, gpu_models=["A100-80G", "H100-80G"])], 100),
     ("language", "llm-pretrain", "leo", "too-big", "normal", [_g(gpu_count=12)], 60),
+]
+# Floating jobs (no cluster named: Camp places each where it starts soonest): (tenant, project,
+# user, job, priority class, pod groups, seconds, cluster choice).
+DEMO_FLOATING: list[tuple[str, str, str, str, str, list[dict[str, Any]], int, dict[str, Any]]] = [
+    ("language", "llm-pretrain", "leo", "anywhere-finetune", "normal", [_g(gpu_count=4)], 120, {}),
+    ("vision", "detection", "vince", "west-only-eval", "normal", [_g(gpu_count=2)], 90,
+     {"labels": {"region": "us-west"}}),
+    ("vision", "segmentation", "vera", "x86-preprocess", "batch",
+     [_g(gpu_count=1, image="ghcr.io/ultralytics/ultralytics:8.3.0")], 60, {}),
 ]
 # Jobs larger than their project's guarantee: preemptible, so they borrow idle GPUs (or wait).
 DEMO_BORROWERS = {"yolo-train", "big-sweep"}
@@ -82,17 +95,28 @@ class Command(BaseCommand):
                 cluster.backend = "simulated"
                 cluster.inventory = DEMO_INVENTORY.read_text(encoding="utf-8")
                 cluster.save(update_fields=["backend", "inventory"])
-            if not hasattr(cluster, "quota"):
-                services.quota_set(actor=admin, scope="cluster", cluster=cluster, values={
-                    "gpus_guaranteed": Decimal(64), "gpus_limit": Decimal(64),
-                    "gpu_memory_mib_guaranteed": 64 * 81920, "gpu_memory_mib_limit": 64 * 81920,
-                    "cpu_cores_guaranteed": Decimal(1024), "cpu_cores_limit": Decimal(1024),
-                    "ram_mib_guaranteed": 8 * 1024 * 1024, "ram_mib_limit": 8 * 1024 * 1024,
-                })
+            west, _ = Cluster.objects.get_or_create(
+                name="sim-west", defaults={"display_name": "Simulated cluster (ARM, us-west)"})
+            if not west.inventory:
+                west.backend = "simulated"
+                west.inventory = DEMO_WEST_INVENTORY.read_text(encoding="utf-8")
+                west.save(update_fields=["backend", "inventory"])
+            for c in (cluster, west):
+                if not c.labels:
+                    c.labels = DEMO_LABELS[c.name]
+                    c.save(update_fields=["labels"])
+                if not hasattr(c, "quota"):
+                    services.quota_set(actor=admin, scope="cluster", cluster=c, values={
+                        "gpus_guaranteed": Decimal(64), "gpus_limit": Decimal(64),
+                        "gpu_memory_mib_guaranteed": 64 * 81920, "gpu_memory_mib_limit": 64 * 81920,
+                        "cpu_cores_guaranteed": Decimal(1024), "cpu_cores_limit": Decimal(1024),
+                        "ram_mib_guaranteed": 8 * 1024 * 1024, "ram_mib_limit": 8 * 1024 * 1024,
+                    })
             for tenant_name, projects, owner, padmin, member in DEMO_TENANTS:
                 self._tenant(admin, tenant_name, projects, owner, padmin, member)
         self._jobs(cluster)
         self._workloads(cluster, admin)
+        self._floating(west)
         self._living(admin)
         self.stdout.write(f"Demo logins (password for all: {DEMO_PASSWORD}):")
         self.stdout.write("  admin            platform admin")
@@ -121,6 +145,26 @@ class Command(BaseCommand):
                     mixed_gpu_models=name in DEMO_MIXED,
                     kind="pytorch" if len(groups) > 1 or groups[0]["replicas"] > 1 else "batch",
                 )
+
+    def _floating(self, west: Cluster) -> None:
+        """The second cluster's inventory and jobs submitted for any cluster (or by label): the
+        placement step spreads them over both clusters; the x86-only image never goes west."""
+        from registry.models import Image
+        from scheduling import services as scheduling_services
+        from scheduling.models import Job
+
+        scheduling_services.inventory_sync(cluster=west)
+        if Job.objects.filter(floating=True).exists():
+            return
+        # The catalog records the YOLO trainer's platforms: x86 only (so never the ARM cluster).
+        Image.objects.filter(name="yolo-train").update(architectures=["linux/amd64"])
+        with transaction.atomic():
+            for tenant_name, project_name, user, name, cls, groups, seconds, choice in DEMO_FLOATING:
+                project = Project.objects.get(tenant__name=tenant_name, name=project_name)
+                scheduling_services.job_submit(
+                    actor=User.objects.get(username=user), project=project, cluster=None,
+                    cluster_choice=choice, name=name, groups=groups, priority_class=cls,
+                    duration_seconds=seconds, preemptible=cls == "batch")
 
     def _workloads(self, cluster: Cluster, admin: User) -> None:
         """Workloads (workspaces/, registry/): a tenant image, two profiles, a notebook, a

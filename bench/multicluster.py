@@ -1,0 +1,347 @@
+"""One pool across clusters (issue 16): "any cluster" placement versus random pinning.
+
+The openb ``default`` trace (Alibaba cluster-trace-gpu-v2023) is replayed, as in
+``bench/queue_replay.py`` (creation order, each pod runs its trace duration once started, 8
+projects in 2 tenants, QoS → priority, BE preemptible), on a slice of the openb cluster (every
+``--stride``-th GPU node) split into two clusters of half the nodes each, dealt alternately by
+size so that each has about half of the GPUs, with different GPU mixes (``split``). Each cluster
+runs Camp's own queue cycle (``QueueCycle``: priority, fair share, quotas scaled to its size,
+preemption, fragmentation-aware placement), ``--heads`` jobs per project queue per cycle.
+
+* pinned — every job is pinned at submit to a random cluster among those that could ever run
+  it (a pod asking for a GPU model only one cluster has goes there).
+* any — every job floats: at each event the placement step of scheduling/engine/multicluster.py
+  (``choose``: fits now > fits after preemption > shortest estimated wait; tentative
+  reservations so later jobs see what is left) binds the head of the global queue (``--window``
+  jobs, global order) to a cluster; a bound job still queued moves when another cluster would
+  start it strictly sooner. Jobs declare their duration (the trace's), which the wait estimate
+  uses, as users' ``duration_seconds`` would.
+
+Reported per mode (medians over ``--runs`` seeds): p50 and p95 queueing delay (creation →
+start) over the pods that started, time-averaged GPU allocation of both clusters, pods never
+started, preemptions, wall time.
+
+    .venv/bin/python -m bench.multicluster              # stride 130, 3 runs (~minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import random
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.queue_replay import PROJECTS, load
+from scheduling.engine import ClusterSnapshot, ClusterState, FragmentationPolicy, Job, Placer, WorkloadProfile
+from scheduling.engine import multicluster as M
+from scheduling.engine.cycle import CycleConfig, Kind, QueueCycle
+from scheduling.engine.model import Admit, Preempt
+from scheduling.engine.placement import model_family
+from scheduling.engine.preemption import PreemptionConfig
+from scheduling.engine.queueing import (
+    ProjectQueue,
+    QueueTree,
+    Quota,
+    RunningJob,
+    TenantQueue,
+    placement_usage,
+)
+
+# As bench/queue_replay.py's camp: what can never start as asked is counted under "never".
+NEVER_KINDS = (Kind.NEVER_FITS, Kind.OVER_LIMIT, Kind.UNKNOWN_QUEUE, Kind.OVER_GUARANTEE)
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def tree(capacity: int) -> QueueTree:
+    """Per cluster: each project guaranteed 1/8 of the cluster's GPUs, limited to 1/2 of them."""
+    g = capacity / len(PROJECTS)
+    return QueueTree(tenants=tuple(
+        TenantQueue(f"t{t}", Quota(gpus_guaranteed=4 * g),
+                    tuple(ProjectQueue(f"t{t}/p{p}", Quota(gpus_guaranteed=g, gpus_limit=4 * g))
+                          for p in range(4)))
+        for t in range(2)))
+
+
+@dataclass
+class ClusterSim:
+    name: str
+    snap: ClusterSnapshot
+    placer: Placer
+    tree: QueueTree
+    capacity: int
+    pending: dict[str, Job] = field(default_factory=dict)
+    running: dict[str, RunningJob] = field(default_factory=dict)
+    gpus_of: dict[str, float] = field(default_factory=dict)
+
+    def heads(self, k: int) -> list[Job]:
+        if k <= 0:
+            return list(self.pending.values())
+        by_q: dict[str, list[Job]] = defaultdict(list)
+        for j in self.pending.values():
+            by_q[j.queue].append(j)
+        out: list[Job] = []
+        for js in by_q.values():
+            js.sort(key=lambda j: (-j.priority, j.submit_time, j.name))
+            out.extend(js[:k])
+        return out
+
+
+def split(snap: ClusterSnapshot) -> tuple[ClusterSnapshot, ClusterSnapshot]:
+    """Half the nodes each: dealt alternately in the order (GPUs per node, model, name), so the
+    two have about half of the GPUs each but different GPU mixes (at stride 130: a gets the G3
+    node, b the P100 one; 28 and 22 GPUs)."""
+    nodes = sorted(snap.nodes, key=lambda n: (-len(n.gpus), n.gpus[0].model if n.gpus else "", n.name))
+    return ClusterSnapshot(nodes=tuple(nodes[0::2])), ClusterSnapshot(nodes=tuple(nodes[1::2]))
+
+
+def could_run(job: Job, c: ClusterSim) -> bool:
+    return not any(c.placer.never_fits(p) for p in job.pods())
+
+
+def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runtime: float
+           ) -> dict[str, object]:
+    snap, sim = load(stride)
+    profile = WorkloadProfile.from_pods([j.groups[0].template for j in sim.jobs.values()])
+    clusters = []
+    for name, part in zip(("a", "b"), split(snap), strict=True):
+        cap = sum(len(n.gpus) for n in part.nodes)
+        clusters.append(ClusterSim(name, part, Placer(ClusterState(part), FragmentationPolicy(profile)),
+                                   tree(cap), cap))
+    by_name = {c.name: c for c in clusters}
+    views = {c.name: M.ClusterView(c.name, gpu_models=frozenset(model_family(g.model) for n in c.snap.nodes
+                                                                 for g in n.gpus),
+                                   gpu_capacity=float(c.capacity)) for c in clusters}
+    rng = random.Random(seed)
+    config = CycleConfig(preemption=PreemptionConfig(min_runtime_s=min_runtime), heads_per_queue=None,
+                         backfill=False)
+    card = {n.name: [g.memory_mib for g in n.gpus] for c in clusters for n in c.snap.nodes}
+    events: list[tuple[float, int, str, str]] = [(c, 1, n, "") for n, c in sim.created.items()]
+    heapq.heapify(events)
+    floating: dict[str, Job] = {}  # any: not bound yet
+    changed = [False]  # capacity freed since the last placement step
+    bound: dict[str, str] = {}  # any: job → cluster while queued there
+    token: dict[str, str] = {}
+    where: dict[str, str] = {}
+    never: set[str] = set()
+    refused: dict[str, dict[str, str]] = {}  # any: job → clusters whose cycle found it can never run there
+    waited: dict[str, float] = {}
+    allocated, area, last_t, preemptions = 0.0, 0.0, None, 0
+    t0 = time.perf_counter()
+    first = min(sim.created.values())
+
+    dirty: set[str] = set()
+
+    def start_cycle(c: ClusterSim, t: float) -> None:
+        nonlocal allocated, preemptions
+        for _ in range(50):
+            batch = c.heads(heads)
+            if not batch:
+                return
+            res = QueueCycle(c.tree, c.placer, list(c.running.values()), now=t, config=config).run(batch)
+            progressed = False
+            for d in res.decisions:
+                if isinstance(d, Preempt):
+                    for v in d.victims:
+                        preemptions += 1
+                        c.running.pop(v)  # the cycle unreserved its pods
+                        allocated -= c.gpus_of.pop(v)
+                        token[v] = ""
+                        requeue(v, c, t)
+                        changed[0] = True
+                if isinstance(d, Admit | Preempt):
+                    progressed = True
+                    job = c.pending.pop(d.job)
+                    bound.pop(d.job, None)
+                    waited.setdefault(d.job, t - sim.created[d.job])
+                    rj = RunningJob(d.job, d.placement.pods, job.queue, job.priority, job.preemptible,
+                                    False, t, sim.duration[d.job])
+                    c.running[d.job] = rj
+                    g = placement_usage(rj.pods, card)[0] / 1000
+                    c.gpus_of[d.job] = g
+                    allocated += g
+                    tok = f"{d.job}@{t}"
+                    token[d.job] = tok
+                    where[d.job] = c.name
+                    heapq.heappush(events, (t + sim.duration[d.job], 0, d.job, tok))
+            for s in res.statuses.values():
+                if s.kind in NEVER_KINDS and s.job in c.pending:
+                    job = c.pending.pop(s.job)
+                    bound.pop(s.job, None)
+                    progressed = True
+                    if mode == "any":
+                        # As the service (cycle._apply): a floating job a cluster's cycle can
+                        # never run goes back to the global queue with that cluster refused; the
+                        # placement step counts it "never" once no cluster is left.
+                        refused.setdefault(s.job, {})[c.name] = str(s.kind)
+                        floating[s.job] = job
+                    else:
+                        never.add(s.job)
+            if not progressed:
+                return
+
+    def requeue(name: str, c: ClusterSim, t: float) -> None:
+        job = sim.jobs[name]
+        if mode == "any":
+            floating[name] = job
+        else:
+            c.pending[name] = job
+
+    def place(t: float) -> None:
+        """The placement step: the global queue's head, in global order, to the best cluster."""
+        usage: dict[str, float] = defaultdict(float)
+        for c in clusters:
+            for n, rj in c.running.items():
+                usage[rj.queue] += c.gpus_of[n]
+        cands = [(j, j.queue) for j in floating.values()]
+        cands += [(by_name[cn].pending[n], by_name[cn].pending[n].queue) for n, cn in bound.items()]
+        order = M.global_order(cands, usage)[:window]
+        trials = {}
+        for c in clusters:
+            u: dict[str, float] = defaultdict(float)
+            for n, rj in c.running.items():
+                u[rj.queue] += c.gpus_of[n]
+                u[rj.queue.split("/")[0]] += c.gpus_of[n]
+            limits: dict[str, float | None] = {}
+            for tq in c.tree.tenants:
+                limits[tq.name] = None
+                for pq in tq.projects:
+                    limits[pq.name] = float(pq.quota.gpus_limit) if pq.quota.gpus_limit is not None else None
+            queued = sum(M.job_gpus(j) for j in c.pending.values())
+            trials[c.name] = M.ClusterTrial(views[c.name], c.placer, list(c.running.values()), t,
+                                            usage=dict(u), limits=limits, queued_gpus=queued)
+        for job, _ in order:
+            tenant = job.queue.split("/")[0]
+            cur = bound.get(job.name)
+            if cur is not None:  # not counted as queued where it is while it is being reconsidered
+                trials[cur].queued_gpus -= M.job_gpus(job)
+            choice = M.choose({n: job for n in trials}, tenant, M.ClusterChoice(),
+                              M.JobNeeds(gpus=M.job_gpus(job)), list(trials.values()),
+                              refused=refused.get(job.name))
+            if choice.cluster is None or choice.probe is None:
+                if cur is None:
+                    never.add(job.name)
+                    floating.pop(job.name, None)
+                else:
+                    trials[cur].queued_gpus += M.job_gpus(job)
+                continue
+            target = choice.cluster
+            if cur is not None and cur != target:
+                here = trials[cur].probe(job, tenant, trials[cur].free)
+                if here.outcome <= choice.probe.outcome:
+                    target = cur
+                    choice = M.Choice(cur, here, ())
+            assert choice.probe is not None
+            trials[target].take(job, tenant, choice.probe)
+            if cur != target:
+                if cur is not None:
+                    by_name[cur].pending.pop(job.name)
+                floating.pop(job.name, None)
+                by_name[target].pending[job.name] = job
+                bound[job.name] = target
+        for tr in trials.values():
+            tr.undo()
+
+    while events:
+        t = events[0][0]
+        if last_t is not None:
+            area += allocated * (t - last_t)
+        last_t = t
+        while events and events[0][0] == t:
+            _, kind, name, tok = heapq.heappop(events)
+            if kind == 1:
+                job = sim.jobs[name]
+                if mode == "any":
+                    floating[name] = job
+                else:
+                    ok = [c for c in clusters if could_run(job, c)]
+                    if not ok:
+                        never.add(name)
+                        continue
+                    target = rng.choice(ok)
+                    target.pending[name] = job
+                    dirty.add(target.name)
+            elif token.get(name) == tok:
+                c = by_name[where[name]]
+                if name in c.running:
+                    for pp in c.running.pop(name).pods:
+                        c.placer.state.unreserve(pp)
+                    allocated -= c.gpus_of.pop(name)
+                    dirty.add(c.name)
+                    changed[0] = True
+        if mode == "any" and (floating or (bound and changed[0])):
+            before = dict(bound)
+            place(t)
+            dirty.update(cn for n, cn in bound.items() if before.get(n) != cn)
+        changed[0] = False
+        for c in clusters:
+            if c.name in dirty:
+                start_cycle(c, t)
+        dirty.clear()
+    delays = sorted(waited.values())
+    capacity = sum(c.capacity for c in clusters)
+    span = (last_t or first) - first
+    return {
+        "mode": mode, "seed": seed, "pods": len(sim.jobs), "started": len(waited), "never": len(never),
+        "p50_delay_s": statistics.median(delays) if delays else 0.0,
+        "p95_delay_s": delays[int(0.95 * (len(delays) - 1))] if delays else 0.0,
+        "mean_delay_s": statistics.fmean(delays) if delays else 0.0,
+        "gpu_alloc_pct": 100 * area / (span * capacity) if span else 0.0,
+        "preemptions": preemptions, "wall_s": time.perf_counter() - t0,
+        "clusters": {c.name: {"nodes": len(c.snap.nodes), "gpus": c.capacity,
+                              "models": sorted({g.model for n in c.snap.nodes for g in n.gpus})}
+                     for c in clusters},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stride", type=int, default=130)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--heads", type=int, default=0,
+                    help="jobs tried per project queue and cycle (0: all, as bench/queue_replay.py's camp)")
+    ap.add_argument("--window", type=int, default=64, help="global-queue jobs per placement step")
+    ap.add_argument("--min-runtime", type=float, default=600.0)
+    ap.add_argument("--modes", nargs="+", default=["pinned", "any"])
+    ap.add_argument("--out", default="multicluster.json", help="file name under bench/results/")
+    args = ap.parse_args()
+    rows = []
+    for mode in args.modes:
+        for r in range(args.runs):
+            row = replay(mode, args.stride, seed=r + 1, heads=args.heads, window=args.window,
+                         min_runtime=args.min_runtime)
+            rows.append(row)
+            print(f"{mode} seed {r + 1}: p50 {row['p50_delay_s']:.0f} s, p95 {row['p95_delay_s']:.0f} s, "
+                  f"alloc {row['gpu_alloc_pct']:.1f} %, started {row['started']}, never {row['never']}, "
+                  f"{row['wall_s']:.0f} s", flush=True)
+    med = {}
+    for mode in args.modes:
+        rs = [r for r in rows if r["mode"] == mode]
+        med[mode] = {k: statistics.median(float(r[k]) for r in rs)  # type: ignore[arg-type]
+                     for k in ("p50_delay_s", "p95_delay_s", "gpu_alloc_pct", "started", "never",
+                               "preemptions", "wall_s")}
+    print(f"\nopenb default over two clusters (every {args.stride}th openb GPU node, dealt alternately): "
+          f"{rows[0]['clusters']}")
+    print(f"{'mode':<8} {'p50 s':>8} {'p95 s':>8} {'GPU alloc %':>11} {'started':>8} {'never':>6} "
+          f"{'preempt':>8} {'wall s':>7}   (medians of {args.runs} runs)")
+    for mode, m in med.items():
+        print(f"{mode:<8} {m['p50_delay_s']:>8.0f} {m['p95_delay_s']:>8.0f} {m['gpu_alloc_pct']:>11.1f} "
+              f"{m['started']:>8.0f} {m['never']:>6.0f} {m['preemptions']:>8.0f} {m['wall_s']:>7.0f}")
+    if "pinned" in med and "any" in med and med["pinned"]["p95_delay_s"]:
+        cut = 1 - med["any"]["p95_delay_s"] / med["pinned"]["p95_delay_s"]
+        print(f"p95 delay: any is {100 * cut:.0f} % lower than random pinning "
+              f"(allocation {med['any']['gpu_alloc_pct']:.1f} % vs {med['pinned']['gpu_alloc_pct']:.1f} %)")
+    load = os.getloadavg()
+    print(f"load average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / args.out).write_text(json.dumps(
+        {"args": vars(args), "rows": rows, "medians": med, "loadavg": load}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,381 @@
+"""One pool across clusters: which cluster a floating job goes to (pure, no I/O).
+
+A *floating* job names no single cluster: any cluster its project may use, a set of
+clusters, or cluster labels (region, arch, accelerator). The global queue holds floating
+jobs with no cluster yet; a placement step offers each, in the global order (priority, then
+the project's share across clusters, then submission), to the clusters it may use, and
+binds it to the one where it starts soonest. From then on the cluster's own cycle (quotas,
+fair share, preemption) handles it as any other job, under that cluster's lock; a floating
+job still queued may be moved again when another cluster would start it sooner.
+
+Rules, in order (:func:`rank`):
+
+1. *Eligibility* (:func:`excluded`): the cluster matches the job's choice (names, labels), is
+   reachable, has a node of an architecture its image is built for and a GPU model it
+   allows; otherwise the cluster is out, with the reason the user reads.
+2. *Best start*: fits now > fits after preempting lower-priority work (fewest victims, then
+   fewest victim GPUs) > shortest estimated wait (running jobs' expected ends).
+   Over the project's, the tenant's or the cluster's own GPU limit on a cluster counts as
+   waiting there; a job asking more than one of those limits can never run there.
+3. *Tie-break*: data locality (the job's preferred labels the cluster has), then the
+   larger free share, then the name (so the choice is deterministic).
+
+Kueue's MultiKueue keeps one copy of a workload in a manager cluster and lets one worker
+cluster admit it; here the choice is made up front from the clusters' snapshots, so that
+"best start" (not "whichever worker answers first") decides, and the per-cluster cycle and
+its lock are unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from scheduling.engine.model import Admit, ClusterSnapshot, Job, PodPlacement, Reject
+from scheduling.engine.placement import Placer
+from scheduling.engine.queueing import RunningJob
+
+FITS_NOW, FITS_AFTER_PREEMPTION, WAITS = 0, 1, 2
+CLUSTER = ""
+"""The key of the cluster's own total in :attr:`ClusterTrial.usage` and ``limits`` (no tenant
+or project is named "")."""
+OUTCOME_TEXT = {FITS_NOW: "fits now", FITS_AFTER_PREEMPTION: "fits after preemption",
+                WAITS: "waits"}
+
+
+def platform_arch(platform: str) -> str:
+    """``linux/arm64`` → ``arm64`` (the value of the node label ``kubernetes.io/arch``)."""
+    return platform.split("/")[1] if "/" in platform else platform
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterChoice:
+    """Where a job may go: named clusters (empty: any), labels all of which must match, and
+    labels that are preferred (data locality) but not required."""
+
+    clusters: frozenset[str] = frozenset()
+    labels: tuple[tuple[str, str], ...] = ()
+    prefer: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, data: Mapping[str, object] | None) -> ClusterChoice:
+        data = data or {}
+        names = data.get("clusters") or ()
+        labels = data.get("labels") or {}
+        prefer = data.get("prefer") or {}
+        assert isinstance(labels, Mapping) and isinstance(prefer, Mapping)
+        return cls(frozenset(str(n) for n in names),  # type: ignore[attr-defined]
+                   tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+                   tuple(sorted((str(k), str(v)) for k, v in prefer.items())))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """One cluster as the placement step sees it."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    reachable: bool = True
+    closed_reason: str = ""
+    """Non-empty: the cluster takes no new work (disabled, unreachable...), said this way."""
+    arches: frozenset[str] = frozenset({"amd64"})
+    gpu_models: frozenset[str] = frozenset()
+    """Physical GPU models on its nodes (``model_family``)."""
+    gpu_capacity: float = 0.0
+    """GPUs on its schedulable nodes (for the free-share tie-break)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobNeeds:
+    """What a floating job needs of a cluster, beyond what the engine checks per node."""
+
+    arches: frozenset[str] = frozenset()
+    """Architectures its images run on; empty means any."""
+    gpu_models: frozenset[str] = frozenset()
+    """Allowed GPU models (empty: any)."""
+    gpus: float = 0.0
+
+
+def excluded(choice: ClusterChoice, needs: JobNeeds, c: ClusterView) -> str | None:
+    """Rule 1 (eligibility): None if the job may go to ``c``, else why not (user's words)."""
+    if choice.clusters and c.name not in choice.clusters:
+        return "not among the clusters the job allows"
+    for k, v in choice.labels:
+        if c.labels.get(k) != v:
+            return f"does not have {k}={v}" if k in c.labels else f"has no label {k}"
+    if c.closed_reason:
+        return c.closed_reason
+    if not c.reachable:
+        return "unreachable; it takes no new work"
+    if needs.arches and not (needs.arches & c.arches):
+        missing = "/".join(sorted(c.arches)) or "any"
+        return f"the image has no {missing} variant"
+    if needs.gpus and needs.gpu_models and not (needs.gpu_models & c.gpu_models):
+        return f"no {'/'.join(sorted(needs.gpu_models))} GPUs there"
+    if needs.gpus and not c.gpu_models:
+        return "no GPUs there"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """How soon a job would start on one cluster, and why (for the why-pending answer)."""
+
+    cluster: str
+    outcome: int
+    victims: int = 0
+    victim_gpus: float = 0.0
+    wait_s: float = math.inf
+    reason: str = ""
+    never: bool = False
+    """The job can never run there as asked (too large for any node, ...)."""
+    placement: tuple[PodPlacement, ...] = ()
+
+    def text(self) -> str:
+        if self.outcome == FITS_NOW:
+            return "fits now"
+        if self.outcome == FITS_AFTER_PREEMPTION:
+            return f"fits after preempting {self.victims} lower-priority job(s)"
+        wait = f" (estimated wait ~{_minutes(self.wait_s)})" if math.isfinite(self.wait_s) else ""
+        return f"{self.reason or 'no room now'}{wait}"
+
+
+def _minutes(s: float) -> str:
+    return f"{max(1, round(s / 60))} min"
+
+
+def gpus_of(placement: Iterable[PodPlacement]) -> float:
+    """GPUs held: a whole card 1, a slice its compute share (the bench's and Kueue's GPU count)."""
+    n = 0.0
+    for pp in placement:
+        for g in pp.gpus:
+            n += 1.0 if g.exclusive or not g.gpu_cores_percent else g.gpu_cores_percent / 100
+    return n
+
+
+def job_gpus(job: Job) -> float:
+    """GPUs a job asks for (slices as their compute share)."""
+    n = 0.0
+    for g in job.groups:
+        for c in g.template.containers:
+            n += g.replicas * c.gpu_count * (1.0 if c.whole_cards else (c.gpu_cores_percent or 100) / 100)
+    return n
+
+
+def estimated_wait(need: float, free: float, running: Sequence[RunningJob], now: float,
+                   queued_ahead: float = 0.0) -> float:
+    """Seconds until ``need`` GPUs (plus the GPUs queued ahead) are free, from running jobs'
+    expected ends; infinite when too few ends are known. A coarse estimate: it ignores where
+    the freed GPUs are (fragmentation), as a user's "~40 min" does."""
+    missing = need + queued_ahead - free
+    if missing <= 0:
+        return 0.0
+    ends = sorted((rj.expected_end, gpus_of(rj.pods)) for rj in running if rj.expected_end is not None)
+    for end, g in ends:
+        missing -= g
+        if missing <= 1e-9:
+            return max(0.0, end - now)  # type: ignore[operator]
+    return math.inf
+
+
+def preemption_probe(job: Job, running: Sequence[RunningJob], free: float) -> tuple[int, float] | None:
+    """Fewest lower-priority preemptible jobs whose GPUs, with the free ones, cover the ask
+    (largest first): (victims, their GPUs), or None. An upper bound on what the cluster's
+    own preemption step (scheduling/engine/preemption.py) will choose. Jobs already being
+    preempted are no candidates: the snapshot marks a PREEMPTING job's allocations not
+    preemptible (``selectors._running_part``)."""
+    need = job_gpus(job) - free
+    if need <= 0:
+        return None
+    cands = sorted((gpus_of(rj.pods) for rj in running
+                    if rj.preemptible and rj.priority < job.priority), reverse=True)
+    got, n = 0.0, 0
+    for g in cands:
+        got += g
+        n += 1
+        if got >= need - 1e-9:
+            return n, got
+    return None
+
+
+@dataclass
+class ClusterTrial:
+    """A cluster's state during one placement pass: jobs placed tentatively reserve their
+    room, so the next job in the global order sees what is left (undone by :meth:`undo`)."""
+
+    view: ClusterView
+    placer: Placer
+    running: Sequence[RunningJob]
+    now: float
+    usage: dict[str, float] = field(default_factory=dict)
+    """GPUs held per queue (project), per tenant and in all (:data:`CLUSTER`) on this cluster."""
+    limits: Mapping[str, float | None] = field(default_factory=dict)
+    """GPU limit per queue, per tenant and of the cluster (:data:`CLUSTER`; None: no limit)."""
+    queued_gpus: float = 0.0
+    reserved: list[PodPlacement] = field(default_factory=list)
+
+    free: float = -1.0
+    """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
+
+    def __post_init__(self) -> None:
+        if self.free < 0:
+            self.free = free_gpus(self.placer)
+
+    def over_limit(self, job: Job, tenant: str) -> tuple[str, bool] | None:
+        """Why the job would wait (or, ``True``: can never run) under a GPU limit there — its
+        project's, its tenant's or the cluster's own (key :data:`CLUSTER`); None if within."""
+        ask = job_gpus(job)
+        for key, who in ((job.queue, "your project's"), (tenant, "your tenant's"),
+                         (CLUSTER, "the cluster's")):
+            lim = self.limits.get(key)
+            if lim is None:
+                continue
+            if ask > lim + 1e-9:  # the cluster's cycle would reject it (over limit)
+                return f"asks {ask:g} GPUs, more than {who} GPU limit there ({lim:g})", True
+            if self.usage.get(key, 0.0) + ask > lim + 1e-9:
+                return f"over {who} GPU limit there ({self.usage.get(key, 0.0):g} of {lim:g} in use)", False
+        return None
+
+    def probe(self, job: Job, tenant: str, free: float) -> Probe:
+        name = self.view.name
+        limit = self.over_limit(job, tenant)
+        if limit:
+            return Probe(name, WAITS, reason=limit[0] if not limit[1] else f"can never run there: {limit[0]}",
+                         never=limit[1])
+        d = self.placer.place_job(job, reserve=True)
+        if isinstance(d, Admit):
+            for pp in d.placement.pods:
+                self.placer.state.unreserve(pp)
+            return Probe(name, FITS_NOW, placement=d.placement.pods)
+        if isinstance(d, Reject):
+            return Probe(name, WAITS, reason=f"can never run there: {d.reason}", never=True)
+        pre = preemption_probe(job, self.running, free)
+        if pre is not None:
+            return Probe(name, FITS_AFTER_PREEMPTION, victims=pre[0], victim_gpus=pre[1],
+                         reason=getattr(d, "reason", ""))
+        wait = estimated_wait(job_gpus(job), free, self.running, self.now, self.queued_gpus)
+        return Probe(name, WAITS, wait_s=wait, reason=_short(getattr(d, "reason", "")))
+
+    def take(self, job: Job, tenant: str, probe: Probe) -> None:
+        """The job is bound here: hold its room (fits now) or count it as queued."""
+        if probe.outcome == FITS_NOW:
+            for pp in probe.placement:
+                self.placer.state.reserve(pp, check=False)
+                self.reserved.append(pp)
+        else:
+            self.queued_gpus += job_gpus(job)
+        g = job_gpus(job)
+        if probe.outcome == FITS_NOW:
+            self.free = max(0.0, self.free - g)
+        for key in (job.queue, tenant, CLUSTER):
+            self.usage[key] = self.usage.get(key, 0.0) + g
+
+    def undo(self) -> None:
+        for pp in self.reserved:
+            self.placer.state.unreserve(pp)
+        self.reserved.clear()
+
+
+def free_gpus(placer: Placer) -> float:
+    """Free GPUs of a cluster state: each usable card's free compute share, on schedulable nodes."""
+    total = 0.0
+    for ns in placer.state.nodes.values():
+        if not ns.static.node.schedulable:
+            continue
+        for i, gs in enumerate(ns.static.gpus):
+            if gs.device.healthy and not ns.exclusive[i] and gs.cores_capacity:
+                total += max(0, gs.cores_capacity - ns.cores_used[i]) / gs.cores_capacity
+    return total
+
+
+def _short(reason: str) -> str:
+    return reason.split(";")[0].strip()[:160] if reason else ""
+
+
+def rank_key(p: Probe, view: ClusterView, choice: ClusterChoice, free: float
+             ) -> tuple[int, int, float, float, int, float, str]:
+    """Rules 2 and 3 as a sort key (smaller is better)."""
+    locality = sum(1 for k, v in choice.prefer if view.labels.get(k) == v)
+    share = free / view.gpu_capacity if view.gpu_capacity else 0.0
+    if p.outcome == FITS_NOW:
+        return (FITS_NOW, 0, 0.0, 0.0, -locality, -share, view.name)
+    if p.outcome == FITS_AFTER_PREEMPTION:
+        return (FITS_AFTER_PREEMPTION, p.victims, p.victim_gpus, 0.0, -locality, -share, view.name)
+    return (WAITS + (1 if p.never else 0), 0, 0.0, p.wait_s, -locality, -share, view.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The placement step's answer for one job."""
+
+    cluster: str | None
+    """Where it goes (None: nowhere now — it stays in the global queue)."""
+    probe: Probe | None
+    others: tuple[tuple[str, str], ...]
+    """Every other cluster with why not there (excluded or a worse start)."""
+    never: bool = False
+    """No cluster could ever run it as asked."""
+
+    def others_text(self) -> str:
+        """Why not each other cluster: "cluster a: …; cluster b: …"."""
+        return "; ".join(f"cluster {n}: {why}" for n, why in self.others)
+
+    def reason(self) -> str:
+        """What the job's page and the API say, naming the chosen cluster."""
+        rest = self.others_text()
+        if self.cluster is None or self.probe is None:
+            head = "No cluster can run it as asked" if self.never else "Waiting for a cluster"
+            return f"{head} — {rest}" if rest else head
+        head = f"Placed on cluster {self.cluster} ({self.probe.text()})"
+        return f"{head}; {rest}" if rest else head
+
+
+def choose(jobs: Mapping[str, Job], tenant: str, choice: ClusterChoice, needs: JobNeeds,
+           trials: Sequence[ClusterTrial], avoid: Mapping[str, str] | None = None,
+           refused: Mapping[str, str] | None = None) -> Choice:
+    """Rules 1–3 for one job over every cluster's trial; reserves nothing (see ``take``).
+
+    ``jobs``: the job as each cluster's engine sees it (by cluster name; dedicated pools
+    change its allowed models); ``avoid``: clusters to pass over for now, with why. A job is
+    ``never`` placeable only when no cluster is merely closed or avoided for the time being.
+    ``refused``: clusters whose own cycle found the job can never run there (with why): out
+    for good, as a cluster the job cannot fit."""
+    avoid = avoid or {}
+    refused = refused or {}
+    scored: list[tuple[tuple[int, int, float, float, int, float, str], Probe]] = []
+    others: list[tuple[str, str]] = []
+    temporary = False
+    for t in trials:
+        why = excluded(choice, needs, t.view)
+        if why is None and t.view.name in refused:
+            others.append((t.view.name, f"can never run there: {refused[t.view.name]}"))
+            continue
+        if why is None and t.view.name in avoid:
+            why = avoid[t.view.name]
+        if why is not None:
+            matches = excluded(choice, JobNeeds(), replace(t.view, closed_reason="", reachable=True)) is None
+            temporary = temporary or (matches and (bool(t.view.closed_reason) or not t.view.reachable
+                                                   or t.view.name in avoid))
+            others.append((t.view.name, why))
+            continue
+        p = t.probe(jobs[t.view.name], tenant, t.free)
+        scored.append((rank_key(p, t.view, choice, t.free), p))
+    scored.sort(key=lambda x: x[0])
+    if not scored or all(p.never for _, p in scored):
+        others += [(p.cluster, p.text()) for _, p in scored]
+        return Choice(None, None, tuple(sorted(others)), never=not temporary)
+    best = scored[0][1]
+    others += [(p.cluster, p.text()) for _, p in scored[1:]]
+    return Choice(best.cluster, best, tuple(sorted(others)))
+
+
+def global_order(jobs: Sequence[tuple[Job, str]], usage: Mapping[str, float]) -> list[tuple[Job, str]]:
+    """The global queue's order: priority (higher first), then the project's GPUs in use across
+    all clusters (fair share: the emptier project first), then submission time."""
+    return sorted(jobs, key=lambda jt: (-jt[0].priority, usage.get(jt[0].queue, 0.0),
+                                         jt[0].submit_time, jt[0].name))
+
+
+def cluster_arches(snapshot: ClusterSnapshot) -> frozenset[str]:
+    return frozenset(n.arch for n in snapshot.nodes) or frozenset({"amd64"})

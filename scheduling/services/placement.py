@@ -1,0 +1,532 @@
+"""One pool across clusters: the global queue and the placement step (issue 16).
+
+A floating job (submitted for any cluster, a set of clusters, or cluster labels) is queued
+with no cluster (``Job.cluster`` NULL). ``placement_run`` takes the global queue in its
+order and, for each job, asks every cluster it may use how soon the job would start there
+(the pure rules: scheduling/engine/multicluster.py), then binds it to the best one. The
+per-cluster cycle (services ``cycle_run``) and its advisory lock are unchanged: a bound job
+is one of that cluster's queued jobs like any other.
+
+Safety: binding is one conditional UPDATE (``cluster IS NULL`` → the chosen cluster, or the
+old cluster → a better one while the job is still queued), taken while holding the target
+cluster's cycle lock (and, for a move, the old one's), so a cycle never admits a job that
+is being moved and a job is never bound to two clusters. A bound floating job goes back to
+the global queue (``job_unplace``) when its dispatch fails there or when its cluster
+becomes unreachable; the cluster where its dispatch failed is avoided for a while.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from scheduling import engine as E
+from scheduling.engine import multicluster as M
+from scheduling.engine.model import ARCH_LABEL
+from scheduling.engine.placement import model_family
+from tenants.audit import audit_batch, audit_record
+
+from .. import selectors
+from ..models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, PodGroup, SchedulingDecision
+from .common import _send_after_commit, request_cycle
+from .cycle import _consistent_read, cycle_lock, engine_policy
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER = "scheduler"
+_PLACEMENT_LOCK_CLASS = 0x43414D47  # "CAMG": the global queue's placement step (one at a time)
+AVOID_SECONDS = 600
+"""A cluster where a floating job's dispatch failed is not chosen again for this long."""
+PLACEMENT_BATCH = 500
+"""Floating jobs looked at per placement step (the global queue's head)."""
+
+
+# --- requests ------------------------------------------------------------------------------
+
+
+def request_placement(*, countdown: float | None = None) -> None:
+    """Ask for one placement step after commit (requests coalesce, as ``request_cycle``)."""
+    try:
+        if not cache.add("camp:placement-queued", 1, timeout=max(5, 2 * settings.SCHEDULER_TICK_SECONDS)):
+            return
+    except Exception:  # the cache is down: the beat's tick asks again
+        logger.warning("placement request not queued (cache unavailable)")
+        return
+    _send_after_commit("placement_step", countdown=countdown)
+
+
+def placement_request_taken() -> None:
+    cache.delete("camp:placement-queued")
+
+
+@contextlib.contextmanager
+def _placement_lock() -> Iterator[bool]:
+    if connection.vendor != "postgresql":
+        yield True  # SQLite (the demo): one worker process
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, 0)", [_PLACEMENT_LOCK_CLASS])
+        row = cursor.fetchone()
+    got = bool(row and row[0])
+    try:
+        yield got
+    finally:
+        if got:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, 0)", [_PLACEMENT_LOCK_CLASS])
+
+
+# --- what each cluster offers ----------------------------------------------------------------
+
+
+def cluster_closed_reason(cluster: Cluster) -> str:
+    if not cluster.enabled:
+        return "disabled"
+    if cluster.unreachable_since is not None:
+        since = cluster.unreachable_since.strftime("%H:%M UTC")
+        return f"unreachable since {since}; it takes no new work"
+    return ""
+
+
+def cluster_views(clusters: list[Cluster]) -> dict[int, M.ClusterView]:
+    """Each cluster's labels, health, node architectures and GPU models (three queries)."""
+    arches: dict[int, set[str]] = defaultdict(set)
+    for cid, labels in Node.objects.filter(cluster__in=clusters, present=True).values_list(
+            "cluster_id", "labels"):
+        arches[cid].add(str((labels or {}).get(ARCH_LABEL, "amd64")))
+    models: dict[int, set[str]] = defaultdict(set)
+    capacity: dict[int, int] = defaultdict(int)
+    for cid, model in GpuDevice.objects.filter(node__cluster__in=clusters, node__present=True).values_list(
+            "node__cluster_id", "model"):
+        models[cid].add(model_family(model))
+        capacity[cid] += 1
+    return {c.pk: M.ClusterView(
+        name=c.name, labels={str(k): str(v) for k, v in (c.labels or {}).items()},
+        reachable=c.unreachable_since is None, closed_reason=cluster_closed_reason(c),
+        arches=frozenset(arches[c.pk]) or frozenset({"amd64"}), gpu_models=frozenset(models[c.pk]),
+        gpu_capacity=float(capacity[c.pk])) for c in clusters}
+
+
+def _needs(job: E.Job) -> M.JobNeeds:
+    arches: frozenset[str] = frozenset()
+    models: set[str] = set()
+    for g in job.groups:
+        if g.template.arches:
+            arches = g.template.arches if not arches else arches & g.template.arches
+        models.update(model_family(m) for m in g.template.gpu_models)
+    return M.JobNeeds(arches=arches, gpu_models=frozenset(models), gpus=M.job_gpus(job))
+
+
+def _refused(choice: dict[str, Any]) -> dict[str, str]:
+    """Clusters whose cycle found the job can never run there (``job_unplace(refused=...)``)."""
+    return {str(k): str(v) for k, v in (choice.get("refused") or {}).items()}
+
+
+def _avoided(choice: dict[str, Any], now: dt.datetime) -> dict[str, str]:
+    """Clusters where the job's dispatch failed lately: ``failed`` holds, per cluster name,
+    [when, message, failures there]."""
+    out = {}
+    for name, entry in (choice.get("failed") or {}).items():
+        with contextlib.suppress(ValueError, TypeError, IndexError):
+            at, msg = entry[0], entry[1]
+            if (now - dt.datetime.fromisoformat(at)).total_seconds() < AVOID_SECONDS:
+                out[name] = f"its pods could not be created there: {msg}"[:200]
+    return out
+
+
+def dispatch_failures(choice: dict[str, Any] | None, cluster: str) -> int:
+    """How many times a floating job's dispatch failed on ``cluster`` (its attempts there)."""
+    entry = ((choice or {}).get("failed") or {}).get(cluster)
+    try:
+        return int(entry[2]) if entry else 0
+    except (IndexError, TypeError, ValueError):
+        return 1
+
+
+@dataclass
+class _Trial:
+    cluster: Cluster
+    trial: M.ClusterTrial
+    jobs: dict[int, E.Job]
+    """Floating job id → the job as this cluster's engine sees it (its dedicated pools)."""
+
+
+def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[int], now: float
+            ) -> list[_Trial]:
+    """One trial per open cluster: its snapshot, running jobs and the floating jobs as its
+    engine would see them (read in one consistent snapshot per cluster)."""
+    out = []
+    for c in clusters:
+        if views[c.pk].closed_reason:
+            empty = E.Placer(E.ClusterState(E.ClusterSnapshot(nodes=())), E.default_policy(None))
+            out.append(_Trial(c, M.ClusterTrial(views[c.pk], empty, (), now), {}))
+            continue
+        with _consistent_read():
+            enodes, nodes, gpus, gpu_by_id, access = selectors._cluster_part(c)
+            rows: dict[str, selectors.JobRow] = {}
+            eallocs, ckpt, estimates = selectors._running_part(c, nodes, gpu_by_id, access, rows)
+            pending, _ = selectors._pending_part(c, access, {}, ids=ids)
+            tree = selectors.queue_tree(c)
+            # GPUs already queued there (slices counted whole: an estimate), in one aggregate.
+            queued_gpus = float(PodGroup.objects.filter(job__cluster=c, job__state=JobState.QUEUED).aggregate(
+                n=Sum(F("gpu_count") * F("replicas")))["n"] or 0)
+        snapshot = E.ClusterSnapshot(nodes=enodes, allocations=tuple(eallocs))
+        running = selectors.running_jobs(snapshot, checkpointable=[k for k, v in ckpt.items() if v],
+                                         runtime_estimates=estimates)
+        policy = engine_policy(c.placement_policy) or E.default_policy(
+            E.profile_for(snapshot, pending))
+        usage: dict[str, float] = defaultdict(float)
+        for rj in running:
+            g = M.gpus_of(rj.pods)
+            usage[rj.queue] += g
+            usage[rj.queue.split("/", 1)[0]] += g
+            usage[M.CLUSTER] += g
+        limits: dict[str, float | None] = {
+            M.CLUSTER: None if tree.quota.gpus_limit is None else float(tree.quota.gpus_limit)}
+        for t in tree.tenants:
+            limits[t.name] = None if t.quota.gpus_limit is None else float(t.quota.gpus_limit)
+            for p in t.projects:
+                limits[p.name] = None if p.quota.gpus_limit is None else float(p.quota.gpus_limit)
+        trial = M.ClusterTrial(views[c.pk], E.Placer(E.ClusterState(snapshot), policy), running, now,
+                               usage=dict(usage), limits=limits, queued_gpus=queued_gpus)
+        out.append(_Trial(c, trial, {int(j.name): j for j in pending}))
+    return out
+
+
+# --- the placement step ----------------------------------------------------------------------
+
+
+@dataclass
+class PlacementSummary:
+    placed: list[int] = field(default_factory=list)
+    moved: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    busy: bool = False
+
+
+def _floating_queue(limit: int) -> list[Job]:
+    """The head of the global queue: floating jobs still queued, placed or not."""
+    return list(Job.objects.filter(floating=True, state=JobState.QUEUED)
+                .select_related("tenant", "project", "cluster").order_by("submitted_at", "id")[:limit])
+
+
+def placement_run(*, now: float | None = None) -> PlacementSummary | None:
+    """One placement step over the global queue; None when another step holds the lock."""
+    summary = PlacementSummary()
+    with _placement_lock() as got:
+        if not got:
+            return None
+        jobs = _floating_queue(PLACEMENT_BATCH)
+        if not jobs:
+            return summary
+        t = now if now is not None else timezone.now().timestamp()
+        clusters = list(Cluster.objects.order_by("name"))
+        views = cluster_views(clusters)
+        trials = _trials(clusters, views, [j.pk for j in jobs], t)
+        by_id = {j.pk: j for j in jobs}
+        any_engine = {jid: tr.jobs[jid] for tr in trials for jid in tr.jobs}
+        usage: dict[str, float] = defaultdict(float)
+        for tr in trials:
+            for q, g in tr.trial.usage.items():
+                usage[q] += g
+        order = M.global_order([(j, j.queue) for jid, j in any_engine.items() if jid in by_id], usage)
+        missing = [j for j in jobs if j.pk not in any_engine]  # no open cluster to see it
+        wall = timezone.now()
+        # Bound jobs whose victims are being evicted for them on their cluster: never moved
+        # (the victims would be killed for nothing); they start there once the room is free.
+        evicting = set(Job.objects.filter(state=JobState.PREEMPTING, preempted_by_id__in=list(by_id))
+                       .values_list("preempted_by_id", flat=True))
+        for ejob, _ in order:
+            job = by_id[int(ejob.name)]
+            if job.cluster_id is not None and job.pk in evicting:
+                continue
+            _place_one(job, ejob, trials, wall, summary)
+        for job in missing:
+            _wait(job, _nowhere_reason(job, trials, wall), summary)
+        for tr in trials:
+            tr.trial.undo()
+    return summary
+
+
+def _nowhere_reason(job: Job, trials: list[_Trial], wall: dt.datetime) -> str:
+    choice = M.ClusterChoice.of(job.cluster_choice)
+    parts = []
+    for tr in trials:
+        why = M.excluded(choice, M.JobNeeds(), tr.trial.view) or "closed"
+        parts.append(f"cluster {tr.cluster.name}: {why}")
+    return ("Waiting for a cluster — " + "; ".join(parts)) if parts else "Waiting for a cluster — none exists"
+
+
+def _place_one(job: Job, ejob: E.Job, trials: list[_Trial], wall: dt.datetime,
+               summary: PlacementSummary) -> None:
+    choice = M.ClusterChoice.of(job.cluster_choice)
+    avoid = _avoided(job.cluster_choice or {}, wall)
+    ejob_for = {tr.cluster.name: tr.jobs.get(job.pk, ejob) for tr in trials}
+    decided = M.choose(ejob_for, job.tenant.name, choice, _needs(ejob), [tr.trial for tr in trials],
+                       avoid, _refused(job.cluster_choice or {}))
+    target = next((tr for tr in trials if tr.cluster.name == decided.cluster), None)
+    if target is None:
+        if job.cluster_id is not None:
+            return  # bound, and nothing better elsewhere: its cluster's cycle decides
+        if decided.never:
+            _reject(job, decided.reason(), summary)
+        else:
+            _wait(job, decided.reason(), summary)
+        return
+    if job.cluster_id == target.cluster.pk:
+        return  # already there: its cycle decides
+    if job.cluster_id is not None:
+        # Move a bound, still-queued job only for a strictly better start elsewhere.
+        current = next((tr for tr in trials if tr.cluster.pk == job.cluster_id), None)
+        if current is not None and not current.trial.view.closed_reason and decided.probe is not None:
+            here = current.trial.probe(ejob_for[current.cluster.name], job.tenant.name, current.trial.free)
+            if here.outcome <= decided.probe.outcome:
+                return
+    assert decided.probe is not None
+    was = job.cluster_id
+    if _bind(job, target.cluster, decided.reason(), decided.probe.text(), decided.others_text()):
+        target.trial.take(ejob_for[target.cluster.name], job.tenant.name, decided.probe)
+        (summary.moved if was is not None else summary.placed).append(job.pk)
+
+
+@contextlib.contextmanager
+def _cycle_locks(ids: list[int]) -> Iterator[bool]:
+    """The cycle locks of these clusters (in id order), or False if any is busy."""
+    with contextlib.ExitStack() as stack:
+        for cid in sorted(set(ids)):
+            if not stack.enter_context(cycle_lock(cid)):
+                yield False
+                return
+        yield True
+
+
+def _bind(job: Job, cluster: Cluster, reason: str, short: str, note: str = "") -> bool:
+    """Bind (or move) a queued floating job to ``cluster`` under the cycle locks concerned;
+    False when a lock is busy or the job changed meanwhile (the next step tries again)."""
+    old = job.cluster_id
+    with _cycle_locks([cluster.pk, *([old] if old else [])]) as got:
+        if not got:
+            request_placement(countdown=1)
+            return False
+        with transaction.atomic(), audit_batch():
+            match = Job.objects.filter(pk=job.pk, state=JobState.QUEUED, floating=True)
+            match = match.filter(cluster__isnull=True) if old is None else match.filter(cluster_id=old)
+            if not match.update(cluster=cluster, reason=reason[:500], reason_kind="placed",
+                                placement_note=note[:500], queue_position=None, queue_length=None,
+                                updated_at=timezone.now()):
+                return False
+            job.cluster = cluster
+            SchedulingDecision.objects.create(job=job, cluster=cluster, kind=DecisionKind.PLACED,
+                                              reason=reason[:500])
+            audit_record(actor=None, actor_username=SCHEDULER, action="job.placed", target=job,
+                         tenant=job.tenant, project=job.project,
+                         before={"cluster": old and Cluster.objects.get(pk=old).name},
+                         after={"cluster": cluster.name, "why": short})
+            request_cycle(cluster.pk)
+    return True
+
+
+def _wait(job: Job, reason: str, summary: PlacementSummary) -> None:
+    summary.waiting.append(job.pk)
+    if job.reason == reason[:500]:
+        return
+    Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster__isnull=True).update(
+        reason=reason[:500], reason_kind="clusters", placement_note="", queue_position=None,
+        queue_length=None)
+
+
+def _reject(job: Job, reason: str, summary: PlacementSummary) -> None:
+    with transaction.atomic(), audit_batch():
+        if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster__isnull=True).update(
+                state=JobState.REJECTED, reason=reason[:500], reason_kind="never-fits",
+                finished_at=timezone.now()):
+            return
+        SchedulingDecision.objects.create(job=job, cluster=None, kind=DecisionKind.REJECTED,
+                                          reason=reason[:500])
+        audit_record(actor=None, actor_username=SCHEDULER, action="job.rejected", target=job,
+                     tenant=job.tenant, project=job.project, after={"reason": reason[:500]})
+    summary.rejected.append(job.pk)
+
+
+# --- back to the global queue ----------------------------------------------------------------
+
+
+def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "", locked: bool = False,
+                from_cluster: int | None = None) -> bool:
+    """Send a queued floating job back to the global queue (inside the caller's transaction
+    or its own). ``avoid``: the message of a dispatch failure on its cluster, which is then
+    avoided for ``AVOID_SECONDS``; ``refused``: why its cluster's cycle found it can never run
+    there (rather than rejecting a floating job, the cycle sends it back: that cluster is then
+    out for this job, the others are still tried). ``from_cluster``: only if the job is still
+    there. False for a pinned job, one not queued, or (unless the
+    caller holds it: ``locked``) when its cluster's cycle lock is busy: a cycle of that
+    cluster may be deciding about the job, so it stays there and a later tick tries again.
+    (Should a cycle still read the job before this commits, its writes re-check the job's
+    cluster under row lock: ``cycle._lock_rows``; a job bound elsewhere meanwhile is not
+    admitted by the old cluster's cycle.)"""
+    if not locked:
+        cluster_id = Job.objects.filter(pk=job_id).values_list("cluster_id", flat=True).first()
+        if cluster_id is None:
+            return False
+        with cycle_lock(cluster_id) as got:
+            if not got:
+                logger.info("job %s: cluster %s's cycle is running; it is unplaced later", job_id, cluster_id)
+                return False
+            return job_unplace(job_id=job_id, reason=reason, avoid=avoid, refused=refused, locked=True,
+                               from_cluster=from_cluster)
+    with transaction.atomic():
+        job = Job.objects.select_for_update(no_key=True, of=("self",)).select_related(
+            "tenant", "project", "cluster").get(pk=job_id)
+        if not job.floating or job.state != JobState.QUEUED or job.cluster_id is None:
+            return False
+        if from_cluster is not None and job.cluster_id != from_cluster:
+            return False
+        old = job.cluster
+        assert old is not None
+        choice = dict(job.cluster_choice or {})
+        if avoid:
+            failed = dict(choice.get("failed") or {})
+            failed[old.name] = [timezone.now().isoformat(), avoid[:150],
+                                dispatch_failures(choice, old.name) + 1]
+            choice["failed"] = failed
+        if refused:
+            choice["refused"] = {**(choice.get("refused") or {}), old.name: refused[:200]}
+        job.cluster = None
+        job.cluster_choice = choice
+        job.reason = f"Back in the global queue: {reason}"[:500]
+        job.reason_kind = "clusters"
+        job.placement_note = ""
+        job.queue_position = job.queue_length = None
+        job.save(update_fields=["cluster", "cluster_choice", "reason", "reason_kind", "placement_note",
+                                "queue_position", "queue_length", "updated_at"])
+        SchedulingDecision.objects.create(job=job, cluster=old, kind=DecisionKind.UNPLACED,
+                                          reason=job.reason)
+        audit_record(actor=None, actor_username=SCHEDULER, action="job.unplaced", target=job,
+                     tenant=job.tenant, project=job.project, before={"cluster": old.name},
+                     after={"reason": reason[:300]})
+        request_placement()
+    return True
+
+
+def cluster_unplace_queued(*, cluster_id: int, reason: str) -> list[int]:
+    """An unreachable cluster's queued floating jobs go back to the global queue (running ones
+    stay: a job never runs in two clusters)."""
+    with cycle_lock(cluster_id) as got:
+        if not got:  # its cycle is running: the next reconcile failure tries again
+            logger.info("cluster %s: its cycle is running; its queued floating jobs are unplaced later",
+                        cluster_id)
+            return []
+        ids = list(Job.objects.filter(cluster_id=cluster_id, floating=True, state=JobState.QUEUED)
+                   .values_list("pk", flat=True))
+        return [jid for jid in ids if job_unplace(job_id=jid, reason=reason, locked=True)]
+
+
+
+# --- submit-time checks ------------------------------------------------------------------------
+
+CHOICE_KEYS = ("clusters", "labels", "prefer")
+
+
+def _label_map(value: Any, field_name: str) -> dict[str, str]:
+    if value in (None, ""):
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()):
+        raise ValidationError({field_name: ['Labels as {"key": "value"}, e.g. {"region": "eu-west"}.']})
+    return dict(value)
+
+
+@dataclass
+class ChoiceContext:
+    """What ``clean_choice`` reads, read once per request (a bulk submit of a thousand floating
+    jobs reads the clusters and their views once, and each image's architectures once per
+    project, instead of three or four queries a job)."""
+
+    _enabled: dict[str, Cluster] | None = None
+    _views: dict[int, M.ClusterView] | None = None
+    _arches: dict[tuple[int, str], frozenset[str] | None] = field(default_factory=dict)
+
+    def enabled(self) -> dict[str, Cluster]:
+        if self._enabled is None:
+            self._enabled = {c.name: c for c in Cluster.objects.filter(enabled=True)}
+        return self._enabled
+
+    def views(self) -> dict[int, M.ClusterView]:
+        if self._views is None:
+            self._views = cluster_views(list(self.enabled().values()))
+        return self._views
+
+    def arches(self, project: Any, refs: set[str]) -> dict[str, frozenset[str]]:
+        """Image reference → architectures, as ``project`` sees the catalog."""
+        todo = {r for r in refs if (project.pk, r) not in self._arches}
+        if todo:
+            found = selectors.image_arches((project.tenant_id, project.pk, r) for r in todo)
+            for r in todo:
+                self._arches[(project.pk, r)] = found.get((project.pk, r))
+        return {r: a for r in refs if (a := self._arches[(project.pk, r)])}
+
+
+def clean_choice(value: Any, groups: list[dict[str, Any]], project: Any,
+                 context: ChoiceContext | None = None) -> dict[str, Any]:
+    """Validate a floating job's ``cluster_choice`` against the clusters and its images' platforms
+    (as ``project`` sees the image catalog: the platform's, its tenant's and its own images).
+
+    Errors name the field: ``cluster_choice.clusters``, ``cluster_choice.labels``, or
+    ``groups[i].image`` when no allowed cluster has nodes of an architecture its image is
+    built for."""
+    ctx = context or ChoiceContext()
+    if value in (None, ""):
+        value = {}
+    if not isinstance(value, dict):
+        raise ValidationError({"cluster_choice": ['An object: {"clusters": [...], "labels": {...}}.']})
+    unknown = set(value) - set(CHOICE_KEYS)
+    if unknown:
+        raise ValidationError({"cluster_choice": [f"Unknown key(s): {', '.join(sorted(unknown))}; "
+                                                  f"use {', '.join(CHOICE_KEYS)}."]})
+    names = value.get("clusters") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValidationError({"cluster_choice.clusters": ["A list of cluster names."]})
+    labels = _label_map(value.get("labels"), "cluster_choice.labels")
+    prefer = _label_map(value.get("prefer"), "cluster_choice.prefer")
+    enabled = ctx.enabled()
+    missing = [n for n in names if n not in enabled]
+    if missing:
+        raise ValidationError({"cluster_choice.clusters": [
+            f"No enabled cluster named {', '.join(sorted(missing))}."]})
+    choice = M.ClusterChoice.of({"clusters": names, "labels": labels})
+    views = ctx.views()
+    allowed = [v for v in views.values()
+               if M.excluded(choice, M.JobNeeds(), replace(v, closed_reason="", reachable=True)) is None]
+    if not allowed:
+        field_name = "cluster_choice.labels" if labels else "cluster_choice"
+        raise ValidationError({field_name: ["No enabled cluster matches this choice."]})
+    refs = {str(g.get("image") or "busybox") for g in groups}
+    arches = ctx.arches(project, refs)
+    for i, g in enumerate(groups):
+        need = arches.get(str(g.get("image") or "busybox"))
+        if need and not any(need & v.arches for v in allowed):
+            have = sorted({a for v in allowed for a in v.arches})
+            raise ValidationError({f"groups[{i}].image": [
+                f"The image is built for {', '.join(sorted('linux/' + a for a in need))}; "
+                f"the clusters this job may use have {', '.join('linux/' + a for a in have)} nodes only."]})
+    out: dict[str, Any] = {}
+    if names:
+        out["clusters"] = sorted(set(names))
+    if labels:
+        out["labels"] = labels
+    if prefer:
+        out["prefer"] = prefer
+    return out

@@ -1,0 +1,574 @@
+"""One pool across clusters (issue 16) on real PostgreSQL: two simulated clusters.
+
+"east" is x86 with A100s, "west" is ARM with GH200s in another region. Floating jobs wait in
+the global queue (no cluster) until the placement step binds them to the cluster where they
+start soonest; the per-cluster cycle then admits them as any other job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from registry import services as registry_services
+from scheduling import services
+from scheduling.models import Allocation, Cluster, Job, JobState, SchedulingDecision, SimulatedPod
+from scheduling.services import placement as multicluster
+from tenants.models import AuditEvent
+from tests.conftest import client_for
+
+from .conftest import gpu_group
+
+pytestmark = pytest.mark.django_db
+
+EAST = """
+start_delay_seconds: 0
+default_duration_seconds: 3600
+nodes:
+  - name: east-a100-{i}
+    count: 2
+    cpu_cores: 64
+    ram_gib: 512
+    labels: {kubernetes.io/arch: amd64}
+    gpus: {model: A100-80G, count: 4, memory_mib: 81920}
+"""
+
+WEST = """
+start_delay_seconds: 0
+default_duration_seconds: 3600
+nodes:
+  - name: west-gh200-{i}
+    count: 2
+    cpu_cores: 72
+    ram_gib: 480
+    labels: {kubernetes.io/arch: arm64}
+    gpus: {model: GH200-96G, count: 4, memory_mib: 98304}
+"""
+
+
+@pytest.fixture
+def two(world: Any) -> tuple[Cluster, Cluster]:
+    east = services.cluster_create(actor=world.admin, name="east", backend="simulated", inventory=EAST,
+                                   labels={"region": "eu-east", "arch": "amd64", "accelerator": "nvidia"})
+    west = services.cluster_create(actor=world.admin, name="west", backend="simulated", inventory=WEST,
+                                   labels={"region": "us-west", "arch": "arm64", "accelerator": "nvidia"})
+    for c in (east, west):
+        services.inventory_sync(cluster=c)
+    return east, west
+
+
+def x86_image(world: Any) -> None:
+    registry_services.image_create(actor=world.admin, name="x86-only", variant="training",
+                                   reference="registry.example/x86-only:1", architectures=["linux/amd64"])
+
+
+def submit(world: Any, name: str, *, cluster: Any = None, choice: dict[str, Any] | None = None,
+           **group: Any) -> Job:
+    return services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
+                               cluster_choice=choice or {}, name=name, groups=[gpu_group(**group)])
+
+
+def place_and_cycle(*clusters: Cluster) -> multicluster.PlacementSummary:
+    summary = multicluster.placement_run()
+    assert summary is not None
+    for c in clusters:
+        services.cycle_run(cluster=c)
+    return summary
+
+
+def fill(world: Any, cluster: Cluster, gpus: int = 8) -> None:
+    """Pinned jobs that take the cluster's GPUs (4 per node)."""
+    for i in range(gpus // 4):
+        submit(world, f"fill-{cluster.name}-{i}", cluster=cluster, gpu_count=4)
+    services.cycle_run(cluster=cluster)
+
+
+def test_an_any_cluster_job_waits_in_the_global_queue_then_goes_where_it_fits(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    fill(world, east)
+    job = submit(world, "anywhere", gpu_count=4)
+    assert job.cluster_id is None and job.floating and job.state == JobState.QUEUED
+    summary = place_and_cycle(east, west)
+    assert summary.placed == [job.pk]
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+    assert {a.node.name for a in Allocation.objects.filter(job=job)} <= {"west-gh200-0", "west-gh200-1"}
+    placed = SchedulingDecision.objects.get(job=job, kind="placed")
+    assert placed.cluster == west
+    assert placed.reason.startswith("Placed on cluster west (fits now)")
+    assert "cluster east:" in placed.reason  # why not the other one
+    assert AuditEvent.objects.filter(action="job.placed", target_id=str(job.pk)).exists()
+
+
+def test_an_image_without_the_clusters_arch_never_goes_there(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    x86_image(world)
+    fill(world, east)
+    job = submit(world, "x86", gpu_count=4, image="registry.example/x86-only:1")
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    # West has free GPUs, but only arm64 nodes: the job queues on east, and says why, per cluster.
+    assert job.cluster == east and job.state == JobState.QUEUED
+    why = job.why_across_clusters
+    assert why.startswith("cluster east: ") and "cluster west: the image has no arm64 variant" in why
+    api = client_for(world.a.member).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert api["why_across_clusters"] == why
+    assert "Other clusters:" in client_for(world.a.member).get(f"/scheduling/jobs/{job.pk}/").content.decode()
+    # Room on east: it goes there (never to west).
+    Job.objects.filter(name__startswith="fill-east").update(state=JobState.CANCELLED)
+    for j in Job.objects.filter(name__startswith="fill-east"):
+        services._release(j)
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    assert job.cluster == east and job.state == JobState.STARTING
+
+
+def test_submit_rejects_a_choice_no_cluster_can_honour(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    x86_image(world)
+    with pytest.raises(ValidationError) as err:
+        submit(world, "bad-image", choice={"clusters": ["west"]}, image="registry.example/x86-only:1")
+    assert "groups[0].image" in err.value.message_dict
+    with pytest.raises(ValidationError) as err:
+        submit(world, "bad-label", choice={"labels": {"region": "mars"}})
+    assert "cluster_choice.labels" in err.value.message_dict
+    with pytest.raises(ValidationError) as err:
+        submit(world, "bad-name", choice={"clusters": ["nowhere"]})
+    assert "cluster_choice.clusters" in err.value.message_dict
+
+
+def test_labels_choose_the_region(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    job = submit(world, "eu-only", choice={"labels": {"region": "eu-east"}}, gpu_count=1)
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    assert job.cluster == east
+
+
+def test_a_dispatch_failure_sends_the_job_to_the_other_cluster(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    job = submit(world, "failover", choice={"prefer": {"region": "eu-east"}}, gpu_count=1)
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    assert job.cluster == east and job.state == JobState.STARTING  # locality breaks the tie
+    # East's API server is gone (a real connection refused, no stand-in): its pods cannot be created.
+    Cluster.objects.filter(pk=east.pk).update(backend="kubernetes", api_server="https://127.0.0.1:9")
+    assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
+    job.refresh_from_db()
+    assert job.cluster_id is None and job.state == JobState.QUEUED  # back in the global queue
+    assert not Allocation.objects.filter(job=job).exists()
+    place_and_cycle(west)
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+    assert services.job_dispatch(job_id=job.pk) == "created"
+    assert SimulatedPod.objects.filter(cluster=west).exists()
+    kinds = list(job.decisions.order_by("id").values_list("kind", "cluster__name"))
+    assert ("unplaced", "east") in kinds and ("placed", "west") in kinds and ("admitted", "west") in kinds
+
+
+def test_an_unreachable_cluster_takes_no_new_work_and_gives_back_its_queued_jobs(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    fill(world, west)
+    fill(world, east)
+    queued = submit(world, "queued-on-east", choice={"prefer": {"region": "eu-east"}}, gpu_count=4)
+    multicluster.placement_run()
+    queued.refresh_from_db()
+    assert queued.cluster == east  # bound (the shortest wait, or the tie-break), still queued
+    services.cluster_reachability_record(cluster_id=east.pk, error="connection refused")
+    queued.refresh_from_db()
+    assert queued.cluster_id is None and queued.state == JobState.QUEUED
+    assert "unreachable" in queued.reason
+    # Capacity frees on east, but it is unreachable: nothing new goes there.
+    for j in Job.objects.filter(name__startswith="fill-east"):
+        Job.objects.filter(pk=j.pk).update(state=JobState.CANCELLED)
+        services._release(j)
+    fresh = submit(world, "fresh", gpu_count=1)
+    multicluster.placement_run()
+    for j in (queued, fresh):
+        j.refresh_from_db()
+        assert j.cluster_id != east.pk
+    assert "cluster east: unreachable" in fresh.reason or fresh.cluster_id is None
+    pinned_running = Job.objects.filter(cluster=west, name__startswith="fill-west").count()
+    assert pinned_running == 2  # running jobs stay where they are
+    # The cluster page says so.
+    page = client_for(world.admin).get("/scheduling/clusters/").content.decode()
+    assert "takes no new work" in page
+
+
+def test_why_pending_names_every_cluster(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    fill(world, east)
+    fill(world, west)
+    job = submit(world, "big", gpu_count=4)
+    multicluster.placement_run()
+    job.refresh_from_db()
+    # Both full: it is bound where the wait is shortest, or waits; either way both are named.
+    text = job.reason if job.cluster_id is None else job.decisions.filter(kind="placed").get().reason
+    assert "cluster east" in text or "cluster west" in text
+    api = client_for(world.a.member).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert api["floating"] is True
+    assert api["reason"] == Job.objects.get(pk=job.pk).reason
+
+
+def test_the_api_submits_a_floating_job(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    client = client_for(world.a.member)
+    body = {"name": "api-any", "project": world.a.project.pk, "groups": [gpu_group()],
+            "cluster_choice": {"labels": {"accelerator": "nvidia"}}}
+    response = client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["cluster"] is None and data["floating"] is True
+    assert data["cluster_choice"] == {"labels": {"accelerator": "nvidia"}}
+    bad = client.post("/api/v1/jobs/", {**body, "name": "api-bad",
+                                        "cluster_choice": {"labels": {"region": "mars"}}}, format="json")
+    assert bad.status_code == 400
+    assert "cluster_choice.labels" in bad.json()
+    both = client.post("/api/v1/jobs/", {**body, "name": "api-both", "cluster": "east",
+                                         "cluster_choice": {"clusters": ["west"]}}, format="json")
+    assert both.status_code == 400 and "cluster_choice" in both.json()
+
+
+def test_a_job_is_never_bound_twice(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    job = submit(world, "once", gpu_count=1)
+    stale = Job.objects.select_related("tenant", "project").get(pk=job.pk)
+    assert multicluster._bind(job, east, "Placed on cluster east", "fits now")
+    # A second placement step working from a stale read cannot bind it elsewhere.
+    assert not multicluster._bind(stale, west, "Placed on cluster west", "fits now")
+    job.refresh_from_db()
+    assert job.cluster == east
+    assert SchedulingDecision.objects.filter(job=job, kind="placed").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_camp_submit_cluster_option(world: Any, two: tuple[Cluster, Cluster], live_server: Any,
+                                    tmp_path: Any) -> None:
+    """``camp submit --cluster any | a,b | region=…``: the same file, placed three ways."""
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    from tenants import services as tenant_services
+
+    _, token = tenant_services.token_create(actor=world.a.member, name="cli")
+    project = f"{world.a.tenant.name}/{world.a.project.name}"
+    env = {**os.environ, "CAMP_URL": live_server.url, "CAMP_TOKEN": token,
+           "CAMP_CONFIG": str(tmp_path / "config.json")}
+    path = tmp_path / "job.yaml"
+
+    def camp(name: str, where: str) -> subprocess.CompletedProcess[str]:
+        path.write_text(f"kind: Job\nname: {name}\nproject: {project}\ncluster: east\n"
+                        f"groups: [{{name: worker, gpu_count: 1}}]\n")
+        args = ["submit", "-f", str(path), "--cluster", where]
+        return subprocess.run([sys.executable, "-m", "camp_cli", *args], env=env, cwd=settings.BASE_DIR,
+                              capture_output=True, text=True, timeout=60)
+
+    for name, where, choice in (("j-any", "any", {}), ("j-set", "east,west", {"clusters": ["east", "west"]}),
+                                ("j-eu", "region=eu-east", {"labels": {"region": "eu-east"}})):
+        done = camp(name, where)
+        assert done.returncode == 0, done.stdout + done.stderr
+        job = Job.objects.get(name=name)
+        assert job.floating and job.cluster_id is None and job.cluster_choice == choice
+    pinned = camp("j-west", "west")
+    assert pinned.returncode == 0 and Job.objects.get(name="j-west").cluster.name == "west"
+    bad = camp("j-mars", "region=mars")
+    assert bad.returncode == 1 and "jobs[0].cluster_choice.labels" in bad.stdout + bad.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_placement_steps_bind_each_job_once(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Two workers' placement steps at once (two connections): every floating job ends on one
+    cluster with one ``placed`` decision, and no cluster is given more than it has."""
+    import threading
+
+    from django.db import connection
+
+    jobs = [submit(world, f"race-{i}", gpu_count=4) for i in range(5)]  # 4 fit (2 clusters × 2 nodes)
+    results: list[Any] = []
+
+    def step() -> None:
+        try:
+            for _ in range(3):
+                results.append(multicluster.placement_run())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=step) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert any(r is not None for r in results)
+    placed = SchedulingDecision.objects.filter(job__in=jobs, kind="placed")
+    assert placed.count() == len({d.job_id for d in placed})  # never bound twice
+    per_cluster: dict[str, int] = {}
+    for j in Job.objects.filter(pk__in=[j.pk for j in jobs]).select_related("cluster"):
+        if j.cluster is not None:
+            per_cluster[j.cluster.name] = per_cluster.get(j.cluster.name, 0) + 1
+    assert sum(per_cluster.values()) == 5  # the fifth is bound too, to wait where it starts soonest
+    for c in two:
+        services.cycle_run(cluster=c)
+    running = Job.objects.filter(pk__in=[j.pk for j in jobs], state=JobState.STARTING)
+    assert running.count() == 4
+    assert Allocation.objects.filter(job__in=jobs).values("job").distinct().count() == 4
+
+
+def _other_session_holds_cycle_lock(cluster: Cluster) -> Any:
+    """A second database session (another worker's cycle) holding ``cluster``'s cycle lock."""
+    import psycopg
+    from django.db import connection
+
+    from scheduling.services.common import _CYCLE_LOCK_CLASS
+
+    s = connection.settings_dict
+    conn = psycopg.connect(host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"],
+                           dbname=s["NAME"], autocommit=True)
+    conn.execute("SELECT pg_advisory_lock(%s, %s)", [_CYCLE_LOCK_CLASS, cluster.pk])
+    return conn
+
+
+def test_a_job_sent_back_and_bound_elsewhere_is_not_admitted_by_its_old_clusters_cycle(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: east's cycle reads floating J; east turns unreachable and J goes back to
+    the global queue; J is bound to west; east's cycle then writes its decisions. J must not
+    start with west as its cluster and an allocation on an east node."""
+    from scheduling.services import cycle as cyc
+
+    east, west = two
+    fill(world, west)
+    job = submit(world, "racer", gpu_count=4)
+    assert multicluster.placement_run().placed == [job.pk]  # type: ignore[union-attr]
+    job.refresh_from_db()
+    assert job.cluster == east
+    inputs, statuses = cyc._decide(east, None)  # east's cycle decided (J fits there) ...
+    services.cluster_reachability_record(cluster_id=east.pk, error="connection refused")
+    job.refresh_from_db()
+    assert job.cluster_id is None
+    for j in Job.objects.filter(cluster=west):  # ... west frees up, J is bound to west ...
+        services.job_terminate(job_id=j.pk, reason="done")
+        services.job_stop(job_id=j.pk)
+    assert multicluster.placement_run().placed == [job.pk]  # type: ignore[union-attr]
+    summary = cyc._persist(east, inputs, statuses)  # ... then east's cycle writes
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.QUEUED
+    assert job.pk not in summary.admitted and not Allocation.objects.filter(job=job).exists()
+    services.cycle_run(cluster=west)
+    job.refresh_from_db()
+    assert job.state == JobState.STARTING
+    assert {a.node.name for a in Allocation.objects.filter(job=job)} <= {"west-gh200-0", "west-gh200-1"}
+
+
+def test_unplacing_waits_for_the_old_clusters_running_cycle(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    fill(world, west)
+    fill(world, east)
+    job = submit(world, "stays", choice={"prefer": {"region": "eu-east"}}, gpu_count=4)
+    multicluster.placement_run()
+    job.refresh_from_db()
+    assert job.cluster == east
+    other = _other_session_holds_cycle_lock(east)
+    try:
+        services.cluster_reachability_record(cluster_id=east.pk, error="connection refused")
+        job.refresh_from_db()
+        assert job.cluster == east  # east's cycle is running: left for a later tick
+        assert not multicluster.job_unplace(job_id=job.pk, reason="test")
+    finally:
+        other.close()
+    services.cluster_reachability_record(cluster_id=east.pk, error="connection refused")  # the next tick
+    job.refresh_from_db()
+    assert job.cluster_id is None and "unreachable" in job.reason
+
+
+def test_another_tenants_catalog_never_restricts_my_jobs(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: globex recording a public image as arm64-only in its own catalog made
+    acme's x86 job REJECTED, and acme's floating submit error revealed globex's record."""
+    east, west = two
+    ref = "docker.io/library/python:3.12"
+    registry_services.image_create(actor=world.b.owner, name="mine", variant="training",
+                                   tenant=world.b.tenant, reference=ref, architectures=["linux/arm64"])
+    # A disabled platform record restricts nobody either.
+    registry_services.image_create(actor=world.admin, name="old-python", variant="training", reference=ref,
+                                   architectures=["linux/arm64"], enabled=False)
+    pinned = submit(world, "pinned", cluster=east, gpu_count=1, image=ref)
+    services.cycle_run(cluster=east)
+    pinned.refresh_from_db()
+    assert pinned.state == JobState.STARTING
+    floating = submit(world, "float", choice={"clusters": ["east"]}, gpu_count=1, image=ref)  # accepted
+    assert floating.floating
+    # Globex's own jobs do follow globex's record: refused at submit, naming the architecture.
+    with pytest.raises(ValidationError) as err:
+        services.job_submit(actor=world.b.member, project=world.b.project,
+                            cluster_choice={"clusters": ["east"]}, name="theirs",
+                            groups=[gpu_group(gpu_count=1, image=ref)])
+    assert "linux/arm64" in str(err.value.message_dict["groups[0].image"])
+    theirs = services.job_submit(actor=world.b.member, project=world.b.project, cluster=east,
+                                 name="theirs-pinned", groups=[gpu_group(gpu_count=1, image=ref)])
+    services.cycle_run(cluster=east)
+    theirs.refresh_from_db()
+    assert theirs.state == JobState.REJECTED
+    assert "architecture" in theirs.reason
+    assert "linux/arm64" in theirs.reason and "linux/amd64" in theirs.reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_images_catalogued_before_the_upgrade_restrict_no_job(world: Any) -> None:
+    """Review finding: the migration filled existing images with ["linux/amd64"], so on an ARM
+    cluster their existing jobs were rejected after the upgrade. Existing rows: unknown."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    from scheduling import selectors
+
+    before = ("registry", "0004_r4serve_inference_images")
+    after = ("registry", "0005_r4multi_image_architectures")
+    executor = MigrationExecutor(connection)
+    executor.migrate([before])
+    old = executor.loader.project_state([before]).apps.get_model("registry", "Image")
+    old.objects.create(scope="platform", name="old-arm-ready", reference="registry.example/old:1",
+                       variant="training", framework="other")
+    MigrationExecutor(connection).migrate([after])
+    from registry.models import Image
+
+    image = Image.objects.get(name="old-arm-ready")
+    assert image.architectures == []
+    assert selectors.image_arches([(world.a.tenant.pk, world.a.project.pk, image.reference)]) == {}
+    # Still editable (empty is a valid "unknown"); new images default to linux/amd64.
+    registry_services.image_update(actor=world.admin, image=image, description="catalogued in 2025")
+    new = registry_services.image_create(actor=world.admin, name="new", variant="training",
+                                         reference="registry.example/new:1")
+    assert new.architectures == ["linux/amd64"]
+
+
+def test_a_cluster_limit_sends_a_floating_job_to_the_other_cluster(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: a floating job bound to a cluster whose cluster-level GPU limit it
+    exceeds was REJECTED there instead of going to the other cluster."""
+    from tenants import services as tenant_services
+
+    east, west = two
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 2, "gpus_limit": 2})
+    fill(world, west, gpus=4)  # west: one node busy, so east (all free) would rank first by free share
+    job = submit(world, "big", gpu_count=4)
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+    assert "cluster east: can never run there: asks 4 GPUs, more than the cluster's GPU limit there (2)" in (
+        job.placement_note)
+
+
+def test_a_cycle_sends_back_a_floating_job_it_can_never_run(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """The backstop: should a floating job reach a cluster whose cycle rejects it, it goes back
+    to the global queue with that cluster refused, and another cluster runs it; when no
+    cluster can, the placement step rejects it, naming each cluster."""
+    from tenants import services as tenant_services
+
+    east, west = two
+    job = submit(world, "big", gpu_count=4)
+    lonely = submit(world, "east-only", choice={"clusters": ["east"]}, gpu_count=4)
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 2, "gpus_limit": 2})
+    for j in (job, lonely):  # bound before the limit was known to the placement step
+        assert multicluster._bind(j, east, "Placed on cluster east", "fits now")
+    summary = services.cycle_run(cluster=east)
+    assert summary is not None and not summary.rejected and not summary.admitted
+    for j in (job, lonely):
+        j.refresh_from_db()
+        assert j.state == JobState.QUEUED and j.cluster_id is None
+        assert "cluster east cannot run it" in j.reason
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    lonely.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+    assert lonely.state == JobState.REJECTED and "cluster east: can never run there" in lonely.reason
+    assert SchedulingDecision.objects.filter(job=lonely, kind="unplaced", cluster=east).exists()
+
+
+def test_a_job_whose_victims_are_being_evicted_is_not_moved(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: the move rule moved a queued job that already had victims PREEMPTING
+    for it on its cluster (victims killed for nothing)."""
+    east, west = two
+    for i in range(2):
+        services.job_submit(actor=world.a.owner, project=world.a.other_project, cluster=east, name=f"low-{i}",
+                            priority_class="batch", preemptible=True, groups=[gpu_group(gpu_count=4)])
+    services.cycle_run(cluster=east)
+    fill(world, west)
+    Job.objects.filter(cluster__in=[east, west], state="starting").update(state="running")
+    job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=None, name="hi",
+                              priority_class="high", groups=[gpu_group(gpu_count=4)])
+    multicluster.placement_run()
+    job.refresh_from_db()
+    assert job.cluster == east  # fits after preempting one job there; west is full
+    assert services.cycle_run(cluster=east).preempting == [job.pk]  # type: ignore[union-attr]
+    assert Job.objects.filter(preempted_by=job, state="preempting").count() == 1
+    for j in Job.objects.filter(cluster=west, state="running"):  # west frees up meanwhile
+        services.job_terminate(job_id=j.pk, reason="done")
+        services.job_stop(job_id=j.pk)
+    summary = multicluster.placement_run()
+    assert summary is not None and not summary.moved
+    job.refresh_from_db()
+    assert job.cluster == east and job.state == JobState.QUEUED
+
+
+def test_dispatch_attempts_count_per_cluster(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: failover stopped at MAX_ATTEMPTS counted across clusters, so a job that
+    had failed on other clusters failed for good at its first failure on a new one."""
+    east, west = two
+    job = submit(world, "wanderer", choice={"prefer": {"region": "eu-east"}}, gpu_count=1)
+    place_and_cycle(east, west)
+    job.refresh_from_db()
+    assert job.cluster == east and job.state == JobState.STARTING
+    # Its earlier attempts were elsewhere (west's failures); east's API server is gone.
+    Job.objects.filter(pk=job.pk).update(attempts=services.MAX_ATTEMPTS)
+    Cluster.objects.filter(pk=east.pk).update(backend="kubernetes", api_server="https://127.0.0.1:9")
+    assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED and job.cluster_id is None  # its first failure on east
+    assert multicluster.dispatch_failures(job.cluster_choice, "east") == 1
+    # East failing it MAX_ATTEMPTS times fails it for good.
+    for n in range(2, services.MAX_ATTEMPTS + 1):
+        Job.objects.filter(pk=job.pk).update(cluster=east, state=JobState.STARTING)
+        assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
+        job.refresh_from_db()
+        assert job.state == (JobState.FAILED if n == services.MAX_ATTEMPTS else JobState.QUEUED)
+
+
+def test_a_bulk_submit_of_floating_jobs_reads_the_clusters_once(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: checking each floating job's choice cost three or four queries a job."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def many(prefix: str, n: int) -> int:
+        items = [{"project": world.a.project, "name": f"{prefix}-{i}", "cluster_choice": {"labels": {
+            "accelerator": "nvidia"}}, "groups": [gpu_group(image="registry.example/x86-only:1")]}
+            for i in range(n)]
+        with CaptureQueriesContext(connection) as ctx:
+            services.job_submit_many(actor=world.a.member, jobs=items)
+        return len(ctx.captured_queries)
+
+    x86_image(world)
+    many("warm", 1)  # per-process caches (content types, ...) filled
+    assert many("ten", 10) == many("forty", 40)
+
+
+def test_the_admin_home_counts_the_global_queue(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: the admin home's waiting counts are per cluster, so floating jobs no
+    cluster has taken yet were counted nowhere."""
+    east, west = two
+    Cluster.objects.update(unreachable_since=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    for i in range(3):
+        submit(world, f"float-{i}", gpu_count=1)
+    multicluster.placement_run()
+    assert Job.objects.filter(cluster__isnull=True, state=JobState.QUEUED).count() == 3
+    page = client_for(world.admin).get("/").content.decode()
+    assert "Global queue: <strong>3</strong> jobs submitted for any of several clusters" in page
+    assert "Global queue" not in client_for(world.a.owner).get("/").content.decode()

@@ -1,0 +1,148 @@
+"""The placement rules across clusters (scheduling/engine/multicluster.py), table-driven."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from scheduling.engine import ClusterState, Placer, default_policy, pod
+from scheduling.engine import multicluster as M
+from scheduling.engine.model import Job, Node, PodGroup
+from scheduling.engine.queueing import RunningJob
+
+from .builders import cluster, node
+
+
+def _arm(n: Node) -> Node:
+    return replace(n, labels=(("kubernetes.io/arch", "arm64"),))
+
+
+def _trial(name: str, *nodes: Node, labels: dict[str, str] | None = None,
+           running: tuple[RunningJob, ...] = (), limits: dict[str, float | None] | None = None,
+           usage: dict[str, float] | None = None,
+           closed: str = "") -> M.ClusterTrial:
+    snap = cluster(*nodes)
+    view = M.ClusterView(name, labels=labels or {}, closed_reason=closed, arches=M.cluster_arches(snap),
+                         gpu_models=frozenset(g.model for n in snap.nodes for g in n.gpus),
+                         gpu_capacity=float(sum(len(n.gpus) for n in snap.nodes)))
+    return M.ClusterTrial(view, Placer(ClusterState(snap), default_policy(None)), list(running), now=0.0,
+                          usage=dict(usage or {}), limits=dict(limits or {}))
+
+
+def _job(gpus: int, *, arches: frozenset[str] = frozenset(), priority: int = 50, models: tuple[str, ...] = ()
+         ) -> Job:
+    return Job("j", (PodGroup("w", pod("w", gpu_count=gpus, cpu_millicores=1000, ram_mib=1024,
+                                        arches=arches, gpu_models=models)),),
+               queue="t/p", priority=priority)
+
+
+ANY = M.ClusterChoice()
+
+
+def _choose(job: Job, *trials: M.ClusterTrial, choice: M.ClusterChoice = ANY,
+            avoid: dict[str, str] | None = None) -> M.Choice:
+    needs = M.JobNeeds(arches=job.groups[0].template.arches, gpus=M.job_gpus(job),
+                       gpu_models=job.groups[0].template.gpu_models)
+    return M.choose({t.view.name: job for t in trials}, "t", choice, needs, list(trials), avoid)
+
+
+def _full(name: str) -> RunningJob:
+    return RunningJob(name, (), "t/q", priority=10, preemptible=False, start_time=0.0, runtime_estimate_s=600)
+
+
+def test_fits_now_beats_a_cluster_where_it_waits() -> None:
+    full = _trial("a", node("a0", 4))
+    full.placer.place_job(replace(_job(4), name="taken"))  # its 4 GPUs are held
+    c = _choose(_job(4), full, _trial("b", node("b0", 4)))
+    assert c.cluster == "b" and c.probe is not None and c.probe.outcome == M.FITS_NOW
+    assert c.others and c.others[0][0] == "a"
+
+
+@pytest.mark.parametrize(("arches", "expected"), [
+    (frozenset({"amd64"}), "x86"),
+    (frozenset({"arm64"}), "arm"),
+    (frozenset(), "arm"),  # any: the larger free share wins the tie
+])
+def test_an_image_goes_only_where_its_arch_runs(arches: frozenset[str], expected: str) -> None:
+    c = _choose(_job(1, arches=arches), _trial("x86", node("x0", 2)), _trial("arm", _arm(node("r0", 4))))
+    assert c.cluster == expected
+    if arches == frozenset({"amd64"}):
+        assert ("arm", "the image has no arm64 variant") in c.others
+
+
+def test_an_image_no_cluster_runs_is_never_placeable() -> None:
+    c = _choose(_job(1, arches=frozenset({"ppc64le"})), _trial("x86", node("x0", 2)))
+    assert c.cluster is None and c.never
+    assert "No cluster can run it as asked" in c.reason()
+
+
+def test_a_closed_or_avoided_cluster_makes_the_job_wait_not_fail() -> None:
+    only = _trial("a", node("a0", 2), closed="unreachable since 10:00 UTC; it takes no new work")
+    c = _choose(_job(1), only)
+    assert c.cluster is None and not c.never
+    assert "cluster a: unreachable" in c.reason()
+    c = _choose(_job(1), _trial("a", node("a0", 2)), _trial("b", node("b0", 2)),
+                avoid={"a": "its pods could not be created there: boom"})
+    assert c.cluster == "b"
+
+
+def test_over_the_project_limit_there_counts_as_waiting() -> None:
+    limited = _trial("a", node("a0", 8), limits={"t/p": 2.0}, usage={"t/p": 2.0})
+    other = _trial("b", node("b0", 1))
+    c = _choose(_job(1), limited, other)
+    assert c.cluster == "b"
+    assert ("a", "over your project's GPU limit there (2 of 2 in use)") in c.others
+
+
+def test_preemption_beats_waiting_and_fewer_victims_win() -> None:
+    victim = RunningJob("v", (), "t/q", priority=10, preemptible=True)
+    assert M.preemption_probe(_job(2, priority=100), [victim], free=0.0) is None  # holds no GPUs
+    one = M.Probe("a", M.FITS_AFTER_PREEMPTION, victims=1, victim_gpus=1.0)
+    two = M.Probe("b", M.FITS_AFTER_PREEMPTION, victims=2, victim_gpus=1.0)
+    wait = M.Probe("c", M.WAITS, wait_s=60.0)
+    keys = [M.rank_key(p, M.ClusterView(p.cluster), ANY, 0.0) for p in (wait, two, one)]
+    assert sorted(keys) == [keys[2], keys[1], keys[0]]
+
+
+def test_locality_breaks_a_tie() -> None:
+    choice = M.ClusterChoice(prefer=(("region", "eu"),))
+    c = _choose(_job(1), _trial("us", node("u0", 4), labels={"region": "us"}),
+                _trial("eu", node("e0", 2), labels={"region": "eu"}), choice=choice)
+    assert c.cluster == "eu"
+
+
+def test_labels_must_all_match() -> None:
+    choice = M.ClusterChoice(labels=(("region", "eu"),))
+    c = _choose(_job(1), _trial("us", node("u0", 4), labels={"region": "us"}), choice=choice)
+    assert c.cluster is None and ("us", "does not have region=eu") in c.others
+
+
+def test_estimated_wait_from_expected_ends() -> None:
+    running = [RunningJob("r1", (), "q", start_time=0.0, runtime_estimate_s=600.0),
+               RunningJob("r2", (), "q", start_time=0.0, runtime_estimate_s=1200.0)]
+    # No GPUs held by those (empty placements): nothing to wait for beyond what is free.
+    assert M.estimated_wait(1.0, 1.0, running, now=0.0) == 0.0
+    assert math.isinf(M.estimated_wait(2.0, 0.0, running, now=0.0))
+
+
+def test_tentative_reservations_let_the_next_job_see_what_is_left() -> None:
+    a = _trial("a", node("a0", 4))
+    b = _trial("b", node("b0", 4))
+    first = _choose(_job(4), a, b)
+    assert first.probe is not None
+    {"a": a, "b": b}[first.cluster or ""].take(_job(4), "t", first.probe)
+    second = _choose(_job(4), a, b)
+    assert second.cluster not in (None, first.cluster)
+    a.undo()
+    b.undo()
+    assert M.free_gpus(a.placer) == 4 and M.free_gpus(b.placer) == 4
+
+
+def test_global_order_priority_then_share_then_submission() -> None:
+    hi = replace(_job(1, priority=100), name="hi", queue="t/busy", submit_time=5.0)
+    busy = replace(_job(1), name="busy", queue="t/busy", submit_time=1.0)
+    idle = replace(_job(1), name="idle", queue="t/idle", submit_time=2.0)
+    order = M.global_order([(busy, ""), (idle, ""), (hi, "")], {"t/busy": 8.0})
+    assert [j.name for j, _ in order] == ["hi", "idle", "busy"]
