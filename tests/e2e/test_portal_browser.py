@@ -279,11 +279,13 @@ NAV_BLOCKED = """() => [
   }).map(a => a.textContent.trim())"""
 
 
-@pytest.mark.parametrize("size", [(1366, 768), (1280, 720)], ids=["1366x768", "1280x720"])
-def test_main_pages_fit_a_laptop_screen(world: World, live_server: Any, browser: Any, portal: Any,
+@pytest.mark.parametrize("size", [(1366, 768), (1280, 720), (390, 844)],
+                         ids=["1366x768", "1280x720", "phone"])
+def test_main_pages_fit_a_laptop_or_phone_screen(world: World, live_server: Any, browser: Any, portal: Any,
                                         size: tuple[int, int]) -> None:
-    """No horizontal scrollbar on the document (wide tables scroll inside their own box) and
-    every link of the top bar on screen, unhidden, clickable, on each main page."""
+    """No horizontal scrollbar on the document (wide tables and logs scroll inside their own
+    box) and every link of the top bar on screen, uncovered, clickable, on each main page, at
+    the two common laptop sizes and a phone's."""
     env, _ = workspace_services.environment_launch(
         actor=world.a.member, project=world.a.project, cluster=portal["cluster"], name="nb",
         kind="jupyter", profile=portal["quarter"])
