@@ -15,6 +15,7 @@ are printed field by field and exit with status 1.
     camp rm JOB
     camp serve create NAME --project T/P --cluster C --image vllm --model hf://org/model
     camp serve list | status NAME | scale NAME N | update NAME --max 4 | rollout NAME | delete NAME
+    camp serve create ... --companion name=draft,image-ref=REF,model=hf://org/m,memory=20480,compute=20
 """
 
 from __future__ import annotations
@@ -379,6 +380,34 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+_COMPANION_KEYS = {"name": "name", "image": "image", "image-ref": "image_reference", "model": "model_source",
+                   "port": "port", "health": "health_path", "gpus": "gpu_count", "memory": "gpu_memory_mib",
+                   "compute": "gpu_cores_percent", "cpu": "cpu_millicores", "ram": "ram_mib"}
+_COMPANION_INTS = {"port", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "cpu_millicores", "ram_mib"}
+
+
+def _companion(spec: str) -> dict[str, Any]:
+    """``name=draft,image-ref=REF,model=hf://org/m,memory=20480,compute=20[,port=8001,gpus=1,
+    cpu=1000,ram=8192,health=/health,image=vllm]``: one companion model server (same node)."""
+    out: dict[str, Any] = {}
+    for part in filter(None, spec.split(",")):
+        key, sep, value = part.partition("=")
+        field = _COMPANION_KEYS.get(key.strip())
+        if not sep or field is None:
+            raise click.BadParameter(f"{part}: write KEY=VALUE with KEY one of {', '.join(_COMPANION_KEYS)}",
+                                     param_hint="--companion")
+        if field in _COMPANION_INTS:
+            try:
+                out[field] = int(value)
+            except ValueError as exc:
+                raise click.BadParameter(f"{key}: a whole number", param_hint="--companion") from exc
+        else:
+            out[field] = value
+    if "name" not in out:
+        raise click.BadParameter(f"{spec}: give name=...", param_hint="--companion")
+    return out
+
+
 @serve.command(name="create")
 @click.argument("name")
 @click.option("--project", required=True, help="tenant/project")
@@ -404,13 +433,18 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--priority", "priority_class", default="inference")
 @click.option("--arg", "args", multiple=True, help="A server argument (repeat)")
 @click.option("--env", "env", multiple=True, help="NAME=VALUE (repeat)")
+@click.option("--companion", "companions", multiple=True,
+              help="A model server on the same node in every replica (repeat): name=draft,image-ref=REF,"
+                   "model=hf://org/m,memory=MiB,compute=%[,port=8001,gpus=1,cpu=1000,ram=8192,health=/path]")
+@click.option("--ingress-host", "ingress_host", default="", help="Kubernetes: route this host to the service")
 @click.pass_context
 def serve_create(ctx: click.Context, name: str, project: str, image: str | None, args: tuple[str, ...],
-                 env: tuple[str, ...], **opts: Any) -> None:
+                 env: tuple[str, ...], companions: tuple[str, ...], **opts: Any) -> None:
     """Create a model service; its first replicas are queued at once."""
     api = _api(ctx)
     body: dict[str, Any] = {**opts, "name": name, "project": _project_id(api, project),
-                            "args": list(args), "env": _env_pairs(env)}
+                            "args": list(args), "env": _env_pairs(env),
+                            "companions": [_companion(c) for c in companions]}
     if image:
         body["image"] = _image_id(api, image)
     svc = api.call("POST", "services/", json=body)
@@ -443,7 +477,20 @@ def serve_status(ctx: click.Context, service: str) -> None:
     click.echo(f"replicas: {s['ready_replicas']} ready of {s['desired_replicas']} desired "
                f"(min {s['min_replicas']}, max {s['max_replicas']}); revision {s['revision']}")
     click.echo(f"load: {s['load']:g} ({s['autoscale_metric']}, target {s['autoscale_target']:g} per replica)")
+    if s.get("load_error"):
+        click.echo(f"replicas held: {s['load_error']}")
+    p50, p95 = s.get("latency_p50_seconds"), s.get("latency_p95_seconds")
+
+    def ms(v: float | None) -> str:
+        return "—" if v is None else f"{v * 1000:.0f} ms"
+
+    click.echo("latency: " + ("—" if p50 is None and p95 is None else f"p50 {ms(p50)} · p95 {ms(p95)}"))
     click.echo(f"endpoint: {s['endpoint']}")
+    if s.get("ingress_host"):
+        click.echo(f"ingress: http://{s['ingress_host']}/")
+    for c in s.get("companions") or []:
+        click.echo(f"companion {c['name']} (same node): {c.get('image_reference', '')} "
+                   f"{c.get('gpu_memory_mib')} MiB × {c.get('gpu_cores_percent')} %, port {c.get('port')}")
     for r in s["replicas"]:
         job = r["job"]
         line = f"  #{r['number']} r{r['revision']} {job['name']}: {job['state']}"

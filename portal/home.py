@@ -52,13 +52,14 @@ def _gpu_words(gpu_count: int, mem: int, cores: int, exclusive: bool, models: li
 
 
 def my_workloads(user: Any) -> list[WorkloadRow]:
-    """The user's notebooks, training jobs and model services that run or wait (newest first)."""
+    """The user's notebooks, training jobs and model services that run or wait (newest first),
+    among those the user may still see (an owner removed from a project no longer sees them)."""
     from workspaces.models import DevEnvironment, ModelService, ServiceStatus, TrainingJob
     from workspaces.selectors import with_ready_now
 
     live = list(ACTIVE_STATES) + [JobState.QUEUED]
     rows: list[WorkloadRow] = []
-    envs = (DevEnvironment.objects.filter(owner=user, job__state__in=live)
+    envs = (restrict(DevEnvironment.objects.filter(owner=user, job__state__in=live), user)
             .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
     for e in envs:
         rows.append(WorkloadRow(
@@ -66,7 +67,7 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
             e.job.get_state_display() if e.job else e.state, _gpu_words(
                 e.gpu_count, e.gpu_memory_mib, e.gpu_cores_percent, e.exclusive, e.gpu_models),
             e.job.started_at if e.job else None, e.job.reason if e.job and e.state == "queued" else "", e))
-    trainings = (TrainingJob.objects.filter(owner=user)
+    trainings = (restrict(TrainingJob.objects.filter(owner=user), user)
                  .filter(Q(job__state__in=live) | Q(job__isnull=True, failed_dependency=False))
                  .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
     for t in trainings:
@@ -77,7 +78,8 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
                 t.workers),
             t.job.started_at if t.job else None,
             (t.job.reason if t.job and t.state == "queued" else t.blocked_reason), t))
-    services = (with_ready_now(ModelService.objects.filter(owner=user).exclude(status=ServiceStatus.IDLE))
+    services = (with_ready_now(restrict(ModelService.objects.filter(owner=user), user)
+                               .exclude(status=ServiceStatus.IDLE))
                 .select_related("project__tenant").order_by("-created_at")[:ROWS])
     for svc in services:
         ready = int(getattr(svc, "ready_now", 0))  # annotated by with_ready_now

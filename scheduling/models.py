@@ -244,6 +244,14 @@ class PriorityClass(models.TextChoices):
     BATCH = "batch", "Batch (preemptible)"
 
 
+class JobAffinityChoice(models.TextChoices):
+    """The engine's ``JobAffinity`` (scheduling/engine/model.py) as a model field's choices."""
+
+    NONE = "none", "None"
+    SAME_NODE = "same-node", "All pods on one node"
+    DISTINCT_NODES = "distinct-nodes", "Every pod on its own node"
+
+
 PRIORITY_VALUES = {"inference": 1000, "high": 100, "normal": 50, "batch": 10}
 # The non-preemptible allowlist: these classes are never victims.
 NON_PREEMPTIBLE_CLASSES = frozenset({"inference"})
@@ -270,6 +278,10 @@ class Job(models.Model):
     mixed_gpu_models = models.BooleanField(
         default=False, help_text="Its pods may run on GPUs of different models (by default all of "
                                  "a job's GPUs are of one model).")
+    affinity = models.CharField(
+        max_length=16, choices=JobAffinityChoice.choices, default="none",
+        help_text="Where its pods go relative to each other: none, same-node (all on one node: a "
+                  "model service's draft and target) or distinct-nodes.")
     duration_seconds = models.PositiveIntegerField(
         null=True, blank=True, help_text="Expected run time (the simulated backend runs this long)."
     )

@@ -226,7 +226,7 @@ _GPU_COLUMNS = ("pk", "node_id", "index", "uuid", "model", "vendor", "memory_mib
 _JOB_COLUMNS = ("pk", "cluster_id", "tenant_id", "project_id", "reason", "reason_kind",
                 "queue_position", "queue_length")
 _PENDING_COLUMNS = (*_JOB_COLUMNS, "tenant__name", "project__name", "priority", "priority_class",
-                    "gang", "preemptible", "mixed_gpu_models", "submitted_at", "duration_seconds",
+                    "gang", "preemptible", "mixed_gpu_models", "affinity", "submitted_at", "duration_seconds",
                     "checkpoint_capable")
 _GROUP_COLUMNS = ("job_id", "pk", "name", "replicas", "gpu_count", "gpu_memory_mib",
                   "gpu_cores_percent", "exclusive", "cpu_millicores", "ram_mib", "gpu_models")
@@ -372,7 +372,8 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow]
         gs = group_rows.get(pk)
         if not gs:  # left QUEUED between the two reads (only without REPEATABLE READ: SQLite)
             continue
-        tenant, project, priority, priority_class, gang, preemptible, mixed, submitted, duration, ckpt = r[n:]
+        (tenant, project, priority, priority_class, gang, preemptible, mixed, affinity, submitted, duration,
+         ckpt) = r[n:]
         groups[pk] = {g[2]: g[1] for g in gs}
         jobs[str(pk)] = JobRow(*r[:n])
         if pk in waiting_for_victims:
@@ -396,7 +397,7 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow]
             priority_class=priority_class, queue=queue_name(tenant, project), preemptible=preemptible,
             submit_time=submitted if isinstance(submitted, float) else submitted.timestamp(),
             runtime_estimate_s=float(duration) if duration else None,
-            checkpointable=ckpt, mixed_gpu_models=mixed,
+            checkpointable=ckpt, mixed_gpu_models=mixed, affinity=E.JobAffinity(affinity or "none"),
         ))
     return pending, groups
 

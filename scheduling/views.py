@@ -26,7 +26,10 @@ from .models import Cluster, GpuDevice, Job, JobState, Node, NodePool
 
 class ClusterForm(forms.ModelForm[Cluster]):
     api_server = forms.URLField(required=False, assume_scheme="https")
-    prometheus_url = forms.URLField(required=False, assume_scheme="https")
+    prometheus_url = forms.URLField(
+        required=False, assume_scheme="https",
+        help_text="Optional: GPU utilisation (DCGM / HAMi) for placement, and model services' load and "
+                  "latency (vLLM metrics) for their autoscaler.")
     kubeconfig = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}),
                                  help_text="Write-only: leave empty to keep the stored credentials.")
     token = forms.CharField(required=False, widget=forms.PasswordInput,

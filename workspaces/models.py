@@ -368,6 +368,14 @@ class ModelService(models.Model):
     priority_class = models.CharField(max_length=20, choices=PriorityClass.choices,
                                       default=PriorityClass.INFERENCE)
     preemptible = models.BooleanField(default=False)
+    companions = models.JSONField(
+        default=list, blank=True,
+        help_text="Model servers run beside the main one in every replica, on the same node (a "
+                  "speculative-decoding draft): name, image_reference, model_source, args, env, port, "
+                  "health_path, gpu_count, gpu_memory_mib, gpu_cores_percent, cpu_millicores, ram_mib.")
+    ingress_host = models.CharField(
+        max_length=253, blank=True,
+        help_text="On Kubernetes, an Ingress routes this host name to the service (empty: none).")
     revision = models.PositiveIntegerField(default=1)
     desired_replicas = models.PositiveSmallIntegerField(default=1)
     ready_replicas = models.PositiveSmallIntegerField(default=0)
@@ -375,6 +383,13 @@ class ModelService(models.Model):
     status_reason = models.CharField(max_length=300, blank=True)
     load = models.FloatField(default=0.0, help_text="The last load read by the autoscaler.")
     load_at = models.DateTimeField(null=True, blank=True)
+    load_error = models.CharField(
+        max_length=300, blank=True,
+        help_text="Why the last autoscaler step read no load (replicas held); empty when it read one.")
+    latency_p50_seconds = models.FloatField(
+        null=True, blank=True, help_text="Median request latency at the last autoscaler step (Prometheus).")
+    latency_p95_seconds = models.FloatField(
+        null=True, blank=True, help_text="95th percentile request latency at the last autoscaler step.")
     idle_since = models.DateTimeField(null=True, blank=True)
     recommendations = models.JSONField(
         default=list, blank=True, help_text="[epoch seconds, replicas] of the stabilisation window.")
@@ -394,6 +409,18 @@ class ModelService(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project}/{self.name}" if self.project_id else self.name
+
+    @property
+    def latency_text(self) -> str:
+        """``p50 120 ms · p95 480 ms`` from the last autoscaler step, ``—`` when unknown."""
+        def fmt(seconds: float | None) -> str:
+            if seconds is None:
+                return "—"
+            return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+        if self.latency_p50_seconds is None and self.latency_p95_seconds is None:
+            return "—"
+        return f"p50 {fmt(self.latency_p50_seconds)} · p95 {fmt(self.latency_p95_seconds)}"
 
     @property
     def service_name(self) -> str:

@@ -73,3 +73,32 @@ def refuse_if_over_storage(*, project: Project, extra_gib: int, field: str,
         raise ValidationError({field: [
             f"Storage: {extra_gib} GiB more would exceed project {project}'s volume limit of "
             f"{limit} GiB ({used} GiB already in use)."]})
+
+
+def refuse_if_no_node_holds_all(*, cluster: Cluster, groups: list[dict[str, Any]], field: str) -> None:
+    """ValidationError on ``field`` when no node of ``cluster``, even empty, could hold every
+    pod of ``groups`` at once — the engine's same-node rule (``Placer._affinity_never_fits``)
+    with the same placer, so a same-node job refused here is one the scheduler would reject.
+    A cluster with no nodes yet refuses nothing (its nodes may not be synced)."""
+    from scheduling.engine.state import empty_node
+    from scheduling.selectors import _cluster_part
+
+    pods = [E.pod(f"new-{g['name']}-{i}", gpu_count=g.get("gpu_count", 0),
+                  gpu_memory_mib=g.get("gpu_memory_mib", 0), gpu_cores_percent=g.get("gpu_cores_percent", 0),
+                  exclusive=g.get("exclusive", False), cpu_millicores=g.get("cpu_millicores", 0),
+                  ram_mib=g.get("ram_mib", 0))
+            for g in groups for i in range(g.get("replicas", 1))]
+    nodes = _cluster_part(cluster)[0]
+    if not nodes or len(pods) < 2:
+        return
+    for node in nodes:
+        placer = E.Placer(E.ClusterState(E.ClusterSnapshot(nodes=(empty_node(node),))))
+        if all(placer.place_pod(p) is not None for p in pods):
+            return
+    need = (f"{sum(g.get('gpu_count', 0) * g.get('replicas', 1) for g in groups)} GPU slice(s) of "
+            f"{' + '.join(str(g.get('gpu_memory_mib', 0)) + ' MiB' for g in groups)}, "
+            f"{sum(g.get('cpu_millicores', 0) for g in groups)} mCPU, "
+            f"{sum(g.get('ram_mib', 0) for g in groups)} MiB RAM")
+    raise ValidationError({field: [
+        f"These {len(pods)} pods must share one node ({need}), and no node of cluster {cluster.name} "
+        f"could hold them all even when empty."]})

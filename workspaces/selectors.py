@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet, Window
+from django.db.models.functions import RowNumber
 
 from scheduling.backends import backend_for
 from scheduling.backends.base import BackendError
@@ -197,7 +198,7 @@ def model_services(user: Any, *, project: Project | None = None) -> QuerySet[Mod
 
     stored = ProjectNamespace.objects.filter(cluster=OuterRef("cluster"), project=OuterRef("project"))
     qs = restrict(ModelService.objects.all(), user).select_related(
-        "tenant", "project", "cluster", "owner", "image").annotate(
+        "tenant", "project__tenant", "cluster", "owner", "image").annotate(
         namespace_name=Subquery(stored.values("name")[:1]))
     if project is not None:
         qs = qs.filter(project=project)
@@ -224,6 +225,18 @@ def service_endpoint(service: ModelService) -> str:
     else:
         ns = project_namespace_name(cluster=service.cluster, project=service.project)
     return f"http://{service.service_name}.{ns}.svc:{service.port}"
+
+
+def service_companions(service: ModelService) -> list[dict[str, Any]]:
+    """The companions of a service (each run beside the main server on the same node in
+    every replica) with their in-cluster endpoints; env values left out."""
+    base = service_endpoint(service).rsplit(":", 1)[0]  # http://<service>.<ns>.svc
+    out = []
+    for c in service.companions or []:
+        host = base.replace(f"//{service.service_name}.", f"//{service.service_name}-{c['name']}.", 1)
+        shown = {k: v for k, v in c.items() if k != "env"}
+        out.append({**shown, "endpoint": f"{host}:{c.get('port', 8001)}"})
+    return out
 
 
 # --- the portal's services pages (r4servebench) --------------------------------------------------
@@ -285,13 +298,17 @@ def service_events(services: list[ModelService], user: Any, *, per_service: int 
     if not services:
         return {}
     ids = [s.pk for s in services]
-    cap = per_service * len(ids) * 4
     out: dict[int, list[ServiceEvent]] = {pk: [] for pk in ids}
+    # The latest per_service of EACH service (a window per target), so a busy service's many
+    # scalings never crowd a quiet one's events off the page.
     audit = (AuditEvent.objects.filter(
         target_type=ModelService._meta.label_lower, target_id__in=[str(pk) for pk in ids],
         action__in=["service.created", "service.scaled", "service.rolled_out"])
+        .annotate(nth=Window(RowNumber(), partition_by=[F("target_id")],
+                             order_by=[F("created_at").desc(), F("id").desc()]))
+        .filter(nth__lte=per_service)
         .only("created_at", "actor_username", "action", "target_id", "before", "after")
-        .order_by("-created_at", "-id")[:cap])
+        .order_by("-created_at", "-id"))
     for ev in audit:
         if ev.action == "service.scaled":
             kind, text = _scaled_text(ev)
@@ -303,7 +320,10 @@ def service_events(services: list[ModelService], user: Any, *, per_service: int 
         out[int(ev.target_id)].append(ServiceEvent(ev.created_at, kind, text))
     decisions = list(SchedulingDecision.objects.filter(
         kind=DecisionKind.PREEMPTING, job__service_replica__service__in=ids)
-        .select_related("job__service_replica").order_by("-created_at", "-id")[:cap])
+        .annotate(nth=Window(RowNumber(), partition_by=[F("job__service_replica__service")],
+                             order_by=[F("created_at").desc(), F("id").desc()]))
+        .filter(nth__lte=per_service)
+        .select_related("job__service_replica").order_by("-created_at", "-id"))
     victim_ids = {int(v) for d in decisions for v in (d.victims or [])}
     visible = dict(restrict(Job.objects.filter(pk__in=victim_ids), user).values_list("pk", "name"))
     for d in decisions:

@@ -1,13 +1,19 @@
 """Per-service load for the autoscaler, and its replica recommendation (pure functions).
 
-Load comes from a *load source*: ``simulated`` (the default; it serves simulated clusters
-only — on a Kubernetes cluster without a real source the autoscaler holds the replica
-count) is a daily curve with bursts, deterministic per service and time, so
-the demo, the tests and the co-location benchmark all see the same day. A Prometheus
-source is a seam: :data:`LOAD_SOURCES` maps the ``SERVING_LOAD_SOURCE`` setting to a
-function ``(service, at) -> float``; a deployment that exports its servers' request
-metrics (vLLM's ``vllm:num_requests_running``, TGI's ``tgi_queue_size`` + batch size,
-Triton's ``nv_inference_pending_request_count``) registers one there (docs/SERVING.md).
+Load comes from a *load source* (:data:`LOAD_SOURCES`, chosen by ``SERVING_LOAD_SOURCE``):
+
+* ``auto`` (the default) picks per cluster: ``prometheus`` for a cluster with a Prometheus
+  URL, ``simulated`` for a simulated one, and nothing otherwise (the autoscaler holds the
+  replica count: real inference never scales on made-up numbers);
+* ``prometheus`` queries the cluster's Prometheus (``scheduling.backends.metrics.query``)
+  with one PromQL template per autoscale metric (``SERVING_PROMETHEUS_QUERIES``, vLLM's
+  metrics by default) restricted to the service's replica pods, and reads latency p50/p95
+  from the request-latency histogram (``SERVING_PROMETHEUS_LATENCY``);
+* ``simulated`` is a daily curve with bursts, deterministic per service and time, so the
+  demo, the tests and the co-location benchmark all see the same day (simulated clusters only).
+
+A source returns a :class:`LoadReading` (or a bare float); a reading without load carries
+the reason, which the service shows while it holds its replicas (docs/SERVING.md).
 
 The recommendation follows Kubernetes' HorizontalPodAutoscaler: ``ceil(load / target)``
 replicas (for GPU utilisation, ``ceil(ready × utilisation / target)``), scale up at once,
@@ -21,6 +27,7 @@ import datetime as dt
 import hashlib
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,27 +63,143 @@ def simulated_load(service_id: int, profile: Mapping[str, Any], at: dt.datetime)
     return round(max(0.0, load), 3)
 
 
-def _simulated(service: Any, at: dt.datetime) -> float:
-    return simulated_load(service.pk, service.load_profile or {}, at)
+@dataclass(frozen=True)
+class LoadReading:
+    """One reading of a service's load: ``load`` None means unknown (``error`` says why; the
+    autoscaler then holds the replica count). Latencies are in seconds, None when unknown."""
+
+    load: float | None
+    p50: float | None = None
+    p95: float | None = None
+    error: str = ""
 
 
-LOAD_SOURCES: dict[str, Callable[[Any, dt.datetime], float]] = {"simulated": _simulated}
+def _simulated(service: Any, at: dt.datetime) -> LoadReading:
+    if service.cluster.backend != "simulated":
+        return LoadReading(None, error="the simulated load serves simulated clusters only")
+    return LoadReading(simulated_load(service.pk, service.load_profile or {}, at))
 
 
-def load_of(service: Any, at: dt.datetime) -> float | None:
-    """The service's load now, or None when nothing measures it: the simulated curve serves
-    simulated clusters only (real inference must never scale on, or preempt real training
-    for, made-up numbers), and an unknown ``SERVING_LOAD_SOURCE`` is reported, not guessed."""
+# vLLM's metrics (the ``vllm:`` gauges, counters and histograms of its /metrics, listed in vLLM's
+# docs/design/v1/metrics.md) and dcgm-exporter's GPU utilisation. ``{selector}`` becomes the label
+# matchers of the service's replica pods (SERVING_PROMETHEUS_SELECTOR).
+DEFAULT_QUERIES: dict[str, str] = {
+    "concurrency": 'sum({__name__=~"vllm:num_requests_(running|waiting)",{selector}})',
+    "rps": "sum(rate(vllm:request_success_total{{selector}}[1m]))",
+    "gpu_util": "avg(DCGM_FI_DEV_GPU_UTIL{{selector}})",
+}
+DEFAULT_LATENCY = ("histogram_quantile({quantile}, "
+                   "sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{{selector}}[5m])))")
+DEFAULT_SELECTOR = 'namespace="{namespace}",pod=~"{pods}"'
+
+
+def _fill(template: str, **values: str) -> str:
+    # Plain replacement, not str.format: PromQL is full of braces.
+    for key, value in values.items():
+        template = template.replace("{" + key + "}", value)
+    return template
+
+
+def prometheus_selector(service: Any) -> str | None:
+    """The label matchers of ``service``'s replica pods (None when the template names the
+    pods, ``{pods}``, and it has none): by default the project's namespace and the pods'
+    names, the labels Prometheus' Kubernetes discovery (and kube-prometheus' PodMonitors)
+    put on every scraped series."""
     from django.conf import settings
 
-    source = getattr(settings, "SERVING_LOAD_SOURCE", "simulated")
+    from scheduling.models import Allocation
+    from scheduling.selectors import project_namespace_name
+
+    template = getattr(settings, "SERVING_PROMETHEUS_SELECTOR", DEFAULT_SELECTOR)
+    pods: list[str] = []
+    if "{pods}" in template:
+        pods = sorted(Allocation.objects.filter(
+            job__service_replica__service=service, job__service_replica__removed_reason="",
+        ).values_list("pod_name", flat=True).distinct())  # DNS labels: nothing to escape in a regex
+        if not pods:
+            return None
+    return _fill(template, namespace=project_namespace_name(cluster=service.cluster, project=service.project),
+                 pods="|".join(pods), service_id=str(service.pk))
+
+
+def _first_value(rows: list[dict[str, Any]]) -> float | None:
+    for row in rows:
+        value = float(row["value"][1])
+        if math.isfinite(value):
+            return value
+    return None
+
+
+_UNREACHABLE: dict[str, tuple[float, str]] = {}
+"""Prometheus URL → (monotonic time, error) of its last failure to answer, in this process."""
+UNREACHABLE_SECONDS = 10.0
+"""For this long after a Prometheus did not answer, other services of the tick skip it (each
+read would wait for the timeout again: a hung server times one tick × services out)."""
+
+
+def _prometheus(service: Any, at: dt.datetime) -> LoadReading:
+    """The service's load and latency from its cluster's Prometheus (instant queries, now)."""
+    from django.conf import settings
+
+    from scheduling.backends.base import BackendError
+    from scheduling.backends.metrics import query
+
+    url = service.cluster.prometheus_url
+    if not url:
+        return LoadReading(None, error="the cluster has no Prometheus URL")
+    selector = prometheus_selector(service)
+    if selector is None:  # the selector names the pods and there is none
+        return LoadReading(None, error="no replica pod to measure yet")
+    down = _UNREACHABLE.get(url)
+    if down is not None and time.monotonic() - down[0] < UNREACHABLE_SECONDS:
+        return LoadReading(None, error=down[1])
+    queries = {**DEFAULT_QUERIES, **getattr(settings, "SERVING_PROMETHEUS_QUERIES", {})}
+    promql = _fill(queries[service.autoscale_metric], selector=selector)
+    try:
+        load = _first_value(query(url, promql))
+        if load is None:
+            return LoadReading(None, error=f"Prometheus has no series for {promql}"[:300])
+        latency = getattr(settings, "SERVING_PROMETHEUS_LATENCY", DEFAULT_LATENCY)
+        p50, p95 = (_first_value(query(url, _fill(latency, quantile=q, selector=selector)))
+                    if latency else None for q in ("0.5", "0.95"))
+    except BackendError as exc:
+        logger.warning("model service %s: no load from Prometheus: %s", service.pk, exc)
+        if exc.retryable:  # it did not answer (a refused query answers: no need to skip it)
+            _UNREACHABLE[url] = (time.monotonic(), str(exc)[:300])
+        return LoadReading(None, error=str(exc)[:300])
+    _UNREACHABLE.pop(url, None)
+    return LoadReading(round(max(0.0, load), 3), p50=p50, p95=p95)
+
+
+def _auto(service: Any, at: dt.datetime) -> LoadReading:
+    if service.cluster.prometheus_url:
+        return _prometheus(service, at)
+    if service.cluster.backend == "simulated":
+        return _simulated(service, at)
+    return LoadReading(None, error="no load source: give the cluster a Prometheus URL")
+
+
+LOAD_SOURCES: dict[str, Callable[[Any, dt.datetime], LoadReading | float]] = {
+    "auto": _auto, "prometheus": _prometheus, "simulated": _simulated}
+
+
+def read_load(service: Any, at: dt.datetime) -> LoadReading:
+    """The service's load now (``SERVING_LOAD_SOURCE``); without one, the reason. An unknown
+    source name is reported, not guessed."""
+    from django.conf import settings
+
+    source = getattr(settings, "SERVING_LOAD_SOURCE", "auto")
     if source not in LOAD_SOURCES:
         logger.warning("SERVING_LOAD_SOURCE=%r is not one of %s: model services hold their replicas",
                        source, ", ".join(LOAD_SOURCES))
-        return None
-    if source == "simulated" and service.cluster.backend != "simulated":
-        return None
-    return LOAD_SOURCES[source](service, at)
+        return LoadReading(None, error=f"unknown load source {source!r}"[:300])
+    reading = LOAD_SOURCES[source](service, at)
+    return reading if isinstance(reading, LoadReading) else LoadReading(float(reading))
+
+
+def load_of(service: Any, at: dt.datetime) -> float | None:
+    """The service's load now, or None when nothing measures it (:func:`read_load`)."""
+    return read_load(service, at).load
 
 
 @dataclass(frozen=True)

@@ -378,6 +378,7 @@ def service_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "workspaces/service.html", {
         "svc": svc,
         "endpoint": selectors.service_endpoint(svc),
+        "companions": selectors.service_companions(svc),
         "unit": selectors.LOAD_UNITS.get(svc.autoscale_metric, ""),
         "shape": presets.shape_card(svc, presets.card_memory()),
         "replicas": [(r, selectors.job_why(r.job)) for r in replicas],

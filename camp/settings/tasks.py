@@ -6,6 +6,7 @@ production with no server at all, and Channels uses its in-memory layer.
 """
 
 from camp.env import env_bool, env_int, env_list, env_str
+from workspaces import serving_load as _serving_load  # PromQL defaults (no Django imports)
 
 from .base import BASE_DIR
 from .database import REDIS_URL
@@ -114,9 +115,17 @@ CELERY_BEAT_SCHEDULE["workspaces-tick"] = {
     "task": "workspaces.tasks.workspaces_tick", "schedule": float(WORKSPACES_TICK_SECONDS),
 }
 # Model services (workspaces/services/serving.py, docs/SERVING.md): the autoscaler's step, and where
-# it reads load ("simulated": the per-service daily curve; other sources: serving_load.LOAD_SOURCES).
+# it reads load ("auto": the cluster's Prometheus when it has a URL, the simulated daily curve on
+# simulated clusters, else none and replicas are held; "prometheus"; "simulated").
 SERVING_AUTOSCALE_SECONDS = env_int("SERVING_AUTOSCALE_SECONDS", 15)
-SERVING_LOAD_SOURCE = env_str("SERVING_LOAD_SOURCE", "simulated")
+SERVING_LOAD_SOURCE = env_str("SERVING_LOAD_SOURCE", "auto")
+# PromQL of the Prometheus load source, per autoscale metric ({selector}: the replica pods' label
+# matchers, SERVING_PROMQL_SELECTOR with {namespace}, {pods}, {service_id}); latency adds {quantile}.
+SERVING_PROMETHEUS_QUERIES = {
+    metric: env_str(f"SERVING_PROMQL_{metric.upper()}", _serving_load.DEFAULT_QUERIES[metric])
+    for metric in _serving_load.DEFAULT_QUERIES}
+SERVING_PROMETHEUS_LATENCY = env_str("SERVING_PROMQL_LATENCY", _serving_load.DEFAULT_LATENCY)
+SERVING_PROMETHEUS_SELECTOR = env_str("SERVING_PROMQL_SELECTOR", _serving_load.DEFAULT_SELECTOR)
 CELERY_BEAT_SCHEDULE["services-autoscale"] = {
     "task": "workspaces.tasks.services_autoscale", "schedule": float(SERVING_AUTOSCALE_SECONDS),
 }
@@ -128,6 +137,8 @@ CAMP_URL = env_str("CAMP_URL", "http://localhost:8000")  # this portal, for the 
 WORKSPACES_URL = env_str("WORKSPACES_URL", "https://workspaces.camp.local")  # environment URLs
 WORKSPACES_SSH_GATEWAY = env_str("WORKSPACES_SSH_GATEWAY", "ssh.camp.local")
 WORKSPACES_INGRESS_CLASS = env_str("WORKSPACES_INGRESS_CLASS", "nginx")
+# A model service's optional Ingress (its ingress_host); empty: the cluster's default class.
+SERVING_INGRESS_CLASS = env_str("SERVING_INGRESS_CLASS", WORKSPACES_INGRESS_CLASS)
 WORKSPACES_STORAGE_CLASS = env_str("WORKSPACES_STORAGE_CLASS", "")
 WORKSPACES_IDLE_MINUTES = env_int("WORKSPACES_IDLE_MINUTES", 60)
 # An environment's open link works once, within this many seconds of being issued.

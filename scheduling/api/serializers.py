@@ -279,7 +279,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     class Meta:
         model = Job
         fields = ["id", "name", "tenant", "project", "cluster", "owner", "kind", "priority_class",
-                  "priority", "preemptible", "checkpoint_capable", "gang", "mixed_gpu_models",
+                  "priority", "preemptible", "checkpoint_capable", "gang", "mixed_gpu_models", "affinity",
                   "duration_seconds",
                   "groups", "state", "reason", "reason_kind", "queue_position", "queue_length",
                   "preempted_by", "attempts", "submitted_at", "admitted_at", "started_at",

@@ -220,6 +220,11 @@ class ClusterBackend(Protocol):
         workload's objects that outlive single jobs, swept when their workload is gone)."""
         ...
 
+    def list_ingresses(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        """(namespace, name, labels) of every Ingress Camp made that carries ``label`` (swept
+        like ``list_services``' Services)."""
+        ...
+
     def follow_pod_logs(self, namespace: str, name: str, *, tail_lines: int, timeout_seconds: float,
                         stop: threading.Event) -> Iterator[str]:
         """The pod's last ``tail_lines`` lines, then new ones as they are written, until the

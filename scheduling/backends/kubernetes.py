@@ -622,6 +622,16 @@ class KubernetesBackend:
                 out.append((svc.metadata.namespace, svc.metadata.name, labels))
         return out
 
+    def list_ingresses(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        listed = self._call(self.networking.list_ingress_for_all_namespaces,
+                            label_selector=f"{SELECTOR},{label}")
+        out = []
+        for ing in (listed.items if listed is not None else []):
+            labels = dict(ing.metadata.labels or {})
+            if labels.get(MANAGED_BY) == "camp" and label in labels:
+                out.append((ing.metadata.namespace, ing.metadata.name, labels))
+        return out
+
     def list_job_objects(self) -> list[tuple[str, str, int]]:
         """(namespace, owner name, job id) of every per-job ConfigMap Camp made (the owner of
         its job's other objects): what reconcile checks for leftovers."""

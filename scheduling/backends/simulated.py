@@ -197,6 +197,9 @@ class SimulatedBackend:
     def list_services(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
         return []
 
+    def list_ingresses(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        return []
+
     POLL_SECONDS = 0.5
 
     def follow_pod_logs(self, namespace: str, name: str, *, tail_lines: int, timeout_seconds: float,

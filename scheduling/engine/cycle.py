@@ -424,6 +424,13 @@ class QueueCycle:
             if self.placer.never_fits(p) is None:
                 continue
             return "No node can ever fit: " + self._never_detail(p)
+        if job.affinity == JobAffinity.SAME_NODE and len(pods) > 1:
+            # r4sng: the placer's same-node rule (each node emptied, the same policy), as
+            # ``Placer.place_job`` applies it; without it such a job waited forever, holding
+            # nodes for a gang that no node could ever take whole.
+            same = self.placer._affinity_never_fits(job, pods)
+            if same is not None:
+                return "No node can ever fit: " + same
         if job.affinity == JobAffinity.DISTINCT_NODES and len(pods) > 1:
             hosts = self._distinct_hosts(pods)
             if hosts < len(pods):

@@ -41,7 +41,7 @@ from .common import (
 )
 
 JOB_FIELDS = ("name", "kind", "priority_class", "priority", "preemptible", "checkpoint_capable",
-              "gang", "mixed_gpu_models", "duration_seconds", "state", "reason")
+              "gang", "mixed_gpu_models", "affinity", "duration_seconds", "state", "reason")
 GROUP_FIELDS = ("name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
                 "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env")
 
@@ -79,6 +79,7 @@ def _job_build(
     gang: bool = True,
     duration_seconds: int | None = None,
     mixed_gpu_models: bool = False,
+    affinity: str = "none",
 ) -> tuple[Job, list[PodGroup]]:
     """A validated, unsaved job and its pod groups (the rules of a submit, without writes)."""
     if priority_class not in PRIORITY_VALUES:
@@ -92,6 +93,7 @@ def _job_build(
         priority_class=priority_class, priority=PRIORITY_VALUES[priority_class],
         preemptible=preemptible, checkpoint_capable=checkpoint_capable, gang=gang,
         mixed_gpu_models=mixed_gpu_models, duration_seconds=duration_seconds, state=JobState.QUEUED,
+        affinity=affinity,
     )
     _require(actor, permissions.CREATE, job)
     if not cluster.enabled:
@@ -134,6 +136,7 @@ def job_submit(
     gang: bool = True,
     duration_seconds: int | None = None,
     mixed_gpu_models: bool = False,
+    affinity: str = "none",
 ) -> Job:
     """Queue a job (state QUEUED) and ask for a scheduling cycle after commit (requests
     coalesce per cluster: ``request_cycle``).
@@ -145,7 +148,7 @@ def job_submit(
         actor=actor, project=project, cluster=cluster, name=name, groups=groups, kind=kind,
         priority_class=priority_class, preemptible=preemptible,
         checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds,
-        mixed_gpu_models=mixed_gpu_models)
+        mixed_gpu_models=mixed_gpu_models, affinity=affinity)
     with audit_batch():
         try:
             with transaction.atomic():

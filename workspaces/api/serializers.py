@@ -242,6 +242,31 @@ class ReplicaSerializer(serializers.Serializer[Any]):
     removed_reason = serializers.CharField()
 
 
+class CompanionSerializer(serializers.Serializer[Any]):
+    """A model server run beside the main one in every replica, on the same node (a
+    speculative-decoding draft). Checked by the service function (errors name
+    ``companions[<i>].<field>``); omitted fields take the defaults shown."""
+
+    name = serializers.CharField(max_length=16, help_text="A DNS label, unique in the service.")
+    image = serializers.CharField(required=False, max_length=100,
+                                  help_text="A catalog image (id or name) instead of image_reference.")
+    image_reference = serializers.CharField(required=False, allow_blank=True, max_length=512)
+    model_source = serializers.CharField(required=False, allow_blank=True, max_length=500,
+                                         help_text="Given to the server as CAMP_MODEL.")
+    args = serializers.ListField(child=serializers.CharField(max_length=4096, allow_blank=True),
+                                 required=False, max_length=100)
+    env = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True),
+                                required=False, help_text=ENV_HELP)
+    port = serializers.IntegerField(required=False, help_text="Container port http (default 8001).")
+    health_path = serializers.CharField(required=False, allow_blank=True, max_length=200,
+                                        help_text="Readiness path (empty: the port accepting connections).")
+    gpu_count = serializers.IntegerField(required=False, help_text="Default 1.")
+    gpu_memory_mib = serializers.IntegerField(required=False, help_text="Per GPU (default 10240).")
+    gpu_cores_percent = serializers.IntegerField(required=False, help_text="Per GPU (default 20).")
+    cpu_millicores = serializers.IntegerField(required=False, help_text="Default 1000.")
+    ram_mib = serializers.IntegerField(required=False, help_text="Default 8192.")
+
+
 class ModelServiceSerializer(MaskedEnvMixin, serializers.ModelSerializer[ModelService]):
     project = VisiblePKField(queryset=Project.objects.all())
     cluster = ClusterNameField()
@@ -262,6 +287,12 @@ class ModelServiceSerializer(MaskedEnvMixin, serializers.ModelSerializer[ModelSe
     load_profile = serializers.DictField(child=serializers.FloatField(min_value=0), required=False,
                                          help_text="Simulated load: base, peak, peak_hour, "
                                                    "burst_every_minutes, burst_minutes, burst.")
+    companions = CompanionSerializer(many=True, required=False, help_text=(
+        "Model servers served beside the main one in every replica, all on one node (draft + "
+        "target of speculative decoding); the main server finds each at CAMP_COMPANION_<NAME>_URL."))
+    ingress_host = serializers.CharField(
+        required=False, allow_blank=True, max_length=253,
+        help_text="On Kubernetes, an Ingress routes this host to the service. Set at creation.")
     replicas = serializers.SerializerMethodField()
     endpoint = serializers.SerializerMethodField()
 
@@ -272,14 +303,27 @@ class ModelServiceSerializer(MaskedEnvMixin, serializers.ModelSerializer[ModelSe
                   "env", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive", "gpu_models",
                   "cpu_millicores", "ram_mib", "min_replicas", "max_replicas", "autoscale_metric",
                   "autoscale_target", "scale_down_delay_seconds", "scale_to_zero_seconds", "load_profile",
-                  "priority_class", "preemptible", "revision", "desired_replicas", "ready_replicas",
-                  "status", "status_reason", "load", "load_at", "replicas", "endpoint", "created_at",
-                  "updated_at"]
+                  "priority_class", "preemptible", "companions", "ingress_host", "revision",
+                  "desired_replicas", "ready_replicas", "status", "status_reason", "load", "load_at",
+                  "load_error", "latency_p50_seconds", "latency_p95_seconds", "replicas", "endpoint",
+                  "created_at", "updated_at"]
         read_only_fields = ["id", "revision", "desired_replicas", "ready_replicas", "status", "status_reason",
-                            "load", "load_at", "created_at", "updated_at"]
+                            "load", "load_at", "load_error", "latency_p50_seconds", "latency_p95_seconds",
+                            "created_at", "updated_at"]
         extra_kwargs = {"image_reference": {"required": False, "allow_blank": True},
                         "model_source": {"required": False, "allow_blank": True}}
         validators: list[Any] = []
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        if not selectors.env_values_visible(getattr(request, "user", None), instance):
+            for c in data.get("companions") or []:
+                c["env"] = dict.fromkeys(c.get("env") or {}, selectors.ENV_MASK)
+        return data
+
+    def validate_companions(self, value: list[Any]) -> list[dict[str, Any]]:
+        return [dict(c) for c in value]
 
     @extend_schema_field(ReplicaSerializer(many=True))
     def get_replicas(self, svc: ModelService) -> list[dict[str, Any]]:
@@ -303,6 +347,7 @@ class ModelServiceUpdateSerializer(ModelServiceSerializer):
     cluster = serializers.CharField(source="cluster.name", read_only=True)  # type: ignore[assignment]
     priority_class = serializers.CharField(read_only=True)  # type: ignore[assignment]
     preemptible = serializers.BooleanField(read_only=True)
+    ingress_host = serializers.CharField(read_only=True)  # type: ignore[assignment]
 
     class Meta(ModelServiceSerializer.Meta):
         pass

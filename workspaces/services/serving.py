@@ -30,14 +30,16 @@ import logging
 import re
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
+from django.http import Http404
 from django.utils import timezone
 
 from registry.models import Image, Variant
-from registry.services import pull_secret_manifest
+from registry.services import images_for_project, pull_secret_manifest
 from scheduling import services as scheduling
-from scheduling.backends.base import LABEL_PROJECT_ID, ExtraObject, JobObjects, PodSpec
+from scheduling.backends.base import LABEL_PROJECT_ID, LABEL_ROLE, ExtraObject, JobObjects, PodSpec
 from scheduling.models import FINAL_STATES, Cluster, Job, JobState, PriorityClass, slug_validator
 from tenants import permissions
 from tenants.audit import snapshot
@@ -45,14 +47,28 @@ from tenants.models import Project, User
 
 from ..kinds import WorkloadKind, kind_audit, kind_check, kind_run, register_kind
 from ..models import AutoscaleMetric, ModelService, ModelSourceKind, Profile, ServiceReplica, ServiceStatus
-from ..serving_load import DEFAULT_PROFILE, load_of, recommend
-from .common import _clean_cluster, _clean_env, _resolve_image, enqueue_on_commit
+from ..serving_load import DEFAULT_PROFILE, LoadReading, read_load, recommend
+from .common import _clean_cluster, _clean_env, _clean_shape, _resolve_image, enqueue_on_commit
 from .policies import _check_profile
 
 logger = logging.getLogger(__name__)
 AUTOSCALER = "autoscaler"  # actor_username of the platform's own scaling decisions
 LABEL_SERVICE = "camp.io/service"
 LABEL_REVISION = "camp.io/revision"
+# r4sng: a companion's pods (a speculative-decoding draft beside the target) carry these
+# instead of LABEL_SERVICE, so the service's own Service never routes requests to them.
+LABEL_COMPANION_OF = "camp.io/companion-of"
+LABEL_COMPANION = "camp.io/companion"
+SERVER_GROUP = "server"  # the main model server's pod group in a replica job
+MAX_COMPANIONS = 4
+COMPANION_DEFAULTS: dict[str, Any] = {
+    "image_reference": "", "model_source": "", "args": [], "env": {}, "port": 8001, "health_path": "",
+    "gpu_count": 1, "gpu_memory_mib": 10240, "gpu_cores_percent": 20, "cpu_millicores": 1000, "ram_mib": 8192,
+}
+_COMPANION_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,14}[a-z0-9])?$")
+# RFC 1123 host name (an Ingress rule's host; no wildcard, no port).
+_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_HOST = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})+$")
 # Replicas run until removed; the simulated backend needs a finite duration.
 REPLICA_DURATION_SECONDS = 30 * 24 * 3600
 # Audited snapshot: environment values often carry secrets (HF_TOKEN), so the append-only
@@ -62,17 +78,18 @@ SERVICE_FIELDS = (
     "args", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive", "gpu_models",
     "cpu_millicores", "ram_mib", "min_replicas", "max_replicas", "autoscale_metric", "autoscale_target",
     "scale_down_delay_seconds", "scale_to_zero_seconds", "load_profile", "priority_class", "preemptible",
-    "revision", "desired_replicas",
+    "revision", "desired_replicas", "ingress_host",
 )
 # What a replica's pods are made of: changing any of them is a new revision (a rollout).
 REVISION_FIELDS = (
     "image_reference", "model_source_kind", "model_source", "port", "health_path", "args", "env",
     "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive", "gpu_models", "cpu_millicores",
-    "ram_mib",
+    "ram_mib", "companions",
 )
 SCALING_FIELDS = ("min_replicas", "max_replicas", "autoscale_metric", "autoscale_target",
                   "scale_down_delay_seconds", "scale_to_zero_seconds", "load_profile")
-CREATE_FIELDS = frozenset(REVISION_FIELDS + SCALING_FIELDS + ("priority_class", "preemptible"))
+CREATE_FIELDS = frozenset(REVISION_FIELDS + SCALING_FIELDS
+                          + ("priority_class", "preemptible", "ingress_host"))
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
 
 
@@ -80,17 +97,27 @@ _URI = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
 
 
 def _groups(svc: ModelService) -> list[dict[str, Any]]:
+    """One pod for the main server and one per companion (all placed on one node:
+    ``_job_options``' same-node affinity)."""
     return [{
-        "name": "server", "replicas": 1, "gpu_count": svc.gpu_count, "gpu_memory_mib": svc.gpu_memory_mib,
+        "name": SERVER_GROUP, "replicas": 1, "gpu_count": svc.gpu_count, "gpu_memory_mib": svc.gpu_memory_mib,
         "gpu_cores_percent": svc.gpu_cores_percent, "exclusive": svc.exclusive,
         "gpu_models": list(svc.gpu_models or []), "cpu_millicores": svc.cpu_millicores,
         "ram_mib": svc.ram_mib, "image": svc.image_reference, "env": dict(svc.env or {}),
-    }]
+    }] + [{
+        "name": c["name"], "replicas": 1, "gpu_count": c["gpu_count"], "gpu_memory_mib": c["gpu_memory_mib"],
+        "gpu_cores_percent": c["gpu_cores_percent"], "exclusive": False,
+        "gpu_models": list(svc.gpu_models or []), "cpu_millicores": c["cpu_millicores"],
+        "ram_mib": c["ram_mib"], "image": c["image_reference"], "env": dict(c.get("env") or {}),
+    } for c in svc.companions or []]
 
 
 def _job_options(svc: ModelService) -> dict[str, Any]:
-    return {"priority_class": svc.priority_class, "preemptible": svc.preemptible, "gang": True,
-            "duration_seconds": REPLICA_DURATION_SECONDS}
+    options = {"priority_class": svc.priority_class, "preemptible": svc.preemptible, "gang": True,
+               "duration_seconds": REPLICA_DURATION_SECONDS}
+    if svc.companions:  # draft + target: one node, admitted, scaled and preempted together
+        options["affinity"] = "same-node"
+    return options
 
 
 def _replica_of_job(job: Job) -> ServiceReplica | None:
@@ -118,6 +145,42 @@ def service_manifest(svc: ModelService) -> dict[str, Any]:
                      "ports": [{"name": "http", "port": svc.port, "targetPort": "http"}]}}
 
 
+def companion_service_name(svc: ModelService, companion: str) -> str:
+    return f"{svc.service_name}-{companion}"
+
+
+def companion_service_manifest(svc: ModelService, companion: str, port: int) -> dict[str, Any]:
+    """The ClusterIP Service of one companion (``<service>-<companion>``): how the main server
+    reaches its draft on the same node (``CAMP_COMPANION_<NAME>_URL``). Labelled
+    ``camp.io/service`` like the main one, so the leftover sweep removes it too."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": companion_service_name(svc, companion), "labels": {
+                LABEL_SERVICE: str(svc.pk), LABEL_PROJECT_ID: str(svc.project_id),
+                LABEL_COMPANION: companion}},
+            "spec": {"type": "ClusterIP",
+                     "selector": {LABEL_COMPANION_OF: str(svc.pk), LABEL_COMPANION: companion},
+                     "ports": [{"name": "http", "port": port, "targetPort": "http"}]}}
+
+
+def ingress_manifest(svc: ModelService) -> dict[str, Any]:
+    """The Ingress routing ``ingress_host`` to the service's Service (class
+    ``SERVING_INGRESS_CLASS``; none set: the cluster's default class)."""
+    spec: dict[str, Any] = {"rules": [{"host": svc.ingress_host, "http": {"paths": [{
+        "path": "/", "pathType": "Prefix",
+        "backend": {"service": {"name": svc.service_name, "port": {"number": svc.port}}}}]}}]}
+    ingress_class = getattr(settings, "SERVING_INGRESS_CLASS", "")
+    if ingress_class:
+        spec["ingressClassName"] = ingress_class
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": svc.service_name, "labels": {
+                LABEL_SERVICE: str(svc.pk), LABEL_PROJECT_ID: str(svc.project_id)}},
+            "spec": spec}
+
+
+def _companion_env_name(name: str) -> str:
+    return f"CAMP_COMPANION_{name.upper().replace('-', '_')}_URL"
+
+
 def _specs(replica: ServiceReplica, job: Job, ns: Any, objs: JobObjects,
            pods: list[PodSpec]) -> tuple[JobObjects, list[PodSpec]]:
     svc = replica.service
@@ -126,22 +189,60 @@ def _specs(replica: ServiceReplica, job: Job, ns: Any, objs: JobObjects,
     env, volumes, mounts = _model_env(spec)
     env.update({"CAMP_WORKLOAD": "service", "CAMP_SERVICE": svc.name, "CAMP_REVISION": str(replica.revision),
                 "PORT": str(port)})
+    companions = {c["name"]: c for c in spec.get("companions", [])}
+    for name, c in companions.items():
+        env[_companion_env_name(name)] = (f"http://{companion_service_name(svc, name)}.{ns.name}.svc:"
+                                          f"{c.get('port', COMPANION_DEFAULTS['port'])}")
     probe = {"httpGet": {"path": spec.get("health_path", svc.health_path), "port": "http"},
              "periodSeconds": 5, "failureThreshold": 3}
     extra = [*objs.extra, ExtraObject(service_manifest(svc), owned=False)]
-    secrets: tuple[str, ...] = ()
+    for name, c in companions.items():
+        port_c = int(c.get("port", COMPANION_DEFAULTS["port"]))
+        extra.append(ExtraObject(companion_service_manifest(svc, name, port_c), owned=False))
+    if svc.ingress_host:
+        extra.append(ExtraObject(ingress_manifest(svc), owned=False))
     from ..pods import _pull_secret
 
-    registry = _pull_secret(svc.project, svc.image, pods[0].image if pods else svc.image_reference)
-    if registry is not None:
-        extra.append(ExtraObject(pull_secret_manifest(registry), owned=False))
-        secrets = (registry.secret_name,)
-    out = [dataclasses.replace(
-        p, labels={**p.labels, LABEL_SERVICE: str(svc.pk), LABEL_REVISION: str(replica.revision)},
-        env={**p.env, **env}, args=tuple(str(a) for a in spec.get("args", [])),
-        ports=({"name": "http", "containerPort": port},), readiness_probe=probe,
-        volumes=tuple(volumes), volume_mounts=tuple(mounts), image_pull_secrets=secrets) for p in pods]
+    secrets: dict[str, tuple[str, ...]] = {}
+    for p in pods:
+        if p.image in secrets:
+            continue
+        registry = _pull_secret(svc.project, svc.image if p.image == svc.image_reference else None, p.image)
+        secrets[p.image] = ()
+        if registry is not None:
+            extra.append(ExtraObject(pull_secret_manifest(registry), owned=False))
+            secrets[p.image] = (registry.secret_name,)
+    out = []
+    for p in pods:
+        role = p.labels.get(LABEL_ROLE, SERVER_GROUP)
+        if role in companions:
+            out.append(_companion_pod(svc, replica, p, companions[role], secrets[p.image]))
+            continue
+        out.append(dataclasses.replace(
+            p, labels={**p.labels, LABEL_SERVICE: str(svc.pk), LABEL_REVISION: str(replica.revision)},
+            env={**p.env, **env}, args=tuple(str(a) for a in spec.get("args", [])),
+            ports=({"name": "http", "containerPort": port},), readiness_probe=probe,
+            volumes=tuple(volumes), volume_mounts=tuple(mounts), image_pull_secrets=secrets[p.image]))
     return dataclasses.replace(objs, extra=tuple(extra)), out
+
+
+def _companion_pod(svc: ModelService, replica: ServiceReplica, p: PodSpec, c: dict[str, Any],
+                   secrets: tuple[str, ...]) -> PodSpec:
+    """A companion's pod: its own image, arguments, model, container port ``http`` and
+    readiness probe (its health path, or the port accepting connections)."""
+    port = int(c.get("port", COMPANION_DEFAULTS["port"]))
+    env = {"CAMP_WORKLOAD": "service", "CAMP_SERVICE": svc.name, "CAMP_REVISION": str(replica.revision),
+           "CAMP_COMPANION": c["name"], "PORT": str(port)}
+    if c.get("model_source"):
+        env["CAMP_MODEL"] = c["model_source"]
+    check: dict[str, Any] = ({"httpGet": {"path": c["health_path"], "port": "http"}} if c.get("health_path")
+                             else {"tcpSocket": {"port": "http"}})
+    return dataclasses.replace(
+        p, labels={**p.labels, LABEL_COMPANION_OF: str(svc.pk), LABEL_COMPANION: c["name"],
+                   LABEL_REVISION: str(replica.revision)},
+        env={**p.env, **env}, args=tuple(str(a) for a in c.get("args", [])),
+        ports=({"name": "http", "containerPort": port},),
+        readiness_probe={**check, "periodSeconds": 5, "failureThreshold": 3}, image_pull_secrets=secrets)
 
 
 SERVICE_KIND = register_kind(WorkloadKind(
@@ -152,7 +253,9 @@ SERVICE_KIND = register_kind(WorkloadKind(
 
 
 def _snapshot(svc: ModelService) -> dict[str, Any]:
-    return {**snapshot(svc, SERVICE_FIELDS), "env_names": sorted(svc.env or {})}
+    companions = [{**{k: v for k, v in c.items() if k != "env"}, "env_names": sorted(c.get("env") or {})}
+                  for c in svc.companions or []]
+    return {**snapshot(svc, SERVICE_FIELDS), "env_names": sorted(svc.env or {}), "companions": companions}
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -184,8 +287,8 @@ def _clean_source(svc: ModelService) -> None:
 def _clean_scaling(svc: ModelService) -> None:
     if svc.autoscale_metric not in AutoscaleMetric.values:
         raise ValidationError({"autoscale_metric": [f"Choose one of: {', '.join(AutoscaleMetric.values)}."]})
-    if not svc.autoscale_target or svc.autoscale_target <= 0:
-        raise ValidationError({"autoscale_target": ["A positive amount per replica."]})
+    if not svc.autoscale_target or not 0 < svc.autoscale_target <= 1_000_000:
+        raise ValidationError({"autoscale_target": ["A positive amount per replica, at most 1,000,000."]})
     if svc.max_replicas > 64:
         raise ValidationError({"max_replicas": ["At most 64 replicas."]})
     if svc.min_replicas > svc.max_replicas:
@@ -199,6 +302,105 @@ def _clean_scaling(svc: ModelService) -> None:
             k not in DEFAULT_PROFILE or not isinstance(v, (int, float)) or v < 0 for k, v in profile.items()):
         raise ValidationError({"load_profile": [
             f"A mapping of {', '.join(DEFAULT_PROFILE)} to non-negative numbers."]})
+
+
+def _clean_companion(svc: ModelService, i: int, raw: Any, taken: set[str]) -> dict[str, Any]:
+    field = f"companions[{i}]"
+    if not isinstance(raw, dict):
+        raise ValidationError({field: ["A mapping: name, image or image_reference, model_source, args, env, "
+                                       "port, health_path, gpu_count, gpu_memory_mib, gpu_cores_percent, "
+                                       "cpu_millicores, ram_mib."]})
+    unknown = sorted(set(raw) - set(COMPANION_DEFAULTS) - {"name", "image"})
+    if unknown:
+        raise ValidationError({f"{field}.{unknown[0]}": ["Unknown field."]})
+    c = {**COMPANION_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    name = c.get("name")
+    if not isinstance(name, str) or not _COMPANION_NAME.match(name) or name == SERVER_GROUP:
+        raise ValidationError({f"{field}.name": ["A DNS label of at most 16 characters (a-z, 0-9, -), "
+                                                 f"not {SERVER_GROUP!r}."]})
+    if name in taken:
+        raise ValidationError({f"{field}.name": [f"Another companion is named {name}."]})
+    taken.add(name)
+    image = c.pop("image", None)
+    if image not in (None, ""):  # a catalog image: its id or name, one the project may use
+        found = images_for_project(svc.project).filter(
+            **({"pk": image} if isinstance(image, int) or str(image).isdigit() else {"name": image})).first()
+        if found is None:
+            raise ValidationError({f"{field}.image": ["This image is not available to this project."]})
+        c["image_reference"] = found.reference
+    try:
+        _resolve_image(project=svc.project, image=None, image_reference=str(c["image_reference"] or ""),
+                       variant=Variant.INFERENCE, variant_label="inference server")
+    except ValidationError as exc:
+        msgs = [m for ms in exc.message_dict.values() for m in ms]
+        raise ValidationError({f"{field}.image_reference": msgs}) from exc
+    c["image_reference"] = str(c["image_reference"]).strip()
+    ints = ("port", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "cpu_millicores", "ram_mib")
+    for key in ints:
+        if isinstance(c[key], bool) or not isinstance(c[key], int):
+            raise ValidationError({f"{field}.{key}": ["A whole number."]})
+    if not 1 <= c["port"] <= 65535:
+        raise ValidationError({f"{field}.port": ["A TCP port, 1 to 65535."]})
+    if c["gpu_count"] > 16:
+        raise ValidationError({f"{field}.gpu_count": ["At most 16."]})
+    try:
+        _clean_shape({**{k: c[k] for k in ints[1:]}, "exclusive": False})
+    except ValidationError as exc:
+        raise ValidationError({f"{field}.{k}": v for k, v in exc.message_dict.items()}) from exc
+    path = c["health_path"]
+    if path and (not isinstance(path, str) or not path.startswith("/") or len(path) > 200 or " " in path):
+        raise ValidationError({f"{field}.health_path": ["Empty, or an HTTP path starting with /."]})
+    args = c["args"]
+    if not isinstance(args, list) or len(args) > 100 or not all(
+            isinstance(a, (str, int, float)) and len(str(a)) <= 4096 for a in args):
+        raise ValidationError({f"{field}.args": ["A list of at most 100 arguments."]})
+    c["args"] = [str(a) for a in args]
+    source = c["model_source"]
+    if not isinstance(source, str) or len(source) > 500:
+        raise ValidationError({f"{field}.model_source": [
+            "A URI or a path in the image, at most 500 characters."]})
+    c["env"] = _clean_env(c["env"], field=f"{field}.env")
+    return c
+
+
+def _clean_companions(svc: ModelService) -> None:
+    raw = svc.companions if svc.companions is not None else []
+    if not isinstance(raw, list):
+        raise ValidationError({"companions": ["A list of companion model servers."]})
+    if len(raw) > MAX_COMPANIONS:
+        raise ValidationError({"companions": [f"At most {MAX_COMPANIONS} companions."]})
+    taken: set[str] = set()
+    svc.companions = [_clean_companion(svc, i, c, taken) for i, c in enumerate(raw)]
+
+
+def _refuse_companions_never_fit(svc: ModelService) -> None:
+    """Each companion's slice must fit a card of the cluster, and a replica's pods together one
+    node (they are placed on one node): otherwise a 400 naming the companion field, never a
+    replica the scheduler would reject."""
+    if not svc.companions:
+        return
+    from django.db.models import Max
+
+    from scheduling.models import GpuDevice
+
+    from ..quota import refuse_if_no_node_holds_all
+
+    largest = GpuDevice.objects.filter(node__cluster=svc.cluster, node__present=True).aggregate(
+        m=Max("memory_mib"))["m"]
+    for i, c in enumerate(svc.companions):
+        if largest is not None and c["gpu_memory_mib"] > largest:
+            raise ValidationError({f"companions[{i}].gpu_memory_mib": [
+                f"{c['gpu_memory_mib']} MiB per GPU: the largest GPU of cluster {svc.cluster.name} has "
+                f"{largest} MiB."]})
+    refuse_if_no_node_holds_all(cluster=svc.cluster, groups=_groups(svc), field="companions")
+
+
+def _clean_ingress_host(svc: ModelService) -> None:
+    host = (svc.ingress_host or "").strip().lower().rstrip(".")
+    if host and not _HOST.match(host):
+        raise ValidationError({"ingress_host": ["A DNS name such as chat.example.com (letters, digits, "
+                                                "hyphens and dots; no scheme, port or path)."]})
+    svc.ingress_host = host
 
 
 def _clean(svc: ModelService) -> None:
@@ -222,6 +424,8 @@ def _clean(svc: ModelService) -> None:
     svc.env = _clean_env(svc.env)
     _clean_source(svc)
     _clean_scaling(svc)
+    _clean_companions(svc)
+    _clean_ingress_host(svc)
 
 
 def _save(svc: ModelService) -> None:
@@ -237,9 +441,17 @@ def _save(svc: ModelService) -> None:
         raise ValidationError({"name": ["This project already has a model service with this name."]}) from exc
 
 
+class ServiceGone(ModelService.DoesNotExist, Http404):
+    """The service was deleted while this request waited for its row (a double-clicked delete,
+    a scale racing a delete): a 404 to the portal and the API, never a 500."""
+
+
 def _locked(pk: int) -> ModelService:
-    return (ModelService.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("tenant", "project", "cluster", "owner", "image").get(pk=pk))
+    try:
+        return (ModelService.objects.select_for_update(no_key=True, of=("self",))
+                .select_related("tenant", "project", "cluster", "owner", "image").get(pk=pk))
+    except ModelService.DoesNotExist as exc:
+        raise ServiceGone("This model service no longer exists.") from exc
 
 
 def _refuse_min_beyond_limits(svc: ModelService) -> None:
@@ -287,6 +499,7 @@ def model_service_create(*, actor: User, project: Project, cluster: Cluster, nam
         variant_label="inference server")
     _clean(svc)
     kind_check(SERVICE_KIND, project=project, cluster=cluster, row=svc)
+    _refuse_companions_never_fit(svc)
     _refuse_min_beyond_limits(svc)
     svc.desired_replicas = min(max(svc.min_replicas, 1), svc.max_replicas)
     _save(svc)
@@ -353,11 +566,18 @@ def model_service_update(*, actor: User, service: ModelService, image: Image | N
     if svc.port != old["port"]:
         # The ClusterIP Service outlives replicas and is not rewritten on dispatch.
         raise ValidationError({"port": ["A service's port cannot change; create a new service."]})
+    old_ports = {c["name"]: c["port"] for c in old["companions"] or []}
+    for i, c in enumerate(values.get("companions") or []):
+        new_port = c.get("port", COMPANION_DEFAULTS["port"]) if isinstance(c, dict) else None
+        if isinstance(c, dict) and c.get("name") in old_ports and new_port != old_ports[c["name"]]:
+            raise ValidationError({f"companions[{i}].port": [
+                "A companion's port cannot change (its Service outlives replicas); rename the companion."]})
     _clean(svc)
     _refuse_min_beyond_limits(svc)
     changed = any(getattr(svc, f) != old[f] for f in REVISION_FIELDS)
     if changed:
         kind_check(SERVICE_KIND, project=svc.project, cluster=svc.cluster, row=svc)
+        _refuse_companions_never_fit(svc)
         svc.revision += 1
     svc.desired_replicas = min(max(svc.desired_replicas, svc.min_replicas), svc.max_replicas)
     _save(svc)
@@ -400,7 +620,14 @@ def model_service_delete(*, actor: User, service: ModelService) -> None:
     from scheduling.selectors import project_namespace_name
 
     ns = project_namespace_name(cluster=svc.cluster, project=svc.project)
-    enqueue_on_commit("delete_objects", svc.cluster_id, ns, [("Service", svc.service_name)])
+    specs = svc.replicas.values_list("spec", flat=True)
+    companions = {c["name"] for c in svc.companions or []} | {
+        c["name"] for spec in specs for c in (spec or {}).get("companions", [])}
+    objects = [("Service", svc.service_name)] + [
+        ("Service", companion_service_name(svc, name)) for name in sorted(companions)]
+    if svc.ingress_host:
+        objects.append(("Ingress", svc.service_name))
+    enqueue_on_commit("delete_objects", svc.cluster_id, ns, objects)
     svc.replicas.all().delete()
     svc.delete()
 
@@ -410,33 +637,45 @@ def model_service_delete(*, actor: User, service: ModelService) -> None:
 
 def model_service_autoscale(*, service: ModelService, now: dt.datetime | None = None,
                             load: float | None = None) -> ModelService:
-    """One autoscaler step for one service: read its load (``serving_load.load_of``, or
+    """One autoscaler step for one service: read its load (``serving_load.read_load``, or
     ``load`` as given), recommend replicas (scale up at once, down after the stabilisation
     window, to zero after the idle window), audit a change as ``service.scaled`` by
     ``autoscaler``, then converge the replicas (also replacing ended ones and moving a
     rollout on)."""
+    reading = LoadReading(float(load)) if load is not None else None
+    if reading is None:
+        # Read before taking the row lock: a slow Prometheus must not hold it (nor a transaction).
+        unlocked = ModelService.objects.select_related("project", "cluster").get(pk=service.pk)
+        reading = read_load(unlocked, now or timezone.now())
     with transaction.atomic():
         svc = _locked(service.pk)
         now = now or timezone.now()  # read after the lock: a step that waited is not in the past
-        measured = load_of(svc, now) if load is None else float(load)
-        if measured is None:
-            _hold(svc)  # no load source for this cluster: never scale on made-up numbers
+        svc.latency_p50_seconds, svc.latency_p95_seconds = reading.p50, reading.p95
+        if reading.load is None:
+            _hold(svc, reading.error)  # nothing measured it: never scale on made-up numbers
         else:
-            _scale_on(svc, measured, now)
+            svc.load_error = ""
+            _scale_on(svc, reading.load, now)
         _converge(svc, actor=None, by=AUTOSCALER, retry=False)
     return svc
 
 
-def _hold(svc: ModelService) -> None:
-    """Without a load reading the service keeps its replica count (within its bounds)."""
-    floor = 0 if svc.max_replicas == 0 else max(svc.min_replicas, 1)
+def _hold(svc: ModelService, why: str) -> None:
+    """Without a load reading (``why``: no source, Prometheus down, no series) the service
+    keeps its replica count within its bounds — never zero by accident — and shows why. A
+    service already scaled to zero stays there: a reading taken from its pods has none to
+    come from, and waking it for that would flap between 0 and 1."""
+    at_zero = svc.desired_replicas == 0 and svc.min_replicas == 0
+    floor = 0 if svc.max_replicas == 0 or at_zero else max(svc.min_replicas, 1)
     held = min(max(svc.desired_replicas, floor), svc.max_replicas)
+    svc.load_error = (why or "no load reading")[:300]
     if held != svc.desired_replicas:
         kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
                    before={"desired_replicas": svc.desired_replicas},
-                   after={"desired_replicas": held, "reason": "no load source: held within min/max"})
+                   after={"desired_replicas": held, "reason": f"{svc.load_error}: held within min/max"})
         svc.desired_replicas = held
-        svc.save(update_fields=["desired_replicas", "updated_at"])
+    svc.save(update_fields=["desired_replicas", "load_error", "latency_p50_seconds", "latency_p95_seconds",
+                            "updated_at"])
 
 
 def _scale_on(svc: ModelService, load: float, now: dt.datetime) -> None:
@@ -456,7 +695,7 @@ def _scale_on(svc: ModelService, load: float, now: dt.datetime) -> None:
         rec = dataclasses.replace(rec, desired=0)
     svc.desired_replicas = rec.desired
     svc.save(update_fields=["load", "load_at", "idle_since", "recommendations", "desired_replicas",
-                            "updated_at"])
+                            "load_error", "latency_p50_seconds", "latency_p95_seconds", "updated_at"])
     if rec.desired != before:
         kind_audit(SERVICE_KIND, "scaled", svc, actor=None, actor_username=AUTOSCALER,
                    before={"desired_replicas": before},
@@ -485,21 +724,23 @@ def model_services_autoscale(*, now: dt.datetime | None = None,
 
 
 def model_service_objects_sweep(*, cluster: Cluster) -> list[str]:
-    """Delete the Services (labelled ``camp.io/service``) of model services that no longer
-    exist on ``cluster``: their delete task gave up, or a project or tenant was deleted
-    (rows cascade, cluster objects do not). Returns ``namespace/name`` of those deleted."""
+    """Delete the Services and Ingresses (labelled ``camp.io/service``) of model services that
+    no longer exist on ``cluster``: their delete task gave up, or a project or tenant was
+    deleted (rows cascade, cluster objects do not). Returns ``namespace/name`` of the Services
+    and ``namespace/Ingress/name`` of the Ingresses deleted."""
     from scheduling.backends import backend_for
 
     backend = backend_for(cluster)
-    found = backend.list_services(LABEL_SERVICE)
-    ids = {int(labels[LABEL_SERVICE]) for _, _, labels in found if labels[LABEL_SERVICE].isdigit()}
+    found = [("Service", *o) for o in backend.list_services(LABEL_SERVICE)]
+    found += [("Ingress", *o) for o in backend.list_ingresses(LABEL_SERVICE)]
+    ids = {int(labels[LABEL_SERVICE]) for _, _, _, labels in found if labels[LABEL_SERVICE].isdigit()}
     alive = set(ModelService.objects.filter(pk__in=ids, cluster=cluster).values_list("pk", flat=True))
     removed = []
-    for ns, name, labels in found:
+    for kind, ns, name, labels in found:
         owner = labels[LABEL_SERVICE]
         if owner.isdigit() and int(owner) not in alive:
-            backend.delete_object(ns, "Service", name)
-            removed.append(f"{ns}/{name}")
+            backend.delete_object(ns, kind, name)
+            removed.append(f"{ns}/{name}" if kind == "Service" else f"{ns}/{kind}/{name}")
     if removed:
         logger.info("cluster %s: deleted %d Service(s) of deleted model services", cluster.name, len(removed))
     return removed
@@ -509,8 +750,11 @@ def model_service_objects_sweep(*, cluster: Cluster) -> list[str]:
 
 
 def _revision_spec(svc: ModelService) -> dict[str, Any]:
+    # Companions without their env (the job's pod groups carry it, and rows read by more
+    # people than the service's changers should not repeat secrets).
     return {"args": list(svc.args or []), "model_source_kind": svc.model_source_kind,
-            "model_source": svc.model_source, "port": svc.port, "health_path": svc.health_path}
+            "model_source": svc.model_source, "port": svc.port, "health_path": svc.health_path,
+            "companions": [{k: v for k, v in c.items() if k != "env"} for c in svc.companions or []]}
 
 
 def _add(svc: ModelService, actor: User | None) -> ServiceReplica:

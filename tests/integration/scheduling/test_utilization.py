@@ -10,17 +10,8 @@ there are no GPUs here to run the real exporters on.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -29,81 +20,21 @@ from scheduling import services, tasks
 from scheduling.backends.metrics import gpu_samples
 from scheduling.models import GpuDevice, JobState
 from tests.conftest import client_for
+from tests.prometheus import Exporter, requires_prometheus, running_prometheus
 
 from .conftest import SMALL_INVENTORY, submit
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-pytestmark = [
-    pytest.mark.django_db,
-    pytest.mark.skipif(not os.path.exists(PROMETHEUS), reason="Debian package prometheus "
-                       "is not installed (.ci/run installs it)"),
-]
-
-
-class Exporter:
-    """Serves /metrics in Prometheus' text format; ``text`` may change between scrapes."""
-
-    def __init__(self) -> None:
-        self.text = ""
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                body = outer.text.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+pytestmark = [pytest.mark.django_db, requires_prometheus]
 
 
 @pytest.fixture(scope="module")
 def prom() -> Iterator[tuple[str, Exporter]]:
     exporter = Exporter()
-    tmp = tempfile.mkdtemp(prefix="camp-prom-")
-    with open(os.path.join(tmp, "prometheus.yml"), "w") as fh:
-        fh.write(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-                 f"scrape_configs:\n  - job_name: gpus\n    static_configs:\n"
-                 f"      - targets: ['127.0.0.1:{exporter.port}']\n")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:  # noqa: S310
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "prometheus did not start"
-            time.sleep(0.2)
-        yield url, exporter
+        with running_prometheus([exporter.port]) as prometheus:
+            yield prometheus.url, exporter
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        exporter.server.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
+        exporter.close()
 
 
 def _series(node: str, load: dict[int, float]) -> str:

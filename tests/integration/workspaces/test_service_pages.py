@@ -157,3 +157,60 @@ def test_home_and_nav_show_services(world: Any, setup: dict[str, Any]) -> None:
     assert "Launch a model service" in home
     svc = ModelService.objects.get()
     assert f'href="/workspaces/services/{svc.pk}/"' in home and "1 of 1 replicas ready" in home
+
+
+def test_the_list_costs_the_same_queries_for_2_or_12_services_and_keeps_each_ones_events(
+        world: Any, setup: dict[str, Any]) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def make(n: int) -> None:
+        for i in range(n):
+            services.model_service_create(
+                actor=world.a.member, project=world.a.project, cluster=setup["cluster"],
+                name=f"m{ModelService.objects.count()}-{i}", image=Image.objects.get(name="vllm"),
+                model_source_kind="uri", model_source="hf://Qwen/Qwen2.5-0.5B", min_replicas=0,
+                max_replicas=2, scale_to_zero_seconds=600, gpu_memory_mib=1024, gpu_cores_percent=5)
+
+    admin = _client(world.admin)
+    make(2)
+    with CaptureQueriesContext(connection) as two:
+        assert admin.get("/workspaces/services/").status_code == 200
+    make(10)
+    with CaptureQueriesContext(connection) as twelve:
+        assert admin.get("/workspaces/services/").status_code == 200
+    assert len(twelve) == len(two)
+    # a busy service's many scalings do not push a quiet one's events off the page
+    busy, quiet = ModelService.objects.order_by("pk")[:2]
+    for n in range(12):
+        services.model_service_scale(actor=world.a.member, service=busy, replicas=n % 2 + 1)
+    html = admin.get("/workspaces/services/").content.decode()
+    assert "Created by acme-member" in _row(html, quiet.pk)
+    assert "Scaled" in _row(html, busy.pk)
+    # two tenants' services of one name have distinct copy fields
+    assert html.count(f'id="endpoint-{busy.pk}"') == 1
+
+
+def test_a_second_delete_of_one_service_is_a_404_not_a_500(world: Any, setup: dict[str, Any]) -> None:
+    member = _client(world.a.member)
+    member.post("/workspaces/services/new/", _form(world, setup))
+    svc = ModelService.objects.get()
+    stale = ModelService.objects.get(pk=svc.pk)
+    services.model_service_delete(actor=world.a.member, service=svc)
+    from django.http import Http404
+    with pytest.raises(Http404):
+        services.model_service_delete(actor=world.a.member, service=stale)
+    with pytest.raises(Http404):
+        services.model_service_scale(actor=world.a.member, service=stale, replicas=2)
+    assert member.post(f"/workspaces/services/{svc.pk}/delete/").status_code == 404
+
+
+def test_home_lists_only_services_the_owner_may_still_see(world: Any, setup: dict[str, Any]) -> None:
+    from tenants.models import Membership
+
+    member = _client(world.a.member)
+    member.post("/workspaces/services/new/", _form(world, setup))
+    svc = ModelService.objects.get()
+    assert f'href="/workspaces/services/{svc.pk}/"' in member.get("/").content.decode()
+    Membership.objects.filter(user=world.a.member, project=world.a.project).delete()
+    assert f'href="/workspaces/services/{svc.pk}/"' not in member.get("/").content.decode()

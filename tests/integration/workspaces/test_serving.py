@@ -177,6 +177,13 @@ def test_scale_to_zero_after_the_idle_window_and_back(world: Any) -> None:
     assert svc.desired_replicas == 1  # idle, but not yet for the window
     svc = serving.model_service_autoscale(service=svc, now=NIGHT + dt.timedelta(minutes=6), load=0)
     assert svc.desired_replicas == 0 and _live(svc) == [] and svc.status == "idle"
+    # No reading while at zero (a source that reads the pods has none to read): it stays at
+    # zero rather than waking a replica only to put it back to sleep.
+    from django.test import override_settings
+
+    with override_settings(SERVING_LOAD_SOURCE="prometheus"):  # this cluster has no Prometheus URL
+        svc = serving.model_service_autoscale(service=svc, now=NIGHT + dt.timedelta(minutes=6, seconds=30))
+    assert svc.desired_replicas == 0 and _live(svc) == [] and svc.load_error
     svc = serving.model_service_autoscale(service=svc, now=NIGHT + dt.timedelta(minutes=7), load=3)
     assert svc.desired_replicas == 1 and len(_live(svc)) == 1
 
@@ -338,14 +345,19 @@ def test_no_made_up_load_for_real_clusters_nor_an_unknown_source(world: Any) -> 
 
     cluster = _cluster(world, ONE_NODE)
     svc = _service(world, cluster, min_replicas=1, max_replicas=3, load_profile=PROFILE)
-    with override_settings(SERVING_LOAD_SOURCE="prometheus"):  # not registered here
+    with override_settings(SERVING_LOAD_SOURCE="prometheus"):  # this cluster has no Prometheus URL
         svc = serving.model_service_autoscale(service=svc, now=PEAK)
     assert svc.desired_replicas == 1 and svc.load_at is None
+    assert svc.load_error == "the cluster has no Prometheus URL"
+    with override_settings(SERVING_LOAD_SOURCE="graphite"):  # not a source
+        svc = serving.model_service_autoscale(service=svc, now=PEAK)
+    assert svc.desired_replicas == 1 and svc.load_error == "unknown load source 'graphite'"
     # The simulated curve is for simulated clusters only (a stand-in for a Kubernetes cluster:
     # its backend field, which is all load_of reads).
     Cluster.objects.filter(pk=cluster.pk).update(backend="kubernetes")
     svc = serving.model_service_autoscale(service=svc, now=PEAK)
     assert svc.desired_replicas == 1 and svc.load_at is None
+    assert svc.load_error == "no load source: give the cluster a Prometheus URL"
     assert not AuditEvent.objects.filter(action="service.scaled", actor_username="autoscaler").exists()
 
 

@@ -112,6 +112,12 @@ def test_camp_serve_commands(world: Any, sim_cluster: Any, live_server: Any, tmp
     status = camp("serve", "status", "embedder")
     assert status.returncode == 0
     assert "#1 r1 embedder-r1-1: running" in status.stdout and "#2 r1 embedder-r1-2: queued" in status.stdout
+    assert "latency: —" in status.stdout  # the simulated load knows no latency
+    ModelService.objects.filter(pk=svc.pk).update(latency_p50_seconds=0.25, latency_p95_seconds=1.75,
+                                                  load_error="Prometheus at http://prom:9090 did not answer")
+    status = camp("serve", "status", "embedder")
+    assert "latency: p50 250 ms · p95 1750 ms" in status.stdout
+    assert "replicas held: Prometheus at http://prom:9090 did not answer" in status.stdout
     updated = camp("serve", "update", "embedder", "--max", "4", "--target", "16")
     assert updated.returncode == 0 and "max 4" in updated.stdout and "target 16" in updated.stdout
     svc.refresh_from_db()

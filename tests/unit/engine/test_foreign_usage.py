@@ -110,3 +110,19 @@ def test_a_distinct_nodes_job_is_not_rejected_because_of_foreign_pods() -> None:
               affinity=JobAffinity.DISTINCT_NODES)
     result = cycle(snap, [two], tree({"t": {"p": Quota()}}))
     assert isinstance(result.statuses["two"].decision, Wait), result.statuses["two"].decision
+
+
+def test_the_cycle_rejects_a_same_node_job_no_node_could_ever_hold() -> None:
+    """r4sng: the queue cycle applies the placer's same-node rule: two whole-card pods on nodes
+    of one card each fit the cluster but never one node, so the job is rejected with the
+    reason instead of waiting for ever (holding nodes for its gang); on a two-card node it runs."""
+    def same_node() -> Job:
+        return Job(name="pair", groups=(PodGroup("w", pod("w", gpu_count=1), 2),), queue="t/p",
+                   affinity=JobAffinity.SAME_NODE)
+
+    result = cycle(cluster(node("a", 1), node("b", 1)), [same_node()], tree({"t": {"p": Quota()}}))
+    decision = result.statuses["pair"].decision
+    assert isinstance(decision, Reject) and "even when empty" in decision.reason, decision
+    result = cycle(cluster(node("a", 1), node("b", 2)), [same_node()], tree({"t": {"p": Quota()}}))
+    decision = result.statuses["pair"].decision
+    assert isinstance(decision, Admit) and set(decision.placement.nodes()) == {"b"}, decision
