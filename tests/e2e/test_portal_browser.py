@@ -127,7 +127,7 @@ def test_member_launches_a_model_service_and_scales_it(world: World, live_server
     endpoint = row.locator("input[readonly]").input_value()
     assert endpoint.startswith(f"http://svc-{svc.pk}-chat.")
     row.locator("button[data-copy]").click()
-    page.wait_for_function("document.querySelector('[data-copied=\"endpoint-chat\"]').textContent"
+    page.wait_for_function(f"document.querySelector('[data-copied=\"endpoint-{svc.pk}\"]').textContent"
                            " === 'Copied'")
     assert page.evaluate("navigator.clipboard.readText()") == endpoint
     shot(page, "services-list")
