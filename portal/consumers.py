@@ -68,3 +68,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             await self.close(code=4403)
             return
         await self.send_json({"type": "job", "job": event["job"]})
+
+    async def service_update(self, event: dict[str, Any]) -> None:
+        if not await _still_allowed(self.scope, event.get("project_id")):
+            await self.close(code=4403)
+            return
+        await self.send_json({"type": "service", "service": event["service"]})

@@ -1,7 +1,9 @@
 """Live pages: job changes pushed to open browsers over Channels (DESIGN.md §2 step 6).
 
 After a Job row changes and the transaction commits, its new state is sent to the
-channel-layer group of its project (and the platform-wide group). A browser's
+channel-layer group of its project (and the platform-wide group). A model service rides the
+same push: when one of its replica jobs changes, or the service itself (the autoscaler's
+desired count, its status), its replica counts follow (``service_payload``). A browser's
 WebSocket joins the groups of the projects its user may see. Without Redis (the
 demo) the layer is in-memory and cannot cross from the worker to the web process,
 so pages also refresh by polling the REST API (static/live.js).
@@ -36,16 +38,49 @@ def job_payload(job: Any) -> dict[str, Any]:
     }
 
 
+def service_payload(svc: Any) -> dict[str, Any]:
+    """What a services page shows live: status, replicas ready now (``ready_now``, as the
+    pages count them: ``selectors.with_ready_now``) and wanted, and the autoscaler's bounds."""
+    return {
+        "id": svc.pk,
+        "status": svc.status,
+        "status_display": svc.get_status_display(),
+        "ready": svc.ready_now,
+        "desired": svc.desired_replicas,
+        "min": svc.min_replicas,
+        "max": svc.max_replicas,
+    }
+
+
 class _Push:
-    """One on-commit push for the jobs a transaction changed (``job_changed``)."""
+    """One on-commit push for the jobs and services a transaction changed (``job_changed``,
+    ``service_changed``)."""
 
     def __init__(self) -> None:
         self.job_ids: set[int] = set()
+        self.service_ids: set[int] = set()
         self.sent = False  # a test's captured callbacks stay listed after they ran
 
     def __call__(self) -> None:
         self.sent = True
-        push_jobs(sorted(self.job_ids))
+        push_jobs(sorted(self.job_ids), service_ids=sorted(self.service_ids))
+
+
+def _pending_push() -> _Push:
+    connection = transaction.get_connection()
+    if connection.in_atomic_block:
+        for _sids, func, _robust in reversed(connection.run_on_commit):
+            if isinstance(func, _Push) and not func.sent:
+                return func
+    push = _Push()
+    transaction.on_commit(push)
+    return push
+
+
+def service_changed(service_id: int) -> None:
+    """Push a model service's replica counts and status once the transaction commits, joined
+    with the transaction's job push (``job_changed``)."""
+    _pending_push().service_ids.add(service_id)
 
 
 def job_changed(job_id: int) -> None:
@@ -57,15 +92,7 @@ def job_changed(job_id: int) -> None:
     a callback only when a savepoint it was registered under rolls back, and every such
     savepoint still open is one ours is registered under too (a released one cannot roll
     back alone). A job whose own change rolled back is pushed as it is, which is harmless."""
-    connection = transaction.get_connection()
-    if connection.in_atomic_block:
-        for _sids, func, _robust in reversed(connection.run_on_commit):
-            if isinstance(func, _Push) and not func.sent:
-                func.job_ids.add(job_id)
-                return
-    push = _Push()
-    push.job_ids.add(job_id)
-    transaction.on_commit(push)
+    _pending_push().job_ids.add(job_id)
 
 
 def jobs_changed(job_ids: list[int]) -> None:
@@ -79,22 +106,36 @@ def jobs_changed(job_ids: list[int]) -> None:
         live_push_jobs.delay_on_commit(ids)
 
 
-def push_jobs(job_ids: list[int]) -> int:
+def push_jobs(job_ids: list[int], service_ids: list[int] | tuple[int, ...] = ()) -> int:
     """Send the committed state of ``job_ids`` to live pages: one query, one event loop
-    for every message (``async_to_sync`` per message costs a thread hand-off each)."""
+    for every message (``async_to_sync`` per message costs a thread hand-off each). The model
+    services of those jobs that are replicas, and ``service_ids``, are sent too (their
+    ready count follows their replicas' state)."""
     from scheduling.models import Job
+    from workspaces.models import ModelService, ServiceReplica
+    from workspaces.selectors import with_ready_now
 
     layer = get_channel_layer()
     if layer is None:
         return 0
     jobs = list(Job.objects.filter(pk__in=job_ids).only(
         "pk", "project_id", "state", "reason", "queue_position", "queue_length"))
+    svc_ids = set(service_ids)
+    if jobs:
+        svc_ids.update(ServiceReplica.objects.filter(job_id__in=[j.pk for j in jobs])
+                       .values_list("service_id", flat=True))
+    svcs = list(with_ready_now(ModelService.objects.filter(pk__in=svc_ids)).only(
+        "pk", "project_id", "status", "desired_replicas", "min_replicas", "max_replicas")) if svc_ids else []
 
     async def send_all() -> None:
         for job in jobs:
             message = {"type": "job.update", "job": job_payload(job), "project_id": job.project_id}
             for group in (project_group(job.project_id), ALL_GROUP):
                 await layer.group_send(group, message)
+        for svc in svcs:
+            update = {"type": "service.update", "service": service_payload(svc), "project_id": svc.project_id}
+            for group in (project_group(svc.project_id), ALL_GROUP):
+                await layer.group_send(group, update)
 
     try:
         async_to_sync(send_all)()

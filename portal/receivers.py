@@ -9,14 +9,22 @@ from django.dispatch import receiver
 
 from scheduling import signals
 from scheduling.models import Job, SchedulingDecision
+from workspaces.models import ModelService
 
-from .live import job_changed, jobs_changed
+from .live import job_changed, jobs_changed, service_changed
 from .models import CycleStat, DispatchError
 
 
 @receiver(post_save, sender=Job)
 def _job_saved(sender: Any, instance: Job, **kwargs: Any) -> None:
     job_changed(instance.pk)
+
+
+@receiver(post_save, sender=ModelService)
+def _service_saved(sender: Any, instance: ModelService, **kwargs: Any) -> None:
+    # the autoscaler's and a person's scaling save the row; the status it derives from its
+    # replicas is written with update() and pushed by the serving service itself
+    service_changed(instance.pk)
 
 
 @receiver(post_save, sender=SchedulingDecision)

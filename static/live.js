@@ -5,12 +5,17 @@
    A list with [data-live-counts="<url>"] (the jobs list) also keeps its per-state counts
    current: a pushed change asks that URL (the list's filters) for the counts, at most once
    a second, and its polling fallback is that one request for every row instead of one
-   request per row. */
+   request per row.
+   Model services the same way: elements with data-live-service="<id>" get their
+   [data-live-field] children (status, ready, desired, min, max) from "service" messages on the
+   same socket; their polling fallback is one request to the [data-live-services] URL. */
 (function () {
   "use strict";
   var nodes = document.querySelectorAll("[data-live-job]");
   var counts = document.querySelector("[data-live-counts]");
-  if (!nodes.length && !counts) { return; }
+  var services = document.querySelectorAll("[data-live-service]");
+  var servicesUrl = document.querySelector("[data-live-services]");
+  if (!nodes.length && !counts && !services.length) { return; }
   var pollMs = Number(document.body.dataset.livePoll || 5000);
 
   function apply(job) {
@@ -28,6 +33,29 @@
         if (f.textContent !== value) { f.textContent = value; }
       });
     });
+  }
+
+  function applyService(svc) {
+    document.querySelectorAll('[data-live-service="' + svc.id + '"]').forEach(function (el) {
+      el.dataset.status = svc.status;
+      el.querySelectorAll("[data-live-field]").forEach(function (f) {
+        var key = f.dataset.liveField, value;
+        if (!(key in svc)) { return; }  // a replica row's job fields inside a service's block
+        if (key === "status") { value = svc.status_display; f.className = f.className.replace(/\bstate-\S+/g, "") + " state-" + svc.status; }
+        else { value = svc[key] == null ? "" : String(svc[key]); }
+        if (f.textContent !== value) { f.textContent = value; }
+      });
+    });
+  }
+
+  function pollServices() {
+    var ids = {};
+    services.forEach(function (el) { ids[el.dataset.liveService] = true; });
+    fetch(servicesUrl.dataset.liveServices + "?ids=" + Object.keys(ids).join(","),
+          { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (data) { if (data) { data.services.forEach(applyService); } })
+      .catch(function () {});
   }
 
   function showCounts(data) {
@@ -69,11 +97,13 @@
     ws.onmessage = function (ev) {
       var msg = JSON.parse(ev.data);
       if (msg.type === "job") { apply(msg.job); if (counts) { refreshListSoon(); } }
+      else if (msg.type === "service") { applyService(msg.service); }
     };
     ws.onclose = function () { setTimeout(connect, 5000); };
   }
 
   function poll() {
+    if (services.length && servicesUrl) { pollServices(); }
     if (counts) { refreshList(); return; }
     var ids = {};
     nodes.forEach(function (el) { ids[el.dataset.liveJob] = true; });

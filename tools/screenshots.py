@@ -40,6 +40,8 @@ def main() -> None:
         ("vince", "/workspaces/environments/new/", "launch-environment"),
         ("vince", "/workspaces/training/new/", "launch-training"),
         ("vince", "/scheduling/jobs/", "jobs"),
+        ("vince", "/workspaces/services/", "services"),
+        ("vince", "/workspaces/services/new/", "launch-service"),
         ("vera", "/", "home-owner"),
         ("vera", "/t/vision/", "tenant-console"),
         ("vera", "/t/vision/usage/", "usage-showback"),
@@ -72,6 +74,13 @@ def main() -> None:
             first_waiting.click()
             page.wait_for_load_state()
             page.screenshot(path=str(out / "job.png"), full_page=True)
+        page.goto(f"{base}/workspaces/services/")
+        first_service = page.locator("tr[data-live-service] a").first
+        if first_service.count():
+            first_service.click()
+            page.wait_for_load_state()
+            page.wait_for_timeout(600)
+            page.screenshot(path=str(out / "service.png"), full_page=True)
         mobile = browser.new_page(viewport={"width": 390, "height": 800})
         mobile.goto(f"{base}/login/")
         mobile.fill("#id_username", "vera")

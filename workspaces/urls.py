@@ -15,6 +15,7 @@ urlpatterns = [
     path("training/<int:pk>/stop/", views.training_stop, name="training-stop"),
     path("services/", views.service_list, name="services"),
     path("services/new/", views.service_new, name="service-new"),
+    path("services/live/", views.service_list_live, name="services-live"),
     path("services/<int:pk>/", views.service_detail, name="service"),
     path("services/<int:pk>/scale/", views.service_scale, name="service-scale"),
     path("services/<int:pk>/delete/", views.service_delete, name="service-delete"),

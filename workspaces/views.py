@@ -14,7 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.core import signing
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -341,6 +341,18 @@ def service_list(request: HttpRequest) -> HttpResponse:
         "rows": [{"svc": s, "endpoint": selectors.service_endpoint(s), "events": events[s.pk],
                   "unit": selectors.LOAD_UNITS.get(s.autoscale_metric, ""),
                   "shape": presets.shape_card(s, card_mib)} for s in shown]})
+
+
+@login_required
+def service_list_live(request: HttpRequest) -> JsonResponse:
+    """The services pages' polling fallback (static/live.js): the live fields of the services
+    ``ids`` (at most 200, only those the reader may see) in one request. Pushed changes arrive
+    over /ws/live/ with the same payload."""
+    from portal.live import service_payload
+
+    ids = [int(x) for x in request.GET.get("ids", "").split(",") if x.isdigit()][:200]
+    rows = selectors.with_ready_now(selectors.model_services(request.user).filter(pk__in=ids)) if ids else []
+    return JsonResponse({"services": [service_payload(s) for s in rows]})
 
 
 @login_required

@@ -155,3 +155,48 @@ def test_removed_member_stops_receiving_updates(world: World, asgi_server: str, 
         pool.submit(lambda: services.cycle_run(cluster=cluster)).result()
     page.wait_for_timeout(2500)
     assert page.locator("h1 [data-live-field=state]").inner_text() == "Queued"  # nothing leaked
+
+
+def test_services_ready_count_changes_without_reload(world: World, asgi_server: str, page: Any) -> None:
+    """A model service's list row and page show its replica coming up (ready 0 → 1) and a new
+    wanted count through the same /ws/live/ push as the jobs pages."""
+    from tests.integration.workspaces.conftest import advance
+    from workspaces.services import serving
+
+    cluster = services.cluster_create(actor=world.admin, name="sim", backend="simulated",
+                                      inventory=SMALL_INVENTORY)
+    services.inventory_sync(cluster=cluster)
+    svc = serving.model_service_create(
+        actor=world.a.member, project=world.a.project, cluster=cluster, name="chat",
+        image_reference="docker.io/vllm/vllm-openai:v0.6.3", model_source="hf://Qwen/Qwen2.5-7B-Instruct",
+        gpu_memory_mib=20480, gpu_cores_percent=30, cpu_millicores=2000, ram_mib=8192, max_replicas=3)
+    login(page, asgi_server, "acme-member")
+    page.goto(f"{asgi_server}/workspaces/services/")
+    row = f'[data-live-service="{svc.pk}"]'
+    assert page.locator(f"{row} [data-live-field=ready]").inner_text() == "0"
+    assert page.locator(f"{row} [data-live-field=desired]").inner_text() == "1"
+    page.evaluate("window.__sameDocument = true")
+    page.wait_for_timeout(500)  # let the WebSocket connect
+    with celery_worker():  # a cycle's bulk push goes through portal.tasks.live_push_jobs
+        with ThreadPoolExecutor(1) as pool:  # the worker's part, in another thread
+            pool.submit(lambda: advance(cluster)).result()
+        # well before the 15 s polling fallback
+        page.wait_for_function(
+            f"document.querySelector('{row} [data-live-field=ready]').textContent === '1'", timeout=10000)
+    assert page.evaluate("window.__sameDocument") is True  # no reload happened
+    shot(page, "services-live")
+
+    page.goto(f"{asgi_server}/workspaces/services/{svc.pk}/")
+    ready = "p.replicas [data-live-field=ready]"
+    assert page.locator(ready).inner_text() == "1"
+    page.evaluate("window.__sameDocument = true")
+    page.wait_for_timeout(500)
+    svc.refresh_from_db()
+    with ThreadPoolExecutor(1) as pool:  # wanted by someone else: the page hears it at once
+        pool.submit(lambda: serving.model_service_scale(actor=world.a.owner, service=svc,
+                                                        replicas=2)).result()
+    page.wait_for_function(
+        "document.querySelector('p.replicas [data-live-field=desired]').textContent === '2'", timeout=10000)
+    assert page.locator(ready).inner_text() == "1"  # the second replica is still waiting
+    assert page.evaluate("window.__sameDocument") is True
+    shot(page, "service-live")

@@ -44,7 +44,9 @@ def test_launch_notebook_and_watch_it_run(world: World, asgi_server: str, page: 
     page.select_option("#id_cluster", value="sim")
     page.fill("#id_name", "my-notebook")
     page.select_option("#id_kind", value="jupyter")
-    page.select_option("#id_image", index=1)
+    # a JupyterLab image by name: the catalog also lists inference servers since model services
+    jupyter = page.locator("#id_image option", has_text="PyTorch · JupyterLab").get_attribute("value")
+    page.select_option("#id_image", value=jupyter)
     page.check("#preset-custom")  # no preset: the shape is set under Advanced
     page.click("details.advanced summary")
     page.fill("#id_gpu_count", "1")

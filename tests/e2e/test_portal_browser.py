@@ -127,7 +127,7 @@ def test_member_launches_a_model_service_and_scales_it(world: World, live_server
     endpoint = row.locator("input[readonly]").input_value()
     assert endpoint.startswith(f"http://svc-{svc.pk}-chat.")
     row.locator("button[data-copy]").click()
-    page.wait_for_function("document.querySelector('[data-copied=\"endpoint-chat\"]').textContent"
+    page.wait_for_function(f"document.querySelector('[data-copied=\"endpoint-{svc.pk}\"]').textContent"
                            " === 'Copied'")
     assert page.evaluate("navigator.clipboard.readText()") == endpoint
     shot(page, "services-list")
@@ -255,3 +255,81 @@ def test_main_pages_pass_an_axe_core_scan(world: World, live_server: Any, page: 
             if bad:
                 found[f"{user} {path}"] = bad
     assert not found, "\n".join(f"{k}: {v}" for k, v in found.items())
+
+
+# What widens the page past the window (a wide table scrolls inside its .table-scroll box).
+NO_OVERFLOW = """() => {
+  const d = document.documentElement;
+  const wide = [...document.querySelectorAll('body *')].filter(e => {
+    const r = e.getBoundingClientRect();
+    return r.width && r.right > d.clientWidth + 1 && !e.closest('.table-scroll');
+  }).slice(0, 5).map(e => e.tagName.toLowerCase()
+                            + (e.className ? '.' + String(e.className).trim().split(/\\s+/).join('.') : ''));
+  return {scroll: d.scrollWidth, client: d.clientWidth, wide};
+}"""
+# Top-bar links off screen or covered by something else (the closed switcher's are skipped).
+NAV_BLOCKED = """() => [
+  ...document.querySelectorAll('header.topbar a, header.topbar summary, header.topbar button')]
+  .filter(a => {
+    if (a.closest('details:not([open]) > ul')) { return false; }  // the closed switcher's links
+    const r = a.getBoundingClientRect();
+    if (!r.width || r.left < 0 || r.right > document.documentElement.clientWidth) { return true; }
+    const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+    return !(hit && (hit === a || a.contains(hit)));
+  }).map(a => a.textContent.trim())"""
+
+
+@pytest.mark.parametrize("size", [(1366, 768), (1280, 720), (390, 844)],
+                         ids=["1366x768", "1280x720", "phone"])
+def test_main_pages_fit_a_laptop_or_phone_screen(world: World, live_server: Any, browser: Any, portal: Any,
+                                        size: tuple[int, int]) -> None:
+    """No horizontal scrollbar on the document (wide tables and logs scroll inside their own
+    box) and every link of the top bar on screen, uncovered, clickable, on each main page, at
+    the two common laptop sizes and a phone's."""
+    env, _ = workspace_services.environment_launch(
+        actor=world.a.member, project=world.a.project, cluster=portal["cluster"], name="nb",
+        kind="jupyter", profile=portal["quarter"])
+    job = submit(world, portal["cluster"], "waits-for-four-cards", group={"gpu_count": 4}, preemptible=True)
+    workspace_services.model_service_create(
+        actor=world.a.member, project=world.a.project, cluster=portal["cluster"], name="chat",
+        image=Image.objects.get(name="vllm"), model_source="hf://Qwen/Qwen2.5-7B-Instruct",
+        profile=portal["quarter"], max_replicas=3)
+    advance(portal["cluster"])
+    DemoLoad.objects.create()
+    tenant = world.a.tenant.name
+    pages = {
+        "acme-member": ["/", "/scheduling/jobs/", f"/scheduling/jobs/{job.pk}/",
+                        "/workspaces/environments/new/", "/workspaces/training/new/",
+                        "/workspaces/services/", "/workspaces/services/new/",
+                        f"/workspaces/environments/{env.pk}/"],
+        "acme-owner": ["/", f"/t/{tenant}/"],
+        "root-admin": ["/", "/scheduling/jobs/", "/admin/clusters/sim/gpus/", "/admin/clusters/sim/queues/",
+                       f"/t/{tenant}/"],
+    }
+    width, height = size
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(15000)
+    base = live_server.url
+    overflow: dict[str, Any] = {}
+    blocked: dict[str, Any] = {}
+    try:
+        for user, paths in pages.items():
+            context.clear_cookies()
+            login(page, base, user)
+            for path in paths:
+                page.goto(f"{base}{path}")
+                page.wait_for_load_state("load")
+                fit = page.evaluate(NO_OVERFLOW)
+                if fit["scroll"] > fit["client"]:
+                    overflow[f"{user} {path}"] = fit
+                nav = page.evaluate(NAV_BLOCKED)
+                if nav:
+                    blocked[f"{user} {path}"] = nav
+        # and the nav works: its Services link leads there
+        page.click("nav.links >> text=Services")
+        page.wait_for_url(f"{base}/workspaces/services/")
+    finally:
+        context.close()
+    assert not overflow, "\n".join(f"{k}: {v}" for k, v in overflow.items())
+    assert not blocked, "\n".join(f"{k}: {v}" for k, v in blocked.items())

@@ -885,5 +885,5 @@ def _set_status(svc: ModelService, old: list[ServiceReplica], blocked: str) -> N
         status = ServiceStatus.READY
     if (ready, status, reason) != (svc.ready_replicas, svc.status, svc.status_reason):
         svc.ready_replicas, svc.status, svc.status_reason = ready, status, reason
-        ModelService.objects.filter(pk=svc.pk).update(ready_replicas=ready, status=status,
-                                                      status_reason=reason, updated_at=timezone.now())
+        # save(update_fields): writes these columns only, and its post_save tells live pages
+        svc.save(update_fields=["ready_replicas", "status", "status_reason", "updated_at"])
