@@ -37,7 +37,8 @@ from .models import (
 TENANT_FIELDS = ("name", "display_name", "description")
 PROJECT_FIELDS = ("tenant", "name", "display_name", "description")
 MEMBERSHIP_FIELDS = ("user", "tenant", "project", "role")
-QUOTA_FIELDS = tuple(f"{r}_{kind}" for r in RESOURCES for kind in ("guaranteed", "limit"))
+QUOTA_FIELDS = (*(f"{r}_{kind}" for r in RESOURCES for kind in ("guaranteed", "limit")),
+                "gpus_limit_all_clusters")
 USER_FIELDS = ("username", "email", "first_name", "last_name", "is_active", "is_platform_admin")
 TOKEN_FIELDS = ("name", "prefix", "project", "read_only", "expires_at")
 
@@ -278,6 +279,14 @@ def _lock_quota_tree() -> None:
 
 def _validate_quota_tree(quota: Quota) -> None:
     errors: dict[str, list[str]] = {}
+    glim = quota.gpus_limit_all_clusters
+    if glim is not None:
+        if quota.scope == QuotaScope.CLUSTER:
+            errors["gpus_limit_all_clusters"] = [
+                "Only tenant and project quotas have a limit across all clusters."]
+        elif glim < quota.gpus_guaranteed:
+            errors["gpus_limit_all_clusters"] = [
+                f"Below the GPUs guaranteed ({quota.gpus_guaranteed})."]
     for r in RESOURCES:
         g, lim = getattr(quota, f"{r}_guaranteed"), getattr(quota, f"{r}_limit")
         if lim is not None and g > lim:
