@@ -326,6 +326,17 @@ def _validate_quota_tree(quota: Quota) -> None:
                     errors.setdefault(l_field, []).append(
                         f"Below a limit already given beneath ({child_max} {RESOURCE_LABELS[r]})."
                     )
+    if glim is not None and "gpus_limit_all_clusters" not in errors:
+        # As for the per-cluster limits: a project's is at most its tenant's.
+        parent_glim = parent_totals.get("gpus_limit_all_clusters") if parent_totals else None
+        if parent_glim is not None and glim > parent_glim:
+            errors["gpus_limit_all_clusters"] = [
+                f"Above the tenant's GPU limit across all clusters ({parent_glim})."]
+        if children is not None:
+            child_max = children.aggregate(m=models.Max("gpus_limit_all_clusters"))["m"]
+            if child_max is not None and child_max > glim:
+                errors["gpus_limit_all_clusters"] = [
+                    f"Below a project's GPU limit across all clusters ({child_max}); lower it first."]
     if errors:
         raise ValidationError(errors)
 

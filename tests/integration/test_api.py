@@ -365,3 +365,10 @@ def test_gpu_limit_across_all_clusters_is_validated_audited_and_admin_only(world
         **QUOTA_BODY, "scope": "project", "project": world.a.project.pk, "gpus_guaranteed": "1",
         "gpus_limit_all_clusters": "6"}, format="json")
     assert project.status_code == 201
+    above = client_for(world.a.owner).post("/api/v1/quotas/", {
+        **QUOTA_BODY, "scope": "project", "project": world.a.other_project.pk, "gpus_guaranteed": "1",
+        "gpus_limit_all_clusters": "13"}, format="json")
+    assert above.status_code == 400 and "12" in above.json()["gpus_limit_all_clusters"][0]
+    shrink = client.patch(f"/api/v1/quotas/{ok.json()['id']}/", {"gpus_limit_all_clusters": "5"},
+                          format="json")
+    assert shrink.status_code == 400 and "6" in shrink.json()["gpus_limit_all_clusters"][0]
