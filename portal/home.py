@@ -104,8 +104,13 @@ def quota_left(user: Any) -> list[dict[str, Any]]:
         bars = selectors.quota_bars(quotas.get(p.pk), usage.get(p.pk, selectors.Held()))
         gpu = bars[0]
         left = (gpu.limit if gpu.limit is not None else gpu.guaranteed) - gpu.used
+        q = quotas.get(p.pk)
+        # The usage counts every cluster: the limit across all clusters (issue 16) applies to it.
+        everywhere = None if q is None or q.gpus_limit_all_clusters is None else round(
+            max(0.0, float(q.gpus_limit_all_clusters) - gpu.used), 2)
         out.append({"project": p, "bars": bars[:1], "left": round(max(0.0, left), 2),
-                    "guaranteed_left": round(max(0.0, gpu.guaranteed - gpu.used), 2)})
+                    "guaranteed_left": round(max(0.0, gpu.guaranteed - gpu.used), 2),
+                    "all_clusters_left": everywhere})
     return out
 
 

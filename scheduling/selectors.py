@@ -564,3 +564,101 @@ def cluster_usage(*, cluster: Cluster) -> dict[str, int]:
         "queued": Job.objects.filter(cluster=cluster, state=JobState.QUEUED).count(),
         "active": Job.objects.filter(cluster=cluster, state__in=ACTIVE_STATES).count(),
     }
+
+
+# --- GPU limits across all clusters (issue 16) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllClusterLimits:
+    """The tenant and project quotas that carry ``gpus_limit_all_clusters``: project id →
+    limit, tenant id → limit, and every tenant concerned (a project's included)."""
+
+    project: dict[int, float]
+    tenant: dict[int, float]
+
+    @property
+    def tenant_ids(self) -> list[int]:
+        return sorted(set(self.tenant) | set(self._project_tenants.values()))
+
+    _project_tenants: dict[int, int]
+    """Project id → its tenant id."""
+
+    def __bool__(self) -> bool:
+        return bool(self.project or self.tenant)
+
+
+def all_cluster_limits(tenant_ids: Collection[int] | None = None) -> AllClusterLimits:
+    """One query; only the quotas that set a limit across all clusters."""
+    rows = Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT],
+                                gpus_limit_all_clusters__isnull=False)
+    if tenant_ids is not None:
+        rows = rows.filter(tenant_id__in=list(tenant_ids))
+    project: dict[int, float] = {}
+    tenant: dict[int, float] = {}
+    tenants_of: dict[int, int] = {}
+    for scope, tid, pid, lim in rows.values_list("scope", "tenant_id", "project_id",
+                                                 "gpus_limit_all_clusters"):
+        if scope == QuotaScope.PROJECT:
+            project[pid], tenants_of[pid] = float(lim), tid
+        else:
+            tenant[tid] = float(lim)
+    return AllClusterLimits(project, tenant, tenants_of)
+
+
+def gpus_in_use_all_clusters(tenant_ids: Collection[int]) -> tuple[dict[int, float], dict[int, float]]:
+    """GPUs held on all clusters together by these tenants' jobs, per project and per tenant,
+    in one query: a whole card 1, a slice its compute share (``multicluster.gpus_of``'s rule).
+    An allocation row exists exactly while its resources are held."""
+    from django.db.models import Case, ExpressionWrapper, Sum, Value, When
+
+    from .models import GpuSlice
+
+    share = Case(
+        When(Q(exclusive=True) | Q(cores_percent=0), then=Value(1.0)),
+        default=ExpressionWrapper(Cast("cores_percent", FloatField()) / Value(100.0),
+                                  output_field=FloatField()),
+        output_field=FloatField())
+    per_project: dict[int, float] = defaultdict(float)
+    per_tenant: dict[int, float] = defaultdict(float)
+    if not tenant_ids:
+        return per_project, per_tenant
+    for pid, tid, n in (GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
+                        .values("allocation__job__project_id", "allocation__job__tenant_id")
+                        .annotate(n=Sum(share)).order_by()
+                        .values_list("allocation__job__project_id", "allocation__job__tenant_id", "n")):
+        per_project[pid] += float(n or 0)
+        per_tenant[tid] += float(n or 0)
+    return per_project, per_tenant
+
+
+def over_all_clusters(limits: AllClusterLimits, in_use: tuple[dict[int, float], dict[int, float]],
+                      project_id: int, tenant_id: int, ask: float) -> str:
+    """Why ``ask`` more GPUs would break the project's or the tenant's limit across all
+    clusters ("" when within)."""
+    for lim, used, who in ((limits.project.get(project_id), in_use[0].get(project_id, 0.0), "project's"),
+                           (limits.tenant.get(tenant_id), in_use[1].get(tenant_id, 0.0), "tenant's")):
+        if lim is not None and used + ask > lim + 1e-9:
+            return (f"over your {who} GPU limit across all clusters: {used:g} of {lim:g} in use"
+                    f" (it asks {ask:g})")
+    return ""
+
+
+def all_cluster_room_by_name() -> tuple[dict[str, float], dict[str, float]]:
+    """For the placement step's trials: the limits across all clusters and the GPUs held on
+    all clusters, keyed by queue name (``tenant/project``) and tenant name. Empty when no
+    quota sets such a limit (one query then)."""
+    limits = all_cluster_limits()
+    if not limits:
+        return {}, {}
+    per_project, per_tenant = gpus_in_use_all_clusters(limits.tenant_ids)
+    tenants = dict(Tenant.objects.filter(pk__in=limits.tenant_ids).values_list("pk", "name"))
+    projects = {pk: queue_name(t, n) for pk, t, n in Project.objects.filter(
+        tenant_id__in=limits.tenant_ids).values_list("pk", "tenant__name", "name")}
+    lim: dict[str, float] = {}
+    used: dict[str, float] = {}
+    for pid, v in limits.project.items():
+        lim[projects[pid]], used[projects[pid]] = v, per_project.get(pid, 0.0)
+    for tid, v in limits.tenant.items():
+        lim[tenants[tid]], used[tenants[tid]] = v, per_tenant.get(tid, 0.0)
+    return lim, used

@@ -56,9 +56,11 @@ class RoleForm(forms.Form):
 class QuotaForm(forms.ModelForm[Quota]):
     class Meta:
         model = Quota
-        fields = [f"{r}_{k}" for r in RESOURCES for k in ("guaranteed", "limit")]
+        fields = [*(f"{r}_{k}" for r in RESOURCES for k in ("guaranteed", "limit")),
+                  "gpus_limit_all_clusters"]
         labels = {
-            f"{r}_{k}": f"{RESOURCE_LABELS[r]} {k}" for r in RESOURCES for k in ("guaranteed", "limit")
+            **{f"{r}_{k}": f"{RESOURCE_LABELS[r]} {k}" for r in RESOURCES for k in ("guaranteed", "limit")},
+            "gpus_limit_all_clusters": "GPU limit across all clusters",
         }
 
     def validate_constraints(self, exclude: Any = None) -> None:

@@ -181,6 +181,10 @@ class Quota(models.Model):
     cpu_cores_limit = _amount(True, True, "CPU cores at most (empty: no limit)")
     ram_mib_guaranteed = _amount(False, False, "RAM guaranteed, MiB")
     ram_mib_limit = _amount(False, True, "RAM at most, MiB (empty: no limit)")
+    # Tenant and project quotas only (issue 16): GPUs held on all clusters together, checked
+    # by each cluster's cycle under a per-tenant lock (scheduling/services/cycle.py).
+    gpus_limit_all_clusters = _amount(
+        True, True, "GPUs at most on all clusters together (tenant/project; empty: no limit)")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

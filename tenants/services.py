@@ -37,7 +37,8 @@ from .models import (
 TENANT_FIELDS = ("name", "display_name", "description")
 PROJECT_FIELDS = ("tenant", "name", "display_name", "description")
 MEMBERSHIP_FIELDS = ("user", "tenant", "project", "role")
-QUOTA_FIELDS = tuple(f"{r}_{kind}" for r in RESOURCES for kind in ("guaranteed", "limit"))
+QUOTA_FIELDS = (*(f"{r}_{kind}" for r in RESOURCES for kind in ("guaranteed", "limit")),
+                "gpus_limit_all_clusters")
 USER_FIELDS = ("username", "email", "first_name", "last_name", "is_active", "is_platform_admin")
 TOKEN_FIELDS = ("name", "prefix", "project", "read_only", "expires_at")
 
@@ -278,6 +279,14 @@ def _lock_quota_tree() -> None:
 
 def _validate_quota_tree(quota: Quota) -> None:
     errors: dict[str, list[str]] = {}
+    glim = quota.gpus_limit_all_clusters
+    if glim is not None:
+        if quota.scope == QuotaScope.CLUSTER:
+            errors["gpus_limit_all_clusters"] = [
+                "Only tenant and project quotas have a limit across all clusters."]
+        elif glim < quota.gpus_guaranteed:
+            errors["gpus_limit_all_clusters"] = [
+                f"Below the GPUs guaranteed ({quota.gpus_guaranteed})."]
     for r in RESOURCES:
         g, lim = getattr(quota, f"{r}_guaranteed"), getattr(quota, f"{r}_limit")
         if lim is not None and g > lim:
@@ -317,6 +326,17 @@ def _validate_quota_tree(quota: Quota) -> None:
                     errors.setdefault(l_field, []).append(
                         f"Below a limit already given beneath ({child_max} {RESOURCE_LABELS[r]})."
                     )
+    if glim is not None and "gpus_limit_all_clusters" not in errors:
+        # As for the per-cluster limits: a project's is at most its tenant's.
+        parent_glim = parent_totals.get("gpus_limit_all_clusters") if parent_totals else None
+        if parent_glim is not None and glim > parent_glim:
+            errors["gpus_limit_all_clusters"] = [
+                f"Above the tenant's GPU limit across all clusters ({parent_glim})."]
+        if children is not None:
+            child_max = children.aggregate(m=models.Max("gpus_limit_all_clusters"))["m"]
+            if child_max is not None and child_max > glim:
+                errors["gpus_limit_all_clusters"] = [
+                    f"Below a project's GPU limit across all clusters ({child_max}); lower it first."]
     if errors:
         raise ValidationError(errors)
 

@@ -31,13 +31,18 @@ def quota_remaining(context: dict[str, Any]) -> dict[str, Any]:
         q = quotas.get(p.pk)
         guaranteed = float(q.gpus_guaranteed) if q else 0.0
         limit = float(q.gpus_limit) if q and q.gpus_limit is not None else None
+        # "In use" counts every cluster; the per-cluster limit applies on each cluster, the
+        # limit across all clusters (issue 16) to this total.
+        everywhere = (float(q.gpus_limit_all_clusters)
+                      if q and q.gpus_limit_all_clusters is not None else None)
         rows.append({
             "project": p,
             "used": round(held.gpus, 2),
             "guaranteed_left": round(max(0.0, guaranteed - held.gpus), 2),
             "limit_left": None if limit is None else round(max(0.0, limit - held.gpus), 2),
+            "all_clusters_left": None if everywhere is None else round(max(0.0, everywhere - held.gpus), 2),
         })
-    return {"rows": rows}
+    return {"rows": rows, "any_all_clusters": any(r["all_clusters_left"] is not None for r in rows)}
 
 
 @register.inclusion_tag("portal/estimated_start.html")

@@ -131,6 +131,8 @@ class Probe:
     never: bool = False
     """The job can never run there as asked (too large for any node, ...)."""
     placement: tuple[PodPlacement, ...] = ()
+    all_clusters: bool = False
+    """Over a GPU limit across all clusters: it starts nowhere yet (not bound for it)."""
 
     def text(self) -> str:
         if self.outcome == FITS_NOW:
@@ -214,6 +216,11 @@ class ClusterTrial:
     """GPU limit per queue, per tenant and of the cluster (:data:`CLUSTER`; None: no limit)."""
     queued_gpus: float = 0.0
     reserved: list[PodPlacement] = field(default_factory=list)
+    all_limits: Mapping[str, float] = field(default_factory=dict)
+    """GPU limits across all clusters per queue and per tenant (issue 16)."""
+    all_usage: dict[str, float] = field(default_factory=dict)
+    """GPUs held on all clusters per queue and per tenant: one dict shared by every trial of
+    a step, so a job placed on one cluster counts on the others too."""
 
     free: float = -1.0
     """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
@@ -237,8 +244,23 @@ class ClusterTrial:
                 return f"over {who} GPU limit there ({self.usage.get(key, 0.0):g} of {lim:g} in use)", False
         return None
 
+    def over_all_clusters(self, job: Job, tenant: str) -> str:
+        """Why the job would cross its project's or tenant's GPU limit across all clusters
+        (issue 16; the usage is every cluster's, the same in each trial), "" if within. The
+        cycle holds such a job waiting likewise, never rejects it."""
+        ask = job_gpus(job)
+        for key, who in ((job.queue, "your project's"), (tenant, "your tenant's")):
+            lim = self.all_limits.get(key)
+            if lim is not None and self.all_usage.get(key, 0.0) + ask > lim + 1e-9:
+                return (f"over {who} GPU limit across all clusters "
+                        f"({self.all_usage.get(key, 0.0):g} of {lim:g} in use)")
+        return ""
+
     def probe(self, job: Job, tenant: str, free: float) -> Probe:
         name = self.view.name
+        everywhere = self.over_all_clusters(job, tenant)
+        if everywhere:
+            return Probe(name, WAITS, reason=everywhere, all_clusters=True)
         limit = self.over_limit(job, tenant)
         if limit:
             return Probe(name, WAITS, reason=limit[0] if not limit[1] else f"can never run there: {limit[0]}",
@@ -270,6 +292,10 @@ class ClusterTrial:
             self.free = max(0.0, self.free - g)
         for key in (job.queue, tenant, CLUSTER):
             self.usage[key] = self.usage.get(key, 0.0) + g
+        if probe.outcome == FITS_NOW:
+            for key in (job.queue, tenant):
+                if key in self.all_limits:
+                    self.all_usage[key] = self.all_usage.get(key, 0.0) + g
 
     def undo(self) -> None:
         for pp in self.reserved:
@@ -365,6 +391,10 @@ def choose(jobs: Mapping[str, Job], tenant: str, choice: ClusterChoice, needs: J
     if not scored or all(p.never for _, p in scored):
         others += [(p.cluster, p.text()) for _, p in scored]
         return Choice(None, None, tuple(sorted(others)), never=not temporary)
+    if all(p.never or p.all_clusters for _, p in scored):
+        # Over a limit across all clusters: binding it would only tie it to one cluster.
+        others += [(p.cluster, p.text()) for _, p in scored]
+        return Choice(None, None, tuple(sorted(others)))
     best = scored[0][1]
     others += [(p.cluster, p.text()) for _, p in scored[1:]]
     return Choice(best.cluster, best, tuple(sorted(others)))

@@ -47,6 +47,7 @@ def _locked_job(pk: int) -> Job:
 
 _CYCLE_LOCK_CLASS = 0x43414D50  # "CAMP": first key of the two-int advisory lock
 _DISPATCH_LOCK_CLASS = 0x43414D44  # "CAMD": a job's dispatch in flight (key 2: job id)
+_ALL_CLUSTERS_LOCK_CLASS = 0x43414D55  # "CAMU": a tenant's GPU use across clusters (key 2: tenant id)
 
 
 def _require(actor: Any, action: str, obj: Any) -> None:

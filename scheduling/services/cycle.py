@@ -4,6 +4,7 @@ the writes of its decisions (admissions, preemptions, waits) in bulk."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import fcntl
 import gc
@@ -22,6 +23,7 @@ from django.utils import timezone
 
 from scheduling import engine as E
 from scheduling.engine.cycle import CycleConfig, CycleResult, JobStatus, run_cycle
+from scheduling.engine.multicluster import gpus_of, job_gpus
 from tenants.audit import audit_batch
 
 from .. import selectors, signals
@@ -38,6 +40,7 @@ from ..models import (
     SchedulingDecision,
 )
 from .common import (
+    _ALL_CLUSTERS_LOCK_CLASS,
     _CYCLE_LOCK_CLASS,
     _audit_job,
     _json_value,
@@ -152,11 +155,41 @@ def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs,
         return selectors.CycleInputs.empty(), []
     with _gc_paused(), _consistent_read():
         inputs = selectors.cycle_inputs(cluster)
+        limits = selectors.all_cluster_limits()
+        in_use = selectors.gpus_in_use_all_clusters(limits.tenant_ids) if limits else None
+    held: list[JobStatus] = []
+    if limits and in_use is not None:
+        inputs, held = _hold_over_all_clusters(inputs, limits, in_use)
     if not inputs.pending:
-        return inputs, []
+        return inputs, held
     with _gc_paused():
         result = _run_engine(cluster, inputs, now)
-    return inputs, list(result.statuses.values())
+    return inputs, [*held, *result.statuses.values()]
+
+
+def _hold_over_all_clusters(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
+                            in_use: tuple[dict[int, float], dict[int, float]],
+                            ) -> tuple[selectors.CycleInputs, list[JobStatus]]:
+    """A queued job whose GPUs would take its project or tenant over its limit across all
+    clusters (the snapshot's usage on every cluster) waits, with that reason, and is not
+    offered to the engine — not a lowered per-cluster limit, which the engine would take
+    as "can never run" and reject. Jobs within it go on; several of them together may still
+    cross it, which ``_within_all_clusters`` checks under lock at admission."""
+    keep: list[E.Job] = []
+    held: list[JobStatus] = []
+    for job in inputs.pending:
+        row = inputs.jobs[job.name]
+        reason = selectors.over_all_clusters(limits, in_use, row.project_id, row.tenant_id,
+                                             job_gpus(job))
+        if reason:
+            held.append(JobStatus(job=job.name, queue=job.queue,
+                                  decision=E.Wait(job=job.name, reason=reason[:1].upper() + reason[1:]),
+                                  kind="quota"))
+        else:
+            keep.append(job)
+    if not held:
+        return inputs, []
+    return dataclasses.replace(inputs, pending=keep), held
 
 
 @contextlib.contextmanager
@@ -287,8 +320,8 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     locked = _lock_rows(inputs, admits, preemptions, models_)
     for job in _preempt_all(inputs, models_, preemptions, summary, locked):
         waits.append(_WaitRow(job, CONFLICT_REASON, "capacity", None, None))
-    for job in _admit_all(inputs, admits, summary, locked):
-        waits.append(_WaitRow(job, CONFLICT_REASON, "capacity", None, None))
+    for job, reason, kind in _admit_all(inputs, admits, summary, locked):
+        waits.append(_WaitRow(job, reason, kind, None, None))
     _wait_all(waits)
 
 
@@ -456,9 +489,10 @@ def _placement_json(placement: E.Placement) -> list[dict[str, Any]]:
 
 
 def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placement, JobStatus]],
-               summary: CycleSummary, locked: _Locked) -> list[Job]:
+               summary: CycleSummary, locked: _Locked) -> list[tuple[Job, str, str]]:
     """Persist the cycle's admissions in bulk; returns the jobs that must wait instead
-    because their placement was taken since the snapshot.
+    (with why and the reason's kind) because their placement was taken since the snapshot
+    or they would cross a GPU limit across all clusters (``_within_all_clusters``).
 
     Optimistic, job by job in the engine's order: the admitted jobs' rows and the GPUs they
     use are locked (``_lock_rows``: ids in ascending order, as everywhere: no deadlock between
@@ -473,7 +507,7 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
     current, moved = locked.gpus, locked.moved
     totals = {pk: list(row[:4]) for pk, row in current.items()}
     accepted: list[tuple[Job, E.Placement, JobStatus]] = []
-    taken: list[Job] = []
+    taken: list[tuple[Job, str, str]] = []
     for job, placement, status in admits:
         if job.pk not in queued:
             summary.conflicts.append(job.pk)  # cancelled meanwhile
@@ -484,12 +518,16 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
             # on room the database does not have yet (a preemption victim still holds it).
             logger.warning("admission of job %s: its GPUs moved or are still held; it waits", job.pk)
             summary.conflicts.append(job.pk)
-            taken.append(job)
+            taken.append((job, CONFLICT_REASON, "capacity"))
             continue
         for pk, d in delta.items():
             t = totals[pk]
             t[0], t[1], t[2], t[3] = t[0] + d[0], t[1] + d[1], t[2] + d[2], t[3] or bool(d[3])
         accepted.append((job, placement, status))
+    accepted, over = _within_all_clusters(accepted)
+    for job, reason in over:
+        summary.waiting.append(job.pk)
+        taken.append((job, reason, "quota"))
     try:
         with transaction.atomic():
             _write_admissions(inputs, accepted, queued, {pk: totals[pk] for pk in sorted(
@@ -515,6 +553,39 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
     if accepted:
         enqueue_on_commit("jobs_dispatch", [job.pk for job, _, _ in accepted])
     return taken
+
+
+def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
+                         ) -> tuple[list[tuple[Job, E.Placement, JobStatus]], list[tuple[Job, str]]]:
+    """Hold GPU limits across all clusters under racing cycles. Inside the write transaction,
+    before the admission rows are written: a transaction-level advisory lock per tenant that
+    has such a limit (its own or a project's; ascending ids, so two cycles never wait on each
+    other in a circle; released at commit, when this cycle's allocations are visible), then
+    the GPUs its jobs hold on every cluster counted again (READ COMMITTED: the other
+    clusters' committed admissions included). A job that would cross a limit waits, with the
+    limit named; the rest of the cycle goes through."""
+    if not accepted:
+        return accepted, []
+    limits = selectors.all_cluster_limits({job.tenant_id for job, _, _ in accepted})
+    if not limits:
+        return accepted, []
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            for tid in limits.tenant_ids:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_ALL_CLUSTERS_LOCK_CLASS, tid])
+    in_use = selectors.gpus_in_use_all_clusters(limits.tenant_ids)
+    keep: list[tuple[Job, E.Placement, JobStatus]] = []
+    over: list[tuple[Job, str]] = []
+    for job, placement, status in accepted:
+        n = gpus_of(placement.pods)
+        reason = selectors.over_all_clusters(limits, in_use, job.project_id, job.tenant_id, n)
+        if reason:
+            over.append((job, reason[:1].upper() + reason[1:]))
+            continue
+        in_use[0][job.project_id] += n
+        in_use[1][job.tenant_id] += n
+        keep.append((job, placement, status))
+    return keep, over
 
 
 def _gpu_delta(inputs: selectors.CycleInputs, placement: E.Placement) -> dict[int, list[int]]:

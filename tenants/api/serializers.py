@@ -99,7 +99,8 @@ class MembershipUpdateSerializer(serializers.Serializer[Any]):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
-_amount_fields: list[str] = [f"{r}_{k}" for r in RESOURCES for k in ("guaranteed", "limit")]
+_amount_fields: list[str] = [*(f"{r}_{k}" for r in RESOURCES for k in ("guaranteed", "limit")),
+                              "gpus_limit_all_clusters"]
 
 
 class QuotaSerializer(serializers.ModelSerializer[Quota]):

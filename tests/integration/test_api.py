@@ -336,3 +336,39 @@ def test_filters_do_not_reveal_which_ids_exist(world: World, path: str, param: s
     assert seen.status_code == missing.status_code == 200
     assert seen.json()["results"] == missing.json()["results"] == []
     assert client.get(path, {param: "x"}).status_code == 400
+
+
+def test_gpu_limit_across_all_clusters_is_validated_audited_and_admin_only(world: World) -> None:
+    """Issue 16: a tenant's GPU limit across all clusters, set where quotas are set."""
+    client = client_for(world.admin)
+    bad = client.post("/api/v1/quotas/", {**QUOTA_BODY, "scope": "tenant", "tenant": world.a.tenant.pk,
+                                          "gpus_guaranteed": "4", "gpus_limit_all_clusters": "-1"},
+                      format="json")
+    assert bad.status_code == 400 and set(bad.json()) == {"gpus_limit_all_clusters"}
+    below = client.post("/api/v1/quotas/", {**QUOTA_BODY, "scope": "tenant", "tenant": world.a.tenant.pk,
+                                            "gpus_guaranteed": "4", "gpus_limit_all_clusters": "2"},
+                        format="json")
+    assert below.status_code == 400 and "guaranteed" in below.json()["gpus_limit_all_clusters"][0].lower()
+    ok = client.post("/api/v1/quotas/", {**QUOTA_BODY, "scope": "tenant", "tenant": world.a.tenant.pk,
+                                         "gpus_guaranteed": "4", "gpus_limit_all_clusters": "12"},
+                     format="json")
+    assert ok.status_code == 201 and ok.json()["gpus_limit_all_clusters"] == "12.00"
+    event = AuditEvent.objects.filter(action="quota.created").latest("id")
+    assert event.after["gpus_limit_all_clusters"] in ("12.00", "12", 12)
+    # The tenant's owner may not raise their own tenant's limit (as for every tenant quota field).
+    denied = client_for(world.a.owner).patch(f"/api/v1/quotas/{ok.json()['id']}/",
+                                             {"gpus_limit_all_clusters": "100"}, format="json")
+    assert denied.status_code == 403
+    assert Quota.objects.get(pk=ok.json()["id"]).gpus_limit_all_clusters == 12
+    # The owner splits it: a project's limit across clusters.
+    project = client_for(world.a.owner).post("/api/v1/quotas/", {
+        **QUOTA_BODY, "scope": "project", "project": world.a.project.pk, "gpus_guaranteed": "1",
+        "gpus_limit_all_clusters": "6"}, format="json")
+    assert project.status_code == 201
+    above = client_for(world.a.owner).post("/api/v1/quotas/", {
+        **QUOTA_BODY, "scope": "project", "project": world.a.other_project.pk, "gpus_guaranteed": "1",
+        "gpus_limit_all_clusters": "13"}, format="json")
+    assert above.status_code == 400 and "12" in above.json()["gpus_limit_all_clusters"][0]
+    shrink = client.patch(f"/api/v1/quotas/{ok.json()['id']}/", {"gpus_limit_all_clusters": "5"},
+                          format="json")
+    assert shrink.status_code == 400 and "6" in shrink.json()["gpus_limit_all_clusters"][0]

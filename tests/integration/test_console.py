@@ -153,3 +153,21 @@ def test_login_is_throttled_per_account(world: World) -> None:
     locked = client.post("/login/", {"username": "acme-member", "password": PASSWORD})
     assert locked.status_code == 429
     assert b"Too many failed logins" in locked.content
+
+
+def test_console_sets_a_project_gpu_limit_across_all_clusters(world: World) -> None:
+    client = login(world.a.owner)
+    form = {"gpus_guaranteed": "0", "gpu_memory_mib_guaranteed": "0", "cpu_cores_guaranteed": "0",
+            "ram_mib_guaranteed": "0", "gpus_limit_all_clusters": "-3"}
+    page = client.get("/t/acme/p/acme-p1/quota/")
+    assert b"GPU limit across all clusters" in page.content
+    bad = client.post("/t/acme/p/acme-p1/quota/", form)
+    assert bad.status_code == 200 and not Quota.objects.filter(project=world.a.project).exists()
+    assert "gpus_limit_all_clusters" in bad.context["form"].errors
+    ok = client.post("/t/acme/p/acme-p1/quota/", {**form, "gpus_limit_all_clusters": "6"})
+    assert ok.status_code == 302
+    assert Quota.objects.get(project=world.a.project).gpus_limit_all_clusters == 6
+    member = login(world.a.member)
+    assert member.post("/t/acme/p/acme-p1/quota/", {**form, "gpus_limit_all_clusters": "60"}).status_code in (
+        403, 404)
+    assert Quota.objects.get(project=world.a.project).gpus_limit_all_clusters == 6

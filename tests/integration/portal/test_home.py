@@ -98,3 +98,20 @@ def test_home_queries_do_not_grow_with_workloads(world: Any, busy: Any) -> None:
         submit(world, cluster=busy, name=f"more-{i}", user="owner")
     advance(busy)
     assert count() <= before + 2, "home page queries grow with the number of jobs"
+
+
+def test_quota_left_shows_the_limit_across_all_clusters(world: Any, busy: Any) -> None:
+    from decimal import Decimal
+
+    from tenants import services as tenant_services
+
+    before = _home(world.a.member)
+    assert "left across all clusters" not in before
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.a.project,
+                              values={"gpus_limit_all_clusters": Decimal(40)})
+    from portal import selectors as portal_selectors
+
+    page = _home(world.a.member)
+    used = portal_selectors.project_usage([world.a.project.pk])[world.a.project.pk].gpus
+    assert used > 0  # the busy fixture's jobs hold GPUs
+    assert f"; {round(40 - used, 2)} left across all clusters" in page
