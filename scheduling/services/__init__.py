@@ -54,6 +54,7 @@ from .common import (
     reconcile_request,
     reconcile_request_taken,
     request_cycle,
+    session_try_lock,
 )
 from .cycle import (
     CONFLICT_REASON,
@@ -186,6 +187,7 @@ __all__ = [
     "_record",
     "_audit_job",
     "request_cycle",
+    "session_try_lock",
     "_task",
     "enqueue",
     "enqueue_on_commit",

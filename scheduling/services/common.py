@@ -3,9 +3,11 @@ and requests for a cycle or a reconcile (deduplicated, queued after commit)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
@@ -48,6 +50,23 @@ def _locked_job(pk: int) -> Job:
 _CYCLE_LOCK_CLASS = 0x43414D50  # "CAMP": first key of the two-int advisory lock
 _DISPATCH_LOCK_CLASS = 0x43414D44  # "CAMD": a job's dispatch in flight (key 2: job id)
 _ALL_CLUSTERS_LOCK_CLASS = 0x43414D55  # "CAMU": a tenant's GPU use across clusters (key 2: tenant id)
+
+
+@contextlib.contextmanager
+def session_try_lock(key_class: int, key: int) -> Iterator[bool]:
+    """A PostgreSQL session-level advisory lock ``(key_class, key)`` if it is free: yields
+    whether it was taken, and releases it on leaving (a killed worker's lock goes with its
+    connection). The cycle and the placement step use it; PostgreSQL only."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [key_class, key])
+        row = cursor.fetchone()
+    got = bool(row and row[0])
+    try:
+        yield got
+    finally:
+        if got:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [key_class, key])
 
 
 def _require(actor: Any, action: str, obj: Any) -> None:

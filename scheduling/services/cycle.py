@@ -50,6 +50,7 @@ from .common import (
     _send_after_commit,
     enqueue_on_commit,
     logger,
+    session_try_lock,
 )
 from .dispatch import project_namespace_ensure
 from .jobs import _preempted_reason
@@ -65,16 +66,8 @@ def cycle_lock(cluster_id: int) -> Iterator[bool]:
     connection drops), so that the cycle can read, decide and write in separate short
     transactions. SQLite (the demo): an exclusive file lock."""
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [_CYCLE_LOCK_CLASS, cluster_id])
-            row = cursor.fetchone()
-        got = bool(row and row[0])
-        try:
+        with session_try_lock(_CYCLE_LOCK_CLASS, cluster_id) as got:
             yield got
-        finally:
-            if got:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_CYCLE_LOCK_CLASS, cluster_id])
         return
     lock_dir = settings.BASE_DIR / "var" / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)

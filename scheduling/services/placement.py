@@ -40,7 +40,7 @@ from tenants.audit import audit_batch, audit_record
 
 from .. import selectors
 from ..models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, PodGroup, SchedulingDecision
-from .common import _send_after_commit, request_cycle
+from .common import _send_after_commit, request_cycle, session_try_lock
 from .cycle import _consistent_read, cycle_lock, engine_policy
 
 logger = logging.getLogger(__name__)
@@ -76,16 +76,8 @@ def _placement_lock() -> Iterator[bool]:
     if connection.vendor != "postgresql":
         yield True  # SQLite (the demo): one worker process
         return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, 0)", [_PLACEMENT_LOCK_CLASS])
-        row = cursor.fetchone()
-    got = bool(row and row[0])
-    try:
+    with session_try_lock(_PLACEMENT_LOCK_CLASS, 0) as got:
         yield got
-    finally:
-        if got:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s, 0)", [_PLACEMENT_LOCK_CLASS])
 
 
 # --- what each cluster offers ----------------------------------------------------------------
