@@ -113,12 +113,18 @@ def _refuse_if_no_card_fits(cluster: Cluster, row: Any) -> None:
 
 
 def kind_run(kind: WorkloadKind, *, actor: User, row: Any, name: str) -> Job:
-    """Queue one run of ``row``: a scheduling Job (audited ``job.submitted``, a cycle
-    requested after commit); name clashes are reported on the workload's ``name``."""
+    """Queue one run of ``row``: a scheduling Job (audited ``job.submitted``, a cycle — or for
+    a floating row a placement step — requested after commit); name clashes are reported on
+    the workload's ``name``."""
     from .services.common import _submit_run
 
-    return _submit_run(actor=actor, project=row.project, cluster=row.cluster, name=name,
-                       kind=kind.job_kind_of(row), groups=kind.groups(row), **kind.job_options(row))
+    # A row with no cluster floats (training jobs launched for any cluster, a set or labels):
+    # its run is submitted with the row's choice and placed by the global queue.
+    where: dict[str, Any] = {"cluster": row.cluster}
+    if row.cluster is None:
+        where["cluster_choice"] = dict(getattr(row, "cluster_choice", None) or {})
+    return _submit_run(actor=actor, project=row.project, name=name, kind=kind.job_kind_of(row),
+                       groups=kind.groups(row), **where, **kind.job_options(row))
 
 
 def kind_audit(kind: WorkloadKind, action: str, row: Model, *, actor: User | None,

@@ -24,6 +24,7 @@ from scheduling.models import (
 from tenants import permissions
 from tenants.audit import snapshot
 from tenants.models import Project, User
+from tenants.permissions import restrict
 
 from ..kinds import WorkloadKind, kind_check, kind_run, register_kind
 from ..models import (
@@ -112,7 +113,8 @@ def training_submit(
     *,
     actor: User,
     project: Project,
-    cluster: Cluster,
+    cluster: Cluster | None = None,
+    cluster_choice: dict[str, Any] | None = None,
     name: str,
     framework: str,
     image: Image | None = None,
@@ -142,7 +144,11 @@ def training_submit(
 ) -> TrainingJob:
     """Create a training job: a gang of ``workers`` (plus a launcher for DeepSpeed and MPI),
     submitted now, or once every job it depends on has succeeded. With a compute preset
-    (``profile``) each worker takes the preset's shape and GPU model ("workers × preset")."""
+    (``profile``) each worker takes the preset's shape and GPU model ("workers × preset").
+
+    ``cluster`` None launches it for any cluster the project may use, or those
+    ``cluster_choice`` allows (``{"clusters": [...]}``, ``{"labels": {...}}``): each run is a
+    floating Job that the global queue places where it starts soonest."""
     if profile is not None:
         _check_profile(actor, profile, project)
         gpu_count, gpu_memory_mib = profile.gpu_count, profile.gpu_memory_mib
@@ -184,6 +190,7 @@ def training_submit(
     )
     _require(actor, permissions.CREATE, t)
     _clean_training(actor, t, image=image, image_reference=image_reference, env=env)
+    _clean_where(actor, t, cluster_choice)
     deps = _clean_depends_on(project, depends_on)
     _training_begin(actor, t, deps, profile)
     return t
@@ -216,7 +223,7 @@ def training_delete(*, actor: User, training: TrainingJob) -> None:
     audit record keeps what it was; its scheduling runs stay in the job history."""
     t = (
         TrainingJob.objects.select_for_update(no_key=True, of=("self",))
-        .select_related("job", "tenant", "project", "cluster")
+        .select_related("job__cluster", "tenant", "project", "cluster")
         .get(pk=training.pk)
     )
     _require(actor, permissions.DELETE, t)
@@ -238,10 +245,11 @@ def training_delete(*, actor: User, training: TrainingJob) -> None:
     objects = [("PersistentVolumeClaim", f"tr-{t.pk}-ckpt")] if t.checkpoint_volume_gib else []
     from ..selectors import namespace_spec_for
 
-    ns, cluster_id = namespace_spec_for(t), t.cluster_id
+    cluster = t.run_cluster  # a floating job's objects are where its run was placed
+    ns = namespace_spec_for(t)
     t.delete()
-    if objects:
-        enqueue_on_commit("delete_objects", cluster_id, ns, objects)
+    if objects and cluster is not None:
+        enqueue_on_commit("delete_objects", cluster.pk, ns, objects)
 
 
 CHECKPOINT_LINE = re.compile(r"^(?:(\S+Z) )?CAMP_CHECKPOINT step=(\d+) path=(\S+)\s*$")
@@ -377,7 +385,8 @@ def _clean_training(actor: User, t: TrainingJob, *, image: Image | None, image_r
                     env: dict[str, Any] | None) -> None:
     """Validate an unsaved training job's cluster, gang, shape and paths (each error names its
     field), then resolve its image and clean its environment onto it."""
-    _clean_cluster(t.cluster, actor)
+    if t.cluster is not None:
+        _clean_cluster(t.cluster, actor)
     if not 1 <= t.workers <= 128:
         raise ValidationError({"workers": ["Between 1 and 128 workers."]})
     _clean_shape({f: getattr(t, f) for f in ("gpu_count", "gpu_memory_mib", "gpu_cores_percent",
@@ -400,6 +409,72 @@ def _clean_training(actor: User, t: TrainingJob, *, image: Image | None, image_r
     t.env = _clean_env(env)
 
 
+def _clean_where(actor: User, t: TrainingJob, choice: Any) -> None:
+    """One named cluster, or a floating choice checked as a raw floating job's is (``clean_choice``:
+    unknown names, labels no cluster has, an image built for no allowed cluster's nodes), with
+    its errors on the training job's fields. Cluster-bound volumes need one named cluster."""
+    if t.cluster is not None:
+        if choice:
+            raise ValidationError({"cluster_choice": [
+                "Name one cluster or give a cluster choice (clusters, labels), not both."]})
+        t.cluster_choice = {}
+        return
+    # A PVC lives on one cluster (a data set's is not even known to Camp), and a checkpoint
+    # volume must be found by every later run (requeues, retries): refuse rather than let a
+    # run land where its volume is not.
+    if t.data_volume:
+        raise ValidationError({"data_volume": [
+            f"{t.data_volume} is a volume on one cluster: name that cluster to mount it (a training "
+            f"job for any cluster, a set of clusters or labels cannot)."]})
+    if t.checkpoint_volume_gib:
+        raise ValidationError({"checkpoint_volume_gib": [
+            "A checkpoint volume lives on one cluster and every run must find it there: name the "
+            "cluster to give the job one (or write checkpoints elsewhere, e.g. object storage)."]})
+    names = choice.get("clusters") if isinstance(choice, dict) else None
+    if isinstance(names, list):  # tenant isolation: only clusters the submitter may use
+        visible = set(restrict(Cluster.objects.filter(enabled=True), actor).values_list("name", flat=True))
+        hidden = sorted({str(n) for n in names} - visible)
+        if hidden:
+            raise ValidationError({"cluster_choice.clusters": [
+                f"No enabled cluster named {', '.join(hidden)}."]})
+    from scheduling.services.placement import clean_choice
+
+    image_field = "image" if t.image is not None else "image_reference"
+    try:
+        t.cluster_choice = clean_choice(choice, _training_groups(t), t.project)
+    except ValidationError as exc:
+        raise ValidationError({image_field if k.startswith("groups[") else k: v
+                               for k, v in exc.message_dict.items()}) from exc
+
+
+def _candidates(choice: dict[str, Any]) -> list[Cluster]:
+    """The enabled clusters a floating choice allows (names and labels; the placement step's
+    own rule, ``multicluster.excluded``)."""
+    from scheduling.engine import multicluster as M
+
+    wanted = M.ClusterChoice.of(choice)
+    return [c for c in Cluster.objects.filter(enabled=True)
+            if M.excluded(wanted, M.JobNeeds(), M.ClusterView(name=c.name, labels=c.labels or {})) is None]
+
+
+def _check_limits(t: TrainingJob) -> None:
+    """The quota pre-check on its cluster; a floating job is refused only when it could never
+    start on any cluster its choice allows (the first refusal is shown)."""
+    if t.cluster is not None:
+        kind_check(TRAINING_KIND, project=t.project, cluster=t.cluster, row=t)
+        return
+    first: ValidationError | None = None
+    for cluster in _candidates(t.cluster_choice):
+        try:
+            kind_check(TRAINING_KIND, project=t.project, cluster=cluster, row=t)
+        except ValidationError as exc:
+            first = first or exc
+        else:
+            return
+    if first is not None:
+        raise first
+
+
 def _clean_depends_on(project: Project, depends_on: list[TrainingJob] | None) -> list[TrainingJob]:
     deps = list(depends_on or [])
     for d in deps:
@@ -412,7 +487,7 @@ def _clean_depends_on(project: Project, depends_on: list[TrainingJob] | None) ->
 
 def _training_begin(actor: User, t: TrainingJob, deps: list[TrainingJob], profile: Profile | None) -> None:
     """Quota pre-check, save, then submit its first run now or wait for its dependencies; audited."""
-    kind_check(TRAINING_KIND, project=t.project, cluster=t.cluster, row=t)
+    _check_limits(t)
     refuse_if_over_storage(project=t.project, extra_gib=t.checkpoint_volume_gib,
                            field="checkpoint_volume_gib")
     _save(t, "This project already has a training job with this name.")
