@@ -113,8 +113,7 @@ def training_submit(
     *,
     actor: User,
     project: Project,
-    cluster: Cluster | None = None,
-    cluster_choice: dict[str, Any] | None = None,
+    cluster: Cluster | None = None, cluster_choice: dict[str, Any] | None = None,  # None: it floats
     name: str,
     framework: str,
     image: Image | None = None,
@@ -145,10 +144,7 @@ def training_submit(
     """Create a training job: a gang of ``workers`` (plus a launcher for DeepSpeed and MPI),
     submitted now, or once every job it depends on has succeeded. With a compute preset
     (``profile``) each worker takes the preset's shape and GPU model ("workers × preset").
-
-    ``cluster`` None launches it for any cluster the project may use, or those
-    ``cluster_choice`` allows (``{"clusters": [...]}``, ``{"labels": {...}}``): each run is a
-    floating Job that the global queue places where it starts soonest."""
+    Without ``cluster`` it floats (``_clean_where``): each run goes where it starts soonest."""
     if profile is not None:
         _check_profile(actor, profile, project)
         gpu_count, gpu_memory_mib = profile.gpu_count, profile.gpu_memory_mib
@@ -189,8 +185,7 @@ def training_submit(
         duration_seconds=duration_seconds,
     )
     _require(actor, permissions.CREATE, t)
-    _clean_training(actor, t, image=image, image_reference=image_reference, env=env)
-    _clean_where(actor, t, cluster_choice)
+    _clean_training(actor, t, image=image, image_reference=image_reference, env=env, choice=cluster_choice)
     deps = _clean_depends_on(project, depends_on)
     _training_begin(actor, t, deps, profile)
     return t
@@ -382,9 +377,9 @@ def training_sync(*, training: TrainingJob, now: dt.datetime | None = None) -> s
 
 
 def _clean_training(actor: User, t: TrainingJob, *, image: Image | None, image_reference: str,
-                    env: dict[str, Any] | None) -> None:
+                    env: dict[str, Any] | None, choice: Any = None) -> None:
     """Validate an unsaved training job's cluster, gang, shape and paths (each error names its
-    field), then resolve its image and clean its environment onto it."""
+    field), then resolve its image, clean its environment onto it and check where it may run."""
     if t.cluster is not None:
         _clean_cluster(t.cluster, actor)
     if not 1 <= t.workers <= 128:
@@ -407,12 +402,16 @@ def _clean_training(actor: User, t: TrainingJob, *, image: Image | None, image_r
         variant_label="training",
     )
     t.env = _clean_env(env)
+    _clean_where(actor, t, choice)
 
 
 def _clean_where(actor: User, t: TrainingJob, choice: Any) -> None:
-    """One named cluster, or a floating choice checked as a raw floating job's is (``clean_choice``:
-    unknown names, labels no cluster has, an image built for no allowed cluster's nodes), with
-    its errors on the training job's fields. Cluster-bound volumes need one named cluster."""
+    """One named cluster, or (``cluster`` None) a floating choice — any cluster the project may
+    use, ``{"clusters": [...]}`` and/or ``{"labels": {...}}`` — checked as a raw floating job's
+    is (``clean_choice``: unknown names, labels no cluster has, an image built for no allowed
+    cluster's nodes), with its errors on the training job's fields. Every run is then a
+    floating Job that the global queue places where it starts soonest. Cluster-bound volumes
+    need one named cluster."""
     if t.cluster is not None:
         if choice:
             raise ValidationError({"cluster_choice": [
