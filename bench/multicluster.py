@@ -12,8 +12,9 @@ share of the free GPUs as ``SCHEDULER_HEADS_FILL`` does), re-run while it admits
 
 * pinned — every job is pinned at submit to a random cluster among those that could ever run
   it (a pod asking for a GPU model only one cluster has goes there).
-* any — every job floats: the placement step binds the head of the global queue (``--window``
-  jobs in ``global_order``) with the product's own loop, ``multicluster.step`` (the function
+* any — every job floats: the placement step takes the ``--window`` oldest floating jobs still
+  queued (500: the service's ``PLACEMENT_BATCH``), bound or not, in ``global_order``, and
+  binds them with the product's own loop, ``multicluster.step`` (the function
   ``services.placement.placement_run`` calls): ``choose`` = fits now > fits after preemption >
   shortest estimated wait, tentative reservations so later jobs see what is left, and a bound
   job still queued moves only when another cluster would start it strictly sooner. Only the
@@ -244,9 +245,11 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
         for c in clusters:
             for n, rj in c.running.items():
                 usage[rj.queue] += c.gpus_of[n]
-        cands = [(j, j.queue) for j in floating.values()]
-        cands += [(by_name[cn].pending[n], by_name[cn].pending[n].queue) for n, cn in bound.items()]
-        order = M.global_order(cands, usage)[:window]
+        # As the service: the ``window`` (PLACEMENT_BATCH) oldest floating jobs still queued,
+        # placed or not, then in the global order.
+        cands = [*floating.values(), *(by_name[cn].pending[n] for n, cn in bound.items())]
+        head = heapq.nsmallest(window, cands, key=lambda j: (j.submit_time, j.name))
+        order = M.global_order([(j, j.queue) for j in head], usage)
         trials = {}
         for c in clusters:
             u: dict[str, float] = defaultdict(float)
@@ -327,6 +330,11 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
         for c in clusters:
             if c.name in dirty:
                 start_cycle(c, t)
+        if os.environ.get("MB_DEBUG"):
+            print(f"t={t - first:.0f} floating {len(floating)} bound {len(bound)} "
+                  f"pending {[len(c.pending) for c in clusters]} "
+                  f"running {[len(c.running) for c in clusters]} "
+                  f"started {len(waited)}", flush=True)
         dirty.clear()
     delays = sorted(waited.values())
     capacity = sum(c.capacity for c in clusters)
@@ -353,7 +361,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--heads", type=int, default=0,
                     help="jobs tried per project queue and cycle (0: all, as bench/queue_replay.py's camp)")
-    ap.add_argument("--window", type=int, default=64, help="global-queue jobs per placement step")
+    ap.add_argument("--window", type=int, default=500,
+                    help="oldest global-queue jobs per placement step (the service's PLACEMENT_BATCH)")
     ap.add_argument("--min-runtime", type=float, default=600.0)
     ap.add_argument("--load", type=float, default=1.0,
                     help="load factor k: arrival times (since the first) divided by k, durations unchanged")
