@@ -150,6 +150,24 @@ def test_the_api_names_the_field_of_a_choice_no_cluster_can_honour(
     assert not TrainingJob.objects.exists() and not Job.objects.exists()
 
 
+def test_a_run_still_in_the_global_queue_shows_logs_stops_and_deletes(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    api = client_for(world.a.member)
+    made = api.post("/api/v1/training-jobs/", {**API, "project": world.a.project.pk, "name": "unplaced",
+                                               "cluster_choice": {"clusters": ["east", "west"]}},
+                    format="json").json()
+    assert made["cluster"] is None and made["state"] == "queued"
+    assert api.get(f"/api/v1/training-jobs/{made['id']}/logs/").json() == []
+    page = _login(world.a.member).get(f"/workspaces/training/{made['id']}/").content.decode()
+    assert "Waiting for a cluster:" in page and "clusters east, west" in page
+    stopped = api.post(f"/api/v1/training-jobs/{made['id']}/stop/")
+    assert stopped.status_code == 200 and stopped.json()["state"] == "stopped"
+    assert Job.objects.get(pk=made["run"]["id"]).state == JobState.CANCELLED
+    assert api.delete(f"/api/v1/training-jobs/{made['id']}/").status_code == 204
+    gone = AuditEvent.objects.get(action="training.deleted", target_id=str(made["id"]))
+    assert gone.before["cluster"] is None and gone.before["cluster_choice"] == {"clusters": ["east", "west"]}
+
+
 def test_a_cluster_bound_volume_needs_a_named_cluster(world: Any, two: tuple[Cluster, Cluster]) -> None:
     api = client_for(world.a.member)
     base = {**API, "project": world.a.project.pk}
