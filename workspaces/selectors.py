@@ -193,10 +193,12 @@ def job_why(job: Job | None) -> dict[str, Any]:
         return {"state": "waiting", "reason": "Not submitted yet (waiting for its dependencies).",
                 "queue_position": None, "queue_length": None, "hint": ""}
     hint = _HINTS.get(job.reason_kind, "") if job.state == "queued" else ""
+    reason = job.reason
     if job.floating and job.cluster_id is None and job.state == "queued":
         hint = ("It waits in the global queue: Camp places it on the cluster where it starts "
                 "soonest among those it may use.")
-    return {"job": job.pk, "state": job.state, "reason": job.reason, "reason_kind": job.reason_kind,
+        reason = reason or "Not placed on a cluster yet (the next placement step chooses one)."
+    return {"job": job.pk, "state": job.state, "reason": reason, "reason_kind": job.reason_kind,
             "queue_position": job.queue_position, "queue_length": job.queue_length, "hint": hint,
             "why_across_clusters": job.why_across_clusters}
 
