@@ -168,6 +168,27 @@ def test_a_run_still_in_the_global_queue_shows_logs_stops_and_deletes(
     assert gone.before["cluster"] is None and gone.before["cluster_choice"] == {"clusters": ["east", "west"]}
 
 
+def test_the_quota_pre_check_refuses_only_what_no_allowed_cluster_could_ever_start(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    from tenants import services as tenant_services
+
+    east, west = two
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east, values={"gpus_limit": 2})
+
+    def launch(name: str, **where: Any) -> TrainingJob:
+        return services.training_submit(actor=world.a.member, project=world.a.project, name=name,
+                                        framework="pytorch", image_reference="pytorch/pytorch:2.4",
+                                        workers=4, gpu_count=1, cpu_millicores=1000, ram_mib=2048, **where)
+
+    with pytest.raises(ValidationError) as err:
+        launch("east-only", cluster_choice={"clusters": ["east"]})
+    assert "GPU limit of 2" in err.value.message_dict["gpu_count"][0]
+    t = launch("anywhere")  # four GPUs can never start on east, but can on west
+    _place(east, west)
+    t.refresh_from_db()
+    assert t.run_cluster == west
+
+
 def test_a_cluster_bound_volume_needs_a_named_cluster(world: Any, two: tuple[Cluster, Cluster]) -> None:
     api = client_for(world.a.member)
     base = {**API, "project": world.a.project.pk}
