@@ -74,6 +74,8 @@ def test_the_form_launches_for_any_cluster_and_the_page_follows_it_there(
     assert "on cluster <strong>west</strong>" in page and "chosen by Camp" in page
     assert "Other clusters:" in page and "cluster east:" in page
     assert "Running" in page and "rank 1 of 2" in page  # its pods run, with logs, on west
+    listed = c.get("/workspaces/training/").content.decode()
+    assert "west <span class=\"muted small\">(chosen by Camp)</span>" in listed
     # The API lists it under the cluster it runs on.
     api = client_for(world.a.member)
     assert [x["name"] for x in api.get(f"/api/v1/training-jobs/?cluster={west.pk}").json()["results"]] \
