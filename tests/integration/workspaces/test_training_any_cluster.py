@@ -251,6 +251,31 @@ def test_a_retry_floats_again_and_the_cluster_cannot_go_while_a_run_is_there(
         scheduling.cluster_delete(actor=world.admin, cluster=remaining)
 
 
+def test_a_floating_job_released_by_its_dependency_floats(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    common: dict[str, Any] = {"actor": world.a.member, "project": world.a.project, "framework": "pytorch",
+                              "image_reference": "pytorch/pytorch:2.4", "workers": 1, "gpu_count": 1,
+                              "cpu_millicores": 1000, "ram_mib": 2048}
+    prep = services.training_submit(name="prep", cluster=east, **common)
+    main = services.training_submit(name="main", depends_on=[prep],
+                                    cluster_choice={"labels": {"region": "us-west"}}, **common)
+    assert main.job is None and main.state == "waiting"
+    page = _login(world.a.member).get(f"/workspaces/training/{main.pk}/").content.decode()
+    assert "for clusters labelled region=us-west" in page
+    advance(east)
+    prep.refresh_from_db()
+    assert prep.job is not None and prep.job.state == JobState.RUNNING
+    SimulatedPod.objects.filter(cluster=east, name__startswith=f"prep-{prep.job.pk}-").update(
+        finish_at=timezone.now() - dt.timedelta(seconds=1))
+    advance(east)
+    assert services.training_sync(training=main) == "submitted"
+    main.refresh_from_db()
+    assert main.job is not None and main.job.floating and main.job.cluster_id is None
+    _place(east, west)
+    main.refresh_from_db()
+    assert main.run_cluster == west
+
+
 def test_tenants_see_and_pick_only_what_they_may_use(world: Any, two: tuple[Cluster, Cluster]) -> None:
     east, west = two
     theirs = services.training_submit(actor=world.a.member, project=world.a.project, name="acme-any",
