@@ -176,8 +176,9 @@ class TrainingForm(_WorkloadForm):
     # starts soonest, among the clusters with the labels given below.
     cluster = forms.ModelChoiceField(
         queryset=Cluster.objects.none(), to_field_name="name", required=False, label="Cluster",
-        empty_label="Any cluster (Camp picks where it starts soonest)",
-        help_text="A named cluster is needed for a data volume or a checkpoint volume.")
+        empty_label="Any cluster",
+        help_text="Any cluster: Camp runs it where it starts soonest. Name one for a data volume "
+                  "or a checkpoint volume.")
     cluster_labels = forms.CharField(
         required=False, max_length=500, label="Only clusters labelled",
         help_text="With Any cluster: e.g. region=eu-west (all must match); empty: any.")
