@@ -47,10 +47,17 @@ def training_list(*, user: Any) -> QuerySet[TrainingJob]:
 
 
 def floating_trainings_on(cluster: Any) -> list[tuple[Any, int]]:
-    """Training jobs launched for any cluster whose current run is on ``cluster`` (a cluster
-    user, scheduling/extensions.py): deleting the cluster would take that run and its
-    history with it, so it is refused while they exist."""
-    n = TrainingJob.objects.filter(cluster__isnull=True, job__cluster=cluster).count()
+    """Training jobs launched for any cluster with a run — the current one or an earlier one
+    (``<name>`` or ``<name[:30]>-retryN``, services/training.py) — on ``cluster`` (a cluster
+    user, scheduling/extensions.py): deleting the cluster would delete those runs, their history
+    and what restarts and lost GPU time are counted from, so it is refused while they exist.
+    (A job that merely shares the retry-name pattern also counts: that errs on refusing.)"""
+    from django.db.models import Exists, OuterRef, Q, Value
+    from django.db.models.functions import Concat, Left
+
+    runs = Job.objects.filter(cluster=cluster, project=OuterRef("project")).filter(
+        Q(name=OuterRef("name")) | Q(name__startswith=Concat(Left(OuterRef("name"), 30), Value("-retry"))))
+    n = TrainingJob.objects.filter(cluster__isnull=True).filter(Exists(runs)).count()
     return [(TrainingJob._meta, n)]
 
 

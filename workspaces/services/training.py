@@ -97,8 +97,25 @@ TRAINING_KIND = register_kind(WorkloadKind(
 ))
 
 
-def _training_run(actor: User, t: TrainingJob, name: str) -> Job:
-    job = kind_run(TRAINING_KIND, actor=actor, row=t, name=name)
+def _later_choice(t: TrainingJob) -> dict[str, Any] | None:
+    """A floating job's choice for a run after the first (a retry, a release by its
+    dependencies): the clusters named in it that were disabled or deleted since are left out
+    (the placement step would skip them anyway); none left is a ValidationError."""
+    if t.cluster is not None or not t.cluster_choice.get("clusters"):
+        return None
+    named = list(t.cluster_choice["clusters"])
+    alive = set(Cluster.objects.filter(enabled=True, name__in=named).values_list("name", flat=True))
+    if not alive:
+        raise ValidationError({"cluster_choice.clusters": [
+            f"None of its clusters ({', '.join(named)}) is enabled any more."]})
+    return {**t.cluster_choice, "clusters": [n for n in named if n in alive]}
+
+
+def _training_run(actor: User, t: TrainingJob, name: str, *, later: bool = False) -> Job:
+    """Submit a run; the first is checked strictly at launch, ``later`` ones (retries,
+    releases) tolerate clusters of the choice that went away meanwhile."""
+    job = kind_run(TRAINING_KIND, actor=actor, row=t, name=name,
+                   choice=_later_choice(t) if later else None)
     latest = t.checkpoints.order_by("-step", "-id").first() if t.pk else None
     if latest is not None:  # a retry resumes from the latest checkpoint too
         Job.objects.filter(pk=job.pk).update(last_checkpoint=latest.path)
@@ -234,7 +251,7 @@ def training_delete(*, actor: User, training: TrainingJob) -> None:
         "training.deleted",
         t,
         actor=actor,
-        before={**snapshot(t, TRAINING_FIELDS), "state": t.state, "run": t.job_id},
+        before={**snapshot(t, TRAINING_FIELDS), "state": t.state, "run": t.job_id, "ran_on": _ran_on(t)},
     )
     # The checkpoint volume outlives runs (pods.py); TensorBoard objects go with the run.
     objects = [("PersistentVolumeClaim", f"tr-{t.pk}-ckpt")] if t.checkpoint_volume_gib else []
@@ -319,6 +336,12 @@ def _account(t: TrainingJob) -> None:
         t.restarts, t.lost_gpu_seconds = restarts, lost
 
 
+def _ran_on(t: TrainingJob) -> list[str]:
+    """The clusters its runs were placed on (a floating job's may differ run to run)."""
+    return sorted(set(Job.objects.filter(project=t.project, name__in=_run_names(t), cluster__isnull=False)
+                      .values_list("cluster__name", flat=True)))
+
+
 def _run_names(t: TrainingJob) -> list[str]:
     return [t.name] + [f"{t.name[:30]}-retry{n}" for n in range(1, t.retries + 1)]
 
@@ -340,9 +363,12 @@ def training_sync(*, training: TrainingJob, now: dt.datetime | None = None) -> s
                 _audit("training.dependency_failed", t, after={"reason": reason})
             return "dependency-failed"
         if all(d.state == "succeeded" for d in deps) and t.owner is not None:
-            with transaction.atomic():
-                _training_run(t.owner, t, t.name)
-                _audit("training.released", t, after={"dependencies": [d.name for d in deps]})
+            try:
+                with transaction.atomic():
+                    _training_run(t.owner, t, t.name, later=True)
+                    _audit("training.released", t, after={"dependencies": [d.name for d in deps]})
+            except ValidationError as exc:
+                return _run_refused(t, exc)
             return "submitted"
         pending = ", ".join(d.name for d in deps if d.state != "succeeded")
         TrainingJob.objects.filter(pk=t.pk).update(blocked_reason=f"Waiting for {pending} to succeed")
@@ -362,18 +388,33 @@ def training_sync(*, training: TrainingJob, now: dt.datetime | None = None) -> s
                 _audit("training.timed_out", t, after={"reason": reason})
             return "timed-out"
     _account(t)
-    if job.state == JobState.FAILED and t.retries < t.retry_limit and t.owner is not None:
-        with transaction.atomic():
-            locked = TrainingJob.objects.select_for_update(no_key=True, of=("self",)).get(pk=t.pk)
-            if locked.job_id != job.pk:
-                return "retried"
-            locked.retries += 1
-            locked.save(update_fields=["retries"])
-            t.retries = locked.retries
-            _training_run(t.owner, t, f"{t.name[:30]}-retry{t.retries}")
-            _audit("training.retried", t, after={"retry": t.retries, "after": job.reason})
+    retry = t.retries < t.retry_limit and not t.stop_reason
+    if job.state == JobState.FAILED and retry and t.owner is not None:
+        try:
+            with transaction.atomic():
+                locked = TrainingJob.objects.select_for_update(no_key=True, of=("self",)).get(pk=t.pk)
+                if locked.job_id != job.pk:
+                    return "retried"
+                locked.retries += 1
+                locked.save(update_fields=["retries"])
+                t.retries = locked.retries
+                _training_run(t.owner, t, f"{t.name[:30]}-retry{t.retries}", later=True)
+                _audit("training.retried", t, after={"retry": t.retries, "after": job.reason})
+        except ValidationError as exc:  # the retry count went back with the run
+            return _run_refused(t, exc)
         return "retried"
     return job.state
+
+
+def _run_refused(t: TrainingJob, exc: ValidationError) -> str:
+    """A later run that cannot be submitted (its cluster, or every cluster of its set, was
+    disabled or deleted; a name taken...) ends the training job with the reason, audited,
+    instead of failing every tick."""
+    reason = f"Its next run could not be submitted: {' '.join(exc.messages)}"[:300]
+    with transaction.atomic():
+        TrainingJob.objects.filter(pk=t.pk).update(stop_reason=reason, blocked_reason=reason)
+        _audit("training.run_refused", t, after={"reason": reason})
+    return "refused"
 
 
 def _clean_training(actor: User, t: TrainingJob, *, image: Image | None, image_reference: str,
@@ -413,7 +454,7 @@ def _clean_where(actor: User, t: TrainingJob, choice: Any) -> None:
     floating Job that the global queue places where it starts soonest. Cluster-bound volumes
     need one named cluster."""
     if t.cluster is not None:
-        if choice:
+        if choice and (not isinstance(choice, dict) or any(choice.values())):
             raise ValidationError({"cluster_choice": [
                 "Name one cluster or give a cluster choice (clusters, labels), not both."]})
         t.cluster_choice = {}
@@ -430,7 +471,7 @@ def _clean_where(actor: User, t: TrainingJob, choice: Any) -> None:
             "A checkpoint volume lives on one cluster and every run must find it there: name the "
             "cluster to give the job one (or write checkpoints elsewhere, e.g. object storage)."]})
     names = choice.get("clusters") if isinstance(choice, dict) else None
-    if isinstance(names, list):  # tenant isolation: only clusters the submitter may use
+    if isinstance(names, list) and all(isinstance(n, str) for n in names):  # tenant isolation
         visible = set(restrict(Cluster.objects.filter(enabled=True), actor).values_list("name", flat=True))
         hidden = sorted({str(n) for n in names} - visible)
         if hidden:

@@ -81,6 +81,10 @@ def test_the_form_launches_for_any_cluster_and_the_page_follows_it_there(
     assert [x["name"] for x in api.get(f"/api/v1/training-jobs/?cluster={west.pk}").json()["results"]] \
         == ["anywhere"]
     assert api.get(f"/api/v1/training-jobs/?cluster={east.pk}").json()["results"] == []
+    # Deleting it records where it ran.
+    assert api.delete(f"/api/v1/training-jobs/{t.pk}/").status_code == 204
+    gone = AuditEvent.objects.get(action="training.deleted", target_id=str(t.pk))
+    assert gone.before["ran_on"] == ["west"] and gone.before["cluster"] is None
 
 
 def test_the_form_takes_labels_and_names_a_bad_one(world: Any, two: tuple[Cluster, Cluster]) -> None:
@@ -149,7 +153,13 @@ def test_the_api_names_the_field_of_a_choice_no_cluster_can_honour(
     image = Image.objects.get(name="x86-only")
     arm = post("arm", image=image.pk, image_reference="", cluster_choice={"clusters": ["west"]})
     assert arm.status_code == 400 and "linux/amd64" in str(arm.json()["image"])
+    not_names = post("ints", cluster_choice={"clusters": [1]})
+    assert not_names.status_code == 400
+    assert not_names.json()["cluster_choice.clusters"] == ["A list of cluster names."]
     assert not TrainingJob.objects.exists() and not Job.objects.exists()
+    # An empty choice beside a named cluster is no choice: it is pinned.
+    pinned = post("pinned", cluster="east", cluster_choice={"clusters": []})
+    assert pinned.status_code == 201 and pinned.json()["floating"] is False
 
 
 def test_a_run_still_in_the_global_queue_shows_logs_stops_and_deletes(
@@ -210,27 +220,35 @@ def test_a_cluster_bound_volume_needs_a_named_cluster(world: Any, two: tuple[Clu
     assert "name that cluster to mount it" in form.content.decode()
 
 
-def test_a_retry_floats_again_and_the_cluster_cannot_go_while_a_run_is_there(
+def _fail_run(t: TrainingJob) -> Job:
+    """Its current run's pods fail (the simulated cluster reports it at the next reconcile)."""
+    t.refresh_from_db()
+    job = t.job
+    assert job is not None and job.cluster is not None and job.state == JobState.RUNNING
+    SimulatedPod.objects.filter(cluster=job.cluster, name__startswith=f"{job.name}-{job.pk}-").update(
+        fail=True, finish_at=timezone.now() - dt.timedelta(seconds=1))
+    advance(job.cluster)
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    return job
+
+
+def test_a_retry_floats_again_and_no_cluster_with_one_of_its_runs_can_go(
         world: Any, two: tuple[Cluster, Cluster]) -> None:
     east, west = two
     t = services.training_submit(actor=world.a.member, project=world.a.project, name="retry",
                                  framework="pytorch", image_reference="pytorch/pytorch:2.4", workers=1,
-                                 gpu_count=1, cpu_millicores=1000, ram_mib=2048, retry_limit=1,
+                                 gpu_count=1, cpu_millicores=1000, ram_mib=2048, retry_limit=2,
                                  cluster_choice={"clusters": ["east", "west"]})
     _place(east, west)
     t.refresh_from_db()
-    first = t.job
-    assert first is not None and first.cluster is not None and first.state == JobState.RUNNING
-    there = first.cluster
+    assert t.job is not None and t.job.cluster is not None
+    there = t.job.cluster
+    other = west if there == east else east
     with pytest.raises(ValidationError) as err:
         scheduling.cluster_delete(actor=world.admin, cluster=there)
     assert "1 job and 1 training job still use this cluster" in str(err.value)
-    # Its pod fails (the simulated cluster reports it); the retry is a new floating run.
-    SimulatedPod.objects.filter(cluster=there, name__startswith=f"retry-{first.pk}-").update(
-        fail=True, finish_at=timezone.now() - dt.timedelta(seconds=1))
-    advance(there)
-    first.refresh_from_db()
-    assert first.state == JobState.FAILED
+    first = _fail_run(t)
     assert services.training_sync(training=t) == "retried"
     t.refresh_from_db()
     assert t.job is not None and t.job.pk != first.pk
@@ -239,16 +257,36 @@ def test_a_retry_floats_again_and_the_cluster_cannot_go_while_a_run_is_there(
     assert t.run_cluster is None
     page = _login(world.a.member).get(f"/workspaces/training/{t.pk}/").content.decode()
     assert "in the global queue" in page
-    # With no run there any more, the first run's cluster may go; the retry goes to the other,
-    # which then cannot.
-    remaining = west if there == east else east
-    scheduling.cluster_delete(actor=world.admin, cluster=there)
-    assert not Cluster.objects.filter(name=there.name).exists()
-    _place(remaining)
+    # Its first run (and with it restarts and lost GPU time) stays: the cluster cannot go.
+    with pytest.raises(ValidationError) as err:
+        scheduling.cluster_delete(actor=world.admin, cluster=there)
+    assert "1 training job still uses this cluster" in str(err.value)
+    assert Job.objects.filter(pk=first.pk).exists()
+    # A cluster of its set is disabled: the next run leaves it out of its choice ...
+    _place(east, west)
+    _fail_run(t)
+    scheduling.cluster_update(actor=world.admin, cluster=there, enabled=False)
+    assert services.training_sync(training=t) == "retried"
     t.refresh_from_db()
-    assert t.run_cluster == remaining and t.job is not None and t.job.state == JobState.RUNNING
-    with pytest.raises(ValidationError):
-        scheduling.cluster_delete(actor=world.admin, cluster=remaining)
+    assert t.job is not None and t.job.cluster_choice == {"clusters": [other.name]}
+    assert t.cluster_choice == {"clusters": ["east", "west"]}  # what was asked is kept
+    _place(other)
+    t.refresh_from_db()
+    assert t.run_cluster == other
+    # ... and when none is left, the training job ends saying why (audited), not failing every tick.
+    t.retry_limit = 3
+    t.save(update_fields=["retry_limit"])
+    _fail_run(t)
+    scheduling.cluster_update(actor=world.admin, cluster=other, enabled=False)
+    assert services.training_sync(training=t) == "refused"
+    t.refresh_from_db()
+    assert "None of its clusters (east, west) is enabled any more." in t.stop_reason
+    assert AuditEvent.objects.filter(action="training.run_refused", target_id=str(t.pk)).exists()
+    from workspaces.tasks import workspaces_tick
+
+    assert workspaces_tick.run()["trainings"] == 0  # nothing left for the tick to retry
+    page = _login(world.a.member).get(f"/workspaces/training/{t.pk}/").content.decode()
+    assert "None of its clusters" in page
 
 
 def test_a_floating_job_released_by_its_dependency_floats(world: Any, two: tuple[Cluster, Cluster]) -> None:
