@@ -487,24 +487,36 @@ def _clean_where(actor: User, t: TrainingJob, choice: Any) -> None:
                                for k, v in exc.message_dict.items()}) from exc
 
 
-def _candidates(choice: dict[str, Any]) -> list[Cluster]:
-    """The enabled clusters a floating choice allows (names and labels; the placement step's
-    own rule, ``multicluster.excluded``)."""
-    from scheduling.engine import multicluster as M
+def _candidates(t: TrainingJob) -> list[Cluster]:
+    """The enabled clusters a floating training job may go to, by the placement step's own rule
+    (``multicluster.excluded``): its choice's names and labels, a node of an architecture its
+    image is built for (as its project sees the catalog), a GPU model it allows. Reachability
+    is not asked: an unreachable cluster may come back."""
+    from dataclasses import replace
 
-    wanted = M.ClusterChoice.of(choice)
-    return [c for c in Cluster.objects.filter(enabled=True)
-            if M.excluded(wanted, M.JobNeeds(), M.ClusterView(name=c.name, labels=c.labels or {})) is None]
+    from scheduling.engine import multicluster as M
+    from scheduling.engine.placement import model_family
+    from scheduling.services.placement import ChoiceContext, cluster_views
+
+    ctx = ChoiceContext()
+    enabled = list(ctx.enabled().values())
+    views = cluster_views(enabled)
+    needs = M.JobNeeds(arches=ctx.arches(t.project, {t.image_reference}).get(t.image_reference, frozenset()),
+                       gpu_models=frozenset(model_family(m) for m in t.gpu_models or []),
+                       gpus=float(t.workers * t.gpu_count))
+    wanted = M.ClusterChoice.of(t.cluster_choice)
+    return [c for c in enabled
+            if M.excluded(wanted, needs, replace(views[c.pk], closed_reason="", reachable=True)) is None]
 
 
 def _check_limits(t: TrainingJob) -> None:
     """The quota pre-check on its cluster; a floating job is refused only when it could never
-    start on any cluster its choice allows (the first refusal is shown)."""
+    start on any cluster it may go to (the first refusal is shown)."""
     if t.cluster is not None:
         kind_check(TRAINING_KIND, project=t.project, cluster=t.cluster, row=t)
         return
     first: ValidationError | None = None
-    for cluster in _candidates(t.cluster_choice):
+    for cluster in _candidates(t):
         try:
             kind_check(TRAINING_KIND, project=t.project, cluster=cluster, row=t)
         except ValidationError as exc:

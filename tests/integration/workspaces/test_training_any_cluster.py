@@ -195,6 +195,9 @@ def test_the_quota_pre_check_refuses_only_what_no_allowed_cluster_could_ever_sta
     with pytest.raises(ValidationError) as err:
         launch("east-only", cluster_choice={"clusters": ["east"]})
     assert "GPU limit of 2" in err.value.message_dict["gpu_count"][0]
+    with pytest.raises(ValidationError) as err:  # only east has A100s: "any" cluster is east here
+        launch("a100s", gpu_models=["A100-80G"])
+    assert "GPU limit of 2" in err.value.message_dict["gpu_count"][0]
     t = launch("anywhere")  # four GPUs can never start on east, but can on west
     _place(east, west)
     t.refresh_from_db()
