@@ -171,7 +171,8 @@ def parse_labels(text: str) -> dict[str, str]:
 
 
 class TrainingForm(_WorkloadForm):
-    basic = ("project", "cluster", "cluster_labels", "name", "framework", "image", "workers", "command")
+    basic = ("project", "cluster", "cluster_set", "cluster_labels", "name", "framework", "image", "workers",
+             "command")
     # A training job may float (issue 16): "Any cluster" lets Camp place each run where it
     # starts soonest, among the clusters with the labels given below.
     cluster = forms.ModelChoiceField(
@@ -179,6 +180,10 @@ class TrainingForm(_WorkloadForm):
         empty_label="Any cluster",
         help_text="Any cluster: Camp runs it where it starts soonest. Name one for a data volume "
                   "or a checkpoint volume.")
+    cluster_set = forms.ModelMultipleChoiceField(
+        queryset=Cluster.objects.none(), to_field_name="name", required=False,
+        label="Only these clusters", widget=forms.CheckboxSelectMultiple,
+        help_text="With Any cluster: none ticked means all of them.")
     cluster_labels = forms.CharField(
         required=False, max_length=500, label="Only clusters labelled",
         help_text="With Any cluster: e.g. region=eu-west (all must match); empty: any.")
@@ -209,13 +214,14 @@ class TrainingForm(_WorkloadForm):
         min_value=1, required=False, label="Expected run time (seconds)",
         help_text="Simulated clusters run it this long; it also feeds start estimates."
     )
-    field_order = ["project", "cluster", "cluster_labels", "name", "framework", "profile", "workers",
-                   "image", "image_reference", "command"]
+    field_order = ["project", "cluster", "cluster_set", "cluster_labels", "name", "framework", "profile",
+                   "workers", "image", "image_reference", "command"]
 
     def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, user=user, variant="training", **kwargs)
         fields: Any = self.fields
         fields["image"].empty_label = "Choose an image"
+        fields["cluster_set"].queryset = fields["cluster"].queryset
         labels = sorted({f"{k}={v}" for c in fields["cluster"].queryset for k, v in (c.labels or {}).items()})
         if labels:
             fields["cluster_labels"].help_text += f" Labels of your clusters: {', '.join(labels)}."
@@ -238,13 +244,18 @@ class TrainingForm(_WorkloadForm):
         """``cluster`` and the labels → ``training_submit``'s ``cluster`` / ``cluster_choice``."""
         data = super().clean() or {}
         labels = data.pop("cluster_labels", None) or {}
-        if labels and data.get("cluster") is not None:
-            self.add_error("cluster_labels", "Labels choose among clusters: pick Any cluster to use them.")
-        data["cluster_choice"] = {"labels": labels} if labels and data.get("cluster") is None else {}
+        names = sorted(c.name for c in data.pop("cluster_set", None) or [])
+        choice: dict[str, Any] = {**({"clusters": names} if names else {}),
+                                  **({"labels": labels} if labels else {})}
+        if choice and data.get("cluster") is not None:
+            for name, given in (("cluster_set", names), ("cluster_labels", labels)):
+                if given:
+                    self.add_error(name, "This chooses among clusters: pick Any cluster to use it.")
+        data["cluster_choice"] = choice if data.get("cluster") is None else {}
         return data
 
-    # The service names the choice's fields as the API does; here they are these two.
-    SERVICE_FIELDS = {"cluster_choice": "cluster", "cluster_choice.clusters": "cluster",
+    # The service names the choice's fields as the API does; here they are these three.
+    SERVICE_FIELDS = {"cluster_choice": "cluster", "cluster_choice.clusters": "cluster_set",
                       "cluster_choice.labels": "cluster_labels"}
 
     def service_errors(self, exc: ValidationError) -> ValidationError:

@@ -95,7 +95,11 @@ def test_the_form_takes_labels_and_names_a_bad_one(world: Any, two: tuple[Cluste
     assert bad.status_code == 200 and "No enabled cluster matches this choice." in bad.content.decode()
     both = c.post("/workspaces/training/new/", {**FORM, "project": world.a.project.pk, "cluster": "east",
                                                 "cluster_labels": "region=eu-east", "name": "both"})
-    assert both.status_code == 200 and "pick Any cluster to use them" in both.content.decode()
+    assert both.status_code == 200 and "pick Any cluster to use it" in both.content.decode()
+    in_set = c.post("/workspaces/training/new/", {**FORM, "project": world.a.project.pk, "cluster": "",
+                                                  "cluster_set": ["west"], "name": "in-set"})
+    assert in_set.status_code == 302
+    assert TrainingJob.objects.get(name="in-set").cluster_choice == {"clusters": ["west"]}
     ok = c.post("/workspaces/training/new/", {**FORM, "project": world.a.project.pk, "cluster": "",
                                               "cluster_labels": "region=eu-east", "name": "eu"})
     assert ok.status_code == 302
