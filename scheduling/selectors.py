@@ -12,7 +12,7 @@ import datetime as dt
 import json
 from collections import defaultdict
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -447,11 +447,12 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow],
     return pending, groups
 
 
-def _equota(q: Quota | None) -> EQuota:
+def _equota(q: Quota | None, gpus_guaranteed: float | None = None) -> EQuota:
     if q is None:
-        return EQuota()
+        return EQuota() if gpus_guaranteed is None else EQuota(gpus_guaranteed=gpus_guaranteed)
     return EQuota(
-        gpus_guaranteed=q.gpus_guaranteed, gpus_limit=q.gpus_limit,
+        gpus_guaranteed=q.gpus_guaranteed if gpus_guaranteed is None else gpus_guaranteed,
+        gpus_limit=q.gpus_limit,
         gpu_memory_mib_guaranteed=q.gpu_memory_mib_guaranteed,
         gpu_memory_mib_limit=q.gpu_memory_mib_limit,
         cpu_cores_guaranteed=q.cpu_cores_guaranteed, cpu_cores_limit=q.cpu_cores_limit,
@@ -468,11 +469,13 @@ def queue_tree(cluster: Cluster) -> QueueTree:
     projects: dict[int, list[Project]] = defaultdict(list)
     for p in Project.objects.all():
         projects[p.tenant_id].append(p)
+    eff = _tree_guarantees(cluster, quotas, projects)
     tenants = tuple(
         TenantQueue(
-            name=t.name, quota=_equota(tenant_q.get(t.pk)),
+            name=t.name, quota=_equota(tenant_q.get(t.pk), eff.get(("tenant", t.pk))),
             projects=tuple(
-                ProjectQueue(queue_name(t.name, p.name), _equota(project_q.get(p.pk)))
+                ProjectQueue(queue_name(t.name, p.name),
+                             _equota(project_q.get(p.pk), eff.get(("project", p.pk))))
                 for p in projects[t.pk]
             ),
         )
@@ -480,6 +483,30 @@ def queue_tree(cluster: Cluster) -> QueueTree:
     )
     cq = Quota.objects.filter(scope=QuotaScope.CLUSTER, cluster=cluster).first()
     return QueueTree(tenants=tenants, quota=_equota(cq), name=cluster.name)
+
+
+def _tree_guarantees(cluster: Cluster, quotas: list[Quota], projects: dict[int, list[Project]]
+                     ) -> dict[tuple[str, int], float]:
+    """The guarantees across all clusters turned into this cluster's (``effective_guarantees``);
+    empty, and no query, when no quota has one."""
+    limits = AllClusterLimits({}, {}, {})
+    per_cluster: dict[tuple[str, int], float] = {}
+    caps: dict[tuple[str, int], float | None] = {}
+    for q in quotas:
+        level = "project" if q.scope == QuotaScope.PROJECT else "tenant"
+        key = int(q.project_id if level == "project" else q.tenant_id)  # type: ignore[arg-type]
+        per_cluster[(level, key)] = float(q.gpus_guaranteed)
+        caps[(level, key)] = None if q.gpus_limit is None else float(q.gpus_limit)
+        if q.gpus_guaranteed_all_clusters:
+            (limits.project_guarantee if level == "project" else limits.tenant_guarantee)[key] = float(
+                q.gpus_guaranteed_all_clusters)
+            if level == "project":
+                limits._project_tenants[key] = int(q.tenant_id)  # type: ignore[arg-type]
+    if not limits:
+        return {}
+    use = all_cluster_use(limits.tenant_ids)
+    return effective_guarantees(cluster.pk, limits, use, per_cluster, caps,
+                                {t: [p.pk for p in ps] for t, ps in projects.items()})
 
 
 @dataclass(frozen=True)
@@ -571,39 +598,161 @@ def cluster_usage(*, cluster: Cluster) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class AllClusterLimits:
-    """The tenant and project quotas that carry ``gpus_limit_all_clusters``: project id →
-    limit, tenant id → limit, and every tenant concerned (a project's included)."""
+    """The tenant and project quotas that carry a quota across all clusters: the GPU limit
+    (project id → limit, tenant id → limit), the GPU guarantee and the GPU memory limits per
+    GPU model class (``*_guarantee``, ``*_memory``), and every tenant concerned."""
 
     project: dict[int, float]
     tenant: dict[int, float]
 
     @property
     def tenant_ids(self) -> list[int]:
-        return sorted(set(self.tenant) | set(self._project_tenants.values()))
+        return sorted(set(self.tenant) | set(self.tenant_guarantee) | set(self.tenant_memory)
+                      | set(self._project_tenants.values()))
 
     _project_tenants: dict[int, int]
     """Project id → its tenant id."""
+    project_guarantee: dict[int, float] = field(default_factory=dict)
+    tenant_guarantee: dict[int, float] = field(default_factory=dict)
+    project_memory: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Project id → {GPU model class: MiB at most on all clusters}."""
+    tenant_memory: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.project or self.tenant)
+        return bool(self.project or self.tenant or self.project_guarantee or self.tenant_guarantee
+                    or self.project_memory or self.tenant_memory)
 
 
 def all_cluster_limits(tenant_ids: Collection[int] | None = None) -> AllClusterLimits:
-    """One query; only the quotas that set a limit across all clusters."""
-    rows = Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT],
-                                gpus_limit_all_clusters__isnull=False)
+    """One query; only the quotas that set a limit or a guarantee across all clusters."""
+    rows = Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT]).filter(
+        Q(gpus_limit_all_clusters__isnull=False) | Q(gpus_guaranteed_all_clusters__gt=0)
+        | ~Q(gpu_memory_mib_limits_all_clusters={}))
     if tenant_ids is not None:
         rows = rows.filter(tenant_id__in=list(tenant_ids))
-    project: dict[int, float] = {}
-    tenant: dict[int, float] = {}
-    tenants_of: dict[int, int] = {}
-    for scope, tid, pid, lim in rows.values_list("scope", "tenant_id", "project_id",
-                                                 "gpus_limit_all_clusters"):
+    out = AllClusterLimits({}, {}, {})
+    for scope, tid, pid, lim, g, mem in rows.values_list(
+            "scope", "tenant_id", "project_id", "gpus_limit_all_clusters",
+            "gpus_guaranteed_all_clusters", "gpu_memory_mib_limits_all_clusters"):
+        key = pid if scope == QuotaScope.PROJECT else tid
+        limits, guarantees, memory = ((out.project, out.project_guarantee, out.project_memory)
+                                      if scope == QuotaScope.PROJECT
+                                      else (out.tenant, out.tenant_guarantee, out.tenant_memory))
         if scope == QuotaScope.PROJECT:
-            project[pid], tenants_of[pid] = float(lim), tid
-        else:
-            tenant[tid] = float(lim)
-    return AllClusterLimits(project, tenant, tenants_of)
+            out._project_tenants[pid] = tid
+        if lim is not None:
+            limits[key] = float(lim)
+        if g:
+            guarantees[key] = float(g)
+        if mem:
+            memory[key] = {str(k): int(v) for k, v in mem.items()}
+    return out
+
+
+@dataclass
+class AllClusterUse:
+    """What tenants' jobs hold on every cluster, from one aggregate over ``GpuSlice``: GPUs
+    (``multicluster.gpus_of``'s rule) per (project, cluster) and per (tenant, cluster), the
+    non-preemptible part of them, and GPU memory (MiB) per GPU model class."""
+
+    project_tenant: dict[int, int] = field(default_factory=dict)
+    gpus: dict[tuple[str, int, int], float] = field(default_factory=lambda: defaultdict(float))
+    """("project"|"tenant", id, cluster id) → GPUs held."""
+    np_gpus: dict[tuple[str, int, int], float] = field(default_factory=lambda: defaultdict(float))
+    memory: dict[tuple[str, int, str], int] = field(default_factory=lambda: defaultdict(int))
+    """("project"|"tenant", id, GPU model class) → MiB held on all clusters."""
+
+    def total(self, level: str, key: int) -> float:
+        return sum(v for (lv, k, _), v in self.gpus.items() if lv == level and k == key)
+
+    def elsewhere(self, level: str, key: int, cluster_id: int) -> float:
+        return sum(v for (lv, k, c), v in self.gpus.items() if lv == level and k == key and c != cluster_id)
+
+    def as_in_use(self) -> tuple[dict[int, float], dict[int, float]]:
+        """The (per project, per tenant) GPUs held on all clusters (``gpus_in_use_all_clusters``)."""
+        per: tuple[dict[int, float], dict[int, float]] = (defaultdict(float), defaultdict(float))
+        for (lv, k, _), v in self.gpus.items():
+            per[0 if lv == "project" else 1][k] += v
+        return per
+
+    def add(self, project_id: int, tenant_id: int, cluster_id: int, gpus: float,
+            nonpreemptible: bool, memory: dict[str, int]) -> None:
+        """Count an admission made meanwhile (this cycle's, under the per-tenant lock)."""
+        for lv, k in (("project", project_id), ("tenant", tenant_id)):
+            self.gpus[(lv, k, cluster_id)] += gpus
+            if nonpreemptible:
+                self.np_gpus[(lv, k, cluster_id)] += gpus
+            for cls, mib in memory.items():
+                self.memory[(lv, k, cls)] += mib
+
+
+def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
+    """One aggregate: per project, cluster, preemptibility and GPU model, GPUs and MiB held."""
+    from django.db.models import Case, ExpressionWrapper, Sum, Value, When
+
+    from .engine.placement import model_family
+
+    use = AllClusterUse()
+    if not tenant_ids:
+        return use
+    share = Case(
+        When(Q(exclusive=True) | Q(cores_percent=0), then=Value(1.0)),
+        default=ExpressionWrapper(Cast("cores_percent", FloatField()) / Value(100.0),
+                                  output_field=FloatField()),
+        output_field=FloatField())
+    cols = ("allocation__job__project_id", "allocation__job__tenant_id", "allocation__cluster_id",
+            "allocation__job__preemptible", "gpu__model")
+    for pid, tid, cid, preemptible, model, n, mib in (
+            GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
+            .values(*cols).annotate(n=Sum(share), mib=Sum("memory_mib")).order_by()
+            .values_list(*cols, "n", "mib")):
+        use.project_tenant[pid] = tid
+        use.add(pid, tid, cid, float(n or 0), not preemptible, {model_family(model): int(mib or 0)})
+    return use
+
+
+def effective_guarantees(cluster_id: int, limits: AllClusterLimits, use: AllClusterUse,
+                         per_cluster: dict[tuple[str, int], float],
+                         caps: dict[tuple[str, int], float | None],
+                         projects_of: dict[int, list[int]]) -> dict[tuple[str, int], float]:
+    """The GPU guarantee of each project and tenant with a guarantee across all clusters in
+    this cluster's queue tree: max(its per-cluster guarantee, its guarantee across all
+    clusters − the GPUs it holds on the other clusters), at most its per-cluster limit; a
+    tenant's at least the sum of its projects' there (the engine checks non-preemptible work
+    at every level of the path, so a project's guarantee is never cut by its tenant's)."""
+    out: dict[tuple[str, int], float] = {}
+    for level, guarantees in (("project", limits.project_guarantee), ("tenant", limits.tenant_guarantee)):
+        for key, g in guarantees.items():
+            eff = max(per_cluster.get((level, key), 0.0), g - use.elsewhere(level, key, cluster_id))
+            cap = caps.get((level, key))
+            out[(level, key)] = eff if cap is None else min(eff, cap)
+    for tid, pids in projects_of.items():
+        raised = [out[("project", p)] for p in pids if ("project", p) in out]
+        if raised:
+            own = out.get(("tenant", tid), per_cluster.get(("tenant", tid), 0.0))
+            both = sum(max(out.get(("project", p), 0.0), per_cluster.get(("project", p), 0.0))
+                       for p in pids)
+            out[("tenant", tid)] = max(own, both)
+    return out
+
+
+def over_class_memory(limits: AllClusterLimits, use: AllClusterUse, project_id: int, tenant_id: int,
+                      memory: dict[str, int]) -> str:
+    """Why holding ``memory`` more MiB per GPU model class would cross the project's or the
+    tenant's GPU memory limit for that class across all clusters ("" when within)."""
+    for level, key, lims, who in (("project", project_id, limits.project_memory, "project's"),
+                                  ("tenant", tenant_id, limits.tenant_memory, "tenant's")):
+        for cls, mib in sorted(memory.items()):
+            lim = lims.get(key, {}).get(cls)
+            used = use.memory.get((level, key, cls), 0)
+            if lim is not None and mib > 0 and used + mib > lim:
+                return (f"over your {who} {cls} GPU memory limit across all clusters: "
+                        f"{_gib(used)} of {_gib(lim)} in use (it asks {_gib(mib)})")
+    return ""
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:g} GiB"
 
 
 def gpus_in_use_all_clusters(tenant_ids: Collection[int]) -> tuple[dict[int, float], dict[int, float]]:
@@ -662,3 +811,10 @@ def all_cluster_room_by_name() -> tuple[dict[str, float], dict[str, float]]:
     for tid, v in limits.tenant.items():
         lim[tenants[tid]], used[tenants[tid]] = v, per_tenant.get(tid, 0.0)
     return lim, used
+
+
+def gpu_model_classes() -> set[str]:
+    """The GPU model classes the inventory knows (``model_family`` of every card's model)."""
+    from .engine.placement import model_family
+
+    return {model_family(m) for m in GpuDevice.objects.values_list("model", flat=True).distinct()}

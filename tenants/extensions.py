@@ -5,7 +5,9 @@ what those apps own, the app registers it here from its ``AppConfig.ready()``:
 
 - the console home's sections (workloads, quota left, owner and admin panels: ``portal``),
   each a template included in ``console/home.html`` with the context its provider gives;
-- the model cluster quotas attach to (``scheduling.Cluster``), for the quota pages and API.
+- the model cluster quotas attach to (``scheduling.Cluster``), for the quota pages and API;
+- the GPU model classes the inventory knows, against which quota memory limits per class
+  across all clusters are checked (``scheduling``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ HomeContext = Callable[[Any], "dict[str, Any]"]
 
 _home_sections: list[tuple[str, HomeContext]] = []
 _cluster_model: list[type[Model]] = []
+_gpu_model_classes: list[Callable[[], set[str]]] = []
 
 
 def register_home_section(template: str, provider: HomeContext) -> None:
@@ -50,3 +53,13 @@ def cluster_model() -> type[Model]:
         raise ImproperlyConfigured("No cluster model is registered (scheduling's "
                                    "AppConfig.ready() registers it).")
     return _cluster_model[0]
+
+
+def register_gpu_model_classes(provider: Callable[[], set[str]]) -> None:
+    """``provider()`` returns the GPU model classes known in the inventory (e.g. "A100-80G")."""
+    _gpu_model_classes[:] = [provider]
+
+
+def gpu_model_classes() -> set[str]:
+    """The GPU model classes the inventory knows; empty when no app registered them."""
+    return _gpu_model_classes[0]() if _gpu_model_classes else set()

@@ -8,6 +8,7 @@ transaction together with its AuditEvent, and leaves nothing half-written.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Iterable
 from datetime import datetime
@@ -19,7 +20,7 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from . import permissions
+from . import extensions, permissions
 from .audit import audit_record, snapshot
 from .models import (
     RESOURCE_LABELS,
@@ -38,7 +39,10 @@ TENANT_FIELDS = ("name", "display_name", "description")
 PROJECT_FIELDS = ("tenant", "name", "display_name", "description")
 MEMBERSHIP_FIELDS = ("user", "tenant", "project", "role")
 QUOTA_FIELDS = (*(f"{r}_{kind}" for r in RESOURCES for kind in ("guaranteed", "limit")),
-                "gpus_limit_all_clusters")
+                "gpus_limit_all_clusters", "gpus_guaranteed_all_clusters",
+                "gpu_memory_mib_limits_all_clusters")
+CLASS_LIMITS = "gpu_memory_mib_limits_all_clusters"
+_CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 USER_FIELDS = ("username", "email", "first_name", "last_name", "is_active", "is_platform_admin")
 TOKEN_FIELDS = ("name", "prefix", "project", "read_only", "expires_at")
 
@@ -337,8 +341,87 @@ def _validate_quota_tree(quota: Quota) -> None:
             if child_max is not None and child_max > glim:
                 errors["gpus_limit_all_clusters"] = [
                     f"Below a project's GPU limit across all clusters ({child_max}); lower it first."]
+    _validate_all_cluster_guarantee(quota, parent_totals, siblings, children, errors)
+    _validate_class_limits(quota, parent_totals, children, errors)
     if errors:
         raise ValidationError(errors)
+
+
+def _validate_all_cluster_guarantee(quota: Quota, parent_totals: dict[str, Any] | None,
+                                    siblings: models.QuerySet[Quota],
+                                    children: models.QuerySet[Quota] | None,
+                                    errors: dict[str, list[str]]) -> None:
+    """``gpus_guaranteed_all_clusters``, as the per-cluster guarantees: tenant and project
+    quotas only; at most the limit across all clusters; the projects' together at most their
+    tenant's (a tenant quota without one guarantees none), the tenants' together at most what
+    the enabled clusters guarantee; a tenant's not below what its projects already hold."""
+    field, g = "gpus_guaranteed_all_clusters", quota.gpus_guaranteed_all_clusters
+    if g is None:
+        if children is not None and children.filter(**{f"{field}__gt": 0}).exists():
+            errors[field] = ["Its projects have guarantees across all clusters; lower those first."]
+        return
+    if quota.scope == QuotaScope.CLUSTER:
+        errors[field] = ["Only tenant and project quotas have a guarantee across all clusters."]
+        return
+    glim = quota.gpus_limit_all_clusters
+    if glim is not None and g > glim:
+        errors[field] = [f"Above the GPU limit across all clusters ({glim})."]
+        return
+    if parent_totals is not None:
+        key = field if quota.scope == QuotaScope.PROJECT else "gpus_guaranteed"
+        parent_g = parent_totals.get(key) or 0
+        sib = siblings.aggregate(s=Sum(field))["s"] or 0
+        if g + sib > parent_g:
+            whose = ("The tenant guarantees" if quota.scope == QuotaScope.PROJECT
+                     else "The platform's clusters guarantee")
+            errors[field] = [f"{whose} {parent_g} GPUs across all clusters; with this value its "
+                             f"{'projects' if quota.scope == QuotaScope.PROJECT else 'tenants'} "
+                             f"would be guaranteed {g + sib} in all."]
+            return
+    if children is not None:
+        child_g = children.aggregate(s=Sum(field))["s"] or 0
+        if g < child_g:
+            errors[field] = [f"Below what its projects are guaranteed across all clusters "
+                             f"({child_g} GPUs in all); lower those first."]
+
+
+def _validate_class_limits(quota: Quota, parent_totals: dict[str, Any] | None,
+                           children: models.QuerySet[Quota] | None,
+                           errors: dict[str, list[str]]) -> None:
+    """``gpu_memory_mib_limits_all_clusters``: {GPU model class: MiB ≥ 0}, tenant and project
+    quotas only; a class the inventory knows (any well-formed name while no GPU is known);
+    a project's at most its tenant's for the same class; a tenant's not below a project's."""
+    limits = quota.gpu_memory_mib_limits_all_clusters
+    if limits in (None, {}):
+        quota.gpu_memory_mib_limits_all_clusters = {}
+        limits = {}
+    problems: list[str] = []
+    if not isinstance(limits, dict):
+        errors[CLASS_LIMITS] = ["Give a map of GPU model class to GPU memory (MiB)."]
+        return
+    if limits and quota.scope == QuotaScope.CLUSTER:
+        errors[CLASS_LIMITS] = ["Only tenant and project quotas have limits across all clusters."]
+        return
+    known = extensions.gpu_model_classes()
+    for name, mib in limits.items():
+        if not isinstance(name, str) or not _CLASS_NAME.match(name):
+            problems.append(f"{name!r} is not a GPU model class name.")
+        elif known and name not in known:
+            problems.append(f"Unknown GPU model class {name!r}; the clusters have: "
+                            f"{', '.join(sorted(known))}.")
+        elif isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
+            problems.append(f"{name}: give whole MiB, 0 or more.")
+    if not problems and quota.scope == QuotaScope.PROJECT and parent_totals is not None:
+        parent = parent_totals.get(CLASS_LIMITS) or {}
+        problems += [f"{name}: above the tenant's limit across all clusters ({parent[name]} MiB)."
+                     for name, mib in limits.items() if name in parent and mib > parent[name]]
+    if not problems and children is not None:
+        for child in children.exclude(**{CLASS_LIMITS: {}}).values_list(CLASS_LIMITS, flat=True):
+            problems += [f"{name}: below a project's limit across all clusters ({child[name]} MiB); "
+                         "lower it first." for name, mib in limits.items()
+                         if name in (child or {}) and child[name] > mib]
+    if problems:
+        errors[CLASS_LIMITS] = sorted(set(problems))
 
 
 def _parent_totals(quota: Quota) -> tuple[dict[str, Any] | None, str]:

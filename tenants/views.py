@@ -210,7 +210,8 @@ def _quota_edit(
     # A new quota starts from zero guarantees and no limits, so the form submits as is.
     form = QuotaForm(request.POST or None, instance=Quota(**{
         f: getattr(probe, f) for f in QuotaForm.Meta.fields}) if existing else None,
-        initial=None if existing else {f: 0 for f in QuotaForm.Meta.fields if f.endswith("_guaranteed")})
+        initial=None if existing else {f: 0 for f in QuotaForm.Meta.fields if f.endswith("_guaranteed")},
+        scope=scope)
     if request.method == "POST" and form.is_valid():
         try:
             services.quota_set(actor=actor_of(request), scope=scope, values=form.cleaned_data, **target)
