@@ -1,0 +1,230 @@
+"""Quotas across all clusters (issue 16) in a cluster's cycle: the GPU limit, the GPU guarantee
+and the GPU memory limits per GPU model class that tenant and project quotas may hold over
+every cluster together (docs/ARCHITECTURE.md, "Quotas across all clusters").
+
+Two places, as for the GPU limit before: the snapshot (``hold``: jobs that would cross a quota
+across all clusters wait, said why, and are not offered to the engine; cards of a class over
+its memory limit are closed to a job that may use others) and the admission, under the
+per-tenant advisory lock (``admissible``: counted again with the other clusters' committed
+admissions). The engine is unchanged: the guarantee reaches it through the queue tree
+(``selectors.queue_tree``: the effective guarantee of each cluster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable
+
+from scheduling import engine as E
+from scheduling.engine.cycle import JobStatus
+from scheduling.engine.multicluster import job_gpus
+from scheduling.engine.placement import model_family
+from scheduling.engine.queueing import QueueTree
+from tenants.models import Project, Quota, QuotaScope
+
+from .. import selectors
+
+EPS = 1e-9
+
+
+def class_cards(snapshot: E.ClusterSnapshot) -> dict[str, tuple[int, frozenset[str]]]:
+    """GPU model class → (its largest card's MiB, the engine model names of that class) on
+    this cluster's nodes."""
+    mib: dict[str, int] = defaultdict(int)
+    names: dict[str, set[str]] = defaultdict(set)
+    for node in snapshot.nodes:
+        for g in node.gpus:
+            cls = model_family(g.model)
+            mib[cls] = max(mib[cls], g.memory_mib)
+            names[cls].add(g.model)
+    return {cls: (mib[cls], frozenset(names[cls])) for cls in mib}
+
+
+def job_memory(job: E.Job, card_mib: int) -> int:
+    """GPU memory (MiB) the job would hold on cards of ``card_mib`` MiB: a slice its memory (or
+    its share of the card), a whole card all of it."""
+    total = 0
+    for g in job.groups:
+        for c in g.template.containers:
+            if c.whole_cards:
+                per = card_mib
+            else:
+                per = c.gpu_memory_mib or (c.gpu_memory_percent * card_mib // 100) or card_mib
+            total += g.replicas * c.gpu_count * per
+    return total
+
+
+def usable_classes(job: E.Job, cards: dict[str, tuple[int, frozenset[str]]]) -> list[str]:
+    """The classes whose cards every GPU pod group of the job allows."""
+    gpu_groups = [g.template for g in job.groups if g.template.containers]
+    return sorted(cls for cls, (_, names) in cards.items()
+                  if all(any(t.allows_model(m) for m in names) for t in gpu_groups))
+
+
+def placement_memory(pods: Iterable[E.PodPlacement]) -> dict[str, int]:
+    """GPU memory (MiB) per GPU model class that a placement holds."""
+    out: dict[str, int] = defaultdict(int)
+    for pp in pods:
+        for g in pp.gpus:
+            out[model_family(g.gpu_model)] += g.gpu_memory_mib
+    return dict(out)
+
+
+def over_guarantee(limits: selectors.AllClusterLimits, use: selectors.AllClusterUse, cluster_id: int,
+                   job: E.Job, ids: tuple[int, int], eff: dict[tuple[str, int], float],
+                   ask: float) -> str:
+    """Why a non-preemptible job may not run here within its project's or tenant's guarantee
+    across all clusters: its non-preemptible GPUs here + the ask go beyond the effective
+    guarantee of this cluster. "" when within, when no such guarantee applies, or when the
+    engine rejects it itself (asks more than both guarantees: it can never be within)."""
+    if job.preemptible or ask <= 0:
+        return ""
+    for level, key, g, who in (("project", ids[0], limits.project_guarantee.get(ids[0]), "project's"),
+                               ("tenant", ids[1], limits.tenant_guarantee.get(ids[1]), "tenant's")):
+        if not g:
+            continue
+        here = use.np_gpus.get((level, key, cluster_id), 0.0)
+        room = eff.get((level, key), 0.0)
+        if here + ask <= room + EPS or (room > 0 and ask > g + EPS and ask > room + EPS):
+            continue
+        return (f"over your {who} GPU guarantee across all clusters for non-preemptible work: "
+                f"{use.elsewhere(level, key, cluster_id):g} of {g:g} held on other clusters, "
+                f"{here:g} non-preemptible here (it asks {ask:g}); mark it preemptible to borrow")
+    return ""
+
+
+def _tree_guarantees(tree: QueueTree, ids: dict[str, tuple[int, int]]) -> dict[tuple[str, int], float]:
+    """The effective guarantees the cycle's tree carries, by ("project"|"tenant", id)."""
+    tenant_ids = {q.split("/", 1)[0]: t for q, (_, t) in ids.items()}
+    out: dict[tuple[str, int], float] = {}
+    for t in tree.tenants:
+        if t.name in tenant_ids:
+            out[("tenant", tenant_ids[t.name])] = float(t.quota.gpus_guaranteed)
+        for p in t.projects:
+            if p.name in ids:
+                out[("project", ids[p.name][0])] = float(p.quota.gpus_guaranteed)
+    return out
+
+
+@dataclasses.dataclass
+class Held:
+    statuses: list[JobStatus]
+    closed: dict[str, str]
+    """Job name → why some classes were closed to it: should the engine then reject it, it
+    waits with this reason instead (those cards may open again)."""
+
+
+def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
+         use: selectors.AllClusterUse) -> tuple[selectors.CycleInputs, Held]:
+    """The snapshot's part (see the module's docstring)."""
+    cid = inputs.cluster.pk if inputs.cluster is not None else 0
+    in_use = use.as_in_use()
+    ids = {j.queue: (inputs.jobs[j.name].project_id, inputs.jobs[j.name].tenant_id) for j in inputs.pending}
+    eff = _tree_guarantees(inputs.tree, ids)
+    cards = class_cards(inputs.snapshot) if (limits.project_memory or limits.tenant_memory) else {}
+    keep: list[E.Job] = []
+    held = Held([], {})
+    for job in inputs.pending:
+        row = inputs.jobs[job.name]
+        ask = job_gpus(job)
+        reason = (selectors.over_all_clusters(limits, in_use, row.project_id, row.tenant_id, ask)
+                  or over_guarantee(limits, use, cid, job, (row.project_id, row.tenant_id), eff, ask))
+        if not reason and cards and ask > 0:
+            job, reason, closed = _close_classes(job, cards, limits, use, (row.project_id, row.tenant_id))
+            if closed:
+                held.closed[job.name] = closed
+        if reason:
+            held.statuses.append(JobStatus(job=job.name, queue=job.queue, kind="quota", decision=E.Wait(
+                job=job.name, reason=reason[:1].upper() + reason[1:])))
+        else:
+            keep.append(job)
+    if not held.statuses and not held.closed:
+        return inputs, held
+    return dataclasses.replace(inputs, pending=keep), held
+
+
+def _close_classes(job: E.Job, cards: dict[str, tuple[int, frozenset[str]]],
+                   limits: selectors.AllClusterLimits, use: selectors.AllClusterUse,
+                   ids: tuple[int, int]) -> tuple[E.Job, str, str]:
+    """(the job, why it waits, why some classes are closed to it): every class it may use here
+    over a memory limit → it waits; some → their cards are excluded for this cycle."""
+    usable = usable_classes(job, cards)
+    over = {cls: selectors.over_class_memory(limits, use, ids[0], ids[1],
+                                              {cls: job_memory(job, cards[cls][0])})
+            for cls in usable}
+    over = {cls: why for cls, why in over.items() if why}
+    if not over:
+        return job, "", ""
+    first = over[min(over)]
+    if len(over) == len(usable):
+        return job, first, ""
+    closed = frozenset(m for cls in over for m in cards[cls][1])
+    groups = tuple(dataclasses.replace(g, template=dataclasses.replace(
+        g.template, excluded_gpu_models=g.template.excluded_gpu_models | closed))
+        if g.template.containers else g for g in job.groups)
+    return dataclasses.replace(job, groups=groups), "", first
+
+
+def reopen(statuses: Iterable[JobStatus], closed: dict[str, str]) -> list[JobStatus]:
+    """An engine rejection of a job whose cards were closed by a memory limit becomes a wait."""
+    out = []
+    for st in statuses:
+        if st.job in closed and isinstance(st.decision, E.Reject):
+            why = closed[st.job]
+            st = dataclasses.replace(st, kind="quota",
+                                     decision=E.Wait(job=st.job, reason=why[:1].upper() + why[1:]))
+        out.append(st)
+    return out
+
+
+@dataclasses.dataclass
+class GuaranteeRows:
+    """The rows ``selectors.effective_guarantees`` needs, read once per admission."""
+
+    per_cluster: dict[tuple[str, int], float]
+    caps: dict[tuple[str, int], float | None]
+    projects: dict[int, list[int]]
+
+    def effective(self, cluster_id: int, limits: selectors.AllClusterLimits,
+                  use: selectors.AllClusterUse) -> dict[tuple[str, int], float]:
+        return selectors.effective_guarantees(cluster_id, limits, use, self.per_cluster, self.caps,
+                                              self.projects)
+
+
+def guarantee_rows(limits: selectors.AllClusterLimits) -> GuaranteeRows | None:
+    """The per-cluster quotas and projects of the tenants concerned (two queries), or None when
+    no quota has a guarantee across all clusters."""
+    if not (limits.project_guarantee or limits.tenant_guarantee):
+        return None
+    tids = limits.tenant_ids
+    rows = GuaranteeRows({}, {}, defaultdict(list))
+    for scope, tid, pid, g, lim in Quota.objects.filter(tenant_id__in=tids).values_list(
+            "scope", "tenant_id", "project_id", "gpus_guaranteed", "gpus_limit"):
+        key = ("project", pid) if scope == QuotaScope.PROJECT else ("tenant", tid)
+        rows.per_cluster[key], rows.caps[key] = float(g), None if lim is None else float(lim)
+    for pid, tid in Project.objects.filter(tenant_id__in=tids).values_list("pk", "tenant_id"):
+        rows.projects[tid].append(pid)
+    return rows
+
+
+def admissible(job_ids: tuple[int, int], preemptible: bool, pods: tuple[E.PodPlacement, ...], n: float,
+               cluster_id: int, limits: selectors.AllClusterLimits, use: selectors.AllClusterUse,
+               in_use: tuple[dict[int, float], dict[int, float]], eff: dict[tuple[str, int], float]) -> str:
+    """The admission's re-check of one job, under the per-tenant lock ("" when it may go):
+    the GPU limit, the guarantee (non-preemptible work here within this cluster's effective
+    guarantee, recomputed from what every cluster holds now) and the class memory limits."""
+    pid, tid = job_ids
+    reason = selectors.over_all_clusters(limits, in_use, pid, tid, n)
+    if not reason and not preemptible:
+        for level, key, g, who in (("project", pid, limits.project_guarantee.get(pid), "project's"),
+                                   ("tenant", tid, limits.tenant_guarantee.get(tid), "tenant's")):
+            here = use.np_gpus.get((level, key, cluster_id), 0.0)
+            if g and here + n > eff.get((level, key), 0.0) + EPS:
+                reason = (f"over your {who} GPU guarantee across all clusters for non-preemptible "
+                          f"work: {use.elsewhere(level, key, cluster_id):g} of {g:g} held on other "
+                          f"clusters, {here:g} non-preemptible here (it asks {n:g})")
+                break
+    if not reason and (limits.project_memory or limits.tenant_memory):
+        reason = selectors.over_class_memory(limits, use, pid, tid, placement_memory(pods))
+    return reason
