@@ -793,24 +793,44 @@ def over_all_clusters(limits: AllClusterLimits, in_use: tuple[dict[int, float], 
     return ""
 
 
-def all_cluster_room_by_name() -> tuple[dict[str, float], dict[str, float]]:
-    """For the placement step's trials: the limits across all clusters and the GPUs held on
-    all clusters, keyed by queue name (``tenant/project``) and tenant name. Empty when no
-    quota sets such a limit (one query then)."""
+@dataclass
+class AllClusterRoom:
+    """For the placement step's trials: the quotas across all clusters and what is held on all
+    clusters, keyed by queue name (``tenant/project``) and tenant name."""
+
+    limits: dict[str, float] = field(default_factory=dict)
+    usage: dict[str, float] = field(default_factory=dict)
+    guarantees: dict[str, float] = field(default_factory=dict)
+    """GPU guarantees across all clusters per queue (the global order's fair share)."""
+    memory_limits: dict[str, dict[str, int]] = field(default_factory=dict)
+    memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def all_cluster_room_by_name() -> AllClusterRoom:
+    """The placement step's view of the quotas across all clusters: empty when no quota has
+    one (one query then), else one more aggregate (``all_cluster_use``) and the names."""
     limits = all_cluster_limits()
+    room = AllClusterRoom()
     if not limits:
-        return {}, {}
-    per_project, per_tenant = gpus_in_use_all_clusters(limits.tenant_ids)
+        return room
+    use = all_cluster_use(limits.tenant_ids)
+    per_project, per_tenant = use.as_in_use()
     tenants = dict(Tenant.objects.filter(pk__in=limits.tenant_ids).values_list("pk", "name"))
     projects = {pk: queue_name(t, n) for pk, t, n in Project.objects.filter(
         tenant_id__in=limits.tenant_ids).values_list("pk", "tenant__name", "name")}
-    lim: dict[str, float] = {}
-    used: dict[str, float] = {}
-    for pid, v in limits.project.items():
-        lim[projects[pid]], used[projects[pid]] = v, per_project.get(pid, 0.0)
-    for tid, v in limits.tenant.items():
-        lim[tenants[tid]], used[tenants[tid]] = v, per_tenant.get(tid, 0.0)
-    return lim, used
+    for level, names, held, lims, guarantees, memory in (
+            ("project", projects, per_project, limits.project, limits.project_guarantee,
+             limits.project_memory),
+            ("tenant", tenants, per_tenant, limits.tenant, limits.tenant_guarantee, limits.tenant_memory)):
+        for key, v in lims.items():
+            room.limits[names[key]], room.usage[names[key]] = v, held.get(key, 0.0)
+        if level == "project":
+            room.guarantees.update({names[key]: v for key, v in guarantees.items()})
+        for key, classes in memory.items():
+            room.memory_limits[names[key]] = classes
+            for cls in classes:
+                room.memory_usage[(names[key], cls)] = use.memory.get((level, key, cls), 0)
+    return room
 
 
 def gpu_model_classes() -> set[str]:

@@ -32,8 +32,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from scheduling.engine.model import Admit, ClusterSnapshot, Job, PodPlacement, Reject
-from scheduling.engine.placement import Placer
+from scheduling.engine.model import Admit, ClusterSnapshot, Job, Node, PodPlacement, Reject
+from scheduling.engine.placement import Placer, model_family
 from scheduling.engine.queueing import RunningJob
 
 FITS_NOW, FITS_AFTER_PREEMPTION, WAITS = 0, 1, 2
@@ -165,6 +165,60 @@ def job_gpus(job: Job) -> float:
     return n
 
 
+def card_classes(nodes: Iterable[Node]) -> dict[str, tuple[int, frozenset[str]]]:
+    """GPU model class (``model_family``) → (its largest card's MiB, the engine model names of
+    that class) on these nodes."""
+    mib: dict[str, int] = {}
+    names: dict[str, set[str]] = {}
+    for node in nodes:
+        for g in node.gpus:
+            cls = model_family(g.model)
+            mib[cls] = max(mib.get(cls, 0), g.memory_mib)
+            names.setdefault(cls, set()).add(g.model)
+    return {cls: (mib[cls], frozenset(names[cls])) for cls in mib}
+
+
+def job_memory(job: Job, card_mib: int) -> int:
+    """GPU memory (MiB) the job would hold on cards of ``card_mib`` MiB: a slice its memory (or
+    its share of the card), a whole card all of it."""
+    total = 0
+    for g in job.groups:
+        for c in g.template.containers:
+            per = card_mib if c.whole_cards else (
+                c.gpu_memory_mib or (c.gpu_memory_percent * card_mib // 100) or card_mib)
+            total += g.replicas * c.gpu_count * per
+    return total
+
+
+def usable_classes(job: Job, cards: Mapping[str, tuple[int, frozenset[str]]]) -> list[str]:
+    """The GPU model classes whose cards every GPU pod group of the job allows."""
+    gpu_groups = [g.template for g in job.groups if g.template.containers]
+    return sorted(cls for cls, (_, names) in cards.items()
+                  if all(any(t.allows_model(m) for m in names) for t in gpu_groups))
+
+
+def placement_memory(pods: Iterable[PodPlacement]) -> dict[str, int]:
+    """GPU memory (MiB) per GPU model class that a placement holds."""
+    out: dict[str, int] = {}
+    for pp in pods:
+        for g in pp.gpus:
+            cls = model_family(g.gpu_model)
+            out[cls] = out.get(cls, 0) + g.gpu_memory_mib
+    return out
+
+
+def without_models(job: Job, models: frozenset[str]) -> Job:
+    """The job with these GPU models excluded from every GPU pod group (for one decision)."""
+    groups = tuple(replace(g, template=replace(
+        g.template, excluded_gpu_models=g.template.excluded_gpu_models | models))
+        if g.template.containers else g for g in job.groups)
+    return replace(job, groups=groups)
+
+
+def _gib(mib: float) -> str:
+    return f"{mib / 1024:g} GiB"
+
+
 def estimated_wait(need: float, free: float, running: Sequence[RunningJob], now: float,
                    queued_ahead: float = 0.0) -> float:
     """Seconds until ``need`` GPUs (plus the GPUs queued ahead) are free, from running jobs'
@@ -221,6 +275,12 @@ class ClusterTrial:
     all_usage: dict[str, float] = field(default_factory=dict)
     """GPUs held on all clusters per queue and per tenant: one dict shared by every trial of
     a step, so a job placed on one cluster counts on the others too."""
+    memory_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """GPU memory limits (MiB) per GPU model class across all clusters, per queue and tenant."""
+    memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(queue or tenant, class) → MiB held on all clusters; shared by every trial like ``all_usage``."""
+    all_guarantees: Mapping[str, float] = field(default_factory=dict)
+    """GPU guarantees across all clusters per queue (for :func:`global_order`)."""
 
     free: float = -1.0
     """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
@@ -256,11 +316,40 @@ class ClusterTrial:
                         f"({self.all_usage.get(key, 0.0):g} of {lim:g} in use)")
         return ""
 
+    def over_class_memory(self, job: Job, tenant: str) -> tuple[str, frozenset[str]]:
+        """(why it waits, the model names to keep it off): the GPU model classes of this
+        cluster the job may use whose GPU memory limit across all clusters (its project's or
+        its tenant's) it would cross. All of them over: the reason names the first; some: it
+        may still go on the others' cards."""
+        if not self.memory_limits or not job_gpus(job):
+            return "", frozenset()
+        cards = card_classes(ns.static.node for ns in self.placer.state.nodes.values())
+        usable = usable_classes(job, cards)
+        over: dict[str, str] = {}
+        for cls in usable:
+            ask = job_memory(job, cards[cls][0])
+            for key, who in ((job.queue, "your project's"), (tenant, "your tenant's")):
+                lim = self.memory_limits.get(key, {}).get(cls)
+                used = self.memory_usage.get((key, cls), 0)
+                if lim is not None and used + ask > lim and cls not in over:
+                    over[cls] = (f"over {who} {cls} GPU memory limit across all clusters: "
+                                 f"{_gib(used)} of {_gib(lim)} in use")
+        if not over:
+            return "", frozenset()
+        if len(over) == len(usable):
+            return over[min(over)], frozenset()
+        return "", frozenset(m for cls in over for m in cards[cls][1])
+
     def probe(self, job: Job, tenant: str, free: float) -> Probe:
         name = self.view.name
         everywhere = self.over_all_clusters(job, tenant)
         if everywhere:
             return Probe(name, WAITS, reason=everywhere, all_clusters=True)
+        memory, closed = self.over_class_memory(job, tenant)
+        if memory:
+            return Probe(name, WAITS, reason=memory, all_clusters=True)
+        if closed:
+            job = without_models(job, closed)
         limit = self.over_limit(job, tenant)
         if limit:
             return Probe(name, WAITS, reason=limit[0] if not limit[1] else f"can never run there: {limit[0]}",
@@ -296,6 +385,10 @@ class ClusterTrial:
             for key in (job.queue, tenant):
                 if key in self.all_limits:
                     self.all_usage[key] = self.all_usage.get(key, 0.0) + g
+            for cls, mib in placement_memory(probe.placement).items():
+                for key in (job.queue, tenant):
+                    if key in self.memory_limits:
+                        self.memory_usage[(key, cls)] = self.memory_usage.get((key, cls), 0) + mib
 
     def undo(self) -> None:
         for pp in self.reserved:
@@ -400,11 +493,24 @@ def choose(jobs: Mapping[str, Job], tenant: str, choice: ClusterChoice, needs: J
     return Choice(best.cluster, best, tuple(sorted(others)))
 
 
-def global_order(jobs: Sequence[tuple[Job, str]], usage: Mapping[str, float]) -> list[tuple[Job, str]]:
-    """The global queue's order: priority (higher first), then the project's GPUs in use across
-    all clusters (fair share: the emptier project first), then submission time."""
-    return sorted(jobs, key=lambda jt: (-jt[0].priority, usage.get(jt[0].queue, 0.0),
+def global_order(jobs: Sequence[tuple[Job, str]], usage: Mapping[str, float],
+                 guarantees: Mapping[str, float] | None = None) -> list[tuple[Job, str]]:
+    """The global queue's order: priority (higher first), then fair share across all clusters
+    (:func:`share_key`), then submission time, then the name (deterministic)."""
+    g = guarantees or {}
+    return sorted(jobs, key=lambda jt: (-jt[0].priority, *share_key(usage.get(jt[0].queue, 0.0),
+                                                                    g.get(jt[0].queue, 0.0)),
                                          jt[0].submit_time, jt[0].name))
+
+
+def share_key(used: float, guaranteed: float) -> tuple[int, float]:
+    """Rule (fair share across clusters): a project under its GPU guarantee across all clusters
+    comes first, the least used relative to it first (used ÷ guaranteed); then every other
+    project by the GPUs it holds beyond its guarantee (all it holds when it has none), the
+    emptier first."""
+    if guaranteed > 0 and used < guaranteed:
+        return (0, used / guaranteed)
+    return (1, used - guaranteed)
 
 
 def cluster_arches(snapshot: ClusterSnapshot) -> frozenset[str]:

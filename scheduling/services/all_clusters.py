@@ -18,57 +18,20 @@ from collections.abc import Iterable
 
 from scheduling import engine as E
 from scheduling.engine.cycle import JobStatus
-from scheduling.engine.multicluster import job_gpus
-from scheduling.engine.placement import model_family
+from scheduling.engine.multicluster import (
+    card_classes,
+    job_gpus,
+    job_memory,
+    placement_memory,
+    usable_classes,
+    without_models,
+)
 from scheduling.engine.queueing import QueueTree
 from tenants.models import Project, Quota, QuotaScope
 
 from .. import selectors
 
 EPS = 1e-9
-
-
-def class_cards(snapshot: E.ClusterSnapshot) -> dict[str, tuple[int, frozenset[str]]]:
-    """GPU model class → (its largest card's MiB, the engine model names of that class) on
-    this cluster's nodes."""
-    mib: dict[str, int] = defaultdict(int)
-    names: dict[str, set[str]] = defaultdict(set)
-    for node in snapshot.nodes:
-        for g in node.gpus:
-            cls = model_family(g.model)
-            mib[cls] = max(mib[cls], g.memory_mib)
-            names[cls].add(g.model)
-    return {cls: (mib[cls], frozenset(names[cls])) for cls in mib}
-
-
-def job_memory(job: E.Job, card_mib: int) -> int:
-    """GPU memory (MiB) the job would hold on cards of ``card_mib`` MiB: a slice its memory (or
-    its share of the card), a whole card all of it."""
-    total = 0
-    for g in job.groups:
-        for c in g.template.containers:
-            if c.whole_cards:
-                per = card_mib
-            else:
-                per = c.gpu_memory_mib or (c.gpu_memory_percent * card_mib // 100) or card_mib
-            total += g.replicas * c.gpu_count * per
-    return total
-
-
-def usable_classes(job: E.Job, cards: dict[str, tuple[int, frozenset[str]]]) -> list[str]:
-    """The classes whose cards every GPU pod group of the job allows."""
-    gpu_groups = [g.template for g in job.groups if g.template.containers]
-    return sorted(cls for cls, (_, names) in cards.items()
-                  if all(any(t.allows_model(m) for m in names) for t in gpu_groups))
-
-
-def placement_memory(pods: Iterable[E.PodPlacement]) -> dict[str, int]:
-    """GPU memory (MiB) per GPU model class that a placement holds."""
-    out: dict[str, int] = defaultdict(int)
-    for pp in pods:
-        for g in pp.gpus:
-            out[model_family(g.gpu_model)] += g.gpu_memory_mib
-    return dict(out)
 
 
 def over_guarantee(limits: selectors.AllClusterLimits, use: selectors.AllClusterUse, cluster_id: int,
@@ -122,7 +85,7 @@ def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
     in_use = use.as_in_use()
     ids = {j.queue: (inputs.jobs[j.name].project_id, inputs.jobs[j.name].tenant_id) for j in inputs.pending}
     eff = _tree_guarantees(inputs.tree, ids)
-    cards = class_cards(inputs.snapshot) if (limits.project_memory or limits.tenant_memory) else {}
+    cards = card_classes(inputs.snapshot.nodes) if (limits.project_memory or limits.tenant_memory) else {}
     keep: list[E.Job] = []
     held = Held([], {})
     for job in inputs.pending:
@@ -159,11 +122,7 @@ def _close_classes(job: E.Job, cards: dict[str, tuple[int, frozenset[str]]],
     first = over[min(over)]
     if len(over) == len(usable):
         return job, first, ""
-    closed = frozenset(m for cls in over for m in cards[cls][1])
-    groups = tuple(dataclasses.replace(g, template=dataclasses.replace(
-        g.template, excluded_gpu_models=g.template.excluded_gpu_models | closed))
-        if g.template.containers else g for g in job.groups)
-    return dataclasses.replace(job, groups=groups), "", first
+    return without_models(job, frozenset(m for cls in over for m in cards[cls][1])), "", first
 
 
 def reopen(statuses: Iterable[JobStatus], closed: dict[str, str]) -> list[JobStatus]:

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from scheduling import engine as E
 from scheduling.engine.cycle import CycleConfig, CycleResult, JobStatus, run_cycle
-from scheduling.engine.multicluster import gpus_of
+from scheduling.engine.multicluster import gpus_of, placement_memory
 from tenants.audit import audit_batch
 
 from .. import selectors, signals
@@ -567,7 +567,7 @@ def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]], clu
         in_use[0][job.project_id] += n
         in_use[1][job.tenant_id] += n
         use.add(job.project_id, job.tenant_id, cluster_id, n, not job.preemptible,
-                all_clusters.placement_memory(placement.pods))
+                placement_memory(placement.pods))
         keep.append((job, placement, status))
     return keep, over
 

@@ -160,11 +160,12 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
     """One trial per open cluster: its snapshot, running jobs and the floating jobs as its
     engine would see them (read in one consistent snapshot per cluster)."""
     out = []
-    all_limits, all_usage = selectors.all_cluster_room_by_name()
+    room = selectors.all_cluster_room_by_name()
     for c in clusters:
         if views[c.pk].closed_reason:
             empty = E.Placer(E.ClusterState(E.ClusterSnapshot(nodes=())), E.default_policy(None))
-            out.append(_Trial(c, M.ClusterTrial(views[c.pk], empty, (), now), {}))
+            out.append(_Trial(c, M.ClusterTrial(views[c.pk], empty, (), now,
+                                                all_guarantees=room.guarantees), {}))
             continue
         with _consistent_read():
             enodes, nodes, gpus, gpu_by_id, access = selectors._cluster_part(c)
@@ -194,7 +195,9 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
                 limits[p.name] = None if p.quota.gpus_limit is None else float(p.quota.gpus_limit)
         trial = M.ClusterTrial(views[c.pk], E.Placer(E.ClusterState(snapshot), policy), running, now,
                                usage=dict(usage), limits=limits, queued_gpus=queued_gpus,
-                               all_limits=all_limits, all_usage=all_usage)
+                               all_limits=room.limits, all_usage=room.usage,
+                               memory_limits=room.memory_limits, memory_usage=room.memory_usage,
+                               all_guarantees=room.guarantees)
         out.append(_Trial(c, trial, {int(j.name): j for j in pending}))
     return out
 
@@ -236,7 +239,8 @@ def placement_run(*, now: float | None = None) -> PlacementSummary | None:
         for tr in trials:
             for q, g in tr.trial.usage.items():
                 usage[q] += g
-        order = M.global_order([(j, j.queue) for jid, j in any_engine.items() if jid in by_id], usage)
+        order = M.global_order([(j, j.queue) for jid, j in any_engine.items() if jid in by_id], usage,
+                               trials[0].trial.all_guarantees if trials else None)
         missing = [j for j in jobs if j.pk not in any_engine]  # no open cluster to see it
         wall = timezone.now()
         # Bound jobs whose victims are being evicted for them on their cluster: never moved
