@@ -14,6 +14,7 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, Job, JobState, Node
+from scheduling.selectors import all_cluster_held
 from tenants.models import Project, Quota, QuotaScope, Tenant, User
 from tenants.permissions import restrict, scope_of
 
@@ -108,10 +109,24 @@ def quota_left(user: Any) -> list[dict[str, Any]]:
         # The usage counts every cluster: the limit across all clusters (issue 16) applies to it.
         everywhere = None if q is None or q.gpus_limit_all_clusters is None else round(
             max(0.0, float(q.gpus_limit_all_clusters) - gpu.used), 2)
+        guaranteed_everywhere = None if q is None or not q.gpus_guaranteed_all_clusters else round(
+            max(0.0, float(q.gpus_guaranteed_all_clusters) - gpu.used), 2)
         out.append({"project": p, "bars": bars[:1], "left": round(max(0.0, left), 2),
                     "guaranteed_left": round(max(0.0, gpu.guaranteed - gpu.used), 2),
-                    "all_clusters_left": everywhere})
+                    "all_clusters_left": everywhere,
+                    "all_clusters_guaranteed_left": guaranteed_everywhere,
+                    "class_limits": _class_left(q)})
     return out
+
+
+def _class_left(q: Quota | None) -> list[str]:
+    """"A100-80G: 40 of 160 GiB left across all clusters" per GPU model class limit."""
+    limits = (q.gpu_memory_mib_limits_all_clusters if q is not None else None) or {}
+    if not limits or q is None or q.project_id is None:
+        return []
+    held = all_cluster_held(q.tenant_id, q.project_id)["memory"]  # type: ignore[arg-type]
+    return [f"{cls}: {max(0, lim - held.get(cls, 0)) / 1024:g} of {lim / 1024:g} GiB GPU memory left "
+            "across all clusters" for cls, lim in sorted(limits.items())]
 
 
 def can_start_now(user: Any) -> list[dict[str, Any]]:

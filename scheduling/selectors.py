@@ -838,3 +838,12 @@ def gpu_model_classes() -> set[str]:
     from .engine.placement import model_family
 
     return {model_family(m) for m in GpuDevice.objects.values_list("model", flat=True).distinct()}
+
+
+def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
+    """What a tenant (or one of its projects) holds on all clusters together: GPUs and GPU
+    memory (MiB) per GPU model class (one aggregate)."""
+    use = all_cluster_use([tenant_id])
+    level, key = ("project", project_id) if project_id is not None else ("tenant", tenant_id)
+    memory = {cls: mib for (lv, k, cls), mib in use.memory.items() if lv == level and k == key and mib}
+    return {"gpus": round(use.total(level, key), 2), "memory": memory}

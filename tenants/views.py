@@ -59,6 +59,19 @@ def _quota_rows(quota: Quota | None) -> list[dict[str, Any]]:
     ]
 
 
+def _all_cluster_rows(quota: Quota | None, tenant: Tenant, project: Project | None) -> list[dict[str, Any]]:
+    """The platform level beside the per-cluster rows: the quota across all clusters (GPUs
+    guaranteed and at most; GPU memory per model class) with what is held on all clusters."""
+    held = extensions.all_cluster_held(tenant.pk, project.pk if project else None)
+    rows = [{"label": "GPUs", "guaranteed": quota.gpus_guaranteed_all_clusters if quota else None,
+             "limit": quota.gpus_limit_all_clusters if quota else None, "used": held["gpus"]}]
+    limits = (quota.gpu_memory_mib_limits_all_clusters if quota else None) or {}
+    for cls in sorted(set(limits) | set(held["memory"])):
+        rows.append({"label": f"{cls} GPU memory (MiB)", "guaranteed": None,
+                     "limit": limits.get(cls), "used": held["memory"].get(cls, 0)})
+    return rows
+
+
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
     user = actor_of(request)
@@ -108,6 +121,7 @@ def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
         "projects": projects,
         "owners": owners,
         "quota_rows": _quota_rows(quota),
+        "all_cluster_rows": _all_cluster_rows(quota, tenant, None),
         "project_form": project_form,
         "owner_form": owner_form,
         "can_create_project": can(user, CREATE, Project(tenant=tenant)),
@@ -156,6 +170,7 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
         "can_add_member": bool(grantable),
         "role_choices": grantable,
         "quota_rows": _quota_rows(quota),
+        "all_cluster_rows": _all_cluster_rows(quota, tenant, project),
         "can_edit_quota": can(user, CHANGE, Quota(scope=QuotaScope.PROJECT, tenant=tenant,
                                                   project=project)),
         "can_delete_project": can(user, DELETE, project),
