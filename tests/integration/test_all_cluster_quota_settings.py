@@ -26,7 +26,8 @@ FIELD = "gpu_memory_mib_limits_all_clusters"
 
 @pytest.fixture
 def east(world: World) -> Any:
-    c = scheduling_services.cluster_create(actor=world.admin, name="east", backend="simulated", inventory=EAST)
+    c = scheduling_services.cluster_create(actor=world.admin, name="east", backend="simulated",
+                                           inventory=EAST)
     scheduling_services.inventory_sync(cluster=c)
     return c
 
@@ -107,7 +108,8 @@ def test_api_round_trip_audit_and_permissions(world: World, east: Any) -> None:
     assert neg.status_code == 400 and set(neg.json()) == {"gpus_guaranteed_all_clusters"}
     # The tenant's owner may not change the tenant's quota (platform admins do), but splits it.
     owner = client_for(world.a.owner)
-    denied = owner.patch(f"/api/v1/quotas/{body['id']}/", {"gpus_guaranteed_all_clusters": "9"}, format="json")
+    denied = owner.patch(f"/api/v1/quotas/{body['id']}/", {"gpus_guaranteed_all_clusters": "9"},
+                         format="json")
     assert denied.status_code == 403
     project = owner.post("/api/v1/quotas/", {
         **BODY, "scope": "project", "project": world.a.project.pk, "gpus_guaranteed": "1",
@@ -146,7 +148,8 @@ def test_console_form_saves_and_the_pages_show_both_levels(world: World, east: A
                                                    FIELD: "A100-80G = 163840\n"})
     assert ok.status_code == 302
     q = Quota.objects.get(project=world.a.project)
-    assert q.gpus_guaranteed_all_clusters == 3 and q.gpu_memory_mib_limits_all_clusters == {"A100-80G": 163840}
+    assert q.gpus_guaranteed_all_clusters == 3
+    assert q.gpu_memory_mib_limits_all_clusters == {"A100-80G": 163840}
     # The form shows the saved map as lines again.
     assert b"A100-80G = 163840" in client.get("/t/acme/p/acme-p1/quota/").content
     # The project page: the per-cluster rows and the rows across all clusters, with usage.
