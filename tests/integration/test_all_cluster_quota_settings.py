@@ -94,6 +94,7 @@ def test_api_round_trip_audit_and_permissions(world: World, east: Any) -> None:
     assert body[FIELD] == [{"model_class": "A100-80G", "gpu_memory_mib_limit": 327680}]
     assert admin.get(f"/api/v1/quotas/{body['id']}/").json()[FIELD] == body[FIELD]
     event = AuditEvent.objects.filter(action="quota.created").latest("id")
+    assert event.after is not None
     assert event.after[FIELD] == {"A100-80G": 327680}
     assert Decimal(str(event.after["gpus_guaranteed_all_clusters"])) == 6
     # Field-named 400s: a duplicate class, an unknown one, a negative amount.
@@ -119,6 +120,7 @@ def test_api_round_trip_audit_and_permissions(world: World, east: Any) -> None:
     updated = admin.patch(f"/api/v1/quotas/{body['id']}/", {FIELD: []}, format="json")
     assert updated.status_code == 200 and updated.json()[FIELD] == []
     event = AuditEvent.objects.filter(action="quota.updated").latest("id")
+    assert event.before is not None and event.after is not None
     assert event.before[FIELD] == {"A100-80G": 327680} and event.after[FIELD] == {}
     # A project member may set none of it.
     member = client_for(world.a.member)
