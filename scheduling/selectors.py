@@ -593,7 +593,7 @@ def cluster_usage(*, cluster: Cluster) -> dict[str, int]:
     }
 
 
-# --- GPU limits across all clusters (issue 16) ----------------------------------------------
+# --- Quotas across all clusters (issue 16) --------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ Rules, in order (:func:`rank`):
 2. *Best start*: fits now > fits after preempting lower-priority work (fewest victims, then
    fewest victim GPUs) > shortest estimated wait (running jobs' expected ends).
    Over the project's, the tenant's or the cluster's own GPU limit on a cluster counts as
-   waiting there; a job asking more than one of those limits can never run there.
+   waiting there; a job asking more than one of those limits can never run there. Over a
+   quota across all clusters (the GPU limit; the GPU memory limit of every GPU model class
+   it may use there) it waits everywhere and is not bound.
 3. *Tie-break*: data locality (the job's preferred labels the cluster has), then the
    larger free share, then the name (so the choice is deterministic).
 
