@@ -669,7 +669,7 @@ class AllClusterUse:
         return sum(v for (lv, k, c), v in self.gpus.items() if lv == level and k == key and c != cluster_id)
 
     def as_in_use(self) -> tuple[dict[int, float], dict[int, float]]:
-        """The (per project, per tenant) GPUs held on all clusters (``gpus_in_use_all_clusters``)."""
+        """The GPUs held on all clusters together, (per project, per tenant)."""
         per: tuple[dict[int, float], dict[int, float]] = (defaultdict(float), defaultdict(float))
         for (lv, k, _), v in self.gpus.items():
             per[0 if lv == "project" else 1][k] += v
@@ -753,32 +753,6 @@ def over_class_memory(limits: AllClusterLimits, use: AllClusterUse, project_id: 
 
 def _gib(mib: int) -> str:
     return f"{mib / 1024:g} GiB"
-
-
-def gpus_in_use_all_clusters(tenant_ids: Collection[int]) -> tuple[dict[int, float], dict[int, float]]:
-    """GPUs held on all clusters together by these tenants' jobs, per project and per tenant,
-    in one query: a whole card 1, a slice its compute share (``multicluster.gpus_of``'s rule).
-    An allocation row exists exactly while its resources are held."""
-    from django.db.models import Case, ExpressionWrapper, Sum, Value, When
-
-    from .models import GpuSlice
-
-    share = Case(
-        When(Q(exclusive=True) | Q(cores_percent=0), then=Value(1.0)),
-        default=ExpressionWrapper(Cast("cores_percent", FloatField()) / Value(100.0),
-                                  output_field=FloatField()),
-        output_field=FloatField())
-    per_project: dict[int, float] = defaultdict(float)
-    per_tenant: dict[int, float] = defaultdict(float)
-    if not tenant_ids:
-        return per_project, per_tenant
-    for pid, tid, n in (GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
-                        .values("allocation__job__project_id", "allocation__job__tenant_id")
-                        .annotate(n=Sum(share)).order_by()
-                        .values_list("allocation__job__project_id", "allocation__job__tenant_id", "n")):
-        per_project[pid] += float(n or 0)
-        per_tenant[tid] += float(n or 0)
-    return per_project, per_tenant
 
 
 def over_all_clusters(limits: AllClusterLimits, in_use: tuple[dict[int, float], dict[int, float]],
