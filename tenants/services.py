@@ -43,6 +43,7 @@ QUOTA_FIELDS = (*(f"{r}_{kind}" for r in RESOURCES for kind in ("guaranteed", "l
                 "gpu_memory_mib_limits_all_clusters")
 CLASS_LIMITS = "gpu_memory_mib_limits_all_clusters"
 _CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_MAX_CLASSES, _MAX_MIB = 64, 2**53 - 1  # a JSON number stays exact up to 2**53
 USER_FIELDS = ("username", "email", "first_name", "last_name", "is_active", "is_platform_admin")
 TOKEN_FIELDS = ("name", "prefix", "project", "read_only", "expires_at")
 
@@ -402,6 +403,9 @@ def _validate_class_limits(quota: Quota, parent_totals: dict[str, Any] | None,
     if limits and quota.scope == QuotaScope.CLUSTER:
         errors[CLASS_LIMITS] = ["Only tenant and project quotas have limits across all clusters."]
         return
+    if len(limits) > _MAX_CLASSES:
+        errors[CLASS_LIMITS] = [f"At most {_MAX_CLASSES} GPU model classes."]
+        return
     known = extensions.gpu_model_classes()
     for name, mib in limits.items():
         if not isinstance(name, str) or not _CLASS_NAME.match(name):
@@ -409,8 +413,8 @@ def _validate_class_limits(quota: Quota, parent_totals: dict[str, Any] | None,
         elif known and name not in known:
             problems.append(f"Unknown GPU model class {name!r}; the clusters have: "
                             f"{', '.join(sorted(known))}.")
-        elif isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
-            problems.append(f"{name}: give whole MiB, 0 or more.")
+        elif isinstance(mib, bool) or not isinstance(mib, int) or not 0 <= mib <= _MAX_MIB:
+            problems.append(f"{name}: give whole MiB, from 0 to {_MAX_MIB}.")
     if not problems and quota.scope == QuotaScope.PROJECT and parent_totals is not None:
         parent = parent_totals.get(CLASS_LIMITS) or {}
         problems += [f"{name}: above the tenant's limit across all clusters ({parent[name]} MiB)."

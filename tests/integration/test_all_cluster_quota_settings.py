@@ -168,6 +168,11 @@ def test_console_form_saves_and_the_pages_show_both_levels(world: World, east: A
     home = client.get("/").content.decode()
     assert "A100-80G: 80 of 160 GiB GPU memory left across all clusters" in home
     assert "within the guarantee across all clusters" in home
+    # The workload forms' quota left: what is left within the guarantee across all clusters.
+    from django.urls import reverse
+
+    form_page = client.get(reverse("workspaces:training-new")).content.decode()
+    assert "Left within guarantee across all clusters" in form_page
     # The cluster quota's form has none of the fields across all clusters.
     admin = login(world.admin)
     cluster_form = admin.get("/admin/clusters/east/quota/")
