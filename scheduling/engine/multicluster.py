@@ -286,6 +286,7 @@ class ClusterTrial:
 
     free: float = -1.0
     """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
+    _cards: dict[str, tuple[int, frozenset[str]]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.free < 0:
@@ -323,9 +324,11 @@ class ClusterTrial:
         cluster the job may use whose GPU memory limit across all clusters (its project's or
         its tenant's) it would cross. All of them over: the reason names the first; some: it
         may still go on the others' cards."""
-        if not self.memory_limits or not job_gpus(job):
+        if not (job.queue in self.memory_limits or tenant in self.memory_limits) or not job_gpus(job):
             return "", frozenset()
-        cards = card_classes(ns.static.node for ns in self.placer.state.nodes.values())
+        if self._cards is None:
+            self._cards = card_classes(ns.static.node for ns in self.placer.state.nodes.values())
+        cards = self._cards
         usable = usable_classes(job, cards)
         over: dict[str, str] = {}
         for cls in usable:

@@ -93,7 +93,8 @@ def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
         ask = job_gpus(job)
         reason = (selectors.over_all_clusters(limits, in_use, row.project_id, row.tenant_id, ask)
                   or over_guarantee(limits, use, cid, job, (row.project_id, row.tenant_id), eff, ask))
-        if not reason and cards and ask > 0:
+        if not reason and cards and ask > 0 and (row.project_id in limits.project_memory
+                                                 or row.tenant_id in limits.tenant_memory):
             job, reason, closed = _close_classes(job, cards, limits, use, (row.project_id, row.tenant_id))
             if closed:
                 held.closed[job.name] = closed
