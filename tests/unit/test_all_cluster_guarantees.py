@@ -16,7 +16,8 @@ def _use(*held: tuple[str, int, int, float]) -> AllClusterUse:
     return use
 
 
-def _limits(project: dict[int, float] | None = None, tenant: dict[int, float] | None = None) -> AllClusterLimits:
+def _limits(project: dict[int, float] | None = None,
+            tenant: dict[int, float] | None = None) -> AllClusterLimits:
     return AllClusterLimits({}, {}, {p: T for p in (project or {})}, project_guarantee=project or {},
                             tenant_guarantee=tenant or {})
 
