@@ -283,6 +283,10 @@ class ClusterTrial:
     """(queue or tenant, class) → MiB held on all clusters; shared by every trial like ``all_usage``."""
     all_guarantees: Mapping[str, float] = field(default_factory=dict)
     """GPU guarantees across all clusters per queue (for :func:`global_order`)."""
+    guarantees: Mapping[str, float] = field(default_factory=dict)
+    """Each queue's effective GPU guarantee on this cluster (its queue tree's)."""
+    np_usage: dict[str, float] = field(default_factory=dict)
+    """Non-preemptible GPUs held per queue on this cluster."""
 
     free: float = -1.0
     """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
@@ -345,6 +349,21 @@ class ClusterTrial:
             return over[min(over)], frozenset()
         return "", frozenset(m for cls in over for m in cards[cls][1])
 
+    def over_guarantee(self, job: Job) -> str:
+        """Why a non-preemptible job of a project with a guarantee across all clusters may not
+        run here now: its non-preemptible GPUs here + the ask go beyond its effective guarantee
+        on this cluster (the cycle's rule, ``services/all_clusters``). "" when within, or when
+        it asks more than its guarantee itself (the cluster's cycle rejects that)."""
+        g = self.all_guarantees.get(job.queue)
+        if job.preemptible or not g:
+            return ""
+        ask, eff = job_gpus(job), self.guarantees.get(job.queue, 0.0)
+        here = self.np_usage.get(job.queue, 0.0)
+        if here + ask <= eff + 1e-9 or (eff > 0 and ask > g + 1e-9 and ask > eff + 1e-9):
+            return ""
+        return (f"over your project's GPU guarantee across all clusters for non-preemptible work "
+                f"({eff:g} guaranteed here, {here:g} non-preemptible here)")
+
     def probe(self, job: Job, tenant: str, free: float) -> Probe:
         name = self.view.name
         everywhere = self.over_all_clusters(job, tenant)
@@ -353,6 +372,9 @@ class ClusterTrial:
         memory, closed = self.over_class_memory(job, tenant)
         if memory:
             return Probe(name, WAITS, reason=memory, all_clusters=True)
+        guarantee = self.over_guarantee(job)
+        if guarantee:
+            return Probe(name, WAITS, reason=guarantee, all_clusters=True)
         if closed:
             job = without_models(job, closed)
         limit = self.over_limit(job, tenant)
@@ -390,6 +412,8 @@ class ClusterTrial:
             for key in (job.queue, tenant):
                 if key in self.all_limits:
                     self.all_usage[key] = self.all_usage.get(key, 0.0) + g
+            if not job.preemptible:
+                self.np_usage[job.queue] = self.np_usage.get(job.queue, 0.0) + g
             for cls, mib in placement_memory(probe.placement).items():
                 for key in (job.queue, tenant):
                     if key in self.memory_limits:

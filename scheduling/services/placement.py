@@ -182,22 +182,29 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
         policy = engine_policy(c.placement_policy) or E.default_policy(
             E.profile_for(snapshot, pending))
         usage: dict[str, float] = defaultdict(float)
+        np_usage: dict[str, float] = defaultdict(float)
         for rj in running:
             g = M.gpus_of(rj.pods)
             usage[rj.queue] += g
             usage[rj.queue.split("/", 1)[0]] += g
             usage[M.CLUSTER] += g
+            if not rj.preemptible:
+                np_usage[rj.queue] += g
         limits: dict[str, float | None] = {
             M.CLUSTER: None if tree.quota.gpus_limit is None else float(tree.quota.gpus_limit)}
+        guarantees: dict[str, float] = {}  # effective on this cluster (selectors.queue_tree)
         for t in tree.tenants:
             limits[t.name] = None if t.quota.gpus_limit is None else float(t.quota.gpus_limit)
             for p in t.projects:
                 limits[p.name] = None if p.quota.gpus_limit is None else float(p.quota.gpus_limit)
+                if p.name in room.guarantees:
+                    guarantees[p.name] = float(p.quota.gpus_guaranteed)
         trial = M.ClusterTrial(views[c.pk], E.Placer(E.ClusterState(snapshot), policy), running, now,
                                usage=dict(usage), limits=limits, queued_gpus=queued_gpus,
                                all_limits=room.limits, all_usage=room.usage,
                                memory_limits=room.memory_limits, memory_usage=room.memory_usage,
-                               all_guarantees=room.guarantees)
+                               all_guarantees=room.guarantees, guarantees=guarantees,
+                               np_usage=dict(np_usage))
         out.append(_Trial(c, trial, {int(j.name): j for j in pending}))
     return out
 

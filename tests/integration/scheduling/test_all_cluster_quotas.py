@@ -240,3 +240,28 @@ def test_a_class_over_its_limit_leaves_the_other_class_on_the_same_cluster(world
     assert _state(job) == JobState.STARTING
     models = set(GpuSlice.objects.filter(allocation__job=job).values_list("gpu__model", flat=True))
     assert models == {"H100-80G"}
+
+
+def test_a_floating_non_preemptible_job_beyond_the_guarantee_is_bound_nowhere(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    from scheduling.services import placement
+
+    east, west = two
+    _quota(world, world.a.project, gpus_guaranteed_all_clusters=Decimal(4))
+    held = _submit(world, "held", east, 3, preemptible=False)
+    services.cycle_run(cluster=east)
+    assert _state(held) == JobState.STARTING
+    # East: 3 non-preemptible of 4 guaranteed there; west: 4 − 3 held on east = 1.
+    big = _submit(world, "big", None, 2, preemptible=False)
+    placement.placement_run()
+    big.refresh_from_db()
+    assert big.cluster is None and big.state == JobState.QUEUED
+    assert ("cluster east: over your project's GPU guarantee across all clusters for "
+            "non-preemptible work (4 guaranteed here, 3 non-preemptible here)") in big.reason
+    assert "cluster west: over your project's GPU guarantee across all clusters" in big.reason
+    small = _submit(world, "small", None, 1, preemptible=False)
+    placement.placement_run()
+    small.refresh_from_db()
+    assert small.cluster is not None
+    services.cycle_run(cluster=small.cluster)
+    assert _state(small) == JobState.STARTING

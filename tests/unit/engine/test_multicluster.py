@@ -227,3 +227,21 @@ def test_placing_counts_memory_for_the_next_job_in_the_step() -> None:
     probe = trial.probe(second, "t", trial.free)
     assert probe.outcome == M.FITS_NOW
     assert set(M.placement_memory(probe.placement)) == {"A100", "H100"} - {cls}
+
+
+def test_a_non_preemptible_job_waits_beyond_its_guarantee_here() -> None:
+    trial = _trial("g", node("g0", 8))
+    trial.all_guarantees, trial.guarantees, trial.np_usage = {"t/p": 4.0}, {"t/p": 4.0}, {"t/p": 3.0}
+    probe = trial.probe(_job(2), "t", trial.free)
+    assert probe.outcome == M.WAITS and probe.all_clusters
+    assert probe.reason == ("over your project's GPU guarantee across all clusters for "
+                            "non-preemptible work (4 guaranteed here, 3 non-preemptible here)")
+    assert trial.probe(_job(1), "t", trial.free).outcome == M.FITS_NOW
+    assert trial.probe(replace(_job(2), preemptible=True), "t", trial.free).outcome == M.FITS_NOW
+    # Asking more than the guarantee itself: the cluster's cycle rejects it, not this rule.
+    trial.np_usage = {}
+    assert trial.probe(_job(5), "t", trial.free).outcome == M.FITS_NOW
+    # Taking a non-preemptible job counts it for the next one.
+    probe = trial.probe(_job(1), "t", trial.free)
+    trial.take(_job(1), "t", probe)
+    assert trial.np_usage == {"t/p": 1.0}
