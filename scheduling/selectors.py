@@ -718,8 +718,9 @@ def effective_guarantees(cluster_id: int, limits: AllClusterLimits, use: AllClus
     """The GPU guarantee of each project and tenant with a guarantee across all clusters in
     this cluster's queue tree: max(its per-cluster guarantee, its guarantee across all
     clusters − the GPUs it holds on the other clusters), at most its per-cluster limit; a
-    tenant's at least the sum of its projects' there (the engine checks non-preemptible work
-    at every level of the path, so a project's guarantee is never cut by its tenant's)."""
+    tenant that guarantees anything there at least the sum of its projects' (the engine checks
+    non-preemptible work at every level of the path that guarantees something, so a project's
+    guarantee is never cut by its tenant's)."""
     out: dict[tuple[str, int], float] = {}
     for level, guarantees in (("project", limits.project_guarantee), ("tenant", limits.tenant_guarantee)):
         for key, g in guarantees.items():
@@ -728,8 +729,10 @@ def effective_guarantees(cluster_id: int, limits: AllClusterLimits, use: AllClus
             out[(level, key)] = eff if cap is None else min(eff, cap)
     for tid, pids in projects_of.items():
         raised = [out[("project", p)] for p in pids if ("project", p) in out]
-        if raised:
-            own = out.get(("tenant", tid), per_cluster.get(("tenant", tid), 0.0))
+        own = out.get(("tenant", tid), per_cluster.get(("tenant", tid), 0.0))
+        # A tenant guaranteeing nothing here (0) restricts nothing: left so, or its other
+        # projects' non-preemptible work would become bound by its projects' guarantees.
+        if raised and own > 0:
             both = sum(max(out.get(("project", p), 0.0), per_cluster.get(("project", p), 0.0))
                        for p in pids)
             out[("tenant", tid)] = max(own, both)

@@ -26,7 +26,10 @@ def test_the_guarantee_less_what_is_held_on_the_other_clusters() -> None:
     use = _use(("project", P1, WEST, 3.0), ("project", P1, EAST, 2.0))
     eff = effective_guarantees(EAST, _limits({P1: 8.0}), use, {}, {}, {T: [P1, P2]})
     assert eff[("project", P1)] == 5.0  # 8 − 3 held on west; east's own 2 do not count
-    # The tenant's is raised to its projects' sum (the engine checks every level).
+    # A tenant guaranteeing nothing here restricts nothing and stays so (P2 is not bound).
+    assert ("tenant", T) not in eff
+    # One that guarantees something is raised to its projects' sum (the engine checks it).
+    eff = effective_guarantees(EAST, _limits({P1: 8.0}), use, {("tenant", T): 1.0}, {}, {T: [P1, P2]})
     assert eff[("tenant", T)] == 5.0
     # Used up elsewhere: nothing across clusters, the per-cluster guarantee stays.
     use = _use(("project", P1, WEST, 9.0))
