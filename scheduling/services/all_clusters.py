@@ -13,6 +13,7 @@ admissions). The engine is unchanged: the guarantee reaches it through the queue
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -36,11 +37,14 @@ EPS = 1e-9
 
 def over_guarantee(limits: selectors.AllClusterLimits, use: selectors.AllClusterUse, cluster_id: int,
                    job: E.Job, ids: tuple[int, int], eff: dict[tuple[str, int], float],
-                   ask: float) -> str:
+                   ask: float, caps: dict[tuple[str, int], float] | None = None) -> str:
     """Why a non-preemptible job may not run here within its project's or tenant's guarantee
     across all clusters: its non-preemptible GPUs here + the ask go beyond the effective
     guarantee of this cluster. "" when within, when no such guarantee applies, or when the
-    engine rejects it itself (asks more than both guarantees: it can never be within)."""
+    engine rejects it itself, rightly: it asks more than the effective guarantee (which the
+    engine enforces when above 0) and more than the guarantee across all clusters or the
+    per-cluster limit (``caps``), so it can never be within."""
+    caps = caps or {}
     if job.preemptible or ask <= 0:
         return ""
     for level, key, g, who in (("project", ids[0], limits.project_guarantee.get(ids[0]), "project's"),
@@ -49,7 +53,8 @@ def over_guarantee(limits: selectors.AllClusterLimits, use: selectors.AllCluster
             continue
         here = use.np_gpus.get((level, key, cluster_id), 0.0)
         room = eff.get((level, key), 0.0)
-        if here + ask <= room + EPS or (room > 0 and ask > g + EPS and ask > room + EPS):
+        never = ask > g + EPS or ask > caps.get((level, key), math.inf) + EPS
+        if here + ask <= room + EPS or (room > 0 and ask > room + EPS and never):
             continue
         return (f"over your {who} GPU guarantee across all clusters for non-preemptible work: "
                 f"{use.elsewhere(level, key, cluster_id):g} of {g:g} held on other clusters, "
@@ -57,17 +62,20 @@ def over_guarantee(limits: selectors.AllClusterLimits, use: selectors.AllCluster
     return ""
 
 
-def _tree_guarantees(tree: QueueTree, ids: dict[str, tuple[int, int]]) -> dict[tuple[str, int], float]:
-    """The effective guarantees the cycle's tree carries, by ("project"|"tenant", id)."""
+def _tree_guarantees(tree: QueueTree, ids: dict[str, tuple[int, int]]
+                     ) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float]]:
+    """The effective guarantees and the GPU limits the cycle's tree carries, by
+    ("project"|"tenant", id)."""
     tenant_ids = {q.split("/", 1)[0]: t for q, (_, t) in ids.items()}
-    out: dict[tuple[str, int], float] = {}
+    eff: dict[tuple[str, int], float] = {}
+    caps: dict[tuple[str, int], float] = {}
     for t in tree.tenants:
-        if t.name in tenant_ids:
-            out[("tenant", tenant_ids[t.name])] = float(t.quota.gpus_guaranteed)
-        for p in t.projects:
-            if p.name in ids:
-                out[("project", ids[p.name][0])] = float(p.quota.gpus_guaranteed)
-    return out
+        for key, quota in ([(("tenant", tenant_ids[t.name]), t.quota)] if t.name in tenant_ids else []) + [
+                (("project", ids[p.name][0]), p.quota) for p in t.projects if p.name in ids]:
+            eff[key] = float(quota.gpus_guaranteed)
+            if quota.gpus_limit is not None:
+                caps[key] = float(quota.gpus_limit)
+    return eff, caps
 
 
 @dataclasses.dataclass
@@ -84,7 +92,7 @@ def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
     cid = inputs.cluster.pk if inputs.cluster is not None else 0
     in_use = use.as_in_use()
     ids = {j.queue: (inputs.jobs[j.name].project_id, inputs.jobs[j.name].tenant_id) for j in inputs.pending}
-    eff = _tree_guarantees(inputs.tree, ids)
+    eff, caps = _tree_guarantees(inputs.tree, ids)
     cards = card_classes(inputs.snapshot.nodes) if (limits.project_memory or limits.tenant_memory) else {}
     keep: list[E.Job] = []
     held = Held([], {})
@@ -92,7 +100,7 @@ def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
         row = inputs.jobs[job.name]
         ask = job_gpus(job)
         reason = (selectors.over_all_clusters(limits, in_use, row.project_id, row.tenant_id, ask)
-                  or over_guarantee(limits, use, cid, job, (row.project_id, row.tenant_id), eff, ask))
+                  or over_guarantee(limits, use, cid, job, (row.project_id, row.tenant_id), eff, ask, caps))
         if not reason and cards and ask > 0 and (row.project_id in limits.project_memory
                                                  or row.tenant_id in limits.tenant_memory):
             job, reason, closed = _close_classes(job, cards, limits, use, (row.project_id, row.tenant_id))

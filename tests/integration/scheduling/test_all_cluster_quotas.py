@@ -265,3 +265,22 @@ def test_a_floating_non_preemptible_job_beyond_the_guarantee_is_bound_nowhere(
     assert small.cluster is not None
     services.cycle_run(cluster=small.cluster)
     assert _state(small) == JobState.STARTING
+
+
+def test_used_elsewhere_a_non_preemptible_job_waits_rather_than_being_rejected(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    _quota(world, world.a.project, gpus_guaranteed_all_clusters=Decimal(4))
+    _submit(world, "w", west, 3)  # preemptible, on the other cluster
+    services.cycle_run(cluster=west)
+    # On east the guarantee is 4 − 3 = 1: the engine alone would reject a non-preemptible ask
+    # of 2 as "never within its guarantee"; it may fit once west's job ends, so it waits.
+    job = _submit(world, "np", east, 2, preemptible=False)
+    services.cycle_run(cluster=east)
+    assert _state(job) == JobState.QUEUED
+    assert job.reason.startswith("Over your project's GPU guarantee across all clusters for "
+                                 "non-preemptible work: 3 of 4 held on other clusters")
+    # More than the guarantee itself can never be within it: rejected, as on one cluster.
+    never = _submit(world, "never", east, 5, preemptible=False)
+    services.cycle_run(cluster=east)
+    assert _state(never) == JobState.REJECTED
