@@ -460,7 +460,7 @@ def _equota(q: Quota | None, gpus_guaranteed: float | None = None) -> EQuota:
     )
 
 
-def queue_tree(cluster: Cluster) -> QueueTree:
+def queue_tree(cluster: Cluster, use: AllClusterUse | None = None) -> QueueTree:
     """Cluster → tenant → project with their quotas. Tenant and project quotas are not
     per cluster in the data model, so they apply on every cluster alike."""
     quotas = list(Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT]))
@@ -469,7 +469,7 @@ def queue_tree(cluster: Cluster) -> QueueTree:
     projects: dict[int, list[Project]] = defaultdict(list)
     for p in Project.objects.all():
         projects[p.tenant_id].append(p)
-    eff = _tree_guarantees(cluster, quotas, projects)
+    eff = _tree_guarantees(cluster, quotas, projects, use)
     tenants = tuple(
         TenantQueue(
             name=t.name, quota=_equota(tenant_q.get(t.pk), eff.get(("tenant", t.pk))),
@@ -485,10 +485,11 @@ def queue_tree(cluster: Cluster) -> QueueTree:
     return QueueTree(tenants=tenants, quota=_equota(cq), name=cluster.name)
 
 
-def _tree_guarantees(cluster: Cluster, quotas: list[Quota], projects: dict[int, list[Project]]
-                     ) -> dict[tuple[str, int], float]:
+def _tree_guarantees(cluster: Cluster, quotas: list[Quota], projects: dict[int, list[Project]],
+                     use: AllClusterUse | None = None) -> dict[tuple[str, int], float]:
     """The guarantees across all clusters turned into this cluster's (``effective_guarantees``);
-    empty, and no query, when no quota has one."""
+    empty, and no query, when no quota has one. ``use``: the usage already read (by the
+    cycle, for every tenant with a quota across all clusters), else one aggregate."""
     limits = AllClusterLimits({}, {}, {})
     per_cluster: dict[tuple[str, int], float] = {}
     caps: dict[tuple[str, int], float | None] = {}
@@ -504,7 +505,8 @@ def _tree_guarantees(cluster: Cluster, quotas: list[Quota], projects: dict[int, 
                 limits._project_tenants[key] = int(q.tenant_id)  # type: ignore[arg-type]
     if not limits:
         return {}
-    use = all_cluster_use(limits.tenant_ids)
+    if use is None:
+        use = all_cluster_use(limits.tenant_ids)
     return effective_guarantees(cluster.pk, limits, use, per_cluster, caps,
                                 {t: [p.pk for p in ps] for t, ps in projects.items()})
 
@@ -531,7 +533,7 @@ class CycleInputs:
         return cls(E.ClusterSnapshot(nodes=()), QueueTree(tenants=()), [], [], {}, {}, {}, {})
 
 
-def cycle_inputs(cluster: Cluster) -> CycleInputs:
+def cycle_inputs(cluster: Cluster, use: AllClusterUse | None = None) -> CycleInputs:
     enodes, nodes, gpus, gpu_by_id, access = _cluster_part(cluster)
     jobs: dict[str, JobRow] = {}
     eallocs, checkpointable, estimates = _running_part(cluster, nodes, gpu_by_id, access, jobs)
@@ -540,7 +542,7 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
         snapshot, checkpointable=[k for k, c in checkpointable.items() if c],
         runtime_estimates=estimates)
     pending, groups = _pending_part(cluster, access, jobs)
-    return CycleInputs(snapshot, queue_tree(cluster), pending, running, jobs, nodes, gpus, groups,
+    return CycleInputs(snapshot, queue_tree(cluster, use), pending, running, jobs, nodes, gpus, groups,
                        access, cluster)
 
 

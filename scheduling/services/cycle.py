@@ -147,9 +147,9 @@ def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs,
     if not Job.objects.filter(cluster=cluster, state=JobState.QUEUED).exists():
         return selectors.CycleInputs.empty(), []
     with _gc_paused(), _consistent_read():
-        inputs = selectors.cycle_inputs(cluster)
         limits = selectors.all_cluster_limits()
         use = selectors.all_cluster_use(limits.tenant_ids) if limits else None
+        inputs = selectors.cycle_inputs(cluster, use)
     held = all_clusters.Held([], {})
     if limits and use is not None:
         # Quotas across all clusters (the snapshot's usage on every cluster): a job that
