@@ -657,7 +657,6 @@ class AllClusterUse:
     (``multicluster.gpus_of``'s rule) per (project, cluster) and per (tenant, cluster), the
     non-preemptible part of them, and GPU memory (MiB) per GPU model class."""
 
-    project_tenant: dict[int, int] = field(default_factory=dict)
     gpus: dict[tuple[str, int, int], float] = field(default_factory=lambda: defaultdict(float))
     """("project"|"tenant", id, cluster id) → GPUs held."""
     np_gpus: dict[tuple[str, int, int], float] = field(default_factory=lambda: defaultdict(float))
@@ -708,7 +707,6 @@ def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
             GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
             .values(*cols).annotate(n=Sum(share), mib=Sum("memory_mib")).order_by()
             .values_list(*cols, "n", "mib")):
-        use.project_tenant[pid] = tid
         use.add(pid, tid, cid, float(n or 0), not preemptible, {model_family(model): int(mib or 0)})
     return use
 

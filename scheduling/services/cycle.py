@@ -558,7 +558,8 @@ def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]], clu
     over: list[tuple[Job, str]] = []
     for job, placement, status in accepted:
         n = gpus_of(placement.pods)
-        eff = rows.effective(cluster_id, limits, use) if rows and not job.preemptible else {}
+        guaranteed = job.project_id in limits.project_guarantee or job.tenant_id in limits.tenant_guarantee
+        eff = rows.effective(cluster_id, limits, use) if rows and guaranteed and not job.preemptible else {}
         reason = all_clusters.admissible((job.project_id, job.tenant_id), job.preemptible, placement.pods,
                                          n, cluster_id, limits, use, in_use, eff)
         if reason:
