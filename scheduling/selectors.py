@@ -778,7 +778,8 @@ class AllClusterRoom:
     limits: dict[str, float] = field(default_factory=dict)
     usage: dict[str, float] = field(default_factory=dict)
     guarantees: dict[str, float] = field(default_factory=dict)
-    """GPU guarantees across all clusters per queue (the global order's fair share)."""
+    """GPU guarantees across all clusters per queue and per tenant (a tenant's name has no
+    "/", so the global order's lookups by queue never meet one)."""
     memory_limits: dict[str, dict[str, int]] = field(default_factory=dict)
     memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -801,8 +802,7 @@ def all_cluster_room_by_name() -> AllClusterRoom:
             ("tenant", tenants, per_tenant, limits.tenant, limits.tenant_guarantee, limits.tenant_memory)):
         for key, v in lims.items():
             room.limits[names[key]], room.usage[names[key]] = v, held.get(key, 0.0)
-        if level == "project":
-            room.guarantees.update({names[key]: v for key, v in guarantees.items()})
+        room.guarantees.update({names[key]: v for key, v in guarantees.items()})
         for key, classes in memory.items():
             room.memory_limits[names[key]] = classes
             for cls in classes:

@@ -282,11 +282,12 @@ class ClusterTrial:
     memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
     """(queue or tenant, class) → MiB held on all clusters; shared by every trial like ``all_usage``."""
     all_guarantees: Mapping[str, float] = field(default_factory=dict)
-    """GPU guarantees across all clusters per queue (for :func:`global_order`)."""
+    """GPU guarantees across all clusters per queue and per tenant (the queues' also order
+    :func:`global_order`)."""
     guarantees: Mapping[str, float] = field(default_factory=dict)
-    """Each queue's effective GPU guarantee on this cluster (its queue tree's)."""
+    """Each queue's and tenant's effective GPU guarantee on this cluster (its queue tree's)."""
     np_usage: dict[str, float] = field(default_factory=dict)
-    """Non-preemptible GPUs held per queue on this cluster."""
+    """Non-preemptible GPUs held per queue and per tenant on this cluster."""
 
     free: float = -1.0
     """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
@@ -349,20 +350,24 @@ class ClusterTrial:
             return over[min(over)], frozenset()
         return "", frozenset(m for cls in over for m in cards[cls][1])
 
-    def over_guarantee(self, job: Job) -> str:
-        """Why a non-preemptible job of a project with a guarantee across all clusters may not
-        run here now: its non-preemptible GPUs here + the ask go beyond its effective guarantee
-        on this cluster (the cycle's rule, ``services/all_clusters``). "" when within, or when
-        it asks more than its guarantee itself (the cluster's cycle rejects that)."""
-        g = self.all_guarantees.get(job.queue)
-        if job.preemptible or not g:
+    def over_guarantee(self, job: Job, tenant: str) -> str:
+        """Why a non-preemptible job of a project (a tenant) with a guarantee across all
+        clusters may not run here now: its non-preemptible GPUs here + the ask go beyond the
+        effective guarantee on this cluster (the cycle's rule, ``services/all_clusters``). ""
+        when within, or when it asks more than the guarantee itself (the cycle rejects that)."""
+        if job.preemptible:
             return ""
-        ask, eff = job_gpus(job), self.guarantees.get(job.queue, 0.0)
-        here = self.np_usage.get(job.queue, 0.0)
-        if here + ask <= eff + 1e-9 or (eff > 0 and ask > g + 1e-9 and ask > eff + 1e-9):
-            return ""
-        return (f"over your project's GPU guarantee across all clusters for non-preemptible work "
-                f"({eff:g} guaranteed here, {here:g} non-preemptible here)")
+        ask = job_gpus(job)
+        for key, who in ((job.queue, "your project's"), (tenant, "your tenant's")):
+            g = self.all_guarantees.get(key)
+            if not g:
+                continue
+            eff, here = self.guarantees.get(key, 0.0), self.np_usage.get(key, 0.0)
+            if here + ask <= eff + 1e-9 or (eff > 0 and ask > g + 1e-9 and ask > eff + 1e-9):
+                continue
+            return (f"over {who} GPU guarantee across all clusters for non-preemptible work "
+                    f"({eff:g} guaranteed here, {here:g} non-preemptible here)")
+        return ""
 
     def probe(self, job: Job, tenant: str, free: float) -> Probe:
         name = self.view.name
@@ -372,7 +377,7 @@ class ClusterTrial:
         memory, closed = self.over_class_memory(job, tenant)
         if memory:
             return Probe(name, WAITS, reason=memory, all_clusters=True)
-        guarantee = self.over_guarantee(job)
+        guarantee = self.over_guarantee(job, tenant)
         if guarantee:
             return Probe(name, WAITS, reason=guarantee, all_clusters=True)
         if closed:
@@ -413,7 +418,8 @@ class ClusterTrial:
                 if key in self.all_limits:
                     self.all_usage[key] = self.all_usage.get(key, 0.0) + g
             if not job.preemptible:
-                self.np_usage[job.queue] = self.np_usage.get(job.queue, 0.0) + g
+                for key in (job.queue, tenant):
+                    self.np_usage[key] = self.np_usage.get(key, 0.0) + g
             for cls, mib in placement_memory(probe.placement).items():
                 for key in (job.queue, tenant):
                     if key in self.memory_limits:

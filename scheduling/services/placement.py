@@ -190,11 +190,14 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
             usage[M.CLUSTER] += g
             if not rj.preemptible:
                 np_usage[rj.queue] += g
+                np_usage[rj.queue.split("/", 1)[0]] += g
         limits: dict[str, float | None] = {
             M.CLUSTER: None if tree.quota.gpus_limit is None else float(tree.quota.gpus_limit)}
         guarantees: dict[str, float] = {}  # effective on this cluster (selectors.queue_tree)
         for t in tree.tenants:
             limits[t.name] = None if t.quota.gpus_limit is None else float(t.quota.gpus_limit)
+            if t.name in room.guarantees:
+                guarantees[t.name] = float(t.quota.gpus_guaranteed)
             for p in t.projects:
                 limits[p.name] = None if p.quota.gpus_limit is None else float(p.quota.gpus_limit)
                 if p.name in room.guarantees:

@@ -288,3 +288,16 @@ def test_a_non_preemptible_job_waits_beyond_its_guarantee_here() -> None:
     probe = trial.probe(_job(1), "t", trial.free)
     trial.take(_job(1), "t", probe)
     assert trial.np_usage == {"t/p": 1.0}
+
+
+def test_a_non_preemptible_job_waits_beyond_its_tenants_guarantee_here() -> None:
+    trial = _trial("g", node("g0", 8))
+    trial.all_guarantees, trial.guarantees, trial.np_usage = {"t": 6.0}, {"t": 2.0}, {"t": 1.0}
+    probe = trial.probe(_job(2), "t", trial.free)
+    assert probe.outcome == M.WAITS and probe.all_clusters
+    assert probe.reason == ("over your tenant's GPU guarantee across all clusters for "
+                            "non-preemptible work (2 guaranteed here, 1 non-preemptible here)")
+    probe = trial.probe(_job(1), "t", trial.free)
+    assert probe.outcome == M.FITS_NOW
+    trial.take(_job(1), "t", probe)
+    assert trial.np_usage == {"t": 2.0, "t/p": 1.0}
