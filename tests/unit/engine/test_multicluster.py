@@ -287,7 +287,7 @@ def test_a_non_preemptible_job_waits_beyond_its_guarantee_here() -> None:
     # Taking a non-preemptible job counts it for the next one.
     probe = trial.probe(_job(1), "t", trial.free)
     trial.take(_job(1), "t", probe)
-    assert trial.np_usage == {"t/p": 1.0}
+    assert trial.np_usage == {"t/p": 1.0, "t": 1.0}
 
 
 def test_a_non_preemptible_job_waits_beyond_its_tenants_guarantee_here() -> None:
