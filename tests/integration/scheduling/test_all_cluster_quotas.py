@@ -284,3 +284,25 @@ def test_used_elsewhere_a_non_preemptible_job_waits_rather_than_being_rejected(
     never = _submit(world, "never", east, 5, preemptible=False)
     services.cycle_run(cluster=east)
     assert _state(never) == JobState.REJECTED
+
+
+def test_a_tenant_guarantee_across_clusters_counts_all_its_projects(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": Decimal(4)})
+    first = _submit(world, "p1", east, 3, preemptible=False)
+    services.cycle_run(cluster=east)
+    assert _state(first) == JobState.STARTING
+    other = _submit(world, "p2", west, 2, preemptible=False, project=world.a.other_project)
+    services.cycle_run(cluster=west)
+    assert _state(other) == JobState.QUEUED
+    assert other.reason.startswith("Over your tenant's GPU guarantee across all clusters for "
+                                   "non-preemptible work: 3 of 4 held on other clusters")
+    within = _submit(world, "p2-1", west, 1, preemptible=False, project=world.a.other_project)
+    services.cycle_run(cluster=west)
+    assert _state(within) == JobState.STARTING
+    # globex, with no such guarantee, is not bound by acme's.
+    theirs = _submit(world, "b", west, 4, side="b", preemptible=False)
+    services.cycle_run(cluster=west)
+    assert _state(theirs) == JobState.STARTING
