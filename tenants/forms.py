@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import forms
@@ -71,8 +72,11 @@ class ClassLimitsField(forms.CharField):
             if not line.strip():
                 continue
             name, sep, amount = line.partition("=")
-            if not sep or not name.strip() or not amount.strip().isdigit():
-                raise ValidationError(f"Line {n}: write one 'GPU model class = MiB' per line.")
+            # ASCII digits only, at most 16: str.isdigit() also accepts '²' and other
+            # Unicode digits that int() refuses, and int() refuses over 4,300 digits.
+            if not sep or not name.strip() or not re.fullmatch(r"[0-9]{1,16}", amount.strip()):
+                raise ValidationError(f"Line {n}: write one 'GPU model class = MiB' per line "
+                                      f"(whole MiB in digits 0-9).")
             if name.strip() in out:
                 raise ValidationError(f"Line {n}: {name.strip()} is given twice.")
             out[name.strip()] = int(amount.strip())

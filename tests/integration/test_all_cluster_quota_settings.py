@@ -178,3 +178,19 @@ def test_console_form_saves_and_the_pages_show_both_levels(world: World, east: A
     cluster_form = admin.get("/admin/clusters/east/quota/")
     assert cluster_form.status_code == 200 and b"GPUs guaranteed" in cluster_form.content
     assert b"across all clusters" not in cluster_form.content
+
+
+@pytest.mark.parametrize("amount", ["\u00b2", "9" * 5000])
+def test_class_limit_amounts_that_are_not_plain_digits_are_field_errors(world: World, east: Any,
+                                                                        amount: str) -> None:
+    """'²' passes str.isdigit() but not int(); 5,000 digits pass isdigit() but not int()
+    (its 4,300-digit limit): a field error on the form and a 400 on the API, not a 500."""
+    client = login(world.a.owner)
+    page = client.post("/t/acme/p/acme-p1/quota/", {**FORM, FIELD: f"A100-80G = {amount}"})
+    assert page.status_code == 200 and FIELD in page.context["form"].errors
+    assert not Quota.objects.filter(project=world.a.project).exists()
+    api = client_for(world.a.owner).post("/api/v1/quotas/", {
+        **BODY, "scope": "project", "project": world.a.project.pk,
+        FIELD: [{"model_class": "A100-80G", "gpu_memory_mib_limit": amount}]}, format="json")
+    assert api.status_code == 400 and FIELD in api.json()
+    assert not Quota.objects.filter(project=world.a.project).exists()
