@@ -6,8 +6,8 @@ in 2 tenants (4 GPUs each); then ``--pending`` one-GPU preemptible jobs queued o
 cluster, which all wait (no room, nothing they may preempt), so each cycle decides the same
 thing and can be repeated. The cycle (``cycle_run``: snapshot, engine, writes) is timed
 ``--repeats`` times without any quota across all clusters, then with every project and tenant
-holding a GPU guarantee, a GPU limit and an A100 GPU memory limit across all clusters (none of
-them binding: the same decisions). Medians.
+holding a GPU limit and an A100 GPU memory limit across all clusters (none of them binding:
+the same decisions). Medians.
 
     .venv/bin/python -m bench.all_cluster_quotas --nodes 32 --pending 2000 --repeats 5
 """
@@ -117,11 +117,11 @@ def _run(args: argparse.Namespace) -> dict[str, object]:
     without = timed()
     for w in worlds:
         tenant_services.quota_set(actor=admin, scope="tenant", tenant=w.tenant, values={
-            "gpus_guaranteed_all_clusters": Decimal(gpus // 4), "gpus_limit_all_clusters": Decimal(gpus),
+            "gpus_limit_all_clusters": Decimal(gpus),
             "gpu_memory_mib_limits_all_clusters": {"A100-80G": gpus * 81920}})
         for p in (w.project, w.other_project):
             tenant_services.quota_set(actor=admin, scope="project", project=p, values={
-                "gpus_guaranteed_all_clusters": Decimal(gpus // 8), "gpus_limit_all_clusters": Decimal(gpus),
+                "gpus_limit_all_clusters": Decimal(gpus),
                 "gpu_memory_mib_limits_all_clusters": {"A100-80G": gpus * 81920}})
     with_quotas = timed()
     queued = Job.objects.filter(cluster=clusters[0], state=JobState.QUEUED).count()

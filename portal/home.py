@@ -109,12 +109,9 @@ def quota_left(user: Any) -> list[dict[str, Any]]:
         # The usage counts every cluster: the limit across all clusters (issue 16) applies to it.
         everywhere = None if q is None or q.gpus_limit_all_clusters is None else round(
             max(0.0, float(q.gpus_limit_all_clusters) - gpu.used), 2)
-        guaranteed_everywhere = None if q is None or not q.gpus_guaranteed_all_clusters else round(
-            max(0.0, float(q.gpus_guaranteed_all_clusters) - gpu.used), 2)
         out.append({"project": p, "bars": bars[:1], "left": round(max(0.0, left), 2),
                     "guaranteed_left": round(max(0.0, gpu.guaranteed - gpu.used), 2),
                     "all_clusters_left": everywhere,
-                    "all_clusters_guaranteed_left": guaranteed_everywhere,
                     "class_limits": _class_left(q)})
     return out
 

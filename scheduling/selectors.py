@@ -447,12 +447,11 @@ def _pending_part(cluster: Cluster, access: PoolAccess, jobs: dict[str, JobRow],
     return pending, groups
 
 
-def _equota(q: Quota | None, gpus_guaranteed: float | None = None) -> EQuota:
+def _equota(q: Quota | None) -> EQuota:
     if q is None:
-        return EQuota() if gpus_guaranteed is None else EQuota(gpus_guaranteed=gpus_guaranteed)
+        return EQuota()
     return EQuota(
-        gpus_guaranteed=q.gpus_guaranteed if gpus_guaranteed is None else gpus_guaranteed,
-        gpus_limit=q.gpus_limit,
+        gpus_guaranteed=q.gpus_guaranteed, gpus_limit=q.gpus_limit,
         gpu_memory_mib_guaranteed=q.gpu_memory_mib_guaranteed,
         gpu_memory_mib_limit=q.gpu_memory_mib_limit,
         cpu_cores_guaranteed=q.cpu_cores_guaranteed, cpu_cores_limit=q.cpu_cores_limit,
@@ -460,7 +459,7 @@ def _equota(q: Quota | None, gpus_guaranteed: float | None = None) -> EQuota:
     )
 
 
-def queue_tree(cluster: Cluster, use: AllClusterUse | None = None) -> QueueTree:
+def queue_tree(cluster: Cluster) -> QueueTree:
     """Cluster → tenant → project with their quotas. Tenant and project quotas are not
     per cluster in the data model, so they apply on every cluster alike."""
     quotas = list(Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT]))
@@ -469,13 +468,11 @@ def queue_tree(cluster: Cluster, use: AllClusterUse | None = None) -> QueueTree:
     projects: dict[int, list[Project]] = defaultdict(list)
     for p in Project.objects.all():
         projects[p.tenant_id].append(p)
-    eff = _tree_guarantees(cluster, quotas, projects, use)
     tenants = tuple(
         TenantQueue(
-            name=t.name, quota=_equota(tenant_q.get(t.pk), eff.get(("tenant", t.pk))),
+            name=t.name, quota=_equota(tenant_q.get(t.pk)),
             projects=tuple(
-                ProjectQueue(queue_name(t.name, p.name),
-                             _equota(project_q.get(p.pk), eff.get(("project", p.pk))))
+                ProjectQueue(queue_name(t.name, p.name), _equota(project_q.get(p.pk)))
                 for p in projects[t.pk]
             ),
         )
@@ -483,32 +480,6 @@ def queue_tree(cluster: Cluster, use: AllClusterUse | None = None) -> QueueTree:
     )
     cq = Quota.objects.filter(scope=QuotaScope.CLUSTER, cluster=cluster).first()
     return QueueTree(tenants=tenants, quota=_equota(cq), name=cluster.name)
-
-
-def _tree_guarantees(cluster: Cluster, quotas: list[Quota], projects: dict[int, list[Project]],
-                     use: AllClusterUse | None = None) -> dict[tuple[str, int], float]:
-    """The guarantees across all clusters turned into this cluster's (``effective_guarantees``);
-    empty, and no query, when no quota has one. ``use``: the usage already read (by the
-    cycle, for every tenant with a quota across all clusters), else one aggregate."""
-    limits = AllClusterLimits({}, {}, {})
-    per_cluster: dict[tuple[str, int], float] = {}
-    caps: dict[tuple[str, int], float | None] = {}
-    for q in quotas:
-        level = "project" if q.scope == QuotaScope.PROJECT else "tenant"
-        key = int(q.project_id if level == "project" else q.tenant_id)  # type: ignore[arg-type]
-        per_cluster[(level, key)] = float(q.gpus_guaranteed)
-        caps[(level, key)] = None if q.gpus_limit is None else float(q.gpus_limit)
-        if q.gpus_guaranteed_all_clusters:
-            (limits.project_guarantee if level == "project" else limits.tenant_guarantee)[key] = float(
-                q.gpus_guaranteed_all_clusters)
-            if level == "project":
-                limits._project_tenants[key] = int(q.tenant_id)  # type: ignore[arg-type]
-    if not limits:
-        return {}
-    if use is None:
-        use = all_cluster_use(limits.tenant_ids)
-    return effective_guarantees(cluster.pk, limits, use, per_cluster, caps,
-                                {t: [p.pk for p in ps] for t, ps in projects.items()})
 
 
 @dataclass(frozen=True)
@@ -533,7 +504,7 @@ class CycleInputs:
         return cls(E.ClusterSnapshot(nodes=()), QueueTree(tenants=()), [], [], {}, {}, {}, {})
 
 
-def cycle_inputs(cluster: Cluster, use: AllClusterUse | None = None) -> CycleInputs:
+def cycle_inputs(cluster: Cluster) -> CycleInputs:
     enodes, nodes, gpus, gpu_by_id, access = _cluster_part(cluster)
     jobs: dict[str, JobRow] = {}
     eallocs, checkpointable, estimates = _running_part(cluster, nodes, gpu_by_id, access, jobs)
@@ -542,7 +513,7 @@ def cycle_inputs(cluster: Cluster, use: AllClusterUse | None = None) -> CycleInp
         snapshot, checkpointable=[k for k, c in checkpointable.items() if c],
         runtime_estimates=estimates)
     pending, groups = _pending_part(cluster, access, jobs)
-    return CycleInputs(snapshot, queue_tree(cluster, use), pending, running, jobs, nodes, gpus, groups,
+    return CycleInputs(snapshot, queue_tree(cluster), pending, running, jobs, nodes, gpus, groups,
                        access, cluster)
 
 
@@ -601,51 +572,43 @@ def cluster_usage(*, cluster: Cluster) -> dict[str, int]:
 @dataclass(frozen=True)
 class AllClusterLimits:
     """The tenant and project quotas that carry a quota across all clusters: the GPU limit
-    (project id → limit, tenant id → limit), the GPU guarantee and the GPU memory limits per
-    GPU model class (``*_guarantee``, ``*_memory``), and every tenant concerned."""
+    (project id → limit, tenant id → limit) and the GPU memory limits per GPU model class
+    (``*_memory``), and every tenant concerned."""
 
     project: dict[int, float]
     tenant: dict[int, float]
 
     @property
     def tenant_ids(self) -> list[int]:
-        return sorted(set(self.tenant) | set(self.tenant_guarantee) | set(self.tenant_memory)
-                      | set(self._project_tenants.values()))
+        return sorted(set(self.tenant) | set(self.tenant_memory) | set(self._project_tenants.values()))
 
     _project_tenants: dict[int, int]
     """Project id → its tenant id."""
-    project_guarantee: dict[int, float] = field(default_factory=dict)
-    tenant_guarantee: dict[int, float] = field(default_factory=dict)
     project_memory: dict[int, dict[str, int]] = field(default_factory=dict)
     """Project id → {GPU model class: MiB at most on all clusters}."""
     tenant_memory: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.project or self.tenant or self.project_guarantee or self.tenant_guarantee
-                    or self.project_memory or self.tenant_memory)
+        return bool(self.project or self.tenant or self.project_memory or self.tenant_memory)
 
 
 def all_cluster_limits(tenant_ids: Collection[int] | None = None) -> AllClusterLimits:
-    """One query; only the quotas that set a limit or a guarantee across all clusters."""
+    """One query; only the quotas that set a limit across all clusters."""
     rows = Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT]).filter(
-        Q(gpus_limit_all_clusters__isnull=False) | Q(gpus_guaranteed_all_clusters__gt=0)
-        | ~Q(gpu_memory_mib_limits_all_clusters={}))
+        Q(gpus_limit_all_clusters__isnull=False) | ~Q(gpu_memory_mib_limits_all_clusters={}))
     if tenant_ids is not None:
         rows = rows.filter(tenant_id__in=list(tenant_ids))
     out = AllClusterLimits({}, {}, {})
-    for scope, tid, pid, lim, g, mem in rows.values_list(
+    for scope, tid, pid, lim, mem in rows.values_list(
             "scope", "tenant_id", "project_id", "gpus_limit_all_clusters",
-            "gpus_guaranteed_all_clusters", "gpu_memory_mib_limits_all_clusters"):
+            "gpu_memory_mib_limits_all_clusters"):
         key = pid if scope == QuotaScope.PROJECT else tid
-        limits, guarantees, memory = ((out.project, out.project_guarantee, out.project_memory)
-                                      if scope == QuotaScope.PROJECT
-                                      else (out.tenant, out.tenant_guarantee, out.tenant_memory))
+        limits, memory = ((out.project, out.project_memory) if scope == QuotaScope.PROJECT
+                          else (out.tenant, out.tenant_memory))
         if scope == QuotaScope.PROJECT:
             out._project_tenants[pid] = tid
         if lim is not None:
             limits[key] = float(lim)
-        if g:
-            guarantees[key] = float(g)
         if mem:
             memory[key] = {str(k): int(v) for k, v in mem.items()}
     return out
@@ -653,42 +616,35 @@ def all_cluster_limits(tenant_ids: Collection[int] | None = None) -> AllClusterL
 
 @dataclass
 class AllClusterUse:
-    """What tenants' jobs hold on every cluster, from one aggregate over ``GpuSlice``: GPUs
-    (``multicluster.gpus_of``'s rule) per (project, cluster) and per (tenant, cluster), the
-    non-preemptible part of them, and GPU memory (MiB) per GPU model class."""
+    """What tenants' jobs hold on every cluster together, from one aggregate over
+    ``GpuSlice``: GPUs (``multicluster.gpus_of``'s rule) per project and per tenant, and GPU
+    memory (MiB) per GPU model class."""
 
-    gpus: dict[tuple[str, int, int], float] = field(default_factory=lambda: defaultdict(float))
-    """("project"|"tenant", id, cluster id) → GPUs held."""
-    np_gpus: dict[tuple[str, int, int], float] = field(default_factory=lambda: defaultdict(float))
+    gpus: dict[tuple[str, int], float] = field(default_factory=lambda: defaultdict(float))
+    """("project"|"tenant", id) → GPUs held on all clusters."""
     memory: dict[tuple[str, int, str], int] = field(default_factory=lambda: defaultdict(int))
     """("project"|"tenant", id, GPU model class) → MiB held on all clusters."""
 
     def total(self, level: str, key: int) -> float:
-        return sum(v for (lv, k, _), v in self.gpus.items() if lv == level and k == key)
-
-    def elsewhere(self, level: str, key: int, cluster_id: int) -> float:
-        return sum(v for (lv, k, c), v in self.gpus.items() if lv == level and k == key and c != cluster_id)
+        return self.gpus.get((level, key), 0.0)
 
     def as_in_use(self) -> tuple[dict[int, float], dict[int, float]]:
         """The GPUs held on all clusters together, (per project, per tenant)."""
         per: tuple[dict[int, float], dict[int, float]] = (defaultdict(float), defaultdict(float))
-        for (lv, k, _), v in self.gpus.items():
+        for (lv, k), v in self.gpus.items():
             per[0 if lv == "project" else 1][k] += v
         return per
 
-    def add(self, project_id: int, tenant_id: int, cluster_id: int, gpus: float,
-            nonpreemptible: bool, memory: dict[str, int]) -> None:
+    def add(self, project_id: int, tenant_id: int, gpus: float, memory: dict[str, int]) -> None:
         """Count an admission made meanwhile (this cycle's, under the per-tenant lock)."""
         for lv, k in (("project", project_id), ("tenant", tenant_id)):
-            self.gpus[(lv, k, cluster_id)] += gpus
-            if nonpreemptible:
-                self.np_gpus[(lv, k, cluster_id)] += gpus
+            self.gpus[(lv, k)] += gpus
             for cls, mib in memory.items():
                 self.memory[(lv, k, cls)] += mib
 
 
 def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
-    """One aggregate: per project, cluster, preemptibility and GPU model, GPUs and MiB held."""
+    """One aggregate: per project and GPU model, GPUs and MiB held."""
     from django.db.models import Case, ExpressionWrapper, Sum, Value, When
 
     from .engine.placement import model_family
@@ -701,42 +657,13 @@ def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
         default=ExpressionWrapper(Cast("cores_percent", FloatField()) / Value(100.0),
                                   output_field=FloatField()),
         output_field=FloatField())
-    cols = ("allocation__job__project_id", "allocation__job__tenant_id", "allocation__cluster_id",
-            "allocation__job__preemptible", "gpu__model")
-    for pid, tid, cid, preemptible, model, n, mib in (
+    cols = ("allocation__job__project_id", "allocation__job__tenant_id", "gpu__model")
+    for pid, tid, model, n, mib in (
             GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
             .values(*cols).annotate(n=Sum(share), mib=Sum("memory_mib")).order_by()
             .values_list(*cols, "n", "mib")):
-        use.add(pid, tid, cid, float(n or 0), not preemptible, {model_family(model): int(mib or 0)})
+        use.add(pid, tid, float(n or 0), {model_family(model): int(mib or 0)})
     return use
-
-
-def effective_guarantees(cluster_id: int, limits: AllClusterLimits, use: AllClusterUse,
-                         per_cluster: dict[tuple[str, int], float],
-                         caps: dict[tuple[str, int], float | None],
-                         projects_of: dict[int, list[int]]) -> dict[tuple[str, int], float]:
-    """The GPU guarantee of each project and tenant with a guarantee across all clusters in
-    this cluster's queue tree: max(its per-cluster guarantee, its guarantee across all
-    clusters − the GPUs it holds on the other clusters), at most its per-cluster limit; a
-    tenant that guarantees anything there at least the sum of its projects' (the engine checks
-    non-preemptible work at every level of the path that guarantees something, so a project's
-    guarantee is never cut by its tenant's)."""
-    out: dict[tuple[str, int], float] = {}
-    for level, guarantees in (("project", limits.project_guarantee), ("tenant", limits.tenant_guarantee)):
-        for key, g in guarantees.items():
-            eff = max(per_cluster.get((level, key), 0.0), g - use.elsewhere(level, key, cluster_id))
-            cap = caps.get((level, key))
-            out[(level, key)] = eff if cap is None else min(eff, cap)
-    for tid, pids in projects_of.items():
-        raised = [out[("project", p)] for p in pids if ("project", p) in out]
-        own = out.get(("tenant", tid), per_cluster.get(("tenant", tid), 0.0))
-        # A tenant guaranteeing nothing here (0) restricts nothing: left so, or its other
-        # projects' non-preemptible work would become bound by its projects' guarantees.
-        if raised and own > 0:
-            both = sum(max(out.get(("project", p), 0.0), per_cluster.get(("project", p), 0.0))
-                       for p in pids)
-            out[("tenant", tid)] = max(own, both)
-    return out
 
 
 def over_class_memory(limits: AllClusterLimits, use: AllClusterUse, project_id: int, tenant_id: int,
@@ -777,9 +704,6 @@ class AllClusterRoom:
 
     limits: dict[str, float] = field(default_factory=dict)
     usage: dict[str, float] = field(default_factory=dict)
-    guarantees: dict[str, float] = field(default_factory=dict)
-    """GPU guarantees across all clusters per queue and per tenant (a tenant's name has no
-    "/", so the global order's lookups by queue never meet one)."""
     memory_limits: dict[str, dict[str, int]] = field(default_factory=dict)
     memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -796,13 +720,11 @@ def all_cluster_room_by_name() -> AllClusterRoom:
     tenants = dict(Tenant.objects.filter(pk__in=limits.tenant_ids).values_list("pk", "name"))
     projects = {pk: queue_name(t, n) for pk, t, n in Project.objects.filter(
         tenant_id__in=limits.tenant_ids).values_list("pk", "tenant__name", "name")}
-    for level, names, held, lims, guarantees, memory in (
-            ("project", projects, per_project, limits.project, limits.project_guarantee,
-             limits.project_memory),
-            ("tenant", tenants, per_tenant, limits.tenant, limits.tenant_guarantee, limits.tenant_memory)):
+    for level, names, held, lims, memory in (
+            ("project", projects, per_project, limits.project, limits.project_memory),
+            ("tenant", tenants, per_tenant, limits.tenant, limits.tenant_memory)):
         for key, v in lims.items():
             room.limits[names[key]], room.usage[names[key]] = v, held.get(key, 0.0)
-        room.guarantees.update({names[key]: v for key, v in guarantees.items()})
         for key, classes in memory.items():
             room.memory_limits[names[key]] = classes
             for cls in classes:

@@ -60,15 +60,18 @@ def _quota_rows(quota: Quota | None) -> list[dict[str, Any]]:
 
 
 def _all_cluster_rows(quota: Quota | None, tenant: Tenant, project: Project | None) -> list[dict[str, Any]]:
-    """The platform level beside the per-cluster rows: the quota across all clusters (GPUs
-    guaranteed and at most; GPU memory per model class) with what is held on all clusters."""
+    """The platform level beside the per-cluster rows: the quota across all clusters (GPUs at
+    most; GPU memory per model class) with what is held on all clusters. None (and no usage
+    aggregate) when the quota has no limit across all clusters."""
+    if quota is None or (quota.gpus_limit_all_clusters is None
+                         and not quota.gpu_memory_mib_limits_all_clusters):
+        return []
     held = extensions.all_cluster_held(tenant.pk, project.pk if project else None)
-    rows = [{"label": "GPUs", "guaranteed": quota.gpus_guaranteed_all_clusters if quota else None,
-             "limit": quota.gpus_limit_all_clusters if quota else None, "used": held["gpus"]}]
-    limits = (quota.gpu_memory_mib_limits_all_clusters if quota else None) or {}
+    rows = [{"label": "GPUs", "limit": quota.gpus_limit_all_clusters, "used": held["gpus"]}]
+    limits = quota.gpu_memory_mib_limits_all_clusters or {}
     for cls in sorted(set(limits) | set(held["memory"])):
-        rows.append({"label": f"{cls} GPU memory (MiB)", "guaranteed": None,
-                     "limit": limits.get(cls), "used": held["memory"].get(cls, 0)})
+        rows.append({"label": f"{cls} GPU memory (MiB)", "limit": limits.get(cls),
+                     "used": held["memory"].get(cls, 0)})
     return rows
 
 

@@ -41,11 +41,8 @@ def quota_remaining(context: dict[str, Any]) -> dict[str, Any]:
             "guaranteed_left": round(max(0.0, guaranteed - held.gpus), 2),
             "limit_left": None if limit is None else round(max(0.0, limit - held.gpus), 2),
             "all_clusters_left": None if everywhere is None else round(max(0.0, everywhere - held.gpus), 2),
-            "all_clusters_guaranteed_left": None if q is None or not q.gpus_guaranteed_all_clusters
-            else round(max(0.0, float(q.gpus_guaranteed_all_clusters) - held.gpus), 2),
         })
-    return {"rows": rows, "any_all_clusters": any(r["all_clusters_left"] is not None for r in rows),
-            "any_all_clusters_guaranteed": any(r["all_clusters_guaranteed_left"] is not None for r in rows)}
+    return {"rows": rows, "any_all_clusters": any(r["all_clusters_left"] is not None for r in rows)}
 
 
 @register.inclusion_tag("portal/estimated_start.html")

@@ -281,13 +281,6 @@ class ClusterTrial:
     """GPU memory limits (MiB) per GPU model class across all clusters, per queue and tenant."""
     memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
     """(queue or tenant, class) → MiB held on all clusters; shared by every trial like ``all_usage``."""
-    all_guarantees: Mapping[str, float] = field(default_factory=dict)
-    """GPU guarantees across all clusters per queue and per tenant (the queues' also order
-    :func:`global_order`)."""
-    guarantees: Mapping[str, float] = field(default_factory=dict)
-    """Each queue's and tenant's effective GPU guarantee on this cluster (its queue tree's)."""
-    np_usage: dict[str, float] = field(default_factory=dict)
-    """Non-preemptible GPUs held per queue and per tenant on this cluster."""
 
     free: float = -1.0
     """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
@@ -350,25 +343,6 @@ class ClusterTrial:
             return over[min(over)], frozenset()
         return "", frozenset(m for cls in over for m in cards[cls][1])
 
-    def over_guarantee(self, job: Job, tenant: str) -> str:
-        """Why a non-preemptible job of a project (a tenant) with a guarantee across all
-        clusters may not run here now: its non-preemptible GPUs here + the ask go beyond the
-        effective guarantee on this cluster (the cycle's rule, ``services/all_clusters``). ""
-        when within, or when it asks more than the guarantee itself (the cycle rejects that)."""
-        if job.preemptible:
-            return ""
-        ask = job_gpus(job)
-        for key, who in ((job.queue, "your project's"), (tenant, "your tenant's")):
-            g = self.all_guarantees.get(key)
-            if not g:
-                continue
-            eff, here = self.guarantees.get(key, 0.0), self.np_usage.get(key, 0.0)
-            if here + ask <= eff + 1e-9 or (eff > 0 and ask > g + 1e-9 and ask > eff + 1e-9):
-                continue
-            return (f"over {who} GPU guarantee across all clusters for non-preemptible work "
-                    f"({eff:g} guaranteed here, {here:g} non-preemptible here)")
-        return ""
-
     def probe(self, job: Job, tenant: str, free: float) -> Probe:
         name = self.view.name
         everywhere = self.over_all_clusters(job, tenant)
@@ -377,9 +351,6 @@ class ClusterTrial:
         memory, closed = self.over_class_memory(job, tenant)
         if memory:
             return Probe(name, WAITS, reason=memory, all_clusters=True)
-        guarantee = self.over_guarantee(job, tenant)
-        if guarantee:
-            return Probe(name, WAITS, reason=guarantee, all_clusters=True)
         if closed:
             job = without_models(job, closed)
         limit = self.over_limit(job, tenant)
@@ -417,9 +388,6 @@ class ClusterTrial:
             for key in (job.queue, tenant):
                 if key in self.all_limits:
                     self.all_usage[key] = self.all_usage.get(key, 0.0) + g
-            if not job.preemptible:
-                for key in (job.queue, tenant):
-                    self.np_usage[key] = self.np_usage.get(key, 0.0) + g
             for cls, mib in placement_memory(probe.placement).items():
                 for key in (job.queue, tenant):
                     if key in self.memory_limits:
@@ -589,24 +557,11 @@ def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
             cur.queued_gpus += own
 
 
-def global_order(jobs: Sequence[tuple[Job, str]], usage: Mapping[str, float],
-                 guarantees: Mapping[str, float] | None = None) -> list[tuple[Job, str]]:
-    """The global queue's order: priority (higher first), then fair share across all clusters
-    (:func:`share_key`), then submission time, then the name (deterministic)."""
-    g = guarantees or {}
-    return sorted(jobs, key=lambda jt: (-jt[0].priority, *share_key(usage.get(jt[0].queue, 0.0),
-                                                                    g.get(jt[0].queue, 0.0)),
+def global_order(jobs: Sequence[tuple[Job, str]], usage: Mapping[str, float]) -> list[tuple[Job, str]]:
+    """The global queue's order: priority (higher first), then the project's GPUs in use across
+    all clusters (fair share: the emptier project first), then submission time."""
+    return sorted(jobs, key=lambda jt: (-jt[0].priority, usage.get(jt[0].queue, 0.0),
                                          jt[0].submit_time, jt[0].name))
-
-
-def share_key(used: float, guaranteed: float) -> tuple[int, float]:
-    """Rule (fair share across clusters): a project under its GPU guarantee across all clusters
-    comes first, the least used relative to it first (used ÷ guaranteed); then every other
-    project by the GPUs it holds beyond its guarantee (all it holds when it has none), the
-    emptier first."""
-    if guaranteed > 0 and used < guaranteed:
-        return (0, used / guaranteed)
-    return (1, used - guaranteed)
 
 
 def cluster_arches(snapshot: ClusterSnapshot) -> frozenset[str]:

@@ -1,20 +1,17 @@
-"""Quotas across all clusters (issue 16) in a cluster's cycle: the GPU limit, the GPU guarantee
-and the GPU memory limits per GPU model class that tenant and project quotas may hold over
-every cluster together (docs/ARCHITECTURE.md, "Quotas across all clusters").
+"""Quotas across all clusters (issue 16) in a cluster's cycle: the GPU limit and the GPU memory
+limits per GPU model class that tenant and project quotas may hold over every cluster together
+(docs/ARCHITECTURE.md, "Quotas across all clusters").
 
 Two places, as for the GPU limit before: the snapshot (``hold``: jobs that would cross a quota
 across all clusters wait, said why, and are not offered to the engine; cards of a class over
 its memory limit are closed to a job that may use others) and the admission, under the
 per-tenant advisory lock (``admissible``: counted again with the other clusters' committed
-admissions). The engine is unchanged: the guarantee reaches it through the queue tree
-(``selectors.queue_tree``: the effective guarantee of each cluster).
+admissions). The engine is unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections import defaultdict
 from collections.abc import Iterable
 
 from scheduling import engine as E
@@ -27,55 +24,8 @@ from scheduling.engine.multicluster import (
     usable_classes,
     without_models,
 )
-from scheduling.engine.queueing import QueueTree
-from tenants.models import Project, Quota, QuotaScope
 
 from .. import selectors
-
-EPS = 1e-9
-
-
-def over_guarantee(limits: selectors.AllClusterLimits, use: selectors.AllClusterUse, cluster_id: int,
-                   job: E.Job, ids: tuple[int, int], eff: dict[tuple[str, int], float],
-                   ask: float, caps: dict[tuple[str, int], float] | None = None) -> str:
-    """Why a non-preemptible job may not run here within its project's or tenant's guarantee
-    across all clusters: its non-preemptible GPUs here + the ask go beyond the effective
-    guarantee of this cluster. "" when within, when no such guarantee applies, or when the
-    engine rejects it itself, rightly: it asks more than the effective guarantee (which the
-    engine enforces when above 0) and more than the guarantee across all clusters or the
-    per-cluster limit (``caps``), so it can never be within."""
-    caps = caps or {}
-    if job.preemptible or ask <= 0:
-        return ""
-    for level, key, g, who in (("project", ids[0], limits.project_guarantee.get(ids[0]), "project's"),
-                               ("tenant", ids[1], limits.tenant_guarantee.get(ids[1]), "tenant's")):
-        if not g:
-            continue
-        here = use.np_gpus.get((level, key, cluster_id), 0.0)
-        room = eff.get((level, key), 0.0)
-        never = ask > g + EPS or ask > caps.get((level, key), math.inf) + EPS
-        if here + ask <= room + EPS or (room > 0 and ask > room + EPS and never):
-            continue
-        return (f"over your {who} GPU guarantee across all clusters for non-preemptible work: "
-                f"{use.elsewhere(level, key, cluster_id):g} of {g:g} held on other clusters, "
-                f"{here:g} non-preemptible here (it asks {ask:g}); mark it preemptible to borrow")
-    return ""
-
-
-def _tree_guarantees(tree: QueueTree, ids: dict[str, tuple[int, int]]
-                     ) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float]]:
-    """The effective guarantees and the GPU limits the cycle's tree carries, by
-    ("project"|"tenant", id)."""
-    tenant_ids = {q.split("/", 1)[0]: t for q, (_, t) in ids.items()}
-    eff: dict[tuple[str, int], float] = {}
-    caps: dict[tuple[str, int], float] = {}
-    for t in tree.tenants:
-        for key, quota in ([(("tenant", tenant_ids[t.name]), t.quota)] if t.name in tenant_ids else []) + [
-                (("project", ids[p.name][0]), p.quota) for p in t.projects if p.name in ids]:
-            eff[key] = float(quota.gpus_guaranteed)
-            if quota.gpus_limit is not None:
-                caps[key] = float(quota.gpus_limit)
-    return eff, caps
 
 
 @dataclasses.dataclass
@@ -89,18 +39,14 @@ class Held:
 def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
          use: selectors.AllClusterUse) -> tuple[selectors.CycleInputs, Held]:
     """The snapshot's part (see the module's docstring)."""
-    cid = inputs.cluster.pk if inputs.cluster is not None else 0
     in_use = use.as_in_use()
-    ids = {j.queue: (inputs.jobs[j.name].project_id, inputs.jobs[j.name].tenant_id) for j in inputs.pending}
-    eff, caps = _tree_guarantees(inputs.tree, ids)
     cards = card_classes(inputs.snapshot.nodes) if (limits.project_memory or limits.tenant_memory) else {}
     keep: list[E.Job] = []
     held = Held([], {})
     for job in inputs.pending:
         row = inputs.jobs[job.name]
         ask = job_gpus(job)
-        reason = (selectors.over_all_clusters(limits, in_use, row.project_id, row.tenant_id, ask)
-                  or over_guarantee(limits, use, cid, job, (row.project_id, row.tenant_id), eff, ask, caps))
+        reason = selectors.over_all_clusters(limits, in_use, row.project_id, row.tenant_id, ask)
         if not reason and cards and ask > 0 and (row.project_id in limits.project_memory
                                                  or row.tenant_id in limits.tenant_memory):
             job, reason, closed = _close_classes(job, cards, limits, use, (row.project_id, row.tenant_id))
@@ -146,53 +92,13 @@ def reopen(statuses: Iterable[JobStatus], closed: dict[str, str]) -> list[JobSta
     return out
 
 
-@dataclasses.dataclass
-class GuaranteeRows:
-    """The rows ``selectors.effective_guarantees`` needs, read once per admission."""
-
-    per_cluster: dict[tuple[str, int], float]
-    caps: dict[tuple[str, int], float | None]
-    projects: dict[int, list[int]]
-
-    def effective(self, cluster_id: int, limits: selectors.AllClusterLimits,
-                  use: selectors.AllClusterUse) -> dict[tuple[str, int], float]:
-        return selectors.effective_guarantees(cluster_id, limits, use, self.per_cluster, self.caps,
-                                              self.projects)
-
-
-def guarantee_rows(limits: selectors.AllClusterLimits) -> GuaranteeRows | None:
-    """The per-cluster quotas and projects of the tenants concerned (two queries), or None when
-    no quota has a guarantee across all clusters."""
-    if not (limits.project_guarantee or limits.tenant_guarantee):
-        return None
-    tids = limits.tenant_ids
-    rows = GuaranteeRows({}, {}, defaultdict(list))
-    for scope, tid, pid, g, lim in Quota.objects.filter(tenant_id__in=tids).values_list(
-            "scope", "tenant_id", "project_id", "gpus_guaranteed", "gpus_limit"):
-        key = ("project", pid) if scope == QuotaScope.PROJECT else ("tenant", tid)
-        rows.per_cluster[key], rows.caps[key] = float(g), None if lim is None else float(lim)
-    for pid, tid in Project.objects.filter(tenant_id__in=tids).values_list("pk", "tenant_id"):
-        rows.projects[tid].append(pid)
-    return rows
-
-
-def admissible(job_ids: tuple[int, int], preemptible: bool, pods: tuple[E.PodPlacement, ...], n: float,
-               cluster_id: int, limits: selectors.AllClusterLimits, use: selectors.AllClusterUse,
-               in_use: tuple[dict[int, float], dict[int, float]], eff: dict[tuple[str, int], float]) -> str:
+def admissible(job_ids: tuple[int, int], pods: tuple[E.PodPlacement, ...], n: float,
+               limits: selectors.AllClusterLimits, use: selectors.AllClusterUse,
+               in_use: tuple[dict[int, float], dict[int, float]]) -> str:
     """The admission's re-check of one job, under the per-tenant lock ("" when it may go):
-    the GPU limit, the guarantee (non-preemptible work here within this cluster's effective
-    guarantee, recomputed from what every cluster holds now) and the class memory limits."""
+    the GPU limit and the class memory limits, counted from what every cluster holds now."""
     pid, tid = job_ids
     reason = selectors.over_all_clusters(limits, in_use, pid, tid, n)
-    if not reason and not preemptible:
-        for level, key, g, who in (("project", pid, limits.project_guarantee.get(pid), "project's"),
-                                   ("tenant", tid, limits.tenant_guarantee.get(tid), "tenant's")):
-            here = use.np_gpus.get((level, key, cluster_id), 0.0)
-            if g and here + n > eff.get((level, key), 0.0) + EPS:
-                reason = (f"over your {who} GPU guarantee across all clusters for non-preemptible "
-                          f"work: {use.elsewhere(level, key, cluster_id):g} of {g:g} held on other "
-                          f"clusters, {here:g} non-preemptible here (it asks {n:g})")
-                break
     if not reason and (limits.project_memory or limits.tenant_memory):
         reason = selectors.over_class_memory(limits, use, pid, tid, placement_memory(pods))
     return reason

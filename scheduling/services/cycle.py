@@ -149,7 +149,7 @@ def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs,
     with _gc_paused(), _consistent_read():
         limits = selectors.all_cluster_limits()
         use = selectors.all_cluster_use(limits.tenant_ids) if limits else None
-        inputs = selectors.cycle_inputs(cluster, use)
+        inputs = selectors.cycle_inputs(cluster)
     held = all_clusters.Held([], {})
     if limits and use is not None:
         # Quotas across all clusters (the snapshot's usage on every cluster): a job that
@@ -499,8 +499,7 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
             t = totals[pk]
             t[0], t[1], t[2], t[3] = t[0] + d[0], t[1] + d[1], t[2] + d[2], t[3] or bool(d[3])
         accepted.append((job, placement, status))
-    accepted, over = _within_all_clusters(accepted, inputs.cluster.pk if inputs.cluster is not None
-                                          else accepted[0][0].cluster_id or 0 if accepted else 0)
+    accepted, over = _within_all_clusters(accepted)
     for job, reason in over:
         summary.waiting.append(job.pk)
         taken.append((job, reason, "quota"))
@@ -531,15 +530,14 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
     return taken
 
 
-def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]], cluster_id: int,
+def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
                          ) -> tuple[list[tuple[Job, E.Placement, JobStatus]], list[tuple[Job, str]]]:
     """Hold quotas across all clusters under racing cycles. Inside the write transaction,
     before the admission rows are written: a transaction-level advisory lock per tenant that
     has such a quota (its own or a project's; ascending ids, so two cycles never wait on each
     other in a circle; released at commit, when this cycle's allocations are visible), then
     what its jobs hold on every cluster counted again (READ COMMITTED: the other clusters'
-    committed admissions included): the GPU limit, the non-preemptible work within this
-    cluster's effective guarantee, the GPU memory limits per model class
+    committed admissions included): the GPU limit and the GPU memory limits per model class
     (``all_clusters.admissible``). A job that would cross one waits, with the quota named;
     the rest of the cycle goes through."""
     if not accepted:
@@ -553,22 +551,18 @@ def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]], clu
                 cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_ALL_CLUSTERS_LOCK_CLASS, tid])
     use = selectors.all_cluster_use(limits.tenant_ids)
     in_use = use.as_in_use()
-    rows = all_clusters.guarantee_rows(limits)
     keep: list[tuple[Job, E.Placement, JobStatus]] = []
     over: list[tuple[Job, str]] = []
     for job, placement, status in accepted:
         n = gpus_of(placement.pods)
-        guaranteed = job.project_id in limits.project_guarantee or job.tenant_id in limits.tenant_guarantee
-        eff = rows.effective(cluster_id, limits, use) if rows and guaranteed and not job.preemptible else {}
-        reason = all_clusters.admissible((job.project_id, job.tenant_id), job.preemptible, placement.pods,
-                                         n, cluster_id, limits, use, in_use, eff)
+        reason = all_clusters.admissible((job.project_id, job.tenant_id), placement.pods, n, limits, use,
+                                         in_use)
         if reason:
             over.append((job, reason[:1].upper() + reason[1:]))
             continue
         in_use[0][job.project_id] += n
         in_use[1][job.tenant_id] += n
-        use.add(job.project_id, job.tenant_id, cluster_id, n, not job.preemptible,
-                placement_memory(placement.pods))
+        use.add(job.project_id, job.tenant_id, n, placement_memory(placement.pods))
         keep.append((job, placement, status))
     return keep, over
 

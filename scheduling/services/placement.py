@@ -164,8 +164,7 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
     for c in clusters:
         if views[c.pk].closed_reason:
             empty = E.Placer(E.ClusterState(E.ClusterSnapshot(nodes=())), E.default_policy(None))
-            out.append(_Trial(c, M.ClusterTrial(views[c.pk], empty, (), now,
-                                                all_guarantees=room.guarantees), {}))
+            out.append(_Trial(c, M.ClusterTrial(views[c.pk], empty, (), now), {}))
             continue
         with _consistent_read():
             enodes, nodes, gpus, gpu_by_id, access = selectors._cluster_part(c)
@@ -182,32 +181,21 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
         policy = engine_policy(c.placement_policy) or E.default_policy(
             E.profile_for(snapshot, pending))
         usage: dict[str, float] = defaultdict(float)
-        np_usage: dict[str, float] = defaultdict(float)
         for rj in running:
             g = M.gpus_of(rj.pods)
             usage[rj.queue] += g
             usage[rj.queue.split("/", 1)[0]] += g
             usage[M.CLUSTER] += g
-            if not rj.preemptible:
-                np_usage[rj.queue] += g
-                np_usage[rj.queue.split("/", 1)[0]] += g
         limits: dict[str, float | None] = {
             M.CLUSTER: None if tree.quota.gpus_limit is None else float(tree.quota.gpus_limit)}
-        guarantees: dict[str, float] = {}  # effective on this cluster (selectors.queue_tree)
         for t in tree.tenants:
             limits[t.name] = None if t.quota.gpus_limit is None else float(t.quota.gpus_limit)
-            if t.name in room.guarantees:
-                guarantees[t.name] = float(t.quota.gpus_guaranteed)
             for p in t.projects:
                 limits[p.name] = None if p.quota.gpus_limit is None else float(p.quota.gpus_limit)
-                if p.name in room.guarantees:
-                    guarantees[p.name] = float(p.quota.gpus_guaranteed)
         trial = M.ClusterTrial(views[c.pk], E.Placer(E.ClusterState(snapshot), policy), running, now,
                                usage=dict(usage), limits=limits, queued_gpus=queued_gpus,
                                all_limits=room.limits, all_usage=room.usage,
-                               memory_limits=room.memory_limits, memory_usage=room.memory_usage,
-                               all_guarantees=room.guarantees, guarantees=guarantees,
-                               np_usage=dict(np_usage))
+                               memory_limits=room.memory_limits, memory_usage=room.memory_usage)
         out.append(_Trial(c, trial, {int(j.name): j for j in pending}))
     return out
 
@@ -249,8 +237,7 @@ def placement_run(*, now: float | None = None) -> PlacementSummary | None:
         for tr in trials:
             for q, g in tr.trial.usage.items():
                 usage[q] += g
-        order = M.global_order([(j, j.queue) for jid, j in any_engine.items() if jid in by_id], usage,
-                               trials[0].trial.all_guarantees if trials else None)
+        order = M.global_order([(j, j.queue) for jid, j in any_engine.items() if jid in by_id], usage)
         missing = [j for j in jobs if j.pk not in any_engine]  # no open cluster to see it
         wall = timezone.now()
         # Bound jobs whose victims are being evicted for them on their cluster: never moved

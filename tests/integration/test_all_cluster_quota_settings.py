@@ -1,10 +1,10 @@
-"""Setting the quotas across all clusters (issue 16's platform level): the GPU guarantee and
-the GPU memory limits per GPU model class — validation with field-named errors, the API's
-nested list, the console form and pages, the audit, and who may set them."""
+"""Setting the quotas across all clusters (issue 16's platform level): the GPU memory limits
+per GPU model class beside the GPU limit (no GPU guarantee across all clusters) — validation
+with field-named errors, the API's nested list, the console form and pages, the audit, and
+who may set them."""
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -39,31 +39,6 @@ def _errors(world: World, scope: str, **values: Any) -> dict[str, list[str]]:
     return exc.value.message_dict
 
 
-def test_guarantee_across_clusters_rules(world: World, east: Any) -> None:
-    cluster_err = pytest.raises(ValidationError)
-    with cluster_err as exc:
-        services.quota_set(actor=world.admin, scope="cluster", cluster=east,
-                           values={"gpus_guaranteed_all_clusters": Decimal(2)})
-    assert set(exc.value.message_dict) == {"gpus_guaranteed_all_clusters"}
-    assert set(_errors(world, "tenant", gpus_guaranteed_all_clusters=Decimal(-1))) == {
-        "gpus_guaranteed_all_clusters"}
-    above_limit = _errors(world, "tenant", gpus_guaranteed_all_clusters=Decimal(8),
-                          gpus_limit_all_clusters=Decimal(6))
-    assert "limit across all clusters (6)" in above_limit["gpus_guaranteed_all_clusters"][0]
-    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
-                       values={"gpus_guaranteed_all_clusters": Decimal(8)})
-    services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
-                       values={"gpus_guaranteed_all_clusters": Decimal(5)})
-    # The projects' guarantees together at most the tenant's.
-    with pytest.raises(ValidationError) as exc:
-        services.quota_set(actor=world.a.owner, scope="project", project=world.a.other_project,
-                           values={"gpus_guaranteed_all_clusters": Decimal(4)})
-    assert "8" in exc.value.message_dict["gpus_guaranteed_all_clusters"][0]
-    # The tenant's not below what its projects already have.
-    shrink = _errors(world, "tenant", gpus_guaranteed_all_clusters=Decimal(3))
-    assert "5" in shrink["gpus_guaranteed_all_clusters"][0]
-
-
 def test_class_memory_limit_rules(world: World, east: Any) -> None:
     unknown = _errors(world, "tenant", **{FIELD: {"B200": 1024}})
     assert set(unknown) == {FIELD} and "A100-80G" in unknown[FIELD][0]  # names the known classes
@@ -90,13 +65,14 @@ def test_api_round_trip_audit_and_permissions(world: World, east: Any) -> None:
         FIELD: [{"model_class": "A100-80G", "gpu_memory_mib_limit": 327680}]}, format="json")
     assert created.status_code == 201, created.json()
     body = created.json()
-    assert body["gpus_guaranteed_all_clusters"] == "6.00"
+    # No GPU guarantee across all clusters (not built): the field is neither kept nor shown.
+    assert "gpus_guaranteed_all_clusters" not in body and body["gpus_limit_all_clusters"] == "10.00"
     assert body[FIELD] == [{"model_class": "A100-80G", "gpu_memory_mib_limit": 327680}]
     assert admin.get(f"/api/v1/quotas/{body['id']}/").json()[FIELD] == body[FIELD]
     event = AuditEvent.objects.filter(action="quota.created").latest("id")
     assert event.after is not None
     assert event.after[FIELD] == {"A100-80G": 327680}
-    assert Decimal(str(event.after["gpus_guaranteed_all_clusters"])) == 6
+    assert "gpus_guaranteed_all_clusters" not in event.after
     # Field-named 400s: a duplicate class, an unknown one, a negative amount.
     dup = admin.patch(f"/api/v1/quotas/{body['id']}/", {FIELD: [
         {"model_class": "A100-80G", "gpu_memory_mib_limit": 1},
@@ -105,16 +81,16 @@ def test_api_round_trip_audit_and_permissions(world: World, east: Any) -> None:
     bad = admin.patch(f"/api/v1/quotas/{body['id']}/", {FIELD: [
         {"model_class": "Z9", "gpu_memory_mib_limit": 1}]}, format="json")
     assert bad.status_code == 400 and "Z9" in bad.json()[FIELD][0]
-    neg = admin.patch(f"/api/v1/quotas/{body['id']}/", {"gpus_guaranteed_all_clusters": "-1"}, format="json")
-    assert neg.status_code == 400 and set(neg.json()) == {"gpus_guaranteed_all_clusters"}
+    neg = admin.patch(f"/api/v1/quotas/{body['id']}/", {"gpus_limit_all_clusters": "-1"}, format="json")
+    assert neg.status_code == 400 and set(neg.json()) == {"gpus_limit_all_clusters"}
     # The tenant's owner may not change the tenant's quota (platform admins do), but splits it.
     owner = client_for(world.a.owner)
-    denied = owner.patch(f"/api/v1/quotas/{body['id']}/", {"gpus_guaranteed_all_clusters": "9"},
+    denied = owner.patch(f"/api/v1/quotas/{body['id']}/", {"gpus_limit_all_clusters": "9"},
                          format="json")
     assert denied.status_code == 403
     project = owner.post("/api/v1/quotas/", {
         **BODY, "scope": "project", "project": world.a.project.pk, "gpus_guaranteed": "1",
-        "gpus_guaranteed_all_clusters": "4",
+        "gpus_limit_all_clusters": "4",
         FIELD: [{"model_class": "A100-80G", "gpu_memory_mib_limit": 163840}]}, format="json")
     assert project.status_code == 201, project.json()
     updated = admin.patch(f"/api/v1/quotas/{body['id']}/", {FIELD: []}, format="json")
@@ -124,12 +100,12 @@ def test_api_round_trip_audit_and_permissions(world: World, east: Any) -> None:
     assert event.before[FIELD] == {"A100-80G": 327680} and event.after[FIELD] == {}
     # A project member may set none of it.
     member = client_for(world.a.member)
-    assert member.patch(f"/api/v1/quotas/{project.json()['id']}/", {"gpus_guaranteed_all_clusters": "5"},
+    assert member.patch(f"/api/v1/quotas/{project.json()['id']}/", {"gpus_limit_all_clusters": "5"},
                         format="json").status_code in (403, 404)
     with pytest.raises(PermissionDenied):
         services.quota_set(actor=world.a.member, scope="project", project=world.a.project,
                            values={FIELD: {"A100-80G": 1}})
-    assert Quota.objects.get(project=world.a.project).gpus_guaranteed_all_clusters == 4
+    assert Quota.objects.get(project=world.a.project).gpus_limit_all_clusters == 4
 
 
 FORM = {"gpus_guaranteed": "0", "gpu_memory_mib_guaranteed": "0", "cpu_cores_guaranteed": "0",
@@ -139,18 +115,19 @@ FORM = {"gpus_guaranteed": "0", "gpu_memory_mib_guaranteed": "0", "cpu_cores_gua
 def test_console_form_saves_and_the_pages_show_both_levels(world: World, east: Any) -> None:
     client = login(world.a.owner)
     page = client.get("/t/acme/p/acme-p1/quota/")
-    assert b"GPUs guaranteed across all clusters" in page.content
+    assert b"GPU limit across all clusters" in page.content
+    assert b"guaranteed across all clusters" not in page.content
     assert b"GPU memory limit per GPU model class across all clusters" in page.content
     garbled = client.post("/t/acme/p/acme-p1/quota/", {**FORM, FIELD: "A100-80G 5"})
     assert garbled.status_code == 200 and FIELD in garbled.context["form"].errors
     unknown = client.post("/t/acme/p/acme-p1/quota/", {**FORM, FIELD: "B200 = 5"})
     assert unknown.status_code == 200 and "A100-80G" in unknown.context["form"].errors[FIELD][0]
     assert not Quota.objects.filter(project=world.a.project).exists()
-    ok = client.post("/t/acme/p/acme-p1/quota/", {**FORM, "gpus_guaranteed_all_clusters": "3",
+    ok = client.post("/t/acme/p/acme-p1/quota/", {**FORM, "gpus_limit_all_clusters": "3",
                                                    FIELD: "A100-80G = 163840\n"})
     assert ok.status_code == 302
     q = Quota.objects.get(project=world.a.project)
-    assert q.gpus_guaranteed_all_clusters == 3
+    assert q.gpus_limit_all_clusters == 3
     assert q.gpu_memory_mib_limits_all_clusters == {"A100-80G": 163840}
     # The form shows the saved map as lines again.
     assert b"A100-80G = 163840" in client.get("/t/acme/p/acme-p1/quota/").content
@@ -167,12 +144,12 @@ def test_console_form_saves_and_the_pages_show_both_levels(world: World, east: A
     # The home page's quota left names the class and what is left of it.
     home = client.get("/").content.decode()
     assert "A100-80G: 80 of 160 GiB GPU memory left across all clusters" in home
-    assert "within the guarantee across all clusters" in home
-    # The workload forms' quota left: what is left within the guarantee across all clusters.
+    assert "2.0 left across all clusters" in home
+    # The workload forms' quota left: what is left under the limit across all clusters.
     from django.urls import reverse
 
     form_page = client.get(reverse("workspaces:training-new")).content.decode()
-    assert "Left within guarantee across all clusters" in form_page
+    assert "Left across all clusters" in form_page
     # The cluster quota's form has none of the fields across all clusters.
     admin = login(world.admin)
     cluster_form = admin.get("/admin/clusters/east/quota/")

@@ -191,32 +191,7 @@ def test_global_order_priority_then_share_then_submission() -> None:
     assert [j.name for j, _ in order] == ["hi", "idle", "busy"]
 
 
-# --- quotas across all clusters: guarantee order and GPU memory per model class ----------------
-
-
-def test_global_order_puts_a_project_under_its_guarantee_across_clusters_first() -> None:
-    # Same priority. "big" holds 6 of a guarantee of 8 (under it: first); "none" holds 1 and
-    # has no guarantee; "over" holds 10 of 8 (2 beyond it, after "none"'s 1).
-    big = replace(_job(1), name="big", queue="t/big", submit_time=3.0)
-    none = replace(_job(1), name="none", queue="t/none", submit_time=1.0)
-    over = replace(_job(1), name="over", queue="t/over", submit_time=0.0)
-    usage = {"t/big": 6.0, "t/none": 1.0, "t/over": 10.0}
-    guarantees = {"t/big": 8.0, "t/over": 8.0}
-    order = M.global_order([(over, ""), (none, ""), (big, "")], usage, guarantees)
-    assert [j.name for j, _ in order] == ["big", "none", "over"]
-    # Without guarantees: by GPUs in use only (the emptiest first), as before.
-    assert [j.name for j, _ in M.global_order([(over, ""), (none, ""), (big, "")], usage)] == [
-        "none", "big", "over"]
-    # Deterministic: any input order gives the same answer.
-    assert M.global_order([(big, ""), (over, ""), (none, "")], usage, guarantees) == order
-
-
-@pytest.mark.parametrize(("used", "guaranteed", "expected"), [
-    (0.0, 4.0, (0, 0.0)), (2.0, 4.0, (0, 0.5)), (4.0, 4.0, (1, 0.0)), (6.0, 4.0, (1, 2.0)),
-    (3.0, 0.0, (1, 3.0)),
-])
-def test_share_key(used: float, guaranteed: float, expected: tuple[int, float]) -> None:
-    assert M.share_key(used, guaranteed) == expected
+# --- quotas across all clusters: GPU memory per model class ------------------------------------
 
 
 def _mixed_trial(memory_limits: dict[str, dict[str, int]], memory_usage: dict[tuple[str, str], int]
@@ -270,34 +245,3 @@ def test_placing_counts_memory_for_the_next_job_in_the_step() -> None:
     probe = trial.probe(second, "t", trial.free)
     assert probe.outcome == M.FITS_NOW
     assert set(M.placement_memory(probe.placement)) == {"A100", "H100"} - {cls}
-
-
-def test_a_non_preemptible_job_waits_beyond_its_guarantee_here() -> None:
-    trial = _trial("g", node("g0", 8))
-    trial.all_guarantees, trial.guarantees, trial.np_usage = {"t/p": 4.0}, {"t/p": 4.0}, {"t/p": 3.0}
-    probe = trial.probe(_job(2), "t", trial.free)
-    assert probe.outcome == M.WAITS and probe.all_clusters
-    assert probe.reason == ("over your project's GPU guarantee across all clusters for "
-                            "non-preemptible work (4 guaranteed here, 3 non-preemptible here)")
-    assert trial.probe(_job(1), "t", trial.free).outcome == M.FITS_NOW
-    assert trial.probe(replace(_job(2), preemptible=True), "t", trial.free).outcome == M.FITS_NOW
-    # Asking more than the guarantee itself: the cluster's cycle rejects it, not this rule.
-    trial.np_usage = {}
-    assert trial.probe(_job(5), "t", trial.free).outcome == M.FITS_NOW
-    # Taking a non-preemptible job counts it for the next one.
-    probe = trial.probe(_job(1), "t", trial.free)
-    trial.take(_job(1), "t", probe)
-    assert trial.np_usage == {"t/p": 1.0, "t": 1.0}
-
-
-def test_a_non_preemptible_job_waits_beyond_its_tenants_guarantee_here() -> None:
-    trial = _trial("g", node("g0", 8))
-    trial.all_guarantees, trial.guarantees, trial.np_usage = {"t": 6.0}, {"t": 2.0}, {"t": 1.0}
-    probe = trial.probe(_job(2), "t", trial.free)
-    assert probe.outcome == M.WAITS and probe.all_clusters
-    assert probe.reason == ("over your tenant's GPU guarantee across all clusters for "
-                            "non-preemptible work (2 guaranteed here, 1 non-preemptible here)")
-    probe = trial.probe(_job(1), "t", trial.free)
-    assert probe.outcome == M.FITS_NOW
-    trial.take(_job(1), "t", probe)
-    assert trial.np_usage == {"t": 2.0, "t/p": 1.0}
