@@ -5,6 +5,7 @@ who may set them."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -171,3 +172,21 @@ def test_class_limit_amounts_that_are_not_plain_digits_are_field_errors(world: W
         FIELD: [{"model_class": "A100-80G", "gpu_memory_mib_limit": amount}]}, format="json")
     assert api.status_code == 400 and FIELD in api.json()
     assert not Quota.objects.filter(project=world.a.project).exists()
+
+
+def test_quota_pages_read_no_usage_across_clusters_without_a_quota_across_clusters(
+        world: World, east: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client = login(world.a.owner)
+    services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
+                       values={"gpus_guaranteed": Decimal(0)})
+    with CaptureQueriesContext(connection) as q:
+        html = client.get("/t/acme/p/acme-p1/").content.decode()
+    assert "Across all clusters" not in html
+    assert not [x for x in q.captured_queries if "gpuslice" in x["sql"].lower()
+                and "group by" in x["sql"].lower()]
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_limit_all_clusters": Decimal(8)})
+    assert "Across all clusters" in client.get("/t/acme/").content.decode()
