@@ -35,7 +35,7 @@ placement step (any) and a cycle of each cluster where something changed run at 
 Reported per mode (medians over ``--runs`` seeds for pinned, ``--any-runs`` for any): p50, p95
 and mean queueing delay (creation → first start) over the pods that started, time-averaged
 GPU allocation of both clusters (first arrival → last event), pods never started,
-preemptions, wall time.
+preemptions, wall time. ``MB_DEBUG=1`` prints the queues at each tick.
 
     .venv/bin/python -m bench.multicluster              # stride 130, per event, all heads (~6 min)
     .venv/bin/python -m bench.multicluster --stride 1 --load 300 --heads 8 --tick 3 \
