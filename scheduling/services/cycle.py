@@ -22,6 +22,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from scheduling import engine as E
+from scheduling.engine import multicluster as M
 from scheduling.engine.cycle import CycleConfig, CycleResult, JobStatus, run_cycle
 from scheduling.engine.multicluster import gpus_of, job_gpus
 from tenants.audit import audit_batch
@@ -269,6 +270,7 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     acting.update(int(v) for st in statuses if isinstance(st.decision, E.Preempt)
                   for v in st.decision.victims)
     models_ = selectors.job_models(sorted(acting))
+    memo: dict[str, Any] = {}
     for status in statuses:
         row, d = inputs.jobs[status.job], status.decision
         if isinstance(d, (E.Admit, E.Preempt)):
@@ -295,7 +297,8 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
             from .placement import job_unplace  # placement imports this module
 
             if job_unplace(job_id=job.pk, reason=f"cluster {inputs.cluster.name} cannot run it: {d.reason}",
-                           refused=d.reason, locked=True, from_cluster=inputs.cluster.pk):
+                           refused=d.reason, refused_fp=_refusal_fp(inputs, status.job, job, memo),
+                           locked=True, from_cluster=inputs.cluster.pk):
                 summary.waiting.append(job.pk)
             else:
                 summary.conflicts.append(job.pk)
@@ -316,6 +319,19 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     for job, reason, kind in _admit_all(inputs, admits, summary, locked):
         waits.append(_WaitRow(job, reason, kind, None, None))
     _wait_all(waits)
+
+
+def _refusal_fp(inputs: selectors.CycleInputs, name: str, job: Job, memo: dict[str, Any]) -> str:
+    """The fingerprint recorded with a refusal (``placement.refusal_fingerprint``) from this
+    cycle's own snapshot; the cluster's digest and the pending jobs by name computed once."""
+    from .placement import refusal_fingerprint
+
+    assert inputs.cluster is not None
+    if not memo:
+        memo["capacity"] = M.capacity_key(inputs.snapshot.nodes, inputs.cluster.placement_policy)
+        memo["pending"] = {j.name: j for j in inputs.pending}
+    return refusal_fingerprint(memo["capacity"], memo["pending"][name], inputs.cluster.pk, job.tenant_id,
+                               job.project_id)
 
 
 @dataclass(frozen=True, slots=True)

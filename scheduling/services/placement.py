@@ -21,7 +21,7 @@ import contextlib
 import datetime as dt
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,7 +29,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import F, Sum
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from scheduling import engine as E
@@ -37,6 +37,7 @@ from scheduling.engine import multicluster as M
 from scheduling.engine.model import ARCH_LABEL
 from scheduling.engine.placement import model_family
 from tenants.audit import audit_batch, audit_record
+from tenants.models import Quota, QuotaScope
 
 from .. import selectors
 from ..models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, PodGroup, SchedulingDecision
@@ -121,9 +122,66 @@ def _needs(job: E.Job) -> M.JobNeeds:
     return M.JobNeeds(arches=arches, gpu_models=frozenset(models), gpus=M.job_gpus(job))
 
 
-def _refused(choice: dict[str, Any]) -> dict[str, str]:
-    """Clusters whose cycle found the job can never run there (``job_unplace(refused=...)``)."""
-    return {str(k): str(v) for k, v in (choice.get("refused") or {}).items()}
+def quota_stamps(keys: Iterable[tuple[int, int, int]]) -> dict[tuple[int, int, int], str]:
+    """(cluster id, tenant id, project id) → a stamp of the quota rows on that path (the
+    cluster's, the tenant's, the project's: when each last changed, "-" for none), in one
+    query. A refusal over a limit or a guarantee lapses when one of them changes."""
+    keys = set(keys)
+    if not keys:
+        return {}
+    rows = Quota.objects.filter(
+        Q(scope=QuotaScope.CLUSTER, cluster_id__in={k[0] for k in keys})
+        | Q(scope=QuotaScope.TENANT, tenant_id__in={k[1] for k in keys})
+        | Q(scope=QuotaScope.PROJECT, project_id__in={k[2] for k in keys}),
+    ).values_list("scope", "cluster_id", "tenant_id", "project_id", "updated_at")
+    at: dict[tuple[str, int], str] = {}
+    for scope, cid, tid, pid, updated in rows:
+        owner = cid if scope == QuotaScope.CLUSTER else tid if scope == QuotaScope.TENANT else pid
+        at[(scope, owner)] = updated.isoformat()
+    return {k: "|".join(at.get(x, "-") for x in ((QuotaScope.CLUSTER, k[0]), (QuotaScope.TENANT, k[1]),
+                                                   (QuotaScope.PROJECT, k[2]))) for k in keys}
+
+
+def refusal_fingerprint(capacity: str, ejob: E.Job, cluster_id: int, tenant_id: int, project_id: int,
+                        stamps: dict[tuple[int, int, int], str] | None = None) -> str:
+    """The fingerprint recorded with a refusal and compared by the placement step: the
+    cluster's ``M.capacity_key``, the job as that cluster sees it, and its quota stamp."""
+    key = (cluster_id, tenant_id, project_id)
+    stamp = (stamps if stamps is not None else quota_stamps([key]))[key]
+    return M.refusal_fingerprint(capacity, ejob, stamp)
+
+
+def _refused_since(entry: object) -> str:
+    if isinstance(entry, dict):
+        with contextlib.suppress(ValueError, TypeError):
+            at = dt.datetime.fromisoformat(str(entry.get("at"))).strftime("%H:%M UTC")
+            return f" (found by its cycle at {at}; offered again once its nodes or quotas change)"
+    return ""
+
+
+def _live_refusals(jobs: list[Job], trials: list[_Trial], wall: dt.datetime) -> dict[int, dict[str, str]]:
+    """Job id → the clusters still refused to it, with why (``M.live_refusals``): a refusal
+    lapses when the cluster's nodes, the quotas on the job's path there or the job's view of
+    the cluster (dedicated pools) changed since, or after ``M.REFUSAL_MAX_AGE_S``. One quota
+    query per step, and one digest per refused open cluster, only when some job has one."""
+    todo = [j for j in jobs if (j.cluster_choice or {}).get("refused")]
+    if not todo:
+        return {}
+    open_ = {tr.cluster.name: tr for tr in trials if not tr.trial.view.closed_reason}
+    named = {str(n) for j in todo for n in j.cluster_choice["refused"]} & set(open_)
+    capacity = {n: M.capacity_key(open_[n].trial.placer.state.snapshot.nodes,
+                                  open_[n].cluster.placement_policy) for n in named}
+    stamps = quota_stamps((open_[n].cluster.pk, j.tenant_id, j.project_id)
+                          for j in todo for n in j.cluster_choice["refused"] if n in named)
+    out: dict[int, dict[str, str]] = {}
+    for j in todo:
+        entries = j.cluster_choice["refused"]
+        current = {n: refusal_fingerprint(capacity[n], open_[n].jobs[j.pk], open_[n].cluster.pk,
+                                          j.tenant_id, j.project_id, stamps)
+                   for n in entries if n in named and j.pk in open_[n].jobs}
+        out[j.pk] = {n: f"{why}{_refused_since(entries[n])}"
+                     for n, why in M.live_refusals(entries, current, wall, j.updated_at).items()}
+    return out
 
 
 def _avoided(choice: dict[str, Any], now: dt.datetime) -> dict[str, str]:
@@ -243,11 +301,12 @@ def placement_run(*, now: float | None = None) -> PlacementSummary | None:
         # (the victims would be killed for nothing); they start there once the room is free.
         evicting = set(Job.objects.filter(state=JobState.PREEMPTING, preempted_by_id__in=list(by_id))
                        .values_list("preempted_by_id", flat=True))
+        refused = _live_refusals(jobs, trials, wall)
         for ejob, _ in order:
             job = by_id[int(ejob.name)]
             if job.cluster_id is not None and job.pk in evicting:
                 continue
-            _place_one(job, ejob, trials, wall, summary)
+            _place_one(job, ejob, trials, wall, summary, refused.get(job.pk, {}))
         for job in missing:
             _wait(job, _nowhere_reason(job, trials, wall), summary)
         for tr in trials:
@@ -265,12 +324,13 @@ def _nowhere_reason(job: Job, trials: list[_Trial], wall: dt.datetime) -> str:
 
 
 def _place_one(job: Job, ejob: E.Job, trials: list[_Trial], wall: dt.datetime,
-               summary: PlacementSummary) -> None:
+               summary: PlacementSummary, refused: dict[str, str] | None = None) -> None:
+    """``refused``: the clusters still refused to the job (``_live_refusals``)."""
     choice = M.ClusterChoice.of(job.cluster_choice)
     avoid = _avoided(job.cluster_choice or {}, wall)
     ejob_for = {tr.cluster.name: tr.jobs.get(job.pk, ejob) for tr in trials}
     decided = M.choose(ejob_for, job.tenant.name, choice, _needs(ejob), [tr.trial for tr in trials],
-                       avoid, _refused(job.cluster_choice or {}))
+                       avoid, refused or {})
     target = next((tr for tr in trials if tr.cluster.name == decided.cluster), None)
     if target is None:
         if job.cluster_id is not None:
@@ -358,15 +418,16 @@ def _reject(job: Job, reason: str, summary: PlacementSummary) -> None:
 # --- back to the global queue ----------------------------------------------------------------
 
 
-def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "", locked: bool = False,
-                from_cluster: int | None = None) -> bool:
+def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "", refused_fp: str = "",
+                locked: bool = False, from_cluster: int | None = None) -> bool:
     """Send a queued floating job back to the global queue (inside the caller's transaction
     or its own). ``avoid``: the message of a dispatch failure on its cluster, which is then
     avoided for ``AVOID_SECONDS``; ``refused``: why its cluster's cycle found it can never run
     there (rather than rejecting a floating job, the cycle sends it back: that cluster is then
-    out for this job, the others are still tried). ``from_cluster``: only if the job is still
-    there. False for a pinned job, one not queued, or (unless the
-    caller holds it: ``locked``) when its cluster's cycle lock is busy: a cycle of that
+    out for this job, the others are still tried), recorded with when and ``refused_fp``
+    (``refusal_fingerprint``: the refusal lapses once that changes). ``from_cluster``: only
+    if the job is still there. False for a pinned job, one not queued, or (unless the caller
+    holds it: ``locked``) when its cluster's cycle lock is busy: a cycle of that
     cluster may be deciding about the job, so it stays there and a later tick tries again.
     (Should a cycle still read the job before this commits, its writes re-check the job's
     cluster under row lock: ``cycle._lock_rows``; a job bound elsewhere meanwhile is not
@@ -379,8 +440,8 @@ def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "",
             if not got:
                 logger.info("job %s: cluster %s's cycle is running; it is unplaced later", job_id, cluster_id)
                 return False
-            return job_unplace(job_id=job_id, reason=reason, avoid=avoid, refused=refused, locked=True,
-                               from_cluster=from_cluster)
+            return job_unplace(job_id=job_id, reason=reason, avoid=avoid, refused=refused,
+                               refused_fp=refused_fp, locked=True, from_cluster=from_cluster)
     with transaction.atomic():
         job = Job.objects.select_for_update(no_key=True, of=("self",)).select_related(
             "tenant", "project", "cluster").get(pk=job_id)
@@ -397,7 +458,8 @@ def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "",
                                 dispatch_failures(choice, old.name) + 1]
             choice["failed"] = failed
         if refused:
-            choice["refused"] = {**(choice.get("refused") or {}), old.name: refused[:200]}
+            choice["refused"] = {**(choice.get("refused") or {}), old.name: {
+                "why": refused[:200], "at": timezone.now().isoformat(), "fp": refused_fp}}
         job.cluster = None
         job.cluster_choice = choice
         job.reason = f"Back in the global queue: {reason}"[:500]

@@ -15,6 +15,7 @@ from django.core.exceptions import ValidationError
 
 from registry import services as registry_services
 from scheduling import services
+from scheduling.engine import multicluster as M
 from scheduling.models import Allocation, Cluster, Job, JobState, SchedulingDecision, SimulatedPod
 from scheduling.services import placement as multicluster
 from tenants.models import AuditEvent
@@ -572,3 +573,91 @@ def test_the_admin_home_counts_the_global_queue(world: Any, two: tuple[Cluster, 
     page = client_for(world.admin).get("/").content.decode()
     assert "Global queue: <strong>3</strong> jobs submitted for any of several clusters" in page
     assert "Global queue" not in client_for(world.a.owner).get("/").content.decode()
+
+
+WEST_BIG = WEST + """  - name: west-big-{i}
+    count: 1
+    cpu_cores: 72
+    ram_gib: 480
+    labels: {kubernetes.io/arch: arm64}
+    gpus: {model: GH200-96G, count: 8, memory_mib: 98304}
+"""
+
+
+def set_inventory(world: Any, cluster: Cluster, inventory: str) -> None:
+    services.cluster_update(actor=world.admin, cluster=cluster, inventory=inventory)
+    services.inventory_sync(cluster=Cluster.objects.get(pk=cluster.pk))
+
+
+def test_a_refusal_lapses_when_the_cluster_gains_a_node_big_enough(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """A cluster refused to a job is offered again once its nodes change: west's 8-GPU node
+    was gone when its cycle ran (refused), east is unreachable, so the job waits; when west
+    gets such a node again, the next placement step binds it there and it runs."""
+    east, west = two
+    set_inventory(world, west, WEST_BIG)
+    job = submit(world, "eight", gpu_count=8)
+    assert multicluster.placement_run().placed == [job.pk]  # type: ignore[union-attr]
+    set_inventory(world, west, WEST)  # the big node leaves before west's cycle runs
+    assert services.cycle_run(cluster=west).admitted == []  # type: ignore[union-attr]
+    job.refresh_from_db()
+    assert job.cluster_id is None and job.state == JobState.QUEUED
+    assert job.cluster_choice["refused"]["west"]["why"].startswith("No node can ever fit")
+    Cluster.objects.filter(pk=east.pk).update(unreachable_since=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    for _ in range(2):  # the refusal holds while west is unchanged
+        summary = multicluster.placement_run()
+        assert summary is not None and summary.waiting == [job.pk] and not summary.rejected
+    job.refresh_from_db()
+    assert "cluster west: can never run there: No node can ever fit" in job.reason
+    assert "found by its cycle at" in job.reason and "once its nodes or quotas change" in job.reason
+    assert "cluster east: unreachable since" in job.reason
+    set_inventory(world, west, WEST_BIG)
+    summary = place_and_cycle(west)
+    assert summary.placed == [job.pk]
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+    assert {a.node.name for a in Allocation.objects.filter(job=job)} == {"west-big-0"}
+
+
+def test_a_job_whose_refusal_rested_on_a_quota_since_raised_is_not_rejected(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """The rejection path: east was the only cluster this job may use and its cycle refused it
+    (over east's GPU limit); once the limit is raised, the placement step does not reject it
+    on that old refusal but places it on east."""
+    from tenants import services as tenant_services
+
+    east, west = two
+    lonely = submit(world, "east-only", choice={"clusters": ["east"]}, gpu_count=4)
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 2, "gpus_limit": 2})
+    assert multicluster._bind(lonely, east, "Placed on cluster east", "fits now")
+    services.cycle_run(cluster=east)
+    lonely.refresh_from_db()
+    assert lonely.cluster_id is None and "east" in lonely.cluster_choice["refused"]
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 8, "gpus_limit": 8})
+    summary = place_and_cycle(east)
+    assert summary.placed == [lonely.pk] and not summary.rejected
+    lonely.refresh_from_db()
+    assert lonely.cluster == east and lonely.state == JobState.STARTING
+
+
+def test_refusals_in_the_old_shape_are_still_honoured(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Jobs refused before fingerprints hold ``refused: {cluster: why}``: the cluster stays out
+    (for the time bound after the job's last change), and the job says why."""
+    east, west = two
+    job = submit(world, "old", gpu_count=4)
+    Job.objects.filter(pk=job.pk).update(cluster_choice={"refused": {"west": "No node can ever fit: old"}})
+    Cluster.objects.filter(pk=east.pk).update(unreachable_since=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    summary = multicluster.placement_run()
+    assert summary is not None and summary.waiting == [job.pk] and not summary.placed
+    job.refresh_from_db()
+    assert job.cluster_id is None
+    assert "cluster west: can never run there: No node can ever fit: old" in job.reason
+    # Long after the job last changed, the old refusal lapses: west (free) takes it.
+    Job.objects.filter(pk=job.pk).update(
+        updated_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=M.REFUSAL_MAX_AGE_S + 60))
+    summary = place_and_cycle(west)
+    assert summary.placed == [job.pk]
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
