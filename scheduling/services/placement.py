@@ -18,6 +18,7 @@ becomes unreachable; the cluster where its dispatch failed is avoided for a whil
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime as dt
 import logging
 from collections import defaultdict
@@ -41,7 +42,7 @@ from tenants.models import Quota, QuotaScope
 
 from .. import selectors
 from ..models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, PodGroup, SchedulingDecision
-from .common import _send_after_commit, request_cycle, session_try_lock
+from .common import _record_all, _send_after_commit, request_cycle, session_try_lock
 from .cycle import _consistent_read, cycle_lock, engine_policy
 
 logger = logging.getLogger(__name__)
@@ -302,13 +303,14 @@ def placement_run(*, now: float | None = None) -> PlacementSummary | None:
         evicting = set(Job.objects.filter(state=JobState.PREEMPTING, preempted_by_id__in=list(by_id))
                        .values_list("preempted_by_id", flat=True))
         refused = _live_refusals(jobs, trials, wall)
-        for ejob, _ in order:
-            job = by_id[int(ejob.name)]
-            if job.cluster_id is not None and job.pk in evicting:
-                continue
-            _place_one(job, ejob, trials, wall, summary, refused.get(job.pk, {}))
-        for job in missing:
-            _wait(job, _nowhere_reason(job, trials, wall), summary)
+        with _step_writes(clusters):
+            for ejob, _ in order:
+                job = by_id[int(ejob.name)]
+                if job.cluster_id is not None and job.pk in evicting:
+                    continue
+                _place_one(job, ejob, trials, wall, summary, refused.get(job.pk, {}))
+            for job in missing:
+                _wait(job, _nowhere_reason(job, trials, wall), summary)
         for tr in trials:
             tr.trial.undo()
     return summary
@@ -367,35 +369,111 @@ def _cycle_locks(ids: list[int]) -> Iterator[bool]:
         yield True
 
 
+@dataclass
+class _StepWrites:
+    """What one placement step writes, in one transaction (``_step_writes``): the cycle locks
+    it took (held until that transaction has committed), the decisions to insert and the
+    waiting jobs' reasons to update, each in one statement at its end."""
+
+    locks: contextlib.ExitStack
+    names: dict[int, str]
+    held: set[int] = field(default_factory=set)
+    decisions: list[SchedulingDecision] = field(default_factory=list)
+    waits: list[Job] = field(default_factory=list)
+
+    def hold(self, ids: list[int]) -> bool:
+        """The cycle locks of these clusters, kept for the rest of the step; False if one is
+        busy (those taken stay held: a later bind there needs them anyway)."""
+        for cid in sorted(set(ids) - self.held):
+            if not self.locks.enter_context(cycle_lock(cid)):
+                return False
+            self.held.add(cid)
+        return True
+
+    def flush(self) -> None:
+        _record_all(self.decisions)
+        # Each row only if still a queued job of the global queue (as ``_wait`` one by one).
+        Job.objects.filter(state=JobState.QUEUED, cluster__isnull=True).bulk_update(
+            self.waits, ["reason", "reason_kind", "placement_note", "queue_position", "queue_length"],
+            batch_size=1000)
+
+
+_STEP: contextvars.ContextVar[_StepWrites | None] = contextvars.ContextVar("placement_step", default=None)
+
+
+@contextlib.contextmanager
+def _step_writes(clusters: list[Cluster]) -> Iterator[None]:
+    """One transaction (and one audit batch) for a placement step's binds, waits and
+    rejections, instead of one per job: each commit ran its own audit seal and live-page
+    push (~30 ms a job; bench/placement_step.py). The binds keep their rule — a conditional
+    UPDATE made while holding the target's (and, for a move, the old cluster's) cycle
+    lock — and the locks are now held from a step's first bind on a cluster until the step
+    has committed, so a cycle there never reads a bind half-way; it runs right after (its
+    try-lock fails meanwhile and the task retries in a second)."""
+    with contextlib.ExitStack() as locks:  # left last: released after the commit
+        with transaction.atomic(), audit_batch():
+            writes = _StepWrites(locks, {c.pk: c.name for c in clusters})
+            token = _STEP.set(writes)
+            try:
+                yield
+                writes.flush()
+            finally:
+                _STEP.reset(token)
+
+
 def _bind(job: Job, cluster: Cluster, reason: str, short: str, note: str = "") -> bool:
     """Bind (or move) a queued floating job to ``cluster`` under the cycle locks concerned;
-    False when a lock is busy or the job changed meanwhile (the next step tries again)."""
+    False when a lock is busy or the job changed meanwhile (the next step tries again).
+    Inside a placement step (``_step_writes``) in the step's transaction, else in its own."""
     old = job.cluster_id
+    step = _STEP.get()
+    if step is not None:
+        if not step.hold([cluster.pk, *([old] if old else [])]):
+            request_placement(countdown=1)
+            return False
+        return _bind_write(job, cluster, reason, short, note, step)
     with _cycle_locks([cluster.pk, *([old] if old else [])]) as got:
         if not got:
             request_placement(countdown=1)
             return False
         with transaction.atomic(), audit_batch():
-            match = Job.objects.filter(pk=job.pk, state=JobState.QUEUED, floating=True)
-            match = match.filter(cluster__isnull=True) if old is None else match.filter(cluster_id=old)
-            if not match.update(cluster=cluster, reason=reason[:500], reason_kind="placed",
-                                placement_note=note[:500], queue_position=None, queue_length=None,
-                                updated_at=timezone.now()):
-                return False
-            job.cluster = cluster
-            SchedulingDecision.objects.create(job=job, cluster=cluster, kind=DecisionKind.PLACED,
-                                              reason=reason[:500])
-            audit_record(actor=None, actor_username=SCHEDULER, action="job.placed", target=job,
-                         tenant=job.tenant, project=job.project,
-                         before={"cluster": old and Cluster.objects.get(pk=old).name},
-                         after={"cluster": cluster.name, "why": short})
-            request_cycle(cluster.pk)
+            return _bind_write(job, cluster, reason, short, note, None)
+
+
+def _bind_write(job: Job, cluster: Cluster, reason: str, short: str, note: str,
+                step: _StepWrites | None) -> bool:
+    old = job.cluster_id
+    match = Job.objects.filter(pk=job.pk, state=JobState.QUEUED, floating=True)
+    match = match.filter(cluster__isnull=True) if old is None else match.filter(cluster_id=old)
+    if not match.update(cluster=cluster, reason=reason[:500], reason_kind="placed",
+                        placement_note=note[:500], queue_position=None, queue_length=None,
+                        updated_at=timezone.now()):
+        return False
+    job.cluster = cluster
+    decision = SchedulingDecision(job=job, cluster=cluster, kind=DecisionKind.PLACED, reason=reason[:500],
+                                  created_at=timezone.now())
+    if step is not None:
+        step.decisions.append(decision)
+        before = old and step.names.get(old)
+    else:
+        _record_all([decision])
+        before = old and Cluster.objects.get(pk=old).name
+    audit_record(actor=None, actor_username=SCHEDULER, action="job.placed", target=job,
+                 tenant=job.tenant, project=job.project, before={"cluster": before},
+                 after={"cluster": cluster.name, "why": short})
+    request_cycle(cluster.pk)
     return True
 
 
 def _wait(job: Job, reason: str, summary: PlacementSummary) -> None:
     summary.waiting.append(job.pk)
     if job.reason == reason[:500]:
+        return
+    step = _STEP.get()
+    if step is not None:  # written with the step's other waits, in one statement
+        job.reason, job.reason_kind, job.placement_note = reason[:500], "clusters", ""
+        job.queue_position = job.queue_length = None
+        step.waits.append(job)
         return
     Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster__isnull=True).update(
         reason=reason[:500], reason_kind="clusters", placement_note="", queue_position=None,
