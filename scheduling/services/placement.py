@@ -43,7 +43,7 @@ from tenants.models import Quota, QuotaScope
 from .. import selectors
 from ..models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, PodGroup, SchedulingDecision
 from .common import _record_all, _send_after_commit, request_cycle, session_try_lock
-from .cycle import _consistent_read, cycle_lock, engine_policy
+from .cycle import _consistent_read, _update_from_values, cycle_lock, engine_policy
 
 logger = logging.getLogger(__name__)
 
@@ -273,7 +273,8 @@ class PlacementSummary:
 def _floating_queue(limit: int) -> list[Job]:
     """The head of the global queue: floating jobs still queued, placed or not."""
     return list(Job.objects.filter(floating=True, state=JobState.QUEUED)
-                .select_related("tenant", "project", "cluster").order_by("submitted_at", "id")[:limit])
+                .select_related("tenant", "project__tenant", "cluster")  # the audit's target names
+                .order_by("submitted_at", "id")[:limit])
 
 
 def placement_run(*, now: float | None = None) -> PlacementSummary | None:
@@ -303,7 +304,7 @@ def placement_run(*, now: float | None = None) -> PlacementSummary | None:
         evicting = set(Job.objects.filter(state=JobState.PREEMPTING, preempted_by_id__in=list(by_id))
                        .values_list("preempted_by_id", flat=True))
         refused = _live_refusals(jobs, trials, wall)
-        with _step_writes(clusters):
+        with _step_writes(clusters, jobs):
             for ejob, _ in order:
                 job = by_id[int(ejob.name)]
                 if job.cluster_id is not None and job.pk in evicting:
@@ -377,9 +378,22 @@ class _StepWrites:
 
     locks: contextlib.ExitStack
     names: dict[int, str]
+    claimed: set[int] = field(default_factory=set)
+    """Unbound jobs of the step whose rows it locked at its start (still queued, no cluster):
+    their binds cannot fail, so they are written together at its end."""
     held: set[int] = field(default_factory=set)
+    binds: list[Job] = field(default_factory=list)
     decisions: list[SchedulingDecision] = field(default_factory=list)
     waits: list[Job] = field(default_factory=list)
+
+    def claim(self, jobs: list[Job]) -> None:
+        """Lock the rows of the step's unbound jobs (those another transaction holds now —
+        a user cancelling one — are skipped: they are bound one by one, conditionally)."""
+        ids = [j.pk for j in jobs if j.cluster_id is None]
+        rows = Job.objects.filter(pk__in=ids, state=JobState.QUEUED, cluster__isnull=True)
+        if connection.vendor == "postgresql":
+            rows = rows.select_for_update(skip_locked=True)
+        self.claimed = set(rows.values_list("pk", flat=True))
 
     def hold(self, ids: list[int]) -> bool:
         """The cycle locks of these clusters, kept for the rest of the step; False if one is
@@ -391,18 +405,26 @@ class _StepWrites:
         return True
 
     def flush(self) -> None:
+        """The claimed jobs' binds and waits, one statement each (their rows are locked, still
+        queued and unbound), then the decisions."""
+        now = timezone.now()
+        _update_from_values(Job, [*_WAIT_COLUMNS, ("cluster_id", "bigint"), ("updated_at", "timestamptz")],
+                            [(j.pk, j.reason, j.reason_kind, j.placement_note, None, None, j.cluster_id, now)
+                             for j in self.binds], where=("state", JobState.QUEUED.value))
+        _update_from_values(Job, _WAIT_COLUMNS, [(j.pk, j.reason, j.reason_kind, j.placement_note, None, None)
+                                                 for j in self.waits], where=("state", JobState.QUEUED.value))
         _record_all(self.decisions)
-        # Each row only if still a queued job of the global queue (as ``_wait`` one by one).
-        Job.objects.filter(state=JobState.QUEUED, cluster__isnull=True).bulk_update(
-            self.waits, ["reason", "reason_kind", "placement_note", "queue_position", "queue_length"],
-            batch_size=1000)
+
+
+_WAIT_COLUMNS = [("reason", "varchar"), ("reason_kind", "varchar"), ("placement_note", "varchar"),
+                 ("queue_position", "integer"), ("queue_length", "integer")]
 
 
 _STEP: contextvars.ContextVar[_StepWrites | None] = contextvars.ContextVar("placement_step", default=None)
 
 
 @contextlib.contextmanager
-def _step_writes(clusters: list[Cluster]) -> Iterator[None]:
+def _step_writes(clusters: list[Cluster], jobs: list[Job]) -> Iterator[None]:
     """One transaction (and one audit batch) for a placement step's binds, waits and
     rejections, instead of one per job: each commit ran its own audit seal and live-page
     push (~30 ms a job; bench/placement_step.py). The binds keep their rule — a conditional
@@ -413,6 +435,7 @@ def _step_writes(clusters: list[Cluster]) -> Iterator[None]:
     with contextlib.ExitStack() as locks:  # left last: released after the commit
         with transaction.atomic(), audit_batch():
             writes = _StepWrites(locks, {c.pk: c.name for c in clusters})
+            writes.claim(jobs)
             token = _STEP.set(writes)
             try:
                 yield
@@ -443,13 +466,20 @@ def _bind(job: Job, cluster: Cluster, reason: str, short: str, note: str = "") -
 def _bind_write(job: Job, cluster: Cluster, reason: str, short: str, note: str,
                 step: _StepWrites | None) -> bool:
     old = job.cluster_id
-    match = Job.objects.filter(pk=job.pk, state=JobState.QUEUED, floating=True)
-    match = match.filter(cluster__isnull=True) if old is None else match.filter(cluster_id=old)
-    if not match.update(cluster=cluster, reason=reason[:500], reason_kind="placed",
-                        placement_note=note[:500], queue_position=None, queue_length=None,
-                        updated_at=timezone.now()):
-        return False
-    job.cluster = cluster
+    if step is not None and old is None and job.pk in step.claimed:  # locked: written at the end
+        job.cluster, job.reason, job.reason_kind = cluster, reason[:500], "placed"
+        job.placement_note, job.queue_position, job.queue_length = note[:500], None, None
+        job.updated_at = timezone.now()
+        step.claimed.discard(job.pk)
+        step.binds.append(job)
+    else:
+        match = Job.objects.filter(pk=job.pk, state=JobState.QUEUED, floating=True)
+        match = match.filter(cluster__isnull=True) if old is None else match.filter(cluster_id=old)
+        if not match.update(cluster=cluster, reason=reason[:500], reason_kind="placed",
+                            placement_note=note[:500], queue_position=None, queue_length=None,
+                            updated_at=timezone.now()):
+            return False
+        job.cluster = cluster
     decision = SchedulingDecision(job=job, cluster=cluster, kind=DecisionKind.PLACED, reason=reason[:500],
                                   created_at=timezone.now())
     if step is not None:
@@ -470,7 +500,7 @@ def _wait(job: Job, reason: str, summary: PlacementSummary) -> None:
     if job.reason == reason[:500]:
         return
     step = _STEP.get()
-    if step is not None:  # written with the step's other waits, in one statement
+    if step is not None and job.pk in step.claimed:  # locked: with the step's other waits, at its end
         job.reason, job.reason_kind, job.placement_note = reason[:500], "clusters", ""
         job.queue_position = job.queue_length = None
         step.waits.append(job)
