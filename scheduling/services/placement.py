@@ -193,7 +193,7 @@ def _avoided(choice: dict[str, Any], now: dt.datetime) -> dict[str, str]:
         with contextlib.suppress(ValueError, TypeError, IndexError):
             at, msg = entry[0], entry[1]
             if (now - dt.datetime.fromisoformat(at)).total_seconds() < AVOID_SECONDS:
-                out[name] = f"its pods could not be created there: {msg}"[:200]
+                out[name] = f"its pods could not be created there: {msg}"[:340]
     return out
 
 
@@ -562,7 +562,7 @@ def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "",
         choice = dict(job.cluster_choice or {})
         if avoid:
             failed = dict(choice.get("failed") or {})
-            failed[old.name] = [timezone.now().isoformat(), avoid[:150],
+            failed[old.name] = [timezone.now().isoformat(), avoid[:300],
                                 dispatch_failures(choice, old.name) + 1]
             choice["failed"] = failed
         if refused:
