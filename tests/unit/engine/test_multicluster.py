@@ -169,7 +169,9 @@ def test_a_refusal_holds_while_its_fingerprint_matches_and_lapses_when_it_change
     for changed in (M.refusal_fingerprint(M.capacity_key([big]), job, "q1"),      # a bigger node
                     M.refusal_fingerprint(M.capacity_key([small]), job, "q2"),    # a quota changed
                     M.refusal_fingerprint(M.capacity_key([small], "binpack"), job, "q1"),
-                    M.refusal_fingerprint(M.capacity_key([small]), replace(job, preemptible=True), "q1")):
+                    M.refusal_fingerprint(M.capacity_key([small]), replace(job, preemptible=True), "q1"),
+                    # a dedicated pool opened to the job's tenant: the models it may use there
+                    M.refusal_fingerprint(M.capacity_key([small]), _job(8, models=("A100@pool",)), "q1")):
         assert changed != before
         assert M.live_refusals(entries, {"b": changed}, NOW) == {}
     # A cluster not tried now (closed) keeps its refusal; a refusal lapses after the time bound.
