@@ -2,26 +2,44 @@
 
 The openb ``default`` trace (Alibaba cluster-trace-gpu-v2023) is replayed, as in
 ``bench/queue_replay.py`` (creation order, each pod runs its trace duration once started, 8
-projects in 2 tenants, QoS → priority, BE preemptible), on a slice of the openb cluster (every
-``--stride``-th GPU node) split into two clusters of half the nodes each, dealt alternately by
-size so that each has about half of the GPUs, with different GPU mixes (``split``). Each cluster
-runs Camp's own queue cycle (``QueueCycle``: priority, fair share, quotas scaled to its size,
-preemption, fragmentation-aware placement), ``--heads`` jobs per project queue per cycle.
+projects in 2 tenants, QoS → priority, BE preemptible), on the openb cluster or a slice of it
+(every ``--stride``-th GPU node; 1: all 1,213 nodes, 6,212 GPUs) split into two clusters of
+half the nodes each, dealt alternately by size so that each has about half of the GPUs, with
+different GPU mixes (``split``). Each cluster runs Camp's own queue cycle (``QueueCycle``:
+priority, fair share, quotas scaled to its size, preemption, fragmentation-aware placement) on
+``--heads`` jobs per project queue (0: all; 8: the service's default, raised to each queue's
+share of the free GPUs as ``SCHEDULER_HEADS_FILL`` does), re-run while it admits.
 
 * pinned — every job is pinned at submit to a random cluster among those that could ever run
   it (a pod asking for a GPU model only one cluster has goes there).
-* any — every job floats: at each event the placement step of scheduling/engine/multicluster.py
-  (``choose``: fits now > fits after preemption > shortest estimated wait; tentative
-  reservations so later jobs see what is left) binds the head of the global queue (``--window``
-  jobs, global order) to a cluster; a bound job still queued moves when another cluster would
-  start it strictly sooner. Jobs declare their duration (the trace's), which the wait estimate
+* any — every job floats: the placement step takes the ``--window`` oldest floating jobs still
+  queued (500: the service's ``PLACEMENT_BATCH``), bound or not, in ``global_order``, and
+  binds them with the product's own loop, ``multicluster.step`` (the function
+  ``services.placement.placement_run`` calls): ``choose`` = fits now > fits after preemption >
+  shortest estimated wait, tentative reservations so later jobs see what is left, and a bound
+  job still queued moves only when another cluster would start it strictly sooner. Only the
+  trials (each cluster's placer, running jobs, GPU usage and limits) and the bind (moving the
+  job between in-memory queues instead of the conditional UPDATE) are the bench's. A job a
+  cluster's cycle can never run goes back to the global queue with that cluster refused, as
+  ``cycle._apply`` does. Jobs declare their duration (the trace's), which the wait estimate
   uses, as users' ``duration_seconds`` would.
 
-Reported per mode (medians over ``--runs`` seeds): p50 and p95 queueing delay (creation →
-start) over the pods that started, time-averaged GPU allocation of both clusters, pods never
-started, preemptions, wall time.
+``--load k`` compresses the arrivals: each pod arrives at first + (creation − first) / k and
+still runs its trace duration, so the offered load is k times the trace's (on the whole
+cluster: 1.86e8 GPU-seconds over 6,212 GPUs and 149 days is 0.23 % at k = 1). ``--tick s``
+models the service's cadence (cycle and placement requests coalesce; a tick every
+``SCHEDULER_TICK_SECONDS``): events are handled up to the next multiple of ``s``, then one
+placement step (any) and a cycle of each cluster where something changed run at that tick
+(0: at each event time). Both modes get the same cadence, heads and quotas.
 
-    .venv/bin/python -m bench.multicluster              # stride 130, 3 runs (~minutes)
+Reported per mode (medians over ``--runs`` seeds for pinned, ``--any-runs`` for any): p50, p95
+and mean queueing delay (creation → first start) over the pods that started, time-averaged
+GPU allocation of both clusters (first arrival → last event), pods never started,
+preemptions, wall time.
+
+    .venv/bin/python -m bench.multicluster              # stride 130, per event, all heads (~6 min)
+    .venv/bin/python -m bench.multicluster --stride 1 --load 300 --heads 8 --tick 3 \
+        --out multicluster_k300.json                    # the whole cluster, 300x arrivals
 """
 
 from __future__ import annotations
@@ -29,15 +47,16 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import os
 import random
 import statistics
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench.queue_replay import PROJECTS, load
+from bench.queue_replay import PROJECTS, Sim, load
 from scheduling.engine import ClusterSnapshot, ClusterState, FragmentationPolicy, Job, Placer, WorkloadProfile
 from scheduling.engine import multicluster as M
 from scheduling.engine.cycle import CycleConfig, Kind, QueueCycle
@@ -79,12 +98,21 @@ class ClusterSim:
     running: dict[str, RunningJob] = field(default_factory=dict)
     gpus_of: dict[str, float] = field(default_factory=dict)
 
+    def free(self) -> float:
+        """Free GPUs (the held ones counted as ``placement_usage`` does: the larger of compute
+        and memory share); what ``free_gpus`` would find, without walking every card."""
+        return max(0.0, self.capacity - sum(self.gpus_of.values()))
+
     def heads(self, k: int) -> list[Job]:
+        """The first ``k`` jobs of each project queue (0: all); at least each queue's share of
+        the free GPUs, as the service's ``heads_per_queue`` with ``SCHEDULER_HEADS_FILL``."""
         if k <= 0:
             return list(self.pending.values())
         by_q: dict[str, list[Job]] = defaultdict(list)
         for j in self.pending.values():
             by_q[j.queue].append(j)
+        if by_q:
+            k = max(k, math.ceil(self.free() / len(by_q)))
         out: list[Job] = []
         for js in by_q.values():
             js.sort(key=lambda j: (-j.priority, j.submit_time, j.name))
@@ -104,9 +132,26 @@ def could_run(job: Job, c: ClusterSim) -> bool:
     return not any(c.placer.never_fits(p) for p in job.pods())
 
 
-def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runtime: float
-           ) -> dict[str, object]:
+def compress(sim: Sim, k: float, copies: int = 1) -> None:
+    """Arrivals k times denser (creation − first arrival, divided by k); durations unchanged.
+    ``copies`` > 1: every pod is submitted that many times at the same instant, copy i in the
+    project i places after the original's (the same pods, order and durations, m times over)."""
+    first = min(sim.created.values())
+    for name, c in list(sim.created.items()):
+        sim.created[name] = first + (c - first) / k
+        job = sim.jobs[name] = replace(sim.jobs[name], submit_time=sim.created[name])
+        for i in range(1, copies):
+            twin = f"{name}#{i}"
+            q = PROJECTS[(PROJECTS.index(job.queue) + i) % len(PROJECTS)]
+            sim.jobs[twin] = replace(job, name=twin, queue=q)
+            sim.created[twin], sim.duration[twin] = sim.created[name], sim.duration[name]
+            sim.qos[twin] = sim.qos[name]
+
+
+def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runtime: float,
+           load_factor: float = 1.0, tick: float = 0.0, copies: int = 1) -> dict[str, object]:
     snap, sim = load(stride)
+    compress(sim, load_factor, copies)
     profile = WorkloadProfile.from_pods([j.groups[0].template for j in sim.jobs.values()])
     clusters = []
     for name, part in zip(("a", "b"), split(snap), strict=True):
@@ -132,6 +177,8 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
     refused: dict[str, dict[str, str]] = {}  # any: job → clusters whose cycle found it can never run there
     waited: dict[str, float] = {}
     allocated, area, last_t, preemptions = 0.0, 0.0, None, 0
+    arrivals_end = max(sim.created.values())
+    area_w = 0.0  # GPU-seconds held between the first and the last arrival
     t0 = time.perf_counter()
     first = min(sim.created.values())
 
@@ -198,9 +245,11 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
         for c in clusters:
             for n, rj in c.running.items():
                 usage[rj.queue] += c.gpus_of[n]
-        cands = [(j, j.queue) for j in floating.values()]
-        cands += [(by_name[cn].pending[n], by_name[cn].pending[n].queue) for n, cn in bound.items()]
-        order = M.global_order(cands, usage)[:window]
+        # As the service: the ``window`` (PLACEMENT_BATCH) oldest floating jobs still queued,
+        # placed or not, then in the global order.
+        cands = [*floating.values(), *(by_name[cn].pending[n] for n, cn in bound.items())]
+        head = heapq.nsmallest(window, cands, key=lambda j: (j.submit_time, j.name))
+        order = M.global_order([(j, j.queue) for j in head], usage)
         trials = {}
         for c in clusters:
             u: dict[str, float] = defaultdict(float)
@@ -214,46 +263,41 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
                     limits[pq.name] = float(pq.quota.gpus_limit) if pq.quota.gpus_limit is not None else None
             queued = sum(M.job_gpus(j) for j in c.pending.values())
             trials[c.name] = M.ClusterTrial(views[c.name], c.placer, list(c.running.values()), t,
-                                            usage=dict(u), limits=limits, queued_gpus=queued)
-        for job, _ in order:
-            tenant = job.queue.split("/")[0]
-            cur = bound.get(job.name)
-            if cur is not None:  # not counted as queued where it is while it is being reconsidered
-                trials[cur].queued_gpus -= M.job_gpus(job)
-            choice = M.choose({n: job for n in trials}, tenant, M.ClusterChoice(),
-                              M.JobNeeds(gpus=M.job_gpus(job)), list(trials.values()),
-                              refused=refused.get(job.name))
-            if choice.cluster is None or choice.probe is None:
-                if cur is None:
-                    never.add(job.name)
-                    floating.pop(job.name, None)
-                else:
-                    trials[cur].queued_gpus += M.job_gpus(job)
-                continue
-            target = choice.cluster
-            if cur is not None and cur != target:
-                here = trials[cur].probe(job, tenant, trials[cur].free)
-                if here.outcome <= choice.probe.outcome:
-                    target = cur
-                    choice = M.Choice(cur, here, ())
-            assert choice.probe is not None
-            trials[target].take(job, tenant, choice.probe)
-            if cur != target:
-                if cur is not None:
-                    by_name[cur].pending.pop(job.name)
-                floating.pop(job.name, None)
-                by_name[target].pending[job.name] = job
-                bound[job.name] = target
+                                            usage=dict(u), limits=limits, queued_gpus=queued,
+                                            free=c.free())
+        def bind(p: M.Pending, target: str, _: M.Choice) -> bool:
+            """Bind or move the job: from the global queue or its cluster's queue to ``target``'s."""
+            name = str(p.key)
+            if p.bound is not None:
+                by_name[p.bound].pending.pop(name)
+            job = floating.pop(name, None) or sim.jobs[name]
+            by_name[target].pending[name] = job
+            bound[name] = target
+            return True
+
+        def unplaced(p: M.Pending, choice: M.Choice) -> None:
+            if choice.never:  # the service rejects it: no cluster could ever run it as asked
+                never.add(str(p.key))
+                floating.pop(str(p.key), None)
+
+        M.step([M.Pending(job.name, {n: job for n in trials}, job.queue.split("/")[0],
+                          needs=M.JobNeeds(gpus=M.job_gpus(job)), bound=bound.get(job.name),
+                          refused=refused.get(job.name, {}))
+                for job, _ in order], list(trials.values()), bind, unplaced)
         for tr in trials.values():
             tr.undo()
 
     while events:
-        t = events[0][0]
-        if last_t is not None:
-            area += allocated * (t - last_t)
-        last_t = t
-        while events and events[0][0] == t:
-            _, kind, name, tok = heapq.heappop(events)
+        # The service coalesces cycle and placement requests; here the events up to the next
+        # tick (``tick`` seconds; 0: each event time) are handled, then one placement step and
+        # the changed clusters' cycles run at that tick.
+        t = math.ceil(events[0][0] / tick) * tick if tick > 0 else events[0][0]
+        while events and events[0][0] <= t:
+            et, kind, name, tok = heapq.heappop(events)
+            if last_t is not None:
+                area += allocated * (et - last_t)
+                area_w += allocated * max(0.0, min(et, arrivals_end) - last_t)
+            last_t = et
             if kind == 1:
                 job = sim.jobs[name]
                 if mode == "any":
@@ -274,6 +318,10 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
                     allocated -= c.gpus_of.pop(name)
                     dirty.add(c.name)
                     changed[0] = True
+        if last_t is not None:
+            area += allocated * (t - last_t)
+            area_w += allocated * max(0.0, min(t, arrivals_end) - last_t)
+        last_t = t
         if mode == "any" and (floating or (bound and changed[0])):
             before = dict(bound)
             place(t)
@@ -282,6 +330,11 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
         for c in clusters:
             if c.name in dirty:
                 start_cycle(c, t)
+        if os.environ.get("MB_DEBUG"):
+            print(f"t={t - first:.0f} floating {len(floating)} bound {len(bound)} "
+                  f"pending {[len(c.pending) for c in clusters]} "
+                  f"running {[len(c.running) for c in clusters]} "
+                  f"started {len(waited)}", flush=True)
         dirty.clear()
     delays = sorted(waited.values())
     capacity = sum(c.capacity for c in clusters)
@@ -292,6 +345,9 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
         "p95_delay_s": delays[int(0.95 * (len(delays) - 1))] if delays else 0.0,
         "mean_delay_s": statistics.fmean(delays) if delays else 0.0,
         "gpu_alloc_pct": 100 * area / (span * capacity) if span else 0.0,
+        "gpu_alloc_arrivals_pct": (100 * area_w / ((arrivals_end - first) * capacity)
+                                   if arrivals_end > first else 0.0),
+        "span_s": span, "arrival_span_s": arrivals_end - first,
         "preemptions": preemptions, "wall_s": time.perf_counter() - t0,
         "clusters": {c.name: {"nodes": len(c.snap.nodes), "gpus": c.capacity,
                               "models": sorted({g.model for n in c.snap.nodes for g in n.gpus})}
@@ -305,32 +361,46 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--heads", type=int, default=0,
                     help="jobs tried per project queue and cycle (0: all, as bench/queue_replay.py's camp)")
-    ap.add_argument("--window", type=int, default=64, help="global-queue jobs per placement step")
+    ap.add_argument("--window", type=int, default=500,
+                    help="oldest global-queue jobs per placement step (the service's PLACEMENT_BATCH)")
     ap.add_argument("--min-runtime", type=float, default=600.0)
+    ap.add_argument("--load", type=float, default=1.0,
+                    help="load factor k: arrival times (since the first) divided by k, durations unchanged")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="every pod submitted this many times (the trace superposed on itself)")
+    ap.add_argument("--tick", type=float, default=0.0,
+                    help="seconds per scheduling tick (events coalesced; 0: a step at each event time)")
+    ap.add_argument("--any-runs", type=int, default=1,
+                    help="runs of 'any' (it draws nothing at random: the seed does not change it)")
     ap.add_argument("--modes", nargs="+", default=["pinned", "any"])
     ap.add_argument("--out", default="multicluster.json", help="file name under bench/results/")
     args = ap.parse_args()
     rows = []
     for mode in args.modes:
-        for r in range(args.runs):
+        for r in range(args.any_runs if mode == "any" else args.runs):
             row = replay(mode, args.stride, seed=r + 1, heads=args.heads, window=args.window,
-                         min_runtime=args.min_runtime)
+                         min_runtime=args.min_runtime, load_factor=args.load, tick=args.tick,
+                         copies=args.copies)
             rows.append(row)
             print(f"{mode} seed {r + 1}: p50 {row['p50_delay_s']:.0f} s, p95 {row['p95_delay_s']:.0f} s, "
-                  f"alloc {row['gpu_alloc_pct']:.1f} %, started {row['started']}, never {row['never']}, "
+                  f"mean {row['mean_delay_s']:.0f} s, alloc {row['gpu_alloc_pct']:.1f} % "
+                  f"(arrivals {row['gpu_alloc_arrivals_pct']:.1f} %), started {row['started']}, "
+                  f"never {row['never']}, "
                   f"{row['wall_s']:.0f} s", flush=True)
     med = {}
     for mode in args.modes:
         rs = [r for r in rows if r["mode"] == mode]
         med[mode] = {k: statistics.median(float(r[k]) for r in rs)  # type: ignore[arg-type]
-                     for k in ("p50_delay_s", "p95_delay_s", "gpu_alloc_pct", "started", "never",
-                               "preemptions", "wall_s")}
+                     for k in ("p50_delay_s", "p95_delay_s", "mean_delay_s", "gpu_alloc_pct",
+                               "gpu_alloc_arrivals_pct", "started", "never", "preemptions", "wall_s")}
     print(f"\nopenb default over two clusters (every {args.stride}th openb GPU node, dealt alternately): "
           f"{rows[0]['clusters']}")
-    print(f"{'mode':<8} {'p50 s':>8} {'p95 s':>8} {'GPU alloc %':>11} {'started':>8} {'never':>6} "
-          f"{'preempt':>8} {'wall s':>7}   (medians of {args.runs} runs)")
+    print(f"load factor {args.load:g}, copies {args.copies}, tick {args.tick:g} s, heads {args.heads}")
+    print(f"{'mode':<8} {'p50 s':>8} {'p95 s':>8} {'mean s':>8} {'GPU alloc %':>11} {'arrivals %':>10} "
+          f"{'started':>8} {'never':>6} {'preempt':>8} {'wall s':>7}   (medians)")
     for mode, m in med.items():
-        print(f"{mode:<8} {m['p50_delay_s']:>8.0f} {m['p95_delay_s']:>8.0f} {m['gpu_alloc_pct']:>11.1f} "
+        print(f"{mode:<8} {m['p50_delay_s']:>8.0f} {m['p95_delay_s']:>8.0f} {m['mean_delay_s']:>8.0f} "
+              f"{m['gpu_alloc_pct']:>11.1f} {m['gpu_alloc_arrivals_pct']:>10.1f} "
               f"{m['started']:>8.0f} {m['never']:>6.0f} {m['preemptions']:>8.0f} {m['wall_s']:>7.0f}")
     if "pinned" in med and "any" in med and med["pinned"]["p95_delay_s"]:
         cut = 1 - med["any"]["p95_delay_s"] / med["pinned"]["p95_delay_s"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from scheduling.engine.model import Admit, ClusterSnapshot, Job, Node, PodPlacement, Reject
@@ -478,6 +478,67 @@ def live_refusals(entries: Mapping[str, object] | None, current: Mapping[str, st
             continue
         out[name] = refusal_text(entry)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One job of the global queue's head as the placement step sees it."""
+
+    key: object
+    """The caller's handle (the service's Job row, the bench's job name)."""
+    jobs: Mapping[str, Job]
+    """The job as each cluster's engine sees it, by cluster name (dedicated pools change its
+    allowed models)."""
+    tenant: str
+    choice: ClusterChoice = ClusterChoice()
+    needs: JobNeeds = JobNeeds()
+    bound: str | None = None
+    """The cluster where it is queued already (None: in the global queue, not bound)."""
+    avoid: Mapping[str, str] = field(default_factory=dict)
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+
+def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
+         bind: Callable[[Pending, str, Choice], bool],
+         unplaced: Callable[[Pending, Choice], None] | None = None) -> None:
+    """One placement step over the global queue's head, in ``order`` (:func:`global_order`).
+
+    For each job: :func:`choose` over the trials; a job bound to a cluster and still queued
+    there stays unless another cluster gives it a strictly better start (fits now > fits after
+    preemption > waits) — a move to an equal start would only churn; then the job's room is
+    taken in the trial where it is (tentatively, so the next job sees what is left). Its own
+    GPUs do not count as queued ahead of it on its cluster while it is reconsidered.
+
+    ``bind(p, cluster, choice)`` binds or moves the job (the service: one conditional UPDATE
+    under the cycle locks; the bench: its in-memory queues); False when it could not (a lock
+    was busy): nothing is taken then. ``unplaced(p, choice)``: a job not bound that no cluster
+    takes now (``choice.never``: none ever could). The caller undoes the trials afterwards."""
+    by_name = {t.view.name: t for t in trials}
+    for p in order:
+        cur = by_name.get(p.bound or "") if p.bound is not None else None
+        own = 0.0
+        if cur is not None:
+            own = job_gpus(p.jobs[cur.view.name])
+            cur.queued_gpus = max(0.0, cur.queued_gpus - own)
+        decided = choose(p.jobs, p.tenant, p.choice, p.needs, trials, p.avoid, p.refused)
+        target = by_name.get(decided.cluster) if decided.cluster is not None else None
+        if target is None or decided.probe is None:
+            if cur is not None:
+                cur.queued_gpus += own  # bound, nothing better: its cluster's cycle decides
+            elif unplaced is not None:
+                unplaced(p, decided)
+            continue
+        probe = decided.probe
+        if cur is not None and cur is not target and not cur.view.closed_reason:
+            here = cur.probe(p.jobs[cur.view.name], p.tenant, cur.free)
+            if here.outcome <= probe.outcome:
+                target, probe = cur, here
+        if target is cur:
+            target.take(p.jobs[target.view.name], p.tenant, probe)
+        elif bind(p, target.view.name, decided):
+            target.take(p.jobs[target.view.name], p.tenant, probe)
+        elif cur is not None:
+            cur.queued_gpus += own
 
 
 def global_order(jobs: Sequence[tuple[Job, str]], usage: Mapping[str, float]) -> list[tuple[Job, str]]:

@@ -304,12 +304,14 @@ def placement_run(*, now: float | None = None) -> PlacementSummary | None:
         evicting = set(Job.objects.filter(state=JobState.PREEMPTING, preempted_by_id__in=list(by_id))
                        .values_list("preempted_by_id", flat=True))
         refused = _live_refusals(jobs, trials, wall)
+        heads = [_pending(by_id[int(ejob.name)], ejob, trials, wall, refused.get(int(ejob.name), {}))
+                 for ejob, _ in order
+                 if not (by_id[int(ejob.name)].cluster_id is not None and int(ejob.name) in evicting)]
+        clusters_by_name = {c.name: c for c in clusters}
         with _step_writes(clusters, jobs):
-            for ejob, _ in order:
-                job = by_id[int(ejob.name)]
-                if job.cluster_id is not None and job.pk in evicting:
-                    continue
-                _place_one(job, ejob, trials, wall, summary, refused.get(job.pk, {}))
+            M.step(heads, [tr.trial for tr in trials],
+                   bind=lambda p, name, decided: _bind_placed(p, clusters_by_name[name], decided, summary),
+                   unplaced=lambda p, decided: _unplaced(p, decided, summary))
             for job in missing:
                 _wait(job, _nowhere_reason(job, trials, wall), summary)
         for tr in trials:
@@ -326,37 +328,30 @@ def _nowhere_reason(job: Job, trials: list[_Trial], wall: dt.datetime) -> str:
     return ("Waiting for a cluster — " + "; ".join(parts)) if parts else "Waiting for a cluster — none exists"
 
 
-def _place_one(job: Job, ejob: E.Job, trials: list[_Trial], wall: dt.datetime,
-               summary: PlacementSummary, refused: dict[str, str] | None = None) -> None:
-    """``refused``: the clusters still refused to the job (``_live_refusals``)."""
-    choice = M.ClusterChoice.of(job.cluster_choice)
-    avoid = _avoided(job.cluster_choice or {}, wall)
-    ejob_for = {tr.cluster.name: tr.jobs.get(job.pk, ejob) for tr in trials}
-    decided = M.choose(ejob_for, job.tenant.name, choice, _needs(ejob), [tr.trial for tr in trials],
-                       avoid, refused or {})
-    target = next((tr for tr in trials if tr.cluster.name == decided.cluster), None)
-    if target is None:
-        if job.cluster_id is not None:
-            return  # bound, and nothing better elsewhere: its cluster's cycle decides
-        if decided.never:
-            _reject(job, decided.reason(), summary)
-        else:
-            _wait(job, decided.reason(), summary)
-        return
-    if job.cluster_id == target.cluster.pk:
-        return  # already there: its cycle decides
-    if job.cluster_id is not None:
-        # Move a bound, still-queued job only for a strictly better start elsewhere.
-        current = next((tr for tr in trials if tr.cluster.pk == job.cluster_id), None)
-        if current is not None and not current.trial.view.closed_reason and decided.probe is not None:
-            here = current.trial.probe(ejob_for[current.cluster.name], job.tenant.name, current.trial.free)
-            if here.outcome <= decided.probe.outcome:
-                return
-    assert decided.probe is not None
+def _pending(job: Job, ejob: E.Job, trials: list[_Trial], wall: dt.datetime,
+             refused: dict[str, str]) -> M.Pending:
+    """A floating job as the placement step (``M.step``) sees it; ``refused``: the clusters
+    still refused to it (``_live_refusals``)."""
+    return M.Pending(job, {tr.cluster.name: tr.jobs.get(job.pk, ejob) for tr in trials}, job.tenant.name,
+                     M.ClusterChoice.of(job.cluster_choice), _needs(ejob),
+                     job.cluster.name if job.cluster is not None else None,
+                     _avoided(job.cluster_choice or {}, wall), refused)
+
+
+def _bind_placed(p: M.Pending, cluster: Cluster, decided: M.Choice, summary: PlacementSummary) -> bool:
+    job = p.key
+    assert isinstance(job, Job) and decided.probe is not None
     was = job.cluster_id
-    if _bind(job, target.cluster, decided.reason(), decided.probe.text(), decided.others_text()):
-        target.trial.take(ejob_for[target.cluster.name], job.tenant.name, decided.probe)
-        (summary.moved if was is not None else summary.placed).append(job.pk)
+    if not _bind(job, cluster, decided.reason(), decided.probe.text(), decided.others_text()):
+        return False
+    (summary.moved if was is not None else summary.placed).append(job.pk)
+    return True
+
+
+def _unplaced(p: M.Pending, decided: M.Choice, summary: PlacementSummary) -> None:
+    """No cluster takes the job now: it waits in the global queue, or is rejected if none ever could."""
+    assert isinstance(p.key, Job)
+    (_reject if decided.never else _wait)(p.key, decided.reason(), summary)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -139,6 +140,48 @@ def test_tentative_reservations_let_the_next_job_see_what_is_left() -> None:
     a.undo()
     b.undo()
     assert M.free_gpus(a.placer) == 4 and M.free_gpus(b.placer) == 4
+
+
+def _pending(name: str, gpus: int, trials: tuple[M.ClusterTrial, ...], bound: str | None = None) -> M.Pending:
+    j = replace(_job(gpus), name=name)
+    return M.Pending(name, {t.view.name: j for t in trials}, "t", needs=M.JobNeeds(gpus=M.job_gpus(j)),
+                     bound=bound)
+
+
+def _recorder(binds: list[tuple[object, str]]) -> Callable[[M.Pending, str, M.Choice], bool]:
+    def bind(p: M.Pending, name: str, _: M.Choice) -> bool:
+        binds.append((p.key, name))
+        return True
+    return bind
+
+
+def test_step_a_bound_job_keeps_its_room_and_the_next_job_goes_elsewhere() -> None:
+    a = _trial("a", node("a0", 4))
+    b = _trial("b", node("b0", 4))
+    binds: list[tuple[object, str]] = []
+    M.step([_pending("kept", 4, (a, b), bound="a"), _pending("new", 4, (a, b))], [a, b],
+           bind=_recorder(binds))
+    # "kept" fits now where it is bound: it stays (no bind) and holds a's 4 GPUs, so "new" goes to b.
+    assert binds == [("new", "b")]
+
+
+def test_step_moves_a_bound_job_only_for_a_strictly_better_start() -> None:
+    a = _trial("a", node("a0", 4))
+    a.placer.place_job(replace(_job(4), name="taken"))
+    b = _trial("b", node("b0", 4))
+    binds: list[tuple[object, str]] = []
+    waits: list[object] = []
+    M.step([_pending("stuck", 4, (a, b), bound="a"), _pending("big", 8, (a, b))], [a, b],
+           bind=_recorder(binds),
+           unplaced=lambda p, c: waits.append((p.key, c.never)))
+    # Waiting on a, fits now on b: moved. The 8-GPU job fits no node anywhere: never.
+    assert binds == [("stuck", "b")] and waits == [("big", True)]
+    c = _trial("c", node("c0", 4))
+    c.placer.place_job(replace(_job(4), name="taken"))
+    binds.clear()
+    M.step([_pending("stuck", 4, (a, c), bound="a")], [a, c],
+           bind=_recorder(binds))
+    assert binds == []  # waiting on both: it stays where it is
 
 
 def test_global_order_priority_then_share_then_submission() -> None:
