@@ -17,7 +17,8 @@ step and the cycle wrote undone, audit events excepted) and reports the medians 
 
 * ``step s``: the wall time of one ``placement_run`` (at most ``PLACEMENT_BATCH`` = 500 jobs);
 * ``queries``: the SQL statements it ran;
-* ``placed``/``waiting``: what it decided;
+* ``placed``/``waiting``: what it decided (a step goes on with the next batch of 500 while
+  ``PLACEMENT_BUDGET_S`` lasts; ``--budget`` sets it, 0 for one batch a step);
 * ``cycle s``: then ``cycle_run`` of cluster ``a`` (the jobs the step bound there) —
   ``ratio`` is step ÷ cycle.
 
@@ -254,6 +255,8 @@ def main() -> None:
     ap.add_argument("--alloc", type=int, default=50, help="%% of each cluster's nodes held by running jobs")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="cProfile one step at the largest size")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="PLACEMENT_BUDGET_S for the run (default: the service's; 0: one batch a step)")
     ap.add_argument("--db", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DB))
     ap.add_argument("--label", default="", help="suffix of the result files")
     args = ap.parse_args()
@@ -262,6 +265,11 @@ def main() -> None:
     _setup_django(args.db)
 
     from scheduling.models import Job, JobState, SchedulingDecision
+    from scheduling.services import placement
+
+    if args.budget is not None:
+        placement.PLACEMENT_BUDGET_S = args.budget
+    print(f"PLACEMENT_BATCH {placement.PLACEMENT_BATCH}, PLACEMENT_BUDGET_S {placement.PLACEMENT_BUDGET_S}")
 
     admin, clusters, projects = _world(args.nodes)
     for c in clusters:
@@ -310,7 +318,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"placement_step{label}.json"
     path.write_text(json.dumps({"load_average": os.getloadavg(), "nodes_per_cluster": args.nodes,
-                                "alloc_percent": args.alloc, "rows": rows}, indent=1))
+                                "alloc_percent": args.alloc, "budget_s": placement.PLACEMENT_BUDGET_S,
+                                "rows": rows}, indent=1))
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()), "→", path, file=sys.stderr)
 
 

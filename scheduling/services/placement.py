@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import datetime as dt
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -52,7 +53,12 @@ _PLACEMENT_LOCK_CLASS = 0x43414D47  # "CAMG": the global queue's placement step 
 AVOID_SECONDS = 600
 """A cluster where a floating job's dispatch failed is not chosen again for this long."""
 PLACEMENT_BATCH = 500
-"""Floating jobs looked at per placement step (the global queue's head)."""
+"""Floating jobs looked at per batch of a placement step (the global queue's head first)."""
+PLACEMENT_BUDGET_S = 2.0
+"""A placement step goes on with the next batch while it has spent less wall time than this
+(and its last batch was full): ~2 s a batch of 500 on the 2-core bench
+machine (BENCHMARKS §10), so a few batches at most. Each batch commits on its own, so a
+cycle waits for its lock one batch at most."""
 
 
 # --- requests ------------------------------------------------------------------------------
@@ -212,6 +218,8 @@ class _Trial:
     trial: M.ClusterTrial
     jobs: dict[int, E.Job]
     """Floating job id → the job as this cluster's engine sees it (its dedicated pools)."""
+    access: selectors.PoolAccess = selectors.NO_POOLS
+    """Its dedicated pools (``_more_jobs`` reads a step's next batch as this cluster sees it)."""
 
 
 def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[int], now: float
@@ -254,7 +262,7 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
         trial = M.ClusterTrial(views[c.pk], E.Placer(E.ClusterState(snapshot), policy), running, now,
                                usage=dict(usage), limits=limits, queued_gpus=queued_gpus,
                                all_limits=all_limits, all_usage=all_usage)
-        out.append(_Trial(c, trial, {int(j.name): j for j in pending}))
+        out.append(_Trial(c, trial, {int(j.name): j for j in pending}, access))
     return out
 
 
@@ -270,19 +278,39 @@ class PlacementSummary:
     busy: bool = False
 
 
-def _floating_queue(limit: int) -> list[Job]:
-    """The head of the global queue: floating jobs still queued, placed or not."""
-    return list(Job.objects.filter(floating=True, state=JobState.QUEUED)
-                .select_related("tenant", "project__tenant", "cluster")  # the audit's target names
+def _floating_queue(limit: int, after: Job | None = None) -> list[Job]:
+    """The head of the global queue: floating jobs still queued, placed or not (``after``:
+    those behind that job, the step's next batch)."""
+    rows = Job.objects.filter(floating=True, state=JobState.QUEUED)
+    if after is not None:
+        rows = rows.filter(Q(submitted_at__gt=after.submitted_at)
+                           | Q(submitted_at=after.submitted_at, id__gt=after.pk))
+    return list(rows.select_related("tenant", "project__tenant", "cluster")  # the audit's target names
                 .order_by("submitted_at", "id")[:limit])
 
 
+def _more_jobs(trials: list[_Trial], ids: list[int]) -> None:
+    """A step's next batch as each open cluster's engine sees it, added to its trial (whose
+    tentative reservations stay: the batch before is bound, not admitted yet)."""
+    for tr in trials:
+        if not tr.trial.view.closed_reason:
+            pending, _ = selectors._pending_part(tr.cluster, tr.access, {}, ids=ids)
+            tr.jobs.update({int(j.name): j for j in pending})
+
+
 def placement_run(*, now: float | None = None) -> PlacementSummary | None:
-    """One placement step over the global queue; None when another step holds the lock."""
+    """One placement step over the global queue; None when another step holds the lock.
+
+    It takes the queue's head (``PLACEMENT_BATCH`` jobs) and, while a batch was full and
+    ``PLACEMENT_BUDGET_S`` of wall time is not spent, the next batch behind it, on the same
+    trials (each batch written in its own transaction, ``_step_writes``): at a burst of
+    submissions one tick reaches past the oldest 500 jobs, which are often bound already and
+    waiting for their cluster's cycle."""
     summary = PlacementSummary()
     with _placement_lock() as got:
         if not got:
             return None
+        started = time.monotonic()
         jobs = _floating_queue(PLACEMENT_BATCH)
         if not jobs:
             return summary
@@ -290,33 +318,46 @@ def placement_run(*, now: float | None = None) -> PlacementSummary | None:
         clusters = list(Cluster.objects.order_by("name"))
         views = cluster_views(clusters)
         trials = _trials(clusters, views, [j.pk for j in jobs], t)
-        by_id = {j.pk: j for j in jobs}
-        any_engine = {jid: tr.jobs[jid] for tr in trials for jid in tr.jobs}
-        usage: dict[str, float] = defaultdict(float)
-        for tr in trials:
-            for q, g in tr.trial.usage.items():
-                usage[q] += g
-        order = M.global_order([(j, j.queue) for jid, j in any_engine.items() if jid in by_id], usage)
-        missing = [j for j in jobs if j.pk not in any_engine]  # no open cluster to see it
-        wall = timezone.now()
-        # Bound jobs whose victims are being evicted for them on their cluster: never moved
-        # (the victims would be killed for nothing); they start there once the room is free.
-        evicting = set(Job.objects.filter(state=JobState.PREEMPTING, preempted_by_id__in=list(by_id))
-                       .values_list("preempted_by_id", flat=True))
-        refused = _live_refusals(jobs, trials, wall)
-        heads = [_pending(by_id[int(ejob.name)], ejob, trials, wall, refused.get(int(ejob.name), {}))
-                 for ejob, _ in order
-                 if not (by_id[int(ejob.name)].cluster_id is not None and int(ejob.name) in evicting)]
-        clusters_by_name = {c.name: c for c in clusters}
-        with _step_writes(clusters, jobs):
-            M.step(heads, [tr.trial for tr in trials],
-                   bind=lambda p, name, decided: _bind_placed(p, clusters_by_name[name], decided, summary),
-                   unplaced=lambda p, decided: _unplaced(p, decided, summary))
-            for job in missing:
-                _wait(job, _nowhere_reason(job, trials, wall), summary)
+        while True:
+            _place_batch(jobs, clusters, trials, summary)
+            if len(jobs) < PLACEMENT_BATCH or time.monotonic() - started >= PLACEMENT_BUDGET_S:
+                break
+            jobs = _floating_queue(PLACEMENT_BATCH, after=jobs[-1])
+            if not jobs:
+                break
+            _more_jobs(trials, [j.pk for j in jobs])
         for tr in trials:
             tr.trial.undo()
     return summary
+
+
+def _place_batch(jobs: list[Job], clusters: list[Cluster], trials: list[_Trial],
+                 summary: PlacementSummary) -> None:
+    """One batch of the global queue, in the global order, over the step's trials."""
+    by_id = {j.pk: j for j in jobs}
+    any_engine = {jid: tr.jobs[jid] for tr in trials for jid in tr.jobs if jid in by_id}
+    usage: dict[str, float] = defaultdict(float)
+    for tr in trials:
+        for q, g in tr.trial.usage.items():
+            usage[q] += g
+    order = M.global_order([(j, j.queue) for j in any_engine.values()], usage)
+    missing = [j for j in jobs if j.pk not in any_engine]  # no open cluster to see it
+    wall = timezone.now()
+    # Bound jobs whose victims are being evicted for them on their cluster: never moved
+    # (the victims would be killed for nothing); they start there once the room is free.
+    evicting = set(Job.objects.filter(state=JobState.PREEMPTING, preempted_by_id__in=list(by_id))
+                   .values_list("preempted_by_id", flat=True))
+    refused = _live_refusals(jobs, trials, wall)
+    heads = [_pending(by_id[int(ejob.name)], ejob, trials, wall, refused.get(int(ejob.name), {}))
+             for ejob, _ in order
+             if not (by_id[int(ejob.name)].cluster_id is not None and int(ejob.name) in evicting)]
+    clusters_by_name = {c.name: c for c in clusters}
+    with _step_writes(clusters, jobs):
+        M.step(heads, [tr.trial for tr in trials],
+               bind=lambda p, name, decided: _bind_placed(p, clusters_by_name[name], decided, summary),
+               unplaced=lambda p, decided: _unplaced(p, decided, summary))
+        for job in missing:
+            _wait(job, _nowhere_reason(job, trials, wall), summary)
 
 
 def _nowhere_reason(job: Job, trials: list[_Trial], wall: dt.datetime) -> str:

@@ -685,3 +685,23 @@ def test_a_placement_step_writes_in_statements_that_do_not_grow_with_its_jobs(
 
     step("warm", 2)
     assert step("ten", 10) == step("forty", 40)
+
+
+def test_a_placement_step_goes_on_with_the_next_batch_within_its_time_budget(
+        world: Any, two: tuple[Cluster, Cluster], monkeypatch: Any) -> None:
+    """Review finding (r5-mb's bench): a burst of floating jobs waited tick after tick because a
+    step took only the oldest PLACEMENT_BATCH jobs. A step now takes the batches behind while
+    its time budget lasts; with none left, only the first batch is placed."""
+    east, west = two
+    monkeypatch.setattr(multicluster, "PLACEMENT_BATCH", 2)
+    jobs = [submit(world, f"burst-{i}", gpu_count=1) for i in range(5)]
+    monkeypatch.setattr(multicluster, "PLACEMENT_BUDGET_S", 0.0)
+    summary = multicluster.placement_run()
+    assert summary is not None and sorted(summary.placed) == [j.pk for j in jobs[:2]]
+    monkeypatch.setattr(multicluster, "PLACEMENT_BUDGET_S", 60.0)
+    summary = multicluster.placement_run()
+    assert summary is not None and sorted(summary.placed) == [j.pk for j in jobs[2:]]
+    assert not Job.objects.filter(pk__in=[j.pk for j in jobs], cluster__isnull=True).exists()
+    # The batches share the step's trials: 5 single-GPU jobs, 16 free GPUs, each bound where it
+    # fits now, the room of the earlier ones held (no more than 8 on either cluster).
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], cluster=east).count() <= 8
