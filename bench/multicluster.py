@@ -13,7 +13,7 @@ share of the free GPUs as ``SCHEDULER_HEADS_FILL`` does), re-run while it admits
 * pinned — every job is pinned at submit to a random cluster among those that could ever run
   it (a pod asking for a GPU model only one cluster has goes there).
 * any — every job floats: the placement step takes the ``--window`` oldest floating jobs still
-  queued (500: the service's ``PLACEMENT_BATCH``), bound or not, in ``global_order``, and
+  queued (by default the service's ``PLACEMENT_BATCH``, imported: 500), bound or not, in ``global_order``, and
   binds them with the product's own loop, ``multicluster.step`` (the function
   ``services.placement.placement_run`` calls): ``choose`` = fits now > fits after preemption >
   shortest estimated wait, tentative reservations so later jobs see what is left, and a bound
@@ -35,7 +35,7 @@ placement step (any) and a cycle of each cluster where something changed run at 
 Reported per mode (medians over ``--runs`` seeds for pinned, ``--any-runs`` for any): p50, p95
 and mean queueing delay (creation → first start) over the pods that started, time-averaged
 GPU allocation of both clusters (first arrival → last event), pods never started,
-preemptions, wall time.
+preemptions, wall time. ``MB_DEBUG=1`` prints the queues at each tick.
 
     .venv/bin/python -m bench.multicluster              # stride 130, per event, all heads (~6 min)
     .venv/bin/python -m bench.multicluster --stride 1 --load 300 --heads 8 --tick 3 \
@@ -355,14 +355,26 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
     }
 
 
+def service_window() -> int:
+    """The service's ``PLACEMENT_BATCH`` (jobs one placement step takes), read from the product
+    rather than copied (Django is set up for it; no database is used)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "camp.settings.test")
+    import django
+
+    django.setup()
+    from scheduling.services.placement import PLACEMENT_BATCH
+
+    return PLACEMENT_BATCH
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stride", type=int, default=130)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--heads", type=int, default=0,
                     help="jobs tried per project queue and cycle (0: all, as bench/queue_replay.py's camp)")
-    ap.add_argument("--window", type=int, default=500,
-                    help="oldest global-queue jobs per placement step (the service's PLACEMENT_BATCH)")
+    ap.add_argument("--window", type=int, default=0,
+                    help="oldest global-queue jobs per placement step (0: the service's PLACEMENT_BATCH)")
     ap.add_argument("--min-runtime", type=float, default=600.0)
     ap.add_argument("--load", type=float, default=1.0,
                     help="load factor k: arrival times (since the first) divided by k, durations unchanged")
@@ -375,6 +387,7 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["pinned", "any"])
     ap.add_argument("--out", default="multicluster.json", help="file name under bench/results/")
     args = ap.parse_args()
+    args.window = args.window or service_window()
     rows = []
     for mode in args.modes:
         for r in range(args.any_runs if mode == "any" else args.runs):
