@@ -162,7 +162,7 @@ def _refused_since(entry: object) -> str:
     if isinstance(entry, dict):
         with contextlib.suppress(ValueError, TypeError):
             at = dt.datetime.fromisoformat(str(entry.get("at"))).strftime("%H:%M UTC")
-            return f" (found by its cycle at {at}; offered again once its nodes or quotas change)"
+            return f" (found by its cycle at {at}{_AGAIN})"
     return ""
 
 
@@ -408,37 +408,51 @@ def _cycle_locks(ids: list[int]) -> Iterator[bool]:
 
 @dataclass
 class _StepWrites:
-    """What one placement step writes, in one transaction (``_step_writes``): the cycle locks
-    it took (held until that transaction has committed), the decisions to insert and the
-    waiting jobs' reasons to update, each in one statement at its end."""
+    """What one batch of a placement step writes, in one transaction (``_step_writes``): the
+    cycle locks it took (held until that transaction has committed), the rows it locked, the
+    decisions to insert and the waiting jobs' reasons to update, each in one statement."""
 
-    locks: contextlib.ExitStack
     names: dict[int, str]
     claimed: set[int] = field(default_factory=set)
-    """Unbound jobs of the step whose rows it locked at its start (still queued, no cluster):
-    their binds cannot fail, so they are written together at its end."""
-    held: set[int] = field(default_factory=set)
+    """Unbound jobs of the batch whose rows it locked at its start (still queued, no cluster):
+    the only unbound jobs it writes (binds, waits and rejections), so it never waits on a
+    row another transaction holds; their binds cannot fail and are written together."""
+    held: dict[int, contextlib.ExitStack] = field(default_factory=dict)
+    cycles: set[int] = field(default_factory=set)
+    """Clusters to ask for a cycle once the locks are released."""
     binds: list[Job] = field(default_factory=list)
     decisions: list[SchedulingDecision] = field(default_factory=list)
     waits: list[Job] = field(default_factory=list)
 
     def claim(self, jobs: list[Job]) -> None:
-        """Lock the rows of the step's unbound jobs (those another transaction holds now —
-        a user cancelling one — are skipped: they are bound one by one, conditionally)."""
+        """Lock the rows of the batch's unbound jobs; those another transaction holds now (a
+        user cancelling one) are skipped until the next step. ``no_key``: as everywhere
+        (common.py), so inserts of rows that refer to them (decisions, audit) never wait."""
         ids = [j.pk for j in jobs if j.cluster_id is None]
         rows = Job.objects.filter(pk__in=ids, state=JobState.QUEUED, cluster__isnull=True)
         if connection.vendor == "postgresql":
-            rows = rows.select_for_update(skip_locked=True)
+            rows = rows.select_for_update(no_key=True, skip_locked=True)
         self.claimed = set(rows.values_list("pk", flat=True))
 
     def hold(self, ids: list[int]) -> bool:
-        """The cycle locks of these clusters, kept for the rest of the step; False if one is
-        busy (those taken stay held: a later bind there needs them anyway)."""
-        for cid in sorted(set(ids) - self.held):
-            if not self.locks.enter_context(cycle_lock(cid)):
+        """The cycle locks of these clusters, kept until the batch has committed; False if
+        one is busy (then the ones this call took are released at once)."""
+        new: list[int] = []
+        for cid in sorted(set(ids) - set(self.held)):
+            stack = contextlib.ExitStack()
+            if not stack.enter_context(cycle_lock(cid)):
+                stack.close()
+                for c in new:
+                    self.held.pop(c).close()
                 return False
-            self.held.add(cid)
+            self.held[cid] = stack
+            new.append(cid)
         return True
+
+    def release(self) -> None:
+        for stack in self.held.values():
+            stack.close()
+        self.held.clear()
 
     def flush(self) -> None:
         """The claimed jobs' binds and waits, one statement each (their rows are locked, still
@@ -461,16 +475,16 @@ _STEP: contextvars.ContextVar[_StepWrites | None] = contextvars.ContextVar("plac
 
 @contextlib.contextmanager
 def _step_writes(clusters: list[Cluster], jobs: list[Job]) -> Iterator[None]:
-    """One transaction (and one audit batch) for a placement step's binds, waits and
-    rejections, instead of one per job: each commit ran its own audit seal and live-page
-    push (~30 ms a job; bench/placement_step.py). The binds keep their rule — a conditional
-    UPDATE made while holding the target's (and, for a move, the old cluster's) cycle
-    lock — and the locks are now held from a step's first bind on a cluster until the step
-    has committed, so a cycle there never reads a bind half-way; it runs right after (its
-    try-lock fails meanwhile and the task retries in a second)."""
-    with contextlib.ExitStack() as locks:  # left last: released after the commit
+    """One transaction (and one audit batch) for a batch's binds, waits and rejections,
+    instead of one per job: each commit ran its own audit seal and live-page push (~30 ms a
+    job; bench/placement_step.py). The binds keep their rule — a conditional UPDATE made
+    while holding the target's (and, for a move, the old cluster's) cycle lock — and the
+    locks are held from the batch's first bind on a cluster until it has committed, so a
+    cycle there never reads a batch half-written; the cycles are asked for once the locks
+    are released."""
+    writes = _StepWrites({c.pk: c.name for c in clusters})
+    try:
         with transaction.atomic(), audit_batch():
-            writes = _StepWrites(locks, {c.pk: c.name for c in clusters})
             writes.claim(jobs)
             token = _STEP.set(writes)
             try:
@@ -478,6 +492,10 @@ def _step_writes(clusters: list[Cluster], jobs: list[Job]) -> Iterator[None]:
                 writes.flush()
             finally:
                 _STEP.reset(token)
+    finally:
+        writes.release()
+    for cid in sorted(writes.cycles):
+        request_cycle(cid)
 
 
 def _bind(job: Job, cluster: Cluster, reason: str, short: str, note: str = "") -> bool:
@@ -487,6 +505,8 @@ def _bind(job: Job, cluster: Cluster, reason: str, short: str, note: str = "") -
     old = job.cluster_id
     step = _STEP.get()
     if step is not None:
+        if old is None and job.pk not in step.claimed:
+            return False  # its row is another transaction's now: the next step
         if not step.hold([cluster.pk, *([old] if old else [])]):
             request_placement(countdown=1)
             return False
@@ -502,7 +522,7 @@ def _bind(job: Job, cluster: Cluster, reason: str, short: str, note: str = "") -
 def _bind_write(job: Job, cluster: Cluster, reason: str, short: str, note: str,
                 step: _StepWrites | None) -> bool:
     old = job.cluster_id
-    if step is not None and old is None and job.pk in step.claimed:  # locked: written at the end
+    if step is not None and old is None:  # claimed (``_bind``): locked, written at the end
         job.cluster, job.reason, job.reason_kind = cluster, reason[:500], "placed"
         job.placement_note, job.queue_position, job.queue_length = note[:500], None, None
         job.updated_at = timezone.now()
@@ -511,6 +531,10 @@ def _bind_write(job: Job, cluster: Cluster, reason: str, short: str, note: str,
     else:
         match = Job.objects.filter(pk=job.pk, state=JobState.QUEUED, floating=True)
         match = match.filter(cluster__isnull=True) if old is None else match.filter(cluster_id=old)
+        if step is not None and connection.vendor == "postgresql":
+            # A move inside a step: the row first, never waiting for another transaction's.
+            if not match.select_for_update(no_key=True, skip_locked=True).values_list("pk", flat=True):
+                return False
         if not match.update(cluster=cluster, reason=reason[:500], reason_kind="placed",
                             placement_note=note[:500], queue_position=None, queue_length=None,
                             updated_at=timezone.now()):
@@ -520,14 +544,15 @@ def _bind_write(job: Job, cluster: Cluster, reason: str, short: str, note: str,
                                   created_at=timezone.now())
     if step is not None:
         step.decisions.append(decision)
+        step.cycles.add(cluster.pk)
         before = old and step.names.get(old)
     else:
         _record_all([decision])
+        request_cycle(cluster.pk)
         before = old and Cluster.objects.get(pk=old).name
     audit_record(actor=None, actor_username=SCHEDULER, action="job.placed", target=job,
                  tenant=job.tenant, project=job.project, before={"cluster": before},
                  after={"cluster": cluster.name, "why": short})
-    request_cycle(cluster.pk)
     return True
 
 
@@ -536,17 +561,26 @@ def _wait(job: Job, reason: str, summary: PlacementSummary) -> None:
     if job.reason == reason[:500]:
         return
     step = _STEP.get()
-    if step is not None and job.pk in step.claimed:  # locked: with the step's other waits, at its end
-        job.reason, job.reason_kind, job.placement_note = reason[:500], "clusters", ""
-        job.queue_position = job.queue_length = None
-        step.waits.append(job)
+    if step is not None:  # only claimed rows (locked): with the batch's other waits, at its end
+        if job.pk in step.claimed:
+            job.reason, job.reason_kind, job.placement_note = reason[:500], "clusters", ""
+            job.queue_position = job.queue_length = None
+            step.waits.append(job)
         return
     Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster__isnull=True).update(
         reason=reason[:500], reason_kind="clusters", placement_note="", queue_position=None,
         queue_length=None)
 
 
+_AGAIN = "; offered again once its nodes or quotas change"
+"""Said of a cluster that refused a waiting job (``_refused_since``), not of a rejected one."""
+
+
 def _reject(job: Job, reason: str, summary: PlacementSummary) -> None:
+    step = _STEP.get()
+    if step is not None and job.pk not in step.claimed:
+        return  # its row is another transaction's now: the next step
+    reason = reason.replace(_AGAIN, "")
     with transaction.atomic(), audit_batch():
         if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster__isnull=True).update(
                 state=JobState.REJECTED, reason=reason[:500], reason_kind="never-fits",
