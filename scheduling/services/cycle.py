@@ -151,6 +151,10 @@ def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs,
         inputs = selectors.cycle_inputs(cluster)
         limits = selectors.all_cluster_limits()
         in_use = selectors.gpus_in_use_all_clusters(limits.tenant_ids) if limits else None
+        if Job.objects.filter(cluster=cluster, state=JobState.QUEUED, floating=True).exists():
+            from .placement import quota_times  # placement imports this module
+
+            inputs = dataclasses.replace(inputs, quota_times=quota_times([cluster.pk]))
     held: list[JobStatus] = []
     if limits and in_use is not None:
         inputs, held = _hold_over_all_clusters(inputs, limits, in_use)
@@ -324,14 +328,18 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
 def _refusal_fp(inputs: selectors.CycleInputs, name: str, job: Job, memo: dict[str, Any]) -> str:
     """The fingerprint recorded with a refusal (``placement.refusal_fingerprint``) from this
     cycle's own snapshot; the cluster's digest and the pending jobs by name computed once."""
-    from .placement import refusal_fingerprint
+    from .placement import quota_stamp, quota_times, refusal_fingerprint
 
     assert inputs.cluster is not None
     if not memo:
         memo["capacity"] = M.capacity_key(inputs.snapshot.nodes, inputs.cluster.placement_policy)
         memo["pending"] = {j.name: j for j in inputs.pending}
-    return refusal_fingerprint(memo["capacity"], memo["pending"][name], inputs.cluster.pk, job.tenant_id,
-                               job.project_id)
+        # Read with the snapshot (``_decide``): a quota changed since is not the one judged.
+        times = inputs.quota_times
+        memo["times"] = times if times is not None else quota_times([inputs.cluster.pk])
+    key = (inputs.cluster.pk, job.tenant_id, job.project_id)
+    return refusal_fingerprint(memo["capacity"], memo["pending"][name], *key,
+                               stamps={key: quota_stamp(memo["times"], key)})
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -129,24 +129,40 @@ def _needs(job: E.Job) -> M.JobNeeds:
     return M.JobNeeds(arches=arches, gpu_models=frozenset(models), gpus=M.job_gpus(job))
 
 
-def quota_stamps(keys: Iterable[tuple[int, int, int]]) -> dict[tuple[int, int, int], str]:
-    """(cluster id, tenant id, project id) → a stamp of the quota rows on that path (the
-    cluster's, the tenant's, the project's: when each last changed, "-" for none), in one
-    query. A refusal over a limit or a guarantee lapses when one of them changes."""
-    keys = set(keys)
-    if not keys:
-        return {}
-    rows = Quota.objects.filter(
-        Q(scope=QuotaScope.CLUSTER, cluster_id__in={k[0] for k in keys})
-        | Q(scope=QuotaScope.TENANT, tenant_id__in={k[1] for k in keys})
-        | Q(scope=QuotaScope.PROJECT, project_id__in={k[2] for k in keys}),
-    ).values_list("scope", "cluster_id", "tenant_id", "project_id", "updated_at")
+def quota_times(cluster_ids: Collection[int], tenant_ids: Collection[int] | None = None,
+                project_ids: Collection[int] | None = None) -> dict[tuple[str, int], str]:
+    """(scope, owner id) → when that quota row last changed, in one query: the quotas of
+    these clusters and of these tenants and projects (None: all of them)."""
+    tq = Q(scope=QuotaScope.TENANT)
+    if tenant_ids is not None:
+        tq &= Q(tenant_id__in=tenant_ids)
+    pq = Q(scope=QuotaScope.PROJECT)
+    if project_ids is not None:
+        pq &= Q(project_id__in=project_ids)
+    rows = Quota.objects.filter(Q(scope=QuotaScope.CLUSTER, cluster_id__in=cluster_ids) | tq | pq
+                                ).values_list("scope", "cluster_id", "tenant_id", "project_id", "updated_at")
     at: dict[tuple[str, int], str] = {}
     for scope, cid, tid, pid, updated in rows:
         owner = cid if scope == QuotaScope.CLUSTER else tid if scope == QuotaScope.TENANT else pid
-        at[(scope, owner)] = updated.isoformat()
-    return {k: "|".join(at.get(x, "-") for x in ((QuotaScope.CLUSTER, k[0]), (QuotaScope.TENANT, k[1]),
-                                                   (QuotaScope.PROJECT, k[2]))) for k in keys}
+        at[(str(scope), owner)] = updated.isoformat()
+    return at
+
+
+def quota_stamp(times: dict[tuple[str, int], str], key: tuple[int, int, int]) -> str:
+    """The stamp of the quota rows on the path (cluster, tenant, project): when each last
+    changed, "-" for none. A refusal over a limit or a guarantee lapses when one changes."""
+    path = ((QuotaScope.CLUSTER.value, key[0]), (QuotaScope.TENANT.value, key[1]),
+            (QuotaScope.PROJECT.value, key[2]))
+    return "|".join(times.get(x, "-") for x in path)
+
+
+def quota_stamps(keys: Iterable[tuple[int, int, int]]) -> dict[tuple[int, int, int], str]:
+    """``quota_stamp`` of each (cluster id, tenant id, project id), in one query."""
+    keys = set(keys)
+    if not keys:
+        return {}
+    times = quota_times({k[0] for k in keys}, {k[1] for k in keys}, {k[2] for k in keys})
+    return {k: quota_stamp(times, k) for k in keys}
 
 
 def refusal_fingerprint(capacity: str, ejob: E.Job, cluster_id: int, tenant_id: int, project_id: int,

@@ -705,3 +705,28 @@ def test_a_placement_step_goes_on_with_the_next_batch_within_its_time_budget(
     # The batches share the step's trials: 5 single-GPU jobs, 16 free GPUs, each bound where it
     # fits now, the room of the earlier ones held (no more than 8 on either cluster).
     assert Job.objects.filter(pk__in=[j.pk for j in jobs], cluster=east).count() <= 8
+
+
+def test_a_quota_raised_while_a_cycle_decides_does_not_leave_a_stale_refusal(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: the refusal's quota stamp was read when it was written, not with the
+    cycle's snapshot, so a limit raised between the two left a refusal that never lapsed (and
+    the job rejected). The stamp is now the snapshot's: the next step places the job."""
+    from scheduling.services import cycle as cyc
+    from tenants import services as tenant_services
+
+    east, west = two
+    lonely = submit(world, "east-only", choice={"clusters": ["east"]}, gpu_count=4)
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 2, "gpus_limit": 2})
+    assert multicluster._bind(lonely, east, "Placed on cluster east", "fits now")
+    inputs, statuses = cyc._decide(east, None)
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 8, "gpus_limit": 8})
+    cyc._persist(east, inputs, statuses)
+    lonely.refresh_from_db()
+    assert lonely.cluster_id is None and "east" in lonely.cluster_choice["refused"]
+    summary = place_and_cycle(east)
+    assert summary.placed == [lonely.pk] and not summary.rejected
+    lonely.refresh_from_db()
+    assert lonely.cluster == east and lonely.state == JobState.STARTING
