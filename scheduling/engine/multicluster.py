@@ -406,33 +406,42 @@ def choose(jobs: Mapping[str, Job], tenant: str, choice: ClusterChoice, needs: J
 
 
 def capacity_key(nodes: Iterable[Node], policy: str = "") -> str:
-    """A digest of what a cluster's "can never run" verdicts rest on: each present node's
-    static shape (CPU, RAM, pods, labels, pool, NVLink islands) and its GPUs (model as the
-    engine sees it, dedicated pools included; memory; sharing; slice templates; sharers;
-    health), and the placement policy. Not what changes every minute (what is allocated,
-    utilisation, pods of others, cordons), so a refusal lapses only when the cluster itself
-    changed. Sorted, so that two reads of the same inventory give the same digest."""
-    rows = []
+    """A digest of what a cluster's "can never fit" verdicts rest on: the distinct static node
+    shapes (CPU, RAM, pods, labels, pool, NVLink islands, and the GPUs: model as the engine
+    sees it, dedicated pools included; memory; sharing; slice templates; sharers; health) and
+    the placement policy. Not node names nor how many nodes share a shape (an autoscaler
+    adding or removing nodes like those there changes no verdict, but for the count of hosts
+    a distinct-nodes job needs: that lapses with the time bound), and not what changes every
+    minute (allocations, utilisation, pods of others, cordons)."""
+    shapes = set()
     for n in nodes:
         gpus = tuple(sorted((g.index, g.model, g.memory_mib, g.vendor, str(g.sharing),
                              tuple((t.gpu_memory_mib, t.gpu_cores_percent, t.name) for t in g.templates),
                              g.max_sharers, g.healthy) for g in n.gpus))
         islands = tuple(sorted(tuple(sorted(i)) for i in n.topology.nvlink_islands))
-        rows.append((n.name, n.cpu_millicores, n.ram_mib, n.max_pods, tuple(sorted(n.labels)), n.pool,
-                     islands, gpus))
-    rows.sort()
-    return hashlib.sha256(repr((str(policy), rows)).encode()).hexdigest()[:20]
+        shapes.add((n.cpu_millicores, n.ram_mib, n.max_pods, tuple(sorted(n.labels)), n.pool, islands, gpus))
+    return hashlib.sha256(repr((str(policy), sorted(shapes))).encode()).hexdigest()[:20]
 
 
-def refusal_fingerprint(capacity: str, job: Job, quotas: str) -> str:
-    """What one refusal rests on: the cluster's :func:`capacity_key`, the job as that cluster
-    sees it (GPU models allowed there, which dedicated pools change; preemptible, which the
-    guarantee rule reads) and ``quotas`` (the caller's stamp of the quota rows on the job's
-    path there: the cluster's, its tenant's, its project's)."""
+SHAPE_KINDS = frozenset({"never-fits"})
+"""Refusals that rest on the cluster's nodes only (the engine's ``Kind``)."""
+QUOTA_KINDS = frozenset({"over-limit", "over-guarantee"})
+"""Refusals that rest on the quotas on the job's path only."""
+
+
+def refusal_fingerprint(capacity: str, job: Job, quotas: str, kind: str = "") -> str:
+    """What one refusal rests on: the job as that cluster sees it (GPU models allowed there,
+    which dedicated pools change; architectures; preemptible, which the guarantee rule reads)
+    and, by the refusal's ``kind``, the cluster's :func:`capacity_key` (a shape no node holds)
+    or ``quotas`` (the caller's stamp of the quota rows on the job's path there: a limit or a
+    guarantee), both for any other kind. So node churn never lapses a quota refusal, nor a
+    quota edit a shape refusal."""
     view = (job.preemptible, job.queue,
             tuple(sorted((g.name, g.replicas, tuple(sorted(g.template.gpu_models)),
-                          tuple(sorted(g.template.excluded_gpu_models))) for g in job.groups)))
-    return hashlib.sha256(repr((capacity, view, quotas)).encode()).hexdigest()[:20]
+                          tuple(sorted(g.template.excluded_gpu_models)), tuple(sorted(g.template.arches)))
+                         for g in job.groups)))
+    basis = (capacity if kind not in QUOTA_KINDS else "", quotas if kind not in SHAPE_KINDS else "")
+    return hashlib.sha256(repr((basis, view)).encode()).hexdigest()[:20]
 
 
 REFUSAL_MAX_AGE_S = 6 * 3600.0

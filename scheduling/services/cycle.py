@@ -301,7 +301,7 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
             from .placement import job_unplace  # placement imports this module
 
             if job_unplace(job_id=job.pk, reason=f"cluster {inputs.cluster.name} cannot run it: {d.reason}",
-                           refused=d.reason, refused_fp=_refusal_fp(inputs, status.job, job, memo),
+                           refused=d.reason, refused_fp=(_refusal_fp(inputs, status, job, memo), status.kind),
                            locked=True, from_cluster=inputs.cluster.pk):
                 summary.waiting.append(job.pk)
             else:
@@ -325,7 +325,7 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     _wait_all(waits)
 
 
-def _refusal_fp(inputs: selectors.CycleInputs, name: str, job: Job, memo: dict[str, Any]) -> str:
+def _refusal_fp(inputs: selectors.CycleInputs, status: JobStatus, job: Job, memo: dict[str, Any]) -> str:
     """The fingerprint recorded with a refusal (``placement.refusal_fingerprint``) from this
     cycle's own snapshot; the cluster's digest and the pending jobs by name computed once."""
     from .placement import quota_stamp, quota_times, refusal_fingerprint
@@ -338,8 +338,8 @@ def _refusal_fp(inputs: selectors.CycleInputs, name: str, job: Job, memo: dict[s
         times = inputs.quota_times
         memo["times"] = times if times is not None else quota_times([inputs.cluster.pk])
     key = (inputs.cluster.pk, job.tenant_id, job.project_id)
-    return refusal_fingerprint(memo["capacity"], memo["pending"][name], *key,
-                               stamps={key: quota_stamp(memo["times"], key)})
+    return refusal_fingerprint(memo["capacity"], memo["pending"][status.job], *key,
+                               stamps={key: quota_stamp(memo["times"], key)}, kind=status.kind)
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,12 +166,17 @@ def quota_stamps(keys: Iterable[tuple[int, int, int]]) -> dict[tuple[int, int, i
 
 
 def refusal_fingerprint(capacity: str, ejob: E.Job, cluster_id: int, tenant_id: int, project_id: int,
-                        stamps: dict[tuple[int, int, int], str] | None = None) -> str:
-    """The fingerprint recorded with a refusal and compared by the placement step: the
-    cluster's ``M.capacity_key``, the job as that cluster sees it, and its quota stamp."""
+                        stamps: dict[tuple[int, int, int], str] | None = None, kind: str = "") -> str:
+    """The fingerprint recorded with a refusal and compared by the placement step
+    (``M.refusal_fingerprint``): the cluster's ``M.capacity_key``, the job as that cluster
+    sees it, and its quota stamp, by the refusal's kind."""
     key = (cluster_id, tenant_id, project_id)
     stamp = (stamps if stamps is not None else quota_stamps([key]))[key]
-    return M.refusal_fingerprint(capacity, ejob, stamp)
+    return M.refusal_fingerprint(capacity, ejob, stamp, kind)
+
+
+def _kind(entry: object) -> str:
+    return str(entry.get("kind", "")) if isinstance(entry, dict) else ""
 
 
 def _refused_since(entry: object) -> str:
@@ -200,7 +205,7 @@ def _live_refusals(jobs: list[Job], trials: list[_Trial], wall: dt.datetime) -> 
     for j in todo:
         entries = j.cluster_choice["refused"]
         current = {n: refusal_fingerprint(capacity[n], open_[n].jobs[j.pk], open_[n].cluster.pk,
-                                          j.tenant_id, j.project_id, stamps)
+                                          j.tenant_id, j.project_id, stamps, _kind(entries[n]))
                    for n in entries if n in named and j.pk in open_[n].jobs}
         out[j.pk] = {n: f"{why}{_refused_since(entries[n])}"
                      for n, why in M.live_refusals(entries, current, wall, j.updated_at).items()}
@@ -612,20 +617,24 @@ def _reject(job: Job, reason: str, summary: PlacementSummary) -> None:
 # --- back to the global queue ----------------------------------------------------------------
 
 
-def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "", refused_fp: str = "",
-                locked: bool = False, from_cluster: int | None = None) -> bool:
+def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "",
+                refused_fp: tuple[str, str] | None = None, locked: bool = False,
+                from_cluster: int | None = None) -> bool:
     """Send a queued floating job back to the global queue (inside the caller's transaction
     or its own). ``avoid``: the message of a dispatch failure on its cluster, which is then
     avoided for ``AVOID_SECONDS``; ``refused``: why its cluster's cycle found it can never run
     there (rather than rejecting a floating job, the cycle sends it back: that cluster is then
     out for this job, the others are still tried), recorded with when and ``refused_fp``
-    (``refusal_fingerprint``: the refusal lapses once that changes). ``from_cluster``: only
+    (required with ``refused``: (``refusal_fingerprint``, the refusal's kind); the refusal
+    lapses once the fingerprint changes). ``from_cluster``: only
     if the job is still there. False for a pinned job, one not queued, or (unless the caller
     holds it: ``locked``) when its cluster's cycle lock is busy: a cycle of that
     cluster may be deciding about the job, so it stays there and a later tick tries again.
     (Should a cycle still read the job before this commits, its writes re-check the job's
     cluster under row lock: ``cycle._lock_rows``; a job bound elsewhere meanwhile is not
     admitted by the old cluster's cycle.)"""
+    if refused and refused_fp is None:
+        raise ValueError("a refusal needs its fingerprint (refused_fp)")
     if not locked:
         cluster_id = Job.objects.filter(pk=job_id).values_list("cluster_id", flat=True).first()
         if cluster_id is None:
@@ -651,9 +660,10 @@ def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "",
             failed[old.name] = [timezone.now().isoformat(), avoid[:300],
                                 dispatch_failures(choice, old.name) + 1]
             choice["failed"] = failed
-        if refused:
+        if refused and refused_fp is not None:
             choice["refused"] = {**(choice.get("refused") or {}), old.name: {
-                "why": refused[:200], "at": timezone.now().isoformat(), "fp": refused_fp}}
+                "why": refused[:200], "at": timezone.now().isoformat(), "fp": refused_fp[0],
+                "kind": refused_fp[1]}}
         job.cluster = None
         job.cluster_choice = choice
         job.reason = f"Back in the global queue: {reason}"[:500]

@@ -237,3 +237,21 @@ def test_old_refusals_without_a_fingerprint_are_honoured_for_the_time_bound() ->
     assert M.live_refusals(entries, {"b": "anything"}, NOW) == {"b": "No node can ever fit"}
     stale = NOW - dt.timedelta(seconds=M.REFUSAL_MAX_AGE_S + 1)
     assert M.live_refusals(entries, {"b": "anything"}, NOW, stale) == {}
+
+
+def test_a_refusal_lapses_only_with_what_its_kind_rests_on() -> None:
+    """Review finding: node churn (an autoscaler, readiness flaps) lapsed every refusal, and a
+    refused job went back and forth. A shape refusal rests on the distinct node shapes, a
+    limit or guarantee refusal on the quotas only."""
+    job = _job(8)
+    two, three = [node("n0", 4), node("n1", 4)], [node("a", 4), node("b", 4), node("c", 4)]
+    assert M.capacity_key(two) == M.capacity_key(three)  # more nodes like those: same verdicts
+    shape = M.refusal_fingerprint(M.capacity_key(two), job, "q1", "never-fits")
+    assert shape == M.refusal_fingerprint(M.capacity_key(three), job, "q2", "never-fits")
+    assert shape != M.refusal_fingerprint(M.capacity_key([*two, node("big", 8)]), job, "q1", "never-fits")
+    limit = M.refusal_fingerprint(M.capacity_key(two), job, "q1", "over-limit")
+    assert limit == M.refusal_fingerprint(M.capacity_key([node("big", 8)]), job, "q1", "over-limit")
+    assert limit != M.refusal_fingerprint(M.capacity_key(two), job, "q2", "over-limit")
+    arm = replace(job, groups=(replace(job.groups[0], template=replace(job.groups[0].template,
+                                                                     arches=frozenset({"arm64"}))),))
+    assert shape != M.refusal_fingerprint(M.capacity_key(two), arm, "q1", "never-fits")
