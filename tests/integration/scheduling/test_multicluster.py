@@ -730,3 +730,54 @@ def test_a_quota_raised_while_a_cycle_decides_does_not_leave_a_stale_refusal(
     assert summary.placed == [lonely.pk] and not summary.rejected
     lonely.refresh_from_db()
     assert lonely.cluster == east and lonely.state == JobState.STARTING
+
+
+def test_a_step_binds_past_a_busy_cluster_and_writes_nothing_for_it(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: inside a step's one transaction, a busy cycle lock must cost only the
+    jobs bound for that cluster (no decision, no audit event for them), and its lock must not
+    be kept; the next step binds them."""
+    east, west = two
+    je = submit(world, "e", choice={"clusters": ["east"]}, gpu_count=1)
+    jw = submit(world, "w", choice={"clusters": ["west"]}, gpu_count=1)
+    other = _other_session_holds_cycle_lock(east)
+    try:
+        summary = multicluster.placement_run()
+    finally:
+        other.close()
+    assert summary is not None and summary.placed == [jw.pk]
+    je.refresh_from_db()
+    assert je.cluster_id is None
+    assert not SchedulingDecision.objects.filter(job=je, kind="placed").exists()
+    assert not AuditEvent.objects.filter(action="job.placed", target_id=str(je.pk)).exists()
+    summary = multicluster.placement_run()
+    assert summary is not None and summary.placed == [je.pk]
+    assert AuditEvent.objects.filter(action="job.placed", target_id=str(je.pk)).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_does_not_wait_for_a_job_another_transaction_holds(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: a step holding its locks must never wait on a row another transaction
+    holds (a user cancelling that job): the job is left for the next step, the others bound."""
+    import psycopg
+    from django.db import connection
+
+    held = submit(world, "held", gpu_count=1)
+    free = submit(world, "free", gpu_count=1)
+    s = connection.settings_dict
+    other = psycopg.connect(host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"],
+                            dbname=s["NAME"])
+    try:
+        other.execute("SELECT id FROM scheduling_job WHERE id = %s FOR UPDATE", [held.pk])
+        with connection.cursor() as cursor:  # a regression fails here instead of hanging
+            cursor.execute("SET lock_timeout = '5s'")
+        summary = multicluster.placement_run()
+        assert summary is not None and summary.placed == [free.pk]
+    finally:
+        other.rollback()
+        other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
+    summary = multicluster.placement_run()
+    assert summary is not None and summary.placed == [held.pk]
