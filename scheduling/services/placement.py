@@ -57,7 +57,7 @@ PLACEMENT_BATCH = 500
 PLACEMENT_BUDGET_S = 2.0
 """A placement step goes on with the next batch while it has spent less wall time than this
 (and its last batch was full): ~2 s a batch of 500 on the 2-core bench
-machine (BENCHMARKS §10), so a few batches at most. Each batch commits on its own, so a
+machine (BENCHMARKS §11), so a few batches at most. Each batch commits on its own, so a
 cycle waits for its lock one batch at most."""
 
 
@@ -248,7 +248,7 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
     """One trial per open cluster: its snapshot, running jobs and the floating jobs as its
     engine would see them (read in one consistent snapshot per cluster)."""
     out = []
-    all_limits, all_usage = selectors.all_cluster_room_by_name()
+    room = selectors.all_cluster_room_by_name()
     for c in clusters:
         if views[c.pk].closed_reason:
             empty = E.Placer(E.ClusterState(E.ClusterSnapshot(nodes=())), E.default_policy(None))
@@ -282,7 +282,8 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
                 limits[p.name] = None if p.quota.gpus_limit is None else float(p.quota.gpus_limit)
         trial = M.ClusterTrial(views[c.pk], E.Placer(E.ClusterState(snapshot), policy), running, now,
                                usage=dict(usage), limits=limits, queued_gpus=queued_gpus,
-                               all_limits=all_limits, all_usage=all_usage)
+                               all_limits=room.limits, all_usage=room.usage,
+                               memory_limits=room.memory_limits, memory_usage=room.memory_usage)
         out.append(_Trial(c, trial, {int(j.name): j for j in pending}, access))
     return out
 
