@@ -497,6 +497,9 @@ class CycleInputs:
     """Pending job id → pod group name → group id."""
     pools: PoolAccess = NO_POOLS
     cluster: Cluster | None = None
+    quota_times: dict[tuple[str, int], str] | None = None
+    """When each quota row last changed, read with the snapshot when floating jobs are queued
+    (``placement.quota_times``): the stamp a refusal records is the one its verdict read."""
 
     @classmethod
     def empty(cls) -> CycleInputs:

@@ -30,6 +30,8 @@ its lock are unchanged.
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -494,6 +496,93 @@ def choose(jobs: Mapping[str, Job], tenant: str, choice: ClusterChoice, needs: J
     best = scored[0][1]
     others += [(p.cluster, p.text()) for _, p in scored[1:]]
     return Choice(best.cluster, best, tuple(sorted(others)))
+
+
+# --- refusals: what a cluster's cycle found a job can never do there -----------------------
+
+
+def capacity_key(nodes: Iterable[Node], policy: str = "") -> str:
+    """A digest of what a cluster's "can never fit" verdicts rest on: the distinct static node
+    shapes (CPU, RAM, pods, labels, pool, NVLink islands, and the GPUs: model as the engine
+    sees it, dedicated pools included; memory; sharing; slice templates; sharers; health) and
+    the placement policy. Not node names nor how many nodes share a shape (an autoscaler
+    adding or removing nodes like those there changes no verdict, but for the count of hosts
+    a distinct-nodes job needs: that lapses with the time bound), and not what changes every
+    minute (allocations, utilisation, pods of others, cordons)."""
+    shapes = set()
+    for n in nodes:
+        gpus = tuple(sorted((g.index, g.model, g.memory_mib, g.vendor, str(g.sharing),
+                             tuple((t.gpu_memory_mib, t.gpu_cores_percent, t.name) for t in g.templates),
+                             g.max_sharers, g.healthy) for g in n.gpus))
+        islands = tuple(sorted(tuple(sorted(i)) for i in n.topology.nvlink_islands))
+        shapes.add((n.cpu_millicores, n.ram_mib, n.max_pods, tuple(sorted(n.labels)), n.pool, islands, gpus))
+    return hashlib.sha256(repr((str(policy), sorted(shapes))).encode()).hexdigest()[:20]
+
+
+SHAPE_KINDS = frozenset({"never-fits"})
+"""Refusals that rest on the cluster's nodes only (the engine's ``Kind``)."""
+QUOTA_KINDS = frozenset({"over-limit", "over-guarantee"})
+"""Refusals that rest on the quotas on the job's path only."""
+
+
+def refusal_fingerprint(capacity: str, job: Job, quotas: str, kind: str = "") -> str:
+    """What one refusal rests on: the job as that cluster sees it (GPU models allowed there,
+    which dedicated pools change; architectures; preemptible, which the guarantee rule reads)
+    and, by the refusal's ``kind``, the cluster's :func:`capacity_key` (a shape no node holds)
+    or ``quotas`` (the caller's stamp of the quota rows on the job's path there: a limit or a
+    guarantee), both for any other kind. So node churn never lapses a quota refusal, nor a
+    quota edit a shape refusal."""
+    view = (job.preemptible, job.queue,
+            tuple(sorted((g.name, g.replicas, tuple(sorted(g.template.gpu_models)),
+                          tuple(sorted(g.template.excluded_gpu_models)), tuple(sorted(g.template.arches)))
+                         for g in job.groups)))
+    basis = (capacity if kind not in QUOTA_KINDS else "", quotas if kind not in SHAPE_KINDS else "")
+    return hashlib.sha256(repr((basis, view)).encode()).hexdigest()[:20]
+
+
+REFUSAL_MAX_AGE_S = 6 * 3600.0
+"""A refusal lapses after this long even if its fingerprint still matches: the fingerprint
+cannot see every change (the engine's rules after an upgrade, a node label a selector
+reads that was there all along but mis-set...). A lapsed refusal whose reason still holds
+costs one probe per step (the placement step's own probe says "can never run" for the
+shapes and limits it models) or, for what only the cycle checks (guarantees), one round
+trip there and back every 6 hours."""
+
+
+def refusal_text(entry: object) -> str:
+    """The reason of one ``refused`` entry, old shape ("why") or new ({"why", "at", "fp"})."""
+    return str(entry.get("why", "")) if isinstance(entry, Mapping) else str(entry)
+
+
+def live_refusals(entries: Mapping[str, object] | None, current: Mapping[str, str], now: dt.datetime,
+                  legacy_at: dt.datetime | None = None, max_age_s: float = REFUSAL_MAX_AGE_S
+                  ) -> dict[str, str]:
+    """The refusals that still hold (cluster name → why, for :func:`choose`).
+
+    New entries ``{"why", "at", "fp"}`` hold while the cluster's current fingerprint for the
+    job (``current``; a cluster not in it — closed, not tried — keeps its refusals) equals
+    the one recorded and for ``max_age_s`` after ``at``. Old entries (a bare reason, recorded
+    before fingerprints) have no fingerprint: they hold for ``max_age_s`` after
+    ``legacy_at`` (the job's last change, never earlier than its last refusal), for ever
+    without it."""
+    out: dict[str, str] = {}
+    for name, entry in (entries or {}).items():
+        name = str(name)
+        at: dt.datetime | None
+        if isinstance(entry, Mapping):
+            fp = entry.get("fp")
+            if name in current and fp != current[name]:
+                continue  # the cluster, its quotas or the job changed since
+            try:
+                at = dt.datetime.fromisoformat(str(entry.get("at")))
+            except ValueError:
+                at = None
+        else:
+            at = legacy_at
+        if at is not None and (now - at).total_seconds() >= max_age_s:
+            continue
+        out[name] = refusal_text(entry)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

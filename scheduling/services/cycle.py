@@ -12,7 +12,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +21,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from scheduling import engine as E
+from scheduling.engine import multicluster as M
 from scheduling.engine.cycle import CycleConfig, CycleResult, JobStatus, run_cycle
 from scheduling.engine.multicluster import gpus_of, placement_memory
 from tenants.audit import audit_batch
@@ -150,6 +151,10 @@ def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs,
         limits = selectors.all_cluster_limits()
         use = selectors.all_cluster_use(limits.tenant_ids) if limits else None
         inputs = selectors.cycle_inputs(cluster)
+        if Job.objects.filter(cluster=cluster, state=JobState.QUEUED, floating=True).exists():
+            from .placement import quota_times  # placement imports this module
+
+            inputs = replace(inputs, quota_times=quota_times([cluster.pk]))
     held = all_clusters.Held([], {})
     if limits and use is not None:
         # Quotas across all clusters (the snapshot's usage on every cluster): a job that
@@ -251,6 +256,7 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     acting.update(int(v) for st in statuses if isinstance(st.decision, E.Preempt)
                   for v in st.decision.victims)
     models_ = selectors.job_models(sorted(acting))
+    memo: dict[str, Any] = {}
     for status in statuses:
         row, d = inputs.jobs[status.job], status.decision
         if isinstance(d, (E.Admit, E.Preempt)):
@@ -277,7 +283,8 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
             from .placement import job_unplace  # placement imports this module
 
             if job_unplace(job_id=job.pk, reason=f"cluster {inputs.cluster.name} cannot run it: {d.reason}",
-                           refused=d.reason, locked=True, from_cluster=inputs.cluster.pk):
+                           refused=d.reason, refused_fp=(_refusal_fp(inputs, status, job, memo), status.kind),
+                           locked=True, from_cluster=inputs.cluster.pk):
                 summary.waiting.append(job.pk)
             else:
                 summary.conflicts.append(job.pk)
@@ -298,6 +305,23 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     for job, reason, kind in _admit_all(inputs, admits, summary, locked):
         waits.append(_WaitRow(job, reason, kind, None, None))
     _wait_all(waits)
+
+
+def _refusal_fp(inputs: selectors.CycleInputs, status: JobStatus, job: Job, memo: dict[str, Any]) -> str:
+    """The fingerprint recorded with a refusal (``placement.refusal_fingerprint``) from this
+    cycle's own snapshot; the cluster's digest and the pending jobs by name computed once."""
+    from .placement import quota_stamp, quota_times, refusal_fingerprint
+
+    assert inputs.cluster is not None
+    if not memo:
+        memo["capacity"] = M.capacity_key(inputs.snapshot.nodes, inputs.cluster.placement_policy)
+        memo["pending"] = {j.name: j for j in inputs.pending}
+        # Read with the snapshot (``_decide``): a quota changed since is not the one judged.
+        times = inputs.quota_times
+        memo["times"] = times if times is not None else quota_times([inputs.cluster.pk])
+    key = (inputs.cluster.pk, job.tenant_id, job.project_id)
+    return refusal_fingerprint(memo["capacity"], memo["pending"][status.job], *key,
+                               stamps={key: quota_stamp(memo["times"], key)}, kind=status.kind)
 
 
 @dataclass(frozen=True, slots=True)

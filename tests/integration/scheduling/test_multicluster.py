@@ -15,6 +15,7 @@ from django.core.exceptions import ValidationError
 
 from registry import services as registry_services
 from scheduling import services
+from scheduling.engine import multicluster as M
 from scheduling.models import Allocation, Cluster, Job, JobState, SchedulingDecision, SimulatedPod
 from scheduling.services import placement as multicluster
 from tenants.models import AuditEvent
@@ -572,3 +573,211 @@ def test_the_admin_home_counts_the_global_queue(world: Any, two: tuple[Cluster, 
     page = client_for(world.admin).get("/").content.decode()
     assert "Global queue: <strong>3</strong> jobs submitted for any of several clusters" in page
     assert "Global queue" not in client_for(world.a.owner).get("/").content.decode()
+
+
+WEST_BIG = WEST + """  - name: west-big-{i}
+    count: 1
+    cpu_cores: 72
+    ram_gib: 480
+    labels: {kubernetes.io/arch: arm64}
+    gpus: {model: GH200-96G, count: 8, memory_mib: 98304}
+"""
+
+
+def set_inventory(world: Any, cluster: Cluster, inventory: str) -> None:
+    services.cluster_update(actor=world.admin, cluster=cluster, inventory=inventory)
+    services.inventory_sync(cluster=Cluster.objects.get(pk=cluster.pk))
+
+
+def test_a_refusal_lapses_when_the_cluster_gains_a_node_big_enough(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """A cluster refused to a job is offered again once its nodes change: west's 8-GPU node
+    was gone when its cycle ran (refused), east is unreachable, so the job waits; when west
+    gets such a node again, the next placement step binds it there and it runs."""
+    east, west = two
+    set_inventory(world, west, WEST_BIG)
+    job = submit(world, "eight", gpu_count=8)
+    assert multicluster.placement_run().placed == [job.pk]  # type: ignore[union-attr]
+    set_inventory(world, west, WEST)  # the big node leaves before west's cycle runs
+    assert services.cycle_run(cluster=west).admitted == []  # type: ignore[union-attr]
+    job.refresh_from_db()
+    assert job.cluster_id is None and job.state == JobState.QUEUED
+    assert job.cluster_choice["refused"]["west"]["why"].startswith("No node can ever fit")
+    Cluster.objects.filter(pk=east.pk).update(unreachable_since=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    for _ in range(2):  # the refusal holds while west is unchanged
+        summary = multicluster.placement_run()
+        assert summary is not None and summary.waiting == [job.pk] and not summary.rejected
+    job.refresh_from_db()
+    assert "cluster west: can never run there: No node can ever fit" in job.reason
+    assert "found by its cycle at" in job.reason and "once its nodes or quotas change" in job.reason
+    assert "cluster east: unreachable since" in job.reason
+    set_inventory(world, west, WEST_BIG)
+    summary = place_and_cycle(west)
+    assert summary.placed == [job.pk]
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+    assert {a.node.name for a in Allocation.objects.filter(job=job)} == {"west-big-0"}
+
+
+def test_a_job_whose_refusal_rested_on_a_quota_since_raised_is_not_rejected(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """The rejection path: east was the only cluster this job may use and its cycle refused it
+    (over east's GPU limit); once the limit is raised, the placement step does not reject it
+    on that old refusal but places it on east."""
+    from tenants import services as tenant_services
+
+    east, west = two
+    lonely = submit(world, "east-only", choice={"clusters": ["east"]}, gpu_count=4)
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 2, "gpus_limit": 2})
+    assert multicluster._bind(lonely, east, "Placed on cluster east", "fits now")
+    services.cycle_run(cluster=east)
+    lonely.refresh_from_db()
+    assert lonely.cluster_id is None and "east" in lonely.cluster_choice["refused"]
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 8, "gpus_limit": 8})
+    summary = place_and_cycle(east)
+    assert summary.placed == [lonely.pk] and not summary.rejected
+    lonely.refresh_from_db()
+    assert lonely.cluster == east and lonely.state == JobState.STARTING
+
+
+def test_refusals_in_the_old_shape_are_still_honoured(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Jobs refused before fingerprints hold ``refused: {cluster: why}``: the cluster stays out
+    (for the time bound after the job's last change), and the job says why."""
+    east, west = two
+    job = submit(world, "old", gpu_count=4)
+    Job.objects.filter(pk=job.pk).update(cluster_choice={"refused": {"west": "No node can ever fit: old"}})
+    Cluster.objects.filter(pk=east.pk).update(unreachable_since=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    summary = multicluster.placement_run()
+    assert summary is not None and summary.waiting == [job.pk] and not summary.placed
+    job.refresh_from_db()
+    assert job.cluster_id is None
+    assert "cluster west: can never run there: No node can ever fit: old" in job.reason
+    # Long after the job last changed, the old refusal lapses: west (free) takes it.
+    Job.objects.filter(pk=job.pk).update(
+        updated_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=M.REFUSAL_MAX_AGE_S + 60))
+    summary = place_and_cycle(west)
+    assert summary.placed == [job.pk]
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.STARTING
+
+
+def test_a_placement_step_writes_in_statements_that_do_not_grow_with_its_jobs(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding (bench/placement_step.py): a step bound each job in a transaction of its
+    own (a commit, an audit seal and a live push each: 40 s for 500 jobs). Its binds, their
+    decisions and audit events are now written together, each job still bound once."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def step(prefix: str, n: int) -> int:
+        Job.objects.filter(state=JobState.QUEUED).update(state=JobState.CANCELLED)
+        jobs = [submit(world, f"{prefix}-{i}", gpu_count=1) for i in range(n)]
+        with CaptureQueriesContext(connection) as ctx:
+            summary = multicluster.placement_run()
+        assert summary is not None and sorted(summary.placed) == sorted(j.pk for j in jobs)
+        assert SchedulingDecision.objects.filter(job__in=jobs, kind="placed").count() == n
+        ids = [str(j.pk) for j in jobs]
+        assert AuditEvent.objects.filter(action="job.placed", target_id__in=ids).count() == n
+        assert Job.objects.filter(pk__in=[j.pk for j in jobs], cluster__isnull=True).count() == 0
+        return len(ctx.captured_queries)
+
+    step("warm", 2)
+    assert step("ten", 10) == step("forty", 40)
+
+
+def test_a_placement_step_goes_on_with_the_next_batch_within_its_time_budget(
+        world: Any, two: tuple[Cluster, Cluster], monkeypatch: Any) -> None:
+    """Review finding (r5-mb's bench): a burst of floating jobs waited tick after tick because a
+    step took only the oldest PLACEMENT_BATCH jobs. A step now takes the batches behind while
+    its time budget lasts; with none left, only the first batch is placed."""
+    east, west = two
+    monkeypatch.setattr(multicluster, "PLACEMENT_BATCH", 2)
+    jobs = [submit(world, f"burst-{i}", gpu_count=1) for i in range(5)]
+    monkeypatch.setattr(multicluster, "PLACEMENT_BUDGET_S", 0.0)
+    summary = multicluster.placement_run()
+    assert summary is not None and sorted(summary.placed) == [j.pk for j in jobs[:2]]
+    monkeypatch.setattr(multicluster, "PLACEMENT_BUDGET_S", 60.0)
+    summary = multicluster.placement_run()
+    assert summary is not None and sorted(summary.placed) == [j.pk for j in jobs[2:]]
+    assert not Job.objects.filter(pk__in=[j.pk for j in jobs], cluster__isnull=True).exists()
+    # The batches share the step's trials: 5 single-GPU jobs, 16 free GPUs, each bound where it
+    # fits now, the room of the earlier ones held (no more than 8 on either cluster).
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], cluster=east).count() <= 8
+
+
+def test_a_quota_raised_while_a_cycle_decides_does_not_leave_a_stale_refusal(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: the refusal's quota stamp was read when it was written, not with the
+    cycle's snapshot, so a limit raised between the two left a refusal that never lapsed (and
+    the job rejected). The stamp is now the snapshot's: the next step places the job."""
+    from scheduling.services import cycle as cyc
+    from tenants import services as tenant_services
+
+    east, west = two
+    lonely = submit(world, "east-only", choice={"clusters": ["east"]}, gpu_count=4)
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 2, "gpus_limit": 2})
+    assert multicluster._bind(lonely, east, "Placed on cluster east", "fits now")
+    inputs, statuses = cyc._decide(east, None)
+    tenant_services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                              values={"gpus_guaranteed": 8, "gpus_limit": 8})
+    cyc._persist(east, inputs, statuses)
+    lonely.refresh_from_db()
+    assert lonely.cluster_id is None and "east" in lonely.cluster_choice["refused"]
+    summary = place_and_cycle(east)
+    assert summary.placed == [lonely.pk] and not summary.rejected
+    lonely.refresh_from_db()
+    assert lonely.cluster == east and lonely.state == JobState.STARTING
+
+
+def test_a_step_binds_past_a_busy_cluster_and_writes_nothing_for_it(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: inside a step's one transaction, a busy cycle lock must cost only the
+    jobs bound for that cluster (no decision, no audit event for them), and its lock must not
+    be kept; the next step binds them."""
+    east, west = two
+    je = submit(world, "e", choice={"clusters": ["east"]}, gpu_count=1)
+    jw = submit(world, "w", choice={"clusters": ["west"]}, gpu_count=1)
+    other = _other_session_holds_cycle_lock(east)
+    try:
+        summary = multicluster.placement_run()
+    finally:
+        other.close()
+    assert summary is not None and summary.placed == [jw.pk]
+    je.refresh_from_db()
+    assert je.cluster_id is None
+    assert not SchedulingDecision.objects.filter(job=je, kind="placed").exists()
+    assert not AuditEvent.objects.filter(action="job.placed", target_id=str(je.pk)).exists()
+    summary = multicluster.placement_run()
+    assert summary is not None and summary.placed == [je.pk]
+    assert AuditEvent.objects.filter(action="job.placed", target_id=str(je.pk)).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_does_not_wait_for_a_job_another_transaction_holds(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding: a step holding its locks must never wait on a row another transaction
+    holds (a user cancelling that job): the job is left for the next step, the others bound."""
+    import psycopg
+    from django.db import connection
+
+    held = submit(world, "held", gpu_count=1)
+    free = submit(world, "free", gpu_count=1)
+    s = connection.settings_dict
+    other = psycopg.connect(host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"],
+                            dbname=s["NAME"])
+    try:
+        other.execute("SELECT id FROM scheduling_job WHERE id = %s FOR UPDATE", [held.pk])
+        with connection.cursor() as cursor:  # a regression fails here instead of hanging
+            cursor.execute("SET lock_timeout = '5s'")
+        summary = multicluster.placement_run()
+        assert summary is not None and summary.placed == [free.pk]
+    finally:
+        other.rollback()
+        other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
+    summary = multicluster.placement_run()
+    assert summary is not None and summary.placed == [held.pk]

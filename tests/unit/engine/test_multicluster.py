@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -189,6 +190,71 @@ def test_global_order_priority_then_share_then_submission() -> None:
     idle = replace(_job(1), name="idle", queue="t/idle", submit_time=2.0)
     order = M.global_order([(busy, ""), (idle, ""), (hi, "")], {"t/busy": 8.0})
     assert [j.name for j, _ in order] == ["hi", "idle", "busy"]
+
+
+# --- refusals lapse when what they rest on changes ---------------------------------------------
+
+NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
+
+
+def _entry(fp: str, hours_ago: float) -> dict[str, str]:
+    at = NOW - dt.timedelta(hours=hours_ago)
+    return {"why": "No node can ever fit", "at": at.isoformat(), "fp": fp}
+
+
+def test_a_refusal_holds_while_its_fingerprint_matches_and_lapses_when_it_changes() -> None:
+    big, small = node("n0", 8), node("n0", 4)
+    job = _job(8)
+    before = M.refusal_fingerprint(M.capacity_key([small]), job, "q1")
+    assert before == M.refusal_fingerprint(M.capacity_key([small]), job, "q1")  # stable
+    entries = {"b": _entry(before, 1)}
+    assert M.live_refusals(entries, {"b": before}, NOW) == {"b": "No node can ever fit"}
+    for changed in (M.refusal_fingerprint(M.capacity_key([big]), job, "q1"),      # a bigger node
+                    M.refusal_fingerprint(M.capacity_key([small]), job, "q2"),    # a quota changed
+                    M.refusal_fingerprint(M.capacity_key([small], "binpack"), job, "q1"),
+                    M.refusal_fingerprint(M.capacity_key([small]), replace(job, preemptible=True), "q1"),
+                    # a dedicated pool opened to the job's tenant: the models it may use there
+                    M.refusal_fingerprint(M.capacity_key([small]), _job(8, models=("A100@pool",)), "q1")):
+        assert changed != before
+        assert M.live_refusals(entries, {"b": changed}, NOW) == {}
+    # A cluster not tried now (closed) keeps its refusal; a refusal lapses after the time bound.
+    assert M.live_refusals(entries, {}, NOW) == {"b": "No node can ever fit"}
+    old = {"b": _entry(before, M.REFUSAL_MAX_AGE_S / 3600 + 1)}
+    assert M.live_refusals(old, {"b": before}, NOW) == {}
+
+
+def test_what_changes_every_minute_does_not_void_a_refusal() -> None:
+    n = node("n0", 4)
+    busy = replace(n, schedulable=False, gpus=tuple(replace(g, utilization_percent=90.0, foreign_sharers=1)
+                                                      for g in n.gpus))
+    assert M.capacity_key([n, node("n1", 4)]) == M.capacity_key([node("n1", 4), busy])
+
+
+def test_old_refusals_without_a_fingerprint_are_honoured_for_the_time_bound() -> None:
+    entries = {"b": "No node can ever fit"}  # the shape recorded before fingerprints
+    recent = NOW - dt.timedelta(minutes=5)
+    assert M.live_refusals(entries, {"b": "anything"}, NOW, recent) == {"b": "No node can ever fit"}
+    assert M.live_refusals(entries, {"b": "anything"}, NOW) == {"b": "No node can ever fit"}
+    stale = NOW - dt.timedelta(seconds=M.REFUSAL_MAX_AGE_S + 1)
+    assert M.live_refusals(entries, {"b": "anything"}, NOW, stale) == {}
+
+
+def test_a_refusal_lapses_only_with_what_its_kind_rests_on() -> None:
+    """Review finding: node churn (an autoscaler, readiness flaps) lapsed every refusal, and a
+    refused job went back and forth. A shape refusal rests on the distinct node shapes, a
+    limit or guarantee refusal on the quotas only."""
+    job = _job(8)
+    two, three = [node("n0", 4), node("n1", 4)], [node("a", 4), node("b", 4), node("c", 4)]
+    assert M.capacity_key(two) == M.capacity_key(three)  # more nodes like those: same verdicts
+    shape = M.refusal_fingerprint(M.capacity_key(two), job, "q1", "never-fits")
+    assert shape == M.refusal_fingerprint(M.capacity_key(three), job, "q2", "never-fits")
+    assert shape != M.refusal_fingerprint(M.capacity_key([*two, node("big", 8)]), job, "q1", "never-fits")
+    limit = M.refusal_fingerprint(M.capacity_key(two), job, "q1", "over-limit")
+    assert limit == M.refusal_fingerprint(M.capacity_key([node("big", 8)]), job, "q1", "over-limit")
+    assert limit != M.refusal_fingerprint(M.capacity_key(two), job, "q2", "over-limit")
+    arm = replace(job, groups=(replace(job.groups[0], template=replace(job.groups[0].template,
+                                                                     arches=frozenset({"arm64"}))),))
+    assert shape != M.refusal_fingerprint(M.capacity_key(two), arm, "q1", "never-fits")
 
 
 # --- quotas across all clusters: GPU memory per model class ------------------------------------
