@@ -14,6 +14,7 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, Job, JobState, Node
+from scheduling.selectors import AllClusterUse, all_cluster_use
 from tenants.models import Project, Quota, QuotaScope, Tenant, User
 from tenants.permissions import restrict, scope_of
 
@@ -99,6 +100,9 @@ def quota_left(user: Any) -> list[dict[str, Any]]:
     projects = list(restrict(Project.objects.select_related("tenant"), user)[:ROWS])
     usage = selectors.project_usage([p.pk for p in projects])
     quotas = {q.project_id: q for q in Quota.objects.filter(scope=QuotaScope.PROJECT, project__in=projects)}
+    # What every project with a class memory limit holds across all clusters: one aggregate.
+    limited = {q.tenant_id for q in quotas.values() if q.gpu_memory_mib_limits_all_clusters}
+    use = all_cluster_use(limited) if limited else AllClusterUse()  # type: ignore[arg-type]
     out = []
     for p in projects:
         bars = selectors.quota_bars(quotas.get(p.pk), usage.get(p.pk, selectors.Held()))
@@ -110,8 +114,19 @@ def quota_left(user: Any) -> list[dict[str, Any]]:
             max(0.0, float(q.gpus_limit_all_clusters) - gpu.used), 2)
         out.append({"project": p, "bars": bars[:1], "left": round(max(0.0, left), 2),
                     "guaranteed_left": round(max(0.0, gpu.guaranteed - gpu.used), 2),
-                    "all_clusters_left": everywhere})
+                    "all_clusters_left": everywhere,
+                    "class_limits": _class_left(q, use)})
     return out
+
+
+def _class_left(q: Quota | None, use: AllClusterUse) -> list[str]:
+    """"A100-80G: 40 of 160 GiB left across all clusters" per GPU model class limit."""
+    limits = (q.gpu_memory_mib_limits_all_clusters if q is not None else None) or {}
+    if not limits or q is None or q.project_id is None:
+        return []
+    pid = q.project_id
+    return [f"{cls}: {max(0, lim - use.memory.get(('project', pid, cls), 0)) / 1024:g} of "
+            f"{lim / 1024:g} GiB GPU memory left across all clusters" for cls, lim in sorted(limits.items())]
 
 
 def can_start_now(user: Any) -> list[dict[str, Any]]:

@@ -6,10 +6,17 @@ class SchedulingConfig(AppConfig):
     name = "scheduling"
 
     def ready(self) -> None:
-        from tenants.extensions import register_cluster_model
+        from tenants.extensions import (
+            register_all_cluster_held,
+            register_cluster_model,
+            register_gpu_model_classes,
+        )
 
         from .access import register_rules
         from .models import Cluster
+        from .selectors import all_cluster_held, gpu_model_classes
 
         register_rules()  # this app's models' access rules (tenants.permissions)
         register_cluster_model(Cluster)  # what cluster quotas attach to (tenants.Quota.cluster)
+        register_gpu_model_classes(gpu_model_classes)  # quota memory limits per GPU class
+        register_all_cluster_held(all_cluster_held)  # the quota pages' usage across clusters

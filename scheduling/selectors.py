@@ -12,7 +12,7 @@ import datetime as dt
 import json
 from collections import defaultdict
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -566,70 +566,123 @@ def cluster_usage(*, cluster: Cluster) -> dict[str, int]:
     }
 
 
-# --- GPU limits across all clusters (issue 16) ----------------------------------------------
+# --- Quotas across all clusters (issue 16) --------------------------------------------------
 
 
 @dataclass(frozen=True)
 class AllClusterLimits:
-    """The tenant and project quotas that carry ``gpus_limit_all_clusters``: project id →
-    limit, tenant id → limit, and every tenant concerned (a project's included)."""
+    """The tenant and project quotas that carry a quota across all clusters: the GPU limit
+    (project id → limit, tenant id → limit) and the GPU memory limits per GPU model class
+    (``*_memory``), and every tenant concerned."""
 
     project: dict[int, float]
     tenant: dict[int, float]
 
     @property
     def tenant_ids(self) -> list[int]:
-        return sorted(set(self.tenant) | set(self._project_tenants.values()))
+        return sorted(set(self.tenant) | set(self.tenant_memory) | set(self._project_tenants.values()))
 
     _project_tenants: dict[int, int]
     """Project id → its tenant id."""
+    project_memory: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Project id → {GPU model class: MiB at most on all clusters}."""
+    tenant_memory: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.project or self.tenant)
+        return bool(self.project or self.tenant or self.project_memory or self.tenant_memory)
 
 
 def all_cluster_limits(tenant_ids: Collection[int] | None = None) -> AllClusterLimits:
     """One query; only the quotas that set a limit across all clusters."""
-    rows = Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT],
-                                gpus_limit_all_clusters__isnull=False)
+    rows = Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT]).filter(
+        Q(gpus_limit_all_clusters__isnull=False) | ~Q(gpu_memory_mib_limits_all_clusters={}))
     if tenant_ids is not None:
         rows = rows.filter(tenant_id__in=list(tenant_ids))
-    project: dict[int, float] = {}
-    tenant: dict[int, float] = {}
-    tenants_of: dict[int, int] = {}
-    for scope, tid, pid, lim in rows.values_list("scope", "tenant_id", "project_id",
-                                                 "gpus_limit_all_clusters"):
+    out = AllClusterLimits({}, {}, {})
+    for scope, tid, pid, lim, mem in rows.values_list(
+            "scope", "tenant_id", "project_id", "gpus_limit_all_clusters",
+            "gpu_memory_mib_limits_all_clusters"):
+        key = pid if scope == QuotaScope.PROJECT else tid
+        limits, memory = ((out.project, out.project_memory) if scope == QuotaScope.PROJECT
+                          else (out.tenant, out.tenant_memory))
         if scope == QuotaScope.PROJECT:
-            project[pid], tenants_of[pid] = float(lim), tid
-        else:
-            tenant[tid] = float(lim)
-    return AllClusterLimits(project, tenant, tenants_of)
+            out._project_tenants[pid] = tid
+        if lim is not None:
+            limits[key] = float(lim)
+        if mem:
+            memory[key] = {str(k): int(v) for k, v in mem.items()}
+    return out
 
 
-def gpus_in_use_all_clusters(tenant_ids: Collection[int]) -> tuple[dict[int, float], dict[int, float]]:
-    """GPUs held on all clusters together by these tenants' jobs, per project and per tenant,
-    in one query: a whole card 1, a slice its compute share (``multicluster.gpus_of``'s rule).
-    An allocation row exists exactly while its resources are held."""
+@dataclass
+class AllClusterUse:
+    """What tenants' jobs hold on every cluster together, from one aggregate over
+    ``GpuSlice``: GPUs (``multicluster.gpus_of``'s rule) per project and per tenant, and GPU
+    memory (MiB) per GPU model class."""
+
+    gpus: dict[tuple[str, int], float] = field(default_factory=lambda: defaultdict(float))
+    """("project"|"tenant", id) → GPUs held on all clusters."""
+    memory: dict[tuple[str, int, str], int] = field(default_factory=lambda: defaultdict(int))
+    """("project"|"tenant", id, GPU model class) → MiB held on all clusters."""
+
+    def total(self, level: str, key: int) -> float:
+        return self.gpus.get((level, key), 0.0)
+
+    def as_in_use(self) -> tuple[dict[int, float], dict[int, float]]:
+        """The GPUs held on all clusters together, (per project, per tenant)."""
+        per: tuple[dict[int, float], dict[int, float]] = (defaultdict(float), defaultdict(float))
+        for (lv, k), v in self.gpus.items():
+            per[0 if lv == "project" else 1][k] += v
+        return per
+
+    def add(self, project_id: int, tenant_id: int, gpus: float, memory: dict[str, int]) -> None:
+        """Count an admission made meanwhile (this cycle's, under the per-tenant lock)."""
+        for lv, k in (("project", project_id), ("tenant", tenant_id)):
+            self.gpus[(lv, k)] += gpus
+            for cls, mib in memory.items():
+                self.memory[(lv, k, cls)] += mib
+
+
+def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
+    """One aggregate: per project and GPU model, GPUs and MiB held."""
     from django.db.models import Case, ExpressionWrapper, Sum, Value, When
 
-    from .models import GpuSlice
+    from .engine.placement import model_family
 
+    use = AllClusterUse()
+    if not tenant_ids:
+        return use
     share = Case(
         When(Q(exclusive=True) | Q(cores_percent=0), then=Value(1.0)),
         default=ExpressionWrapper(Cast("cores_percent", FloatField()) / Value(100.0),
                                   output_field=FloatField()),
         output_field=FloatField())
-    per_project: dict[int, float] = defaultdict(float)
-    per_tenant: dict[int, float] = defaultdict(float)
-    if not tenant_ids:
-        return per_project, per_tenant
-    for pid, tid, n in (GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
-                        .values("allocation__job__project_id", "allocation__job__tenant_id")
-                        .annotate(n=Sum(share)).order_by()
-                        .values_list("allocation__job__project_id", "allocation__job__tenant_id", "n")):
-        per_project[pid] += float(n or 0)
-        per_tenant[tid] += float(n or 0)
-    return per_project, per_tenant
+    cols = ("allocation__job__project_id", "allocation__job__tenant_id", "gpu__model")
+    for pid, tid, model, n, mib in (
+            GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
+            .values(*cols).annotate(n=Sum(share), mib=Sum("memory_mib")).order_by()
+            .values_list(*cols, "n", "mib")):
+        use.add(pid, tid, float(n or 0), {model_family(model): int(mib or 0)})
+    return use
+
+
+def over_class_memory(limits: AllClusterLimits, use: AllClusterUse, project_id: int, tenant_id: int,
+                      memory: dict[str, int]) -> str:
+    """Why holding ``memory`` more MiB per GPU model class would cross the project's or the
+    tenant's GPU memory limit for that class across all clusters ("" when within)."""
+    for level, key, lims, who in (("project", project_id, limits.project_memory, "project's"),
+                                  ("tenant", tenant_id, limits.tenant_memory, "tenant's")):
+        for cls, mib in sorted(memory.items()):
+            lim = lims.get(key, {}).get(cls)
+            used = use.memory.get((level, key, cls), 0)
+            if lim is not None and mib > 0 and used + mib > lim:
+                return (f"over your {who} {cls} GPU memory limit across all clusters: "
+                        f"{_gib(used)} of {_gib(lim)} in use (it asks {_gib(mib)})")
+    return ""
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:g} GiB"
 
 
 def over_all_clusters(limits: AllClusterLimits, in_use: tuple[dict[int, float], dict[int, float]],
@@ -644,21 +697,52 @@ def over_all_clusters(limits: AllClusterLimits, in_use: tuple[dict[int, float], 
     return ""
 
 
-def all_cluster_room_by_name() -> tuple[dict[str, float], dict[str, float]]:
-    """For the placement step's trials: the limits across all clusters and the GPUs held on
-    all clusters, keyed by queue name (``tenant/project``) and tenant name. Empty when no
-    quota sets such a limit (one query then)."""
+@dataclass
+class AllClusterRoom:
+    """For the placement step's trials: the quotas across all clusters and what is held on all
+    clusters, keyed by queue name (``tenant/project``) and tenant name."""
+
+    limits: dict[str, float] = field(default_factory=dict)
+    usage: dict[str, float] = field(default_factory=dict)
+    memory_limits: dict[str, dict[str, int]] = field(default_factory=dict)
+    memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def all_cluster_room_by_name() -> AllClusterRoom:
+    """The placement step's view of the quotas across all clusters: empty when no quota has
+    one (one query then), else one more aggregate (``all_cluster_use``) and the names."""
     limits = all_cluster_limits()
+    room = AllClusterRoom()
     if not limits:
-        return {}, {}
-    per_project, per_tenant = gpus_in_use_all_clusters(limits.tenant_ids)
+        return room
+    use = all_cluster_use(limits.tenant_ids)
+    per_project, per_tenant = use.as_in_use()
     tenants = dict(Tenant.objects.filter(pk__in=limits.tenant_ids).values_list("pk", "name"))
     projects = {pk: queue_name(t, n) for pk, t, n in Project.objects.filter(
         tenant_id__in=limits.tenant_ids).values_list("pk", "tenant__name", "name")}
-    lim: dict[str, float] = {}
-    used: dict[str, float] = {}
-    for pid, v in limits.project.items():
-        lim[projects[pid]], used[projects[pid]] = v, per_project.get(pid, 0.0)
-    for tid, v in limits.tenant.items():
-        lim[tenants[tid]], used[tenants[tid]] = v, per_tenant.get(tid, 0.0)
-    return lim, used
+    for level, names, held, lims, memory in (
+            ("project", projects, per_project, limits.project, limits.project_memory),
+            ("tenant", tenants, per_tenant, limits.tenant, limits.tenant_memory)):
+        for key, v in lims.items():
+            room.limits[names[key]], room.usage[names[key]] = v, held.get(key, 0.0)
+        for key, classes in memory.items():
+            room.memory_limits[names[key]] = classes
+            for cls in classes:
+                room.memory_usage[(names[key], cls)] = use.memory.get((level, key, cls), 0)
+    return room
+
+
+def gpu_model_classes() -> set[str]:
+    """The GPU model classes the inventory knows (``model_family`` of every card's model)."""
+    from .engine.placement import model_family
+
+    return {model_family(m) for m in GpuDevice.objects.values_list("model", flat=True).distinct()}
+
+
+def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
+    """What a tenant (or one of its projects) holds on all clusters together: GPUs and GPU
+    memory (MiB) per GPU model class (one aggregate)."""
+    use = all_cluster_use([tenant_id])
+    level, key = ("project", project_id) if project_id is not None else ("tenant", tenant_id)
+    memory = {cls: mib for (lv, k, cls), mib in use.memory.items() if lv == level and k == key and mib}
+    return {"gpus": round(use.total(level, key), 2), "memory": memory}

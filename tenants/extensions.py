@@ -5,7 +5,10 @@ what those apps own, the app registers it here from its ``AppConfig.ready()``:
 
 - the console home's sections (workloads, quota left, owner and admin panels: ``portal``),
   each a template included in ``console/home.html`` with the context its provider gives;
-- the model cluster quotas attach to (``scheduling.Cluster``), for the quota pages and API.
+- the model cluster quotas attach to (``scheduling.Cluster``), for the quota pages and API;
+- the GPU model classes the inventory knows, against which quota memory limits per class
+  across all clusters are checked, and what a tenant or project holds on all clusters, for
+  the quota pages (``scheduling``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ HomeContext = Callable[[Any], "dict[str, Any]"]
 
 _home_sections: list[tuple[str, HomeContext]] = []
 _cluster_model: list[type[Model]] = []
+_gpu_model_classes: list[Callable[[], set[str]]] = []
+_all_cluster_held: list[Callable[[int, int | None], dict[str, Any]]] = []
 
 
 def register_home_section(template: str, provider: HomeContext) -> None:
@@ -50,3 +55,25 @@ def cluster_model() -> type[Model]:
         raise ImproperlyConfigured("No cluster model is registered (scheduling's "
                                    "AppConfig.ready() registers it).")
     return _cluster_model[0]
+
+
+def register_gpu_model_classes(provider: Callable[[], set[str]]) -> None:
+    """``provider()`` returns the GPU model classes known in the inventory (e.g. "A100-80G")."""
+    _gpu_model_classes[:] = [provider]
+
+
+def gpu_model_classes() -> set[str]:
+    """The GPU model classes the inventory knows; empty when no app registered them."""
+    return _gpu_model_classes[0]() if _gpu_model_classes else set()
+
+
+def register_all_cluster_held(provider: Callable[[int, int | None], dict[str, Any]]) -> None:
+    """``provider(tenant_id, project_id or None)`` → ``{"gpus": float, "memory": {class: MiB}}``
+    held on all clusters together."""
+    _all_cluster_held[:] = [provider]
+
+
+def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
+    if not _all_cluster_held:
+        return {"gpus": 0.0, "memory": {}}
+    return _all_cluster_held[0](tenant_id, project_id)

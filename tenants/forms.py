@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import forms
@@ -53,15 +54,57 @@ class RoleForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices)
 
 
+class ClassLimitsField(forms.CharField):
+    """GPU memory limits per GPU model class as lines ``A100-80G = 163840`` (MiB) ↔ the
+    quota's ``{class: MiB}`` map. Shape only; the service checks the classes and amounts."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "placeholder": "A100-80G = 163840"})
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return "\n".join(f"{k} = {v}" for k, v in sorted(value.items()))
+        return value
+
+    def to_python(self, value: Any) -> dict[str, int]:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        out: dict[str, int] = {}
+        for n, line in enumerate(str(text).splitlines(), 1):
+            if not line.strip():
+                continue
+            name, sep, amount = line.partition("=")
+            # ASCII digits only, at most 16: str.isdigit() also accepts '²' and other
+            # Unicode digits that int() refuses, and int() refuses over 4,300 digits.
+            if not sep or not name.strip() or not re.fullmatch(r"[0-9]{1,16}", amount.strip()):
+                raise ValidationError(f"Line {n}: write one 'GPU model class = MiB' per line "
+                                      f"(whole MiB in digits 0-9).")
+            if name.strip() in out:
+                raise ValidationError(f"Line {n}: {name.strip()} is given twice.")
+            out[name.strip()] = int(amount.strip())
+        return out
+
+
 class QuotaForm(forms.ModelForm[Quota]):
+    ALL_CLUSTERS = ("gpus_limit_all_clusters", "gpu_memory_mib_limits_all_clusters")
+    """Tenant and project quotas only (the cluster quota's form leaves them out)."""
+
+    gpu_memory_mib_limits_all_clusters = ClassLimitsField(
+        required=False, label="GPU memory limit per GPU model class across all clusters (MiB)",
+        help_text="One 'class = MiB' per line, e.g. A100-80G = 163840; empty: no limit.")
+
     class Meta:
         model = Quota
         fields = [*(f"{r}_{k}" for r in RESOURCES for k in ("guaranteed", "limit")),
-                  "gpus_limit_all_clusters"]
+                  "gpus_limit_all_clusters", "gpu_memory_mib_limits_all_clusters"]
         labels = {
             **{f"{r}_{k}": f"{RESOURCE_LABELS[r]} {k}" for r in RESOURCES for k in ("guaranteed", "limit")},
             "gpus_limit_all_clusters": "GPU limit across all clusters",
         }
+
+    def __init__(self, *args: Any, scope: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if scope == "cluster":
+            for name in self.ALL_CLUSTERS:
+                del self.fields[name]
 
     def validate_constraints(self, exclude: Any = None) -> None:
         """Scope constraints are the service's to check (the form only edits amounts)."""

@@ -185,6 +185,13 @@ class Quota(models.Model):
     # by each cluster's cycle under a per-tenant lock (scheduling/services/cycle.py).
     gpus_limit_all_clusters = _amount(
         True, True, "GPUs at most on all clusters together (tenant/project; empty: no limit)")
+    # Issue 16's platform level, continued: GPU memory limits per GPU model class over all
+    # clusters ({"A100-80G": 163840}: class → MiB; a JSON map, see docs/ARCHITECTURE.md).
+    # (No GPU guarantee across all clusters: see "Not built" there.)
+    gpu_memory_mib_limits_all_clusters = models.JSONField(
+        default=dict, blank=True,
+        help_text="GPU memory (MiB) at most per GPU model class on all clusters together: "
+                  "{model class: MiB} (tenant/project)")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -8,6 +8,7 @@ transaction together with its AuditEvent, and leaves nothing half-written.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Iterable
 from datetime import datetime
@@ -19,7 +20,7 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from . import permissions
+from . import extensions, permissions
 from .audit import audit_record, snapshot
 from .models import (
     RESOURCE_LABELS,
@@ -38,7 +39,10 @@ TENANT_FIELDS = ("name", "display_name", "description")
 PROJECT_FIELDS = ("tenant", "name", "display_name", "description")
 MEMBERSHIP_FIELDS = ("user", "tenant", "project", "role")
 QUOTA_FIELDS = (*(f"{r}_{kind}" for r in RESOURCES for kind in ("guaranteed", "limit")),
-                "gpus_limit_all_clusters")
+                "gpus_limit_all_clusters", "gpu_memory_mib_limits_all_clusters")
+CLASS_LIMITS = "gpu_memory_mib_limits_all_clusters"
+_CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_MAX_CLASSES, _MAX_MIB = 64, 2**53 - 1  # a JSON number stays exact up to 2**53
 USER_FIELDS = ("username", "email", "first_name", "last_name", "is_active", "is_platform_admin")
 TOKEN_FIELDS = ("name", "prefix", "project", "read_only", "expires_at")
 
@@ -337,8 +341,51 @@ def _validate_quota_tree(quota: Quota) -> None:
             if child_max is not None and child_max > glim:
                 errors["gpus_limit_all_clusters"] = [
                     f"Below a project's GPU limit across all clusters ({child_max}); lower it first."]
+    _validate_class_limits(quota, parent_totals, children, errors)
     if errors:
         raise ValidationError(errors)
+
+
+def _validate_class_limits(quota: Quota, parent_totals: dict[str, Any] | None,
+                           children: models.QuerySet[Quota] | None,
+                           errors: dict[str, list[str]]) -> None:
+    """``gpu_memory_mib_limits_all_clusters``: {GPU model class: MiB ≥ 0}, tenant and project
+    quotas only; a class the inventory knows (any well-formed name while no GPU is known);
+    a project's at most its tenant's for the same class; a tenant's not below a project's."""
+    limits = quota.gpu_memory_mib_limits_all_clusters
+    if limits in (None, {}):
+        quota.gpu_memory_mib_limits_all_clusters = {}
+        limits = {}
+    problems: list[str] = []
+    if not isinstance(limits, dict):
+        errors[CLASS_LIMITS] = ["Give a map of GPU model class to GPU memory (MiB)."]
+        return
+    if limits and quota.scope == QuotaScope.CLUSTER:
+        errors[CLASS_LIMITS] = ["Only tenant and project quotas have limits across all clusters."]
+        return
+    if len(limits) > _MAX_CLASSES:
+        errors[CLASS_LIMITS] = [f"At most {_MAX_CLASSES} GPU model classes."]
+        return
+    known = extensions.gpu_model_classes()
+    for name, mib in limits.items():
+        if not isinstance(name, str) or not _CLASS_NAME.match(name):
+            problems.append(f"{name!r} is not a GPU model class name.")
+        elif known and name not in known:
+            problems.append(f"Unknown GPU model class {name!r}; the clusters have: "
+                            f"{', '.join(sorted(known))}.")
+        elif isinstance(mib, bool) or not isinstance(mib, int) or not 0 <= mib <= _MAX_MIB:
+            problems.append(f"{name}: give whole MiB, from 0 to {_MAX_MIB}.")
+    if not problems and quota.scope == QuotaScope.PROJECT and parent_totals is not None:
+        parent = parent_totals.get(CLASS_LIMITS) or {}
+        problems += [f"{name}: above the tenant's limit across all clusters ({parent[name]} MiB)."
+                     for name, mib in limits.items() if name in parent and mib > parent[name]]
+    if not problems and children is not None:
+        for child in children.exclude(**{CLASS_LIMITS: {}}).values_list(CLASS_LIMITS, flat=True):
+            problems += [f"{name}: below a project's limit across all clusters ({child[name]} MiB); "
+                         "lower it first." for name, mib in limits.items()
+                         if name in (child or {}) and child[name] > mib]
+    if problems:
+        errors[CLASS_LIMITS] = sorted(set(problems))
 
 
 def _parent_totals(quota: Quota) -> tuple[dict[str, Any] | None, str]:

@@ -59,6 +59,22 @@ def _quota_rows(quota: Quota | None) -> list[dict[str, Any]]:
     ]
 
 
+def _all_cluster_rows(quota: Quota | None, tenant: Tenant, project: Project | None) -> list[dict[str, Any]]:
+    """The platform level beside the per-cluster rows: the quota across all clusters (GPUs at
+    most; GPU memory per model class) with what is held on all clusters. None (and no usage
+    aggregate) when the quota has no limit across all clusters."""
+    if quota is None or (quota.gpus_limit_all_clusters is None
+                         and not quota.gpu_memory_mib_limits_all_clusters):
+        return []
+    held = extensions.all_cluster_held(tenant.pk, project.pk if project else None)
+    rows = [{"label": "GPUs", "limit": quota.gpus_limit_all_clusters, "used": held["gpus"]}]
+    limits = quota.gpu_memory_mib_limits_all_clusters or {}
+    for cls in sorted(set(limits) | set(held["memory"])):
+        rows.append({"label": f"{cls} GPU memory (MiB)", "limit": limits.get(cls),
+                     "used": held["memory"].get(cls, 0)})
+    return rows
+
+
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
     user = actor_of(request)
@@ -108,6 +124,7 @@ def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
         "projects": projects,
         "owners": owners,
         "quota_rows": _quota_rows(quota),
+        "all_cluster_rows": _all_cluster_rows(quota, tenant, None),
         "project_form": project_form,
         "owner_form": owner_form,
         "can_create_project": can(user, CREATE, Project(tenant=tenant)),
@@ -156,6 +173,7 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
         "can_add_member": bool(grantable),
         "role_choices": grantable,
         "quota_rows": _quota_rows(quota),
+        "all_cluster_rows": _all_cluster_rows(quota, tenant, project),
         "can_edit_quota": can(user, CHANGE, Quota(scope=QuotaScope.PROJECT, tenant=tenant,
                                                   project=project)),
         "can_delete_project": can(user, DELETE, project),
@@ -210,7 +228,8 @@ def _quota_edit(
     # A new quota starts from zero guarantees and no limits, so the form submits as is.
     form = QuotaForm(request.POST or None, instance=Quota(**{
         f: getattr(probe, f) for f in QuotaForm.Meta.fields}) if existing else None,
-        initial=None if existing else {f: 0 for f in QuotaForm.Meta.fields if f.endswith("_guaranteed")})
+        initial=None if existing else {f: 0 for f in QuotaForm.Meta.fields if f.endswith("_guaranteed")},
+        scope=scope)
     if request.method == "POST" and form.is_valid():
         try:
             services.quota_set(actor=actor_of(request), scope=scope, values=form.cleaned_data, **target)

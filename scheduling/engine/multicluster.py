@@ -16,7 +16,9 @@ Rules, in order (:func:`rank`):
 2. *Best start*: fits now > fits after preempting lower-priority work (fewest victims, then
    fewest victim GPUs) > shortest estimated wait (running jobs' expected ends).
    Over the project's, the tenant's or the cluster's own GPU limit on a cluster counts as
-   waiting there; a job asking more than one of those limits can never run there.
+   waiting there; a job asking more than one of those limits can never run there. Over a
+   quota across all clusters (the GPU limit; the GPU memory limit of every GPU model class
+   it may use there) it waits everywhere and is not bound.
 3. *Tie-break*: data locality (the job's preferred labels the cluster has), then the
    larger free share, then the name (so the choice is deterministic).
 
@@ -32,8 +34,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from scheduling.engine.model import Admit, ClusterSnapshot, Job, PodPlacement, Reject
-from scheduling.engine.placement import Placer
+from scheduling.engine.model import Admit, ClusterSnapshot, Job, Node, PodPlacement, Reject
+from scheduling.engine.placement import Placer, model_family
 from scheduling.engine.queueing import RunningJob
 
 FITS_NOW, FITS_AFTER_PREEMPTION, WAITS = 0, 1, 2
@@ -176,6 +178,60 @@ def running_ends(running: Iterable[RunningJob]) -> list[tuple[float, float]]:
     return out
 
 
+def card_classes(nodes: Iterable[Node]) -> dict[str, tuple[int, frozenset[str]]]:
+    """GPU model class (``model_family``) → (its largest card's MiB, the engine model names of
+    that class) on these nodes."""
+    mib: dict[str, int] = {}
+    names: dict[str, set[str]] = {}
+    for node in nodes:
+        for g in node.gpus:
+            cls = model_family(g.model)
+            mib[cls] = max(mib.get(cls, 0), g.memory_mib)
+            names.setdefault(cls, set()).add(g.model)
+    return {cls: (mib[cls], frozenset(names[cls])) for cls in mib}
+
+
+def job_memory(job: Job, card_mib: int) -> int:
+    """GPU memory (MiB) the job would hold on cards of ``card_mib`` MiB: a slice its memory (or
+    its share of the card), a whole card all of it."""
+    total = 0
+    for g in job.groups:
+        for c in g.template.containers:
+            per = card_mib if c.whole_cards else (
+                c.gpu_memory_mib or (c.gpu_memory_percent * card_mib // 100) or card_mib)
+            total += g.replicas * c.gpu_count * per
+    return total
+
+
+def usable_classes(job: Job, cards: Mapping[str, tuple[int, frozenset[str]]]) -> list[str]:
+    """The GPU model classes whose cards every GPU pod group of the job allows."""
+    gpu_groups = [g.template for g in job.groups if g.template.containers]
+    return sorted(cls for cls, (_, names) in cards.items()
+                  if all(any(t.allows_model(m) for m in names) for t in gpu_groups))
+
+
+def placement_memory(pods: Iterable[PodPlacement]) -> dict[str, int]:
+    """GPU memory (MiB) per GPU model class that a placement holds."""
+    out: dict[str, int] = {}
+    for pp in pods:
+        for g in pp.gpus:
+            cls = model_family(g.gpu_model)
+            out[cls] = out.get(cls, 0) + g.gpu_memory_mib
+    return out
+
+
+def without_models(job: Job, models: frozenset[str]) -> Job:
+    """The job with these GPU models excluded from every GPU pod group (for one decision)."""
+    groups = tuple(replace(g, template=replace(
+        g.template, excluded_gpu_models=g.template.excluded_gpu_models | models))
+        if g.template.containers else g for g in job.groups)
+    return replace(job, groups=groups)
+
+
+def _gib(mib: float) -> str:
+    return f"{mib / 1024:g} GiB"
+
+
 def estimated_wait(need: float, free: float, running: Sequence[RunningJob], now: float,
                    queued_ahead: float = 0.0, ends: Sequence[tuple[float, float]] | None = None) -> float:
     """Seconds until ``need`` GPUs (plus the GPUs queued ahead) are free, from running jobs'
@@ -233,9 +289,14 @@ class ClusterTrial:
     all_usage: dict[str, float] = field(default_factory=dict)
     """GPUs held on all clusters per queue and per tenant: one dict shared by every trial of
     a step, so a job placed on one cluster counts on the others too."""
+    memory_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """GPU memory limits (MiB) per GPU model class across all clusters, per queue and tenant."""
+    memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(queue or tenant, class) → MiB held on all clusters; shared by every trial like ``all_usage``."""
 
     free: float = -1.0
     """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
+    _cards: dict[str, tuple[int, frozenset[str]]] | None = field(default=None, repr=False)
 
     _ends: list[tuple[float, float]] | None = field(default=None, init=False, repr=False, compare=False)
     """``running_ends(running)``, sorted once per trial on first use (running jobs do not change
@@ -272,11 +333,42 @@ class ClusterTrial:
                         f"({self.all_usage.get(key, 0.0):g} of {lim:g} in use)")
         return ""
 
+    def over_class_memory(self, job: Job, tenant: str) -> tuple[str, frozenset[str]]:
+        """(why it waits, the model names to keep it off): the GPU model classes of this
+        cluster the job may use whose GPU memory limit across all clusters (its project's or
+        its tenant's) it would cross. All of them over: the reason names the first; some: it
+        may still go on the others' cards."""
+        if not (job.queue in self.memory_limits or tenant in self.memory_limits) or not job_gpus(job):
+            return "", frozenset()
+        if self._cards is None:
+            self._cards = card_classes(ns.static.node for ns in self.placer.state.nodes.values())
+        cards = self._cards
+        usable = usable_classes(job, cards)
+        over: dict[str, str] = {}
+        for cls in usable:
+            ask = job_memory(job, cards[cls][0])
+            for key, who in ((job.queue, "your project's"), (tenant, "your tenant's")):
+                lim = self.memory_limits.get(key, {}).get(cls)
+                used = self.memory_usage.get((key, cls), 0)
+                if lim is not None and used + ask > lim and cls not in over:
+                    over[cls] = (f"over {who} {cls} GPU memory limit across all clusters: "
+                                 f"{_gib(used)} of {_gib(lim)} in use")
+        if not over:
+            return "", frozenset()
+        if len(over) == len(usable):
+            return over[min(over)], frozenset()
+        return "", frozenset(m for cls in over for m in cards[cls][1])
+
     def probe(self, job: Job, tenant: str, free: float) -> Probe:
         name = self.view.name
         everywhere = self.over_all_clusters(job, tenant)
         if everywhere:
             return Probe(name, WAITS, reason=everywhere, all_clusters=True)
+        memory, closed = self.over_class_memory(job, tenant)
+        if memory:
+            return Probe(name, WAITS, reason=memory, all_clusters=True)
+        if closed:
+            job = without_models(job, closed)
         limit = self.over_limit(job, tenant)
         if limit:
             return Probe(name, WAITS, reason=limit[0] if not limit[1] else f"can never run there: {limit[0]}",
@@ -313,6 +405,10 @@ class ClusterTrial:
             for key in (job.queue, tenant):
                 if key in self.all_limits:
                     self.all_usage[key] = self.all_usage.get(key, 0.0) + g
+            for cls, mib in placement_memory(probe.placement).items():
+                for key in (job.queue, tenant):
+                    if key in self.memory_limits:
+                        self.memory_usage[(key, cls)] = self.memory_usage.get((key, cls), 0) + mib
 
     def undo(self) -> None:
         for pp in self.reserved:

@@ -4,7 +4,6 @@ the writes of its decisions (admissions, preemptions, waits) in bulk."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import fcntl
 import gc
@@ -23,7 +22,7 @@ from django.utils import timezone
 
 from scheduling import engine as E
 from scheduling.engine.cycle import CycleConfig, CycleResult, JobStatus, run_cycle
-from scheduling.engine.multicluster import gpus_of, job_gpus
+from scheduling.engine.multicluster import gpus_of, placement_memory
 from tenants.audit import audit_batch
 
 from .. import selectors, signals
@@ -39,6 +38,7 @@ from ..models import (
     ProjectNamespace,
     SchedulingDecision,
 )
+from . import all_clusters
 from .common import (
     _ALL_CLUSTERS_LOCK_CLASS,
     _CYCLE_LOCK_CLASS,
@@ -147,42 +147,24 @@ def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs,
     if not Job.objects.filter(cluster=cluster, state=JobState.QUEUED).exists():
         return selectors.CycleInputs.empty(), []
     with _gc_paused(), _consistent_read():
-        inputs = selectors.cycle_inputs(cluster)
         limits = selectors.all_cluster_limits()
-        in_use = selectors.gpus_in_use_all_clusters(limits.tenant_ids) if limits else None
-    held: list[JobStatus] = []
-    if limits and in_use is not None:
-        inputs, held = _hold_over_all_clusters(inputs, limits, in_use)
+        use = selectors.all_cluster_use(limits.tenant_ids) if limits else None
+        inputs = selectors.cycle_inputs(cluster)
+    held = all_clusters.Held([], {})
+    if limits and use is not None:
+        # Quotas across all clusters (the snapshot's usage on every cluster): a job that
+        # would cross one waits, said why, and is not offered to the engine — not a lowered
+        # per-cluster limit, which the engine would take as "can never run" and reject. Jobs
+        # within go on; several together may still cross one: ``_within_all_clusters``.
+        inputs, held = all_clusters.hold(inputs, limits, use)
     if not inputs.pending:
-        return inputs, held
+        return inputs, held.statuses
     with _gc_paused():
         result = _run_engine(cluster, inputs, now)
-    return inputs, [*held, *result.statuses.values()]
-
-
-def _hold_over_all_clusters(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
-                            in_use: tuple[dict[int, float], dict[int, float]],
-                            ) -> tuple[selectors.CycleInputs, list[JobStatus]]:
-    """A queued job whose GPUs would take its project or tenant over its limit across all
-    clusters (the snapshot's usage on every cluster) waits, with that reason, and is not
-    offered to the engine — not a lowered per-cluster limit, which the engine would take
-    as "can never run" and reject. Jobs within it go on; several of them together may still
-    cross it, which ``_within_all_clusters`` checks under lock at admission."""
-    keep: list[E.Job] = []
-    held: list[JobStatus] = []
-    for job in inputs.pending:
-        row = inputs.jobs[job.name]
-        reason = selectors.over_all_clusters(limits, in_use, row.project_id, row.tenant_id,
-                                             job_gpus(job))
-        if reason:
-            held.append(JobStatus(job=job.name, queue=job.queue,
-                                  decision=E.Wait(job=job.name, reason=reason[:1].upper() + reason[1:]),
-                                  kind="quota"))
-        else:
-            keep.append(job)
-    if not held:
-        return inputs, []
-    return dataclasses.replace(inputs, pending=keep), held
+    statuses = list(result.statuses.values())
+    if held.closed:
+        statuses = all_clusters.reopen(statuses, held.closed)
+    return inputs, [*held.statuses, *statuses]
 
 
 @contextlib.contextmanager
@@ -550,13 +532,14 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
 
 def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
                          ) -> tuple[list[tuple[Job, E.Placement, JobStatus]], list[tuple[Job, str]]]:
-    """Hold GPU limits across all clusters under racing cycles. Inside the write transaction,
+    """Hold quotas across all clusters under racing cycles. Inside the write transaction,
     before the admission rows are written: a transaction-level advisory lock per tenant that
-    has such a limit (its own or a project's; ascending ids, so two cycles never wait on each
+    has such a quota (its own or a project's; ascending ids, so two cycles never wait on each
     other in a circle; released at commit, when this cycle's allocations are visible), then
-    the GPUs its jobs hold on every cluster counted again (READ COMMITTED: the other
-    clusters' committed admissions included). A job that would cross a limit waits, with the
-    limit named; the rest of the cycle goes through."""
+    what its jobs hold on every cluster counted again (READ COMMITTED: the other clusters'
+    committed admissions included): the GPU limit and the GPU memory limits per model class
+    (``all_clusters.admissible``). A job that would cross one waits, with the quota named;
+    the rest of the cycle goes through."""
     if not accepted:
         return accepted, []
     limits = selectors.all_cluster_limits({job.tenant_id for job, _, _ in accepted})
@@ -566,17 +549,20 @@ def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
         with connection.cursor() as cursor:
             for tid in limits.tenant_ids:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_ALL_CLUSTERS_LOCK_CLASS, tid])
-    in_use = selectors.gpus_in_use_all_clusters(limits.tenant_ids)
+    use = selectors.all_cluster_use(limits.tenant_ids)
+    in_use = use.as_in_use()
     keep: list[tuple[Job, E.Placement, JobStatus]] = []
     over: list[tuple[Job, str]] = []
     for job, placement, status in accepted:
         n = gpus_of(placement.pods)
-        reason = selectors.over_all_clusters(limits, in_use, job.project_id, job.tenant_id, n)
+        reason = all_clusters.admissible((job.project_id, job.tenant_id), placement.pods, n, limits, use,
+                                         in_use)
         if reason:
             over.append((job, reason[:1].upper() + reason[1:]))
             continue
         in_use[0][job.project_id] += n
         in_use[1][job.tenant_id] += n
+        use.add(job.project_id, job.tenant_id, n, placement_memory(placement.pods))
         keep.append((job, placement, status))
     return keep, over
 

@@ -134,7 +134,7 @@ def _avoided(choice: dict[str, Any], now: dt.datetime) -> dict[str, str]:
         with contextlib.suppress(ValueError, TypeError, IndexError):
             at, msg = entry[0], entry[1]
             if (now - dt.datetime.fromisoformat(at)).total_seconds() < AVOID_SECONDS:
-                out[name] = f"its pods could not be created there: {msg}"[:200]
+                out[name] = f"its pods could not be created there: {msg}"[:340]
     return out
 
 
@@ -160,7 +160,7 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
     """One trial per open cluster: its snapshot, running jobs and the floating jobs as its
     engine would see them (read in one consistent snapshot per cluster)."""
     out = []
-    all_limits, all_usage = selectors.all_cluster_room_by_name()
+    room = selectors.all_cluster_room_by_name()
     for c in clusters:
         if views[c.pk].closed_reason:
             empty = E.Placer(E.ClusterState(E.ClusterSnapshot(nodes=())), E.default_policy(None))
@@ -194,7 +194,8 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
                 limits[p.name] = None if p.quota.gpus_limit is None else float(p.quota.gpus_limit)
         trial = M.ClusterTrial(views[c.pk], E.Placer(E.ClusterState(snapshot), policy), running, now,
                                usage=dict(usage), limits=limits, queued_gpus=queued_gpus,
-                               all_limits=all_limits, all_usage=all_usage)
+                               all_limits=room.limits, all_usage=room.usage,
+                               memory_limits=room.memory_limits, memory_usage=room.memory_usage)
         out.append(_Trial(c, trial, {int(j.name): j for j in pending}))
     return out
 
@@ -386,7 +387,7 @@ def job_unplace(*, job_id: int, reason: str, avoid: str = "", refused: str = "",
         choice = dict(job.cluster_choice or {})
         if avoid:
             failed = dict(choice.get("failed") or {})
-            failed[old.name] = [timezone.now().isoformat(), avoid[:150],
+            failed[old.name] = [timezone.now().isoformat(), avoid[:300],
                                 dispatch_failures(choice, old.name) + 1]
             choice["failed"] = failed
         if refused:

@@ -100,10 +100,36 @@ class MembershipUpdateSerializer(serializers.Serializer[Any]):
 
 
 _amount_fields: list[str] = [*(f"{r}_{k}" for r in RESOURCES for k in ("guaranteed", "limit")),
-                              "gpus_limit_all_clusters"]
+                              "gpus_limit_all_clusters", "gpu_memory_mib_limits_all_clusters"]
+
+
+class ClassLimitSerializer(serializers.Serializer[Any]):
+    model_class = serializers.CharField(max_length=100, help_text="GPU model class, e.g. A100-80G")
+    gpu_memory_mib_limit = serializers.IntegerField(min_value=0, help_text="MiB at most on all clusters")
+
+
+class ClassLimitsField(serializers.ListField):
+    """The quota's ``{class: MiB}`` map as a list of ``{model_class, gpu_memory_mib_limit}``
+    (one per class; the service checks the classes against the inventory)."""
+
+    child = ClassLimitSerializer()
+
+    def to_representation(self, data: Any) -> list[dict[str, Any]]:  # type: ignore[override]
+        return [{"model_class": k, "gpu_memory_mib_limit": v} for k, v in sorted((data or {}).items())]
+
+    def to_internal_value(self, data: Any) -> dict[str, int]:  # type: ignore[override]
+        items = super().to_internal_value(data)
+        out: dict[str, int] = {}
+        for item in items:
+            if item["model_class"] in out:
+                raise serializers.ValidationError(f"{item['model_class']} is given twice.")
+            out[item["model_class"]] = item["gpu_memory_mib_limit"]
+        return out
 
 
 class QuotaSerializer(serializers.ModelSerializer[Quota]):
+    gpu_memory_mib_limits_all_clusters = ClassLimitsField(
+        required=False, help_text="GPU memory limits per GPU model class on all clusters together")
     scope = serializers.ChoiceField(choices=QuotaScope.choices)
     cluster = VisiblePKField(
         queryset=cluster_model()._default_manager.all(), required=False, allow_null=True
@@ -121,6 +147,9 @@ class QuotaSerializer(serializers.ModelSerializer[Quota]):
 
 
 class QuotaUpdateSerializer(serializers.ModelSerializer[Quota]):
+    gpu_memory_mib_limits_all_clusters = ClassLimitsField(
+        required=False, help_text="GPU memory limits per GPU model class on all clusters together")
+
     class Meta:
         model = Quota
         fields = _amount_fields

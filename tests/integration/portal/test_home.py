@@ -115,3 +115,27 @@ def test_quota_left_shows_the_limit_across_all_clusters(world: Any, busy: Any) -
     used = portal_selectors.project_usage([world.a.project.pk])[world.a.project.pk].gpus
     assert used > 0  # the busy fixture's jobs hold GPUs
     assert f"; {round(40 - used, 2)} left across all clusters" in page
+
+
+def test_class_memory_limits_cost_one_usage_aggregate_for_all_projects(world: Any, busy: Any) -> None:
+    """The home's "GPU quota left" reads what is held across all clusters once, not once per
+    project with a class memory limit."""
+    from scheduling.selectors import gpu_model_classes
+
+    cls = sorted(gpu_model_classes())[0]
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpu_memory_mib_limits_all_clusters": {cls: 10 * 81920}})
+
+    def aggregates() -> int:
+        c = Client()
+        c.force_login(world.a.owner)
+        with CaptureQueriesContext(connection) as q:
+            page = c.get("/").content.decode()
+        assert f"{cls}: " in page and "GPU memory left across all clusters" in page
+        return sum(1 for x in q.captured_queries if "gpuslice" in x["sql"].lower()
+                   and "group by" in x["sql"].lower() and "memory_mib" in x["sql"].lower())
+
+    for p in (world.a.project, world.a.other_project):
+        tenant_services.quota_set(actor=world.admin, scope="project", project=p,
+                                  values={"gpu_memory_mib_limits_all_clusters": {cls: 81920}})
+    assert aggregates() == 1

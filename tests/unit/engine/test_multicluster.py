@@ -229,3 +229,59 @@ def test_global_order_priority_then_share_then_submission() -> None:
     idle = replace(_job(1), name="idle", queue="t/idle", submit_time=2.0)
     order = M.global_order([(busy, ""), (idle, ""), (hi, "")], {"t/busy": 8.0})
     assert [j.name for j, _ in order] == ["hi", "idle", "busy"]
+
+
+# --- quotas across all clusters: GPU memory per model class ------------------------------------
+
+
+def _mixed_trial(memory_limits: dict[str, dict[str, int]], memory_usage: dict[tuple[str, str], int]
+                 ) -> M.ClusterTrial:
+    trial = _trial("m", node("a0", 4, model="A100", memory_mib=81920), node("h0", 4, model="H100",
+                                                                            memory_mib=81920))
+    trial.memory_limits = memory_limits
+    trial.memory_usage = memory_usage
+    return trial
+
+
+def test_job_memory_whole_cards_and_slices() -> None:
+    whole = _job(2)
+    sliced = Job("s", (PodGroup("w", pod("w", gpu_count=1, gpu_memory_mib=10240, gpu_cores_percent=30),
+                                replicas=3),), queue="t/p")
+    assert M.job_memory(whole, 81920) == 2 * 81920
+    assert M.job_memory(sliced, 81920) == 3 * 10240
+
+
+def test_a_class_over_its_memory_limit_closes_its_cards_and_names_the_class() -> None:
+    limits = {"t/p": {"A100": 160 * 1024}}
+    # 120 GiB of A100 memory held on all clusters: 2 more A100 cards (160 GiB) would cross it.
+    trial = _mixed_trial(limits, {("t/p", "A100"): 120 * 1024})
+    job = _job(2)
+    probe = trial.probe(job, "t", trial.free)
+    assert probe.outcome == M.FITS_NOW  # on the H100 cards, which have no limit
+    assert {M.model_family(g.gpu_model) for pp in probe.placement for g in pp.gpus} == {"H100"}
+    only_a100 = _job(2, models=("A100",))
+    probe = trial.probe(only_a100, "t", trial.free)
+    assert probe.outcome == M.WAITS and probe.all_clusters
+    assert probe.reason == ("over your project's A100 GPU memory limit across all clusters: "
+                            "120 GiB of 160 GiB in use")
+    # The tenant's limit counts too, under the tenant's name.
+    trial = _mixed_trial({"t": {"A100": 0, "H100": 0}}, {})
+    probe = trial.probe(job, "t", trial.free)
+    assert probe.outcome == M.WAITS and "your tenant's A100 GPU memory limit" in probe.reason
+
+
+def test_placing_counts_memory_for_the_next_job_in_the_step() -> None:
+    limits = {"t/p": {"A100": 160 * 1024, "H100": 160 * 1024}}
+    usage: dict[tuple[str, str], int] = {}
+    trial = _mixed_trial(limits, usage)
+    first = _job(2)
+    probe = trial.probe(first, "t", trial.free)
+    assert probe.outcome == M.FITS_NOW
+    trial.take(first, "t", probe)
+    cls = next(iter(M.placement_memory(probe.placement)))
+    assert usage == {("t/p", cls): 2 * 81920}
+    # The next one fits only on the other class now.
+    second = replace(_job(2), name="k")
+    probe = trial.probe(second, "t", trial.free)
+    assert probe.outcome == M.FITS_NOW
+    assert set(M.placement_memory(probe.placement)) == {"A100", "H100"} - {cls}
