@@ -161,7 +161,8 @@ def cluster_option(value: str | None) -> dict[str, Any] | None:
 @cli.command()
 @click.option("-f", "--file", "path", required=True, type=click.File("r"), help="A job.yaml ('-': stdin)")
 @click.option("--cluster", "cluster", default=None,
-              help="Where Job documents may run: any | a,b | region=eu,arch=arm64 (one name pins)")
+              help="Where Job and TrainingJob documents may run: any | a,b | region=eu,arch=arm64 "
+                   "(one name pins)")
 @click.pass_context
 def submit(ctx: click.Context, path: Any, cluster: str | None) -> None:
     """Submit training jobs, dev environments or plain jobs from a YAML file.
@@ -169,9 +170,10 @@ def submit(ctx: click.Context, path: Any, cluster: str | None) -> None:
     The file may hold many documents (separated by ``---``). Documents of ``kind: Job``
     (a scheduling job: name, project, cluster, groups, priority_class, mixed_gpu_models,
     ...) are submitted together through the bulk endpoint, all or nothing; the others one
-    by one. ``--cluster`` sets where the Job documents may run (overriding their own
-    ``cluster``): ``any`` cluster the project may use, a set ``a,b``, or cluster labels
-    ``region=eu``; Camp then places each where it starts soonest."""
+    by one. ``--cluster`` sets where the Job and TrainingJob documents may run (overriding
+    their own ``cluster`` and ``cluster_choice``): ``any`` cluster the project may use, a set
+    ``a,b``, or cluster labels ``region=eu``; Camp then places each run where it starts
+    soonest. Dev environments always name their cluster (their home volume lives there)."""
     where = cluster_option(cluster)
     try:
         specs = [d for d in yaml.safe_load_all(path) if d is not None]
@@ -193,9 +195,9 @@ def submit(ctx: click.Context, path: Any, cluster: str | None) -> None:
         body = dict(spec)
         if "project" in body:
             body["project"] = project_of(body["project"])
+        if where is not None and kind in ("Job", "TrainingJob"):
+            body.update(where)
         if kind == "Job":
-            if where is not None:
-                body.update(where)
             jobs.append(body)
         else:
             _submit_one(api, kind, body)
@@ -220,7 +222,8 @@ def _submit_one(api: Api, kind: str, body: dict[str, Any]) -> None:
     if kind != "TrainingJob":
         raise click.ClickException("kind: TrainingJob, DevEnvironment or Job.")
     t = api.call("POST", "training-jobs/", json=body)
-    click.echo(f"training job {t['name']} (#{t['id']}) {t['state']}")
+    where = f" on {t['cluster']}" if t.get("cluster") else " (placed by Camp)" if t.get("floating") else ""
+    click.echo(f"training job {t['name']} (#{t['id']}) {t['state']}{where}")
 
 
 def _row(kind: str, x: dict[str, Any]) -> list[str]:
@@ -349,6 +352,9 @@ def why(ctx: click.Context, job: str) -> None:
     click.echo(f"{obj['name']}: {w['state']}")
     if w.get("reason"):
         click.echo(f"why: {w['reason']}")
+    across = w.get("why_across_clusters") or ""
+    if across and across != w.get("reason"):
+        click.echo(f"clusters: {across}")
     if w.get("queue_position"):
         click.echo(f"queue position: {w['queue_position']} of {w['queue_length']}")
     if w.get("hint"):

@@ -7,16 +7,20 @@ owner objects and its pods from the database, every hook may return them amended
 extra environment (``TF_CONFIG``), container ports, volumes, imagePullSecrets, and extra
 objects such as a Service, an Ingress, a PVC or a Secret. Hooks must be deterministic
 (derived from rows only) because a retried dispatch calls them again.
+
+A *cluster user* counts the workloads that use a cluster without a foreign key to it (a
+training job launched for any cluster uses the cluster its run was placed on): deleting the
+cluster is refused while any is counted, as for rows that refer to it with PROTECT.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .backends.base import JobObjects, NamespaceSpec, PodSpec
-    from .models import Job
+    from .models import Cluster, Job
 
 JobSpecHook = Callable[["Job", "NamespaceSpec", "JobObjects", "list[PodSpec]"],
                        "tuple[JobObjects, list[PodSpec]] | None"]
@@ -39,3 +43,20 @@ def apply_job_spec_hooks(job: Job, ns: NamespaceSpec, objs: JobObjects,
         if result is not None:
             objs, pods = result
     return objs, pods
+
+
+ClusterUsers = Callable[["Cluster"], "list[tuple[Any, int]]"]
+"""``users(cluster) -> [(model _meta, count)]``: rows that still use the cluster."""
+
+_cluster_users: list[ClusterUsers] = []
+
+
+def register_cluster_users(users: ClusterUsers) -> ClusterUsers:
+    """Register ``users(cluster)`` (registering twice is a no-op)."""
+    if users not in _cluster_users:
+        _cluster_users.append(users)
+    return users
+
+
+def cluster_users(cluster: Cluster) -> list[tuple[Any, int]]:
+    return [found for users in _cluster_users for found in users(cluster)]

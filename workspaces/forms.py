@@ -7,6 +7,7 @@ import shlex
 from typing import Any
 
 from django import forms
+from django.core.exceptions import ValidationError
 
 from registry.models import Image
 from scheduling.models import Cluster, PriorityClass
@@ -155,8 +156,37 @@ class EnvironmentForm(_WorkloadForm):
         _default_preset(self, slice_first=True)
 
 
+def parse_labels(text: str) -> dict[str, str]:
+    """``region=eu-west, arch=arm64`` → a dict (the service checks that a cluster has them)."""
+    labels: dict[str, str] = {}
+    for part in (text or "").replace("\n", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        k, sep, v = part.partition("=")
+        if not sep or not k.strip() or not v.strip():
+            raise forms.ValidationError(f"{part!r}: write key=value, e.g. region=eu-west.")
+        labels[k.strip()] = v.strip()
+    return labels
+
+
 class TrainingForm(_WorkloadForm):
-    basic = ("project", "cluster", "name", "framework", "image", "workers", "command")
+    basic = ("project", "cluster", "cluster_set", "cluster_labels", "name", "framework", "image", "workers",
+             "command")
+    # A training job may float (issue 16): "Any cluster" lets Camp place each run where it
+    # starts soonest, among the clusters with the labels given below.
+    cluster = forms.ModelChoiceField(
+        queryset=Cluster.objects.none(), to_field_name="name", required=False, label="Cluster",
+        empty_label="Any cluster",
+        help_text="Any cluster: Camp runs it where it starts soonest. Name one for a data volume "
+                  "or a checkpoint volume.")
+    cluster_set = forms.ModelMultipleChoiceField(
+        queryset=Cluster.objects.none(), to_field_name="name", required=False,
+        label="Only these clusters", widget=forms.CheckboxSelectMultiple,
+        help_text="With Any cluster: none ticked means all of them.")
+    cluster_labels = forms.CharField(
+        required=False, max_length=500, label="Only clusters labelled",
+        help_text="With Any cluster: e.g. region=eu-west (all must match); empty: any.")
     framework = forms.ChoiceField(choices=TrainingFramework.choices, label="Framework")
     workers = forms.IntegerField(min_value=1, max_value=128, initial=2, label="Workers",
                                  help_text="Each worker gets the preset (or custom shape) once.")
@@ -184,13 +214,17 @@ class TrainingForm(_WorkloadForm):
         min_value=1, required=False, label="Expected run time (seconds)",
         help_text="Simulated clusters run it this long; it also feeds start estimates."
     )
-    field_order = ["project", "cluster", "name", "framework", "profile", "workers", "image",
-                   "image_reference", "command"]
+    field_order = ["project", "cluster", "cluster_set", "cluster_labels", "name", "framework", "profile",
+                   "workers", "image", "image_reference", "command"]
 
     def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, user=user, variant="training", **kwargs)
         fields: Any = self.fields
         fields["image"].empty_label = "Choose an image"
+        fields["cluster_set"].queryset = fields["cluster"].queryset
+        labels = sorted({f"{k}={v}" for c in fields["cluster"].queryset for k, v in (c.labels or {}).items()})
+        if labels:
+            fields["cluster_labels"].help_text += f" Labels of your clusters: {', '.join(labels)}."
         self.initial.setdefault("name", _default_name("train"))
         first_image = fields["image"].queryset.first()
         if first_image is not None:
@@ -202,6 +236,32 @@ class TrainingForm(_WorkloadForm):
             return shlex.split(self.cleaned_data.get("command") or "")
         except ValueError as exc:
             raise forms.ValidationError(f"Cannot split this command: {exc}") from exc
+
+    def clean_cluster_labels(self) -> dict[str, str]:
+        return parse_labels(self.cleaned_data.get("cluster_labels") or "")
+
+    def clean(self) -> dict[str, Any]:
+        """``cluster`` and the labels → ``training_submit``'s ``cluster`` / ``cluster_choice``."""
+        data = super().clean() or {}
+        labels = data.pop("cluster_labels", None) or {}
+        names = sorted(c.name for c in data.pop("cluster_set", None) or [])
+        choice: dict[str, Any] = {**({"clusters": names} if names else {}),
+                                  **({"labels": labels} if labels else {})}
+        if choice and data.get("cluster") is not None:
+            for name, given in (("cluster_set", names), ("cluster_labels", labels)):
+                if given:
+                    self.add_error(name, "This chooses among clusters: pick Any cluster to use it.")
+        data["cluster_choice"] = choice if data.get("cluster") is None else {}
+        return data
+
+    # The service names the choice's fields as the API does; here they are these three.
+    SERVICE_FIELDS = {"cluster_choice": "cluster", "cluster_choice.clusters": "cluster_set",
+                      "cluster_choice.labels": "cluster_labels"}
+
+    def service_errors(self, exc: ValidationError) -> ValidationError:
+        if not hasattr(exc, "error_dict"):
+            return exc
+        return ValidationError({self.SERVICE_FIELDS.get(k, k): v for k, v in exc.message_dict.items()})
 
 
 class ServiceForm(_WorkloadForm):

@@ -112,13 +112,21 @@ def _refuse_if_no_card_fits(cluster: Cluster, row: Any) -> None:
             f"{mem} MiB per GPU: the largest GPU of cluster {cluster.name} has {largest} MiB."]})
 
 
-def kind_run(kind: WorkloadKind, *, actor: User, row: Any, name: str) -> Job:
-    """Queue one run of ``row``: a scheduling Job (audited ``job.submitted``, a cycle
-    requested after commit); name clashes are reported on the workload's ``name``."""
+def kind_run(kind: WorkloadKind, *, actor: User, row: Any, name: str,
+             choice: dict[str, Any] | None = None) -> Job:
+    """Queue one run of ``row``: a scheduling Job (audited ``job.submitted``, a cycle — or for
+    a floating row a placement step — requested after commit); name clashes are reported on
+    the workload's ``name``. ``choice`` replaces a floating row's own choice for this run."""
     from .services.common import _submit_run
 
-    return _submit_run(actor=actor, project=row.project, cluster=row.cluster, name=name,
-                       kind=kind.job_kind_of(row), groups=kind.groups(row), **kind.job_options(row))
+    # A row with no cluster floats (training jobs launched for any cluster, a set or labels):
+    # its run is submitted with the row's choice and placed by the global queue.
+    where: dict[str, Any] = {"cluster": row.cluster}
+    if row.cluster is None:
+        own = getattr(row, "cluster_choice", None)
+        where["cluster_choice"] = dict((choice if choice is not None else own) or {})
+    return _submit_run(actor=actor, project=row.project, name=name, kind=kind.job_kind_of(row),
+                       groups=kind.groups(row), **where, **kind.job_options(row))
 
 
 def kind_audit(kind: WorkloadKind, action: str, row: Model, *, actor: User | None,

@@ -9,6 +9,8 @@ pods look like (scheduling/extensions.py) and what happens around them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -179,7 +181,14 @@ class TrainingJob(models.Model):
     project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="trainings")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
                               related_name="trainings")
-    cluster = models.ForeignKey("scheduling.Cluster", on_delete=models.PROTECT, related_name="+")
+    cluster = models.ForeignKey(
+        "scheduling.Cluster", on_delete=models.PROTECT, related_name="+", null=True, blank=True,
+        help_text="The one cluster it runs on; empty: it floats — each run is placed by Camp among "
+                  "the clusters cluster_choice allows, and its cluster is its run's (Job.cluster).")
+    cluster_choice = models.JSONField(
+        default=dict, blank=True,
+        help_text='Floating only: {"clusters": [names]} and/or {"labels": {key: value}} (all must '
+                  "match); empty: any cluster the project may use. Every run is submitted with it.")
     name = models.CharField(max_length=32, validators=[slug_validator])
     framework = models.CharField(max_length=12, choices=TrainingFramework.choices)
     image = models.ForeignKey("registry.Image", on_delete=models.SET_NULL, null=True, blank=True,
@@ -245,6 +254,20 @@ class TrainingJob(models.Model):
     @property
     def has_launcher(self) -> bool:
         return self.framework in LAUNCHER_FRAMEWORKS
+
+    @property
+    def floating(self) -> bool:
+        """Launched for any cluster, a set or labels rather than one named cluster."""
+        return self.cluster_id is None
+
+    @property
+    def run_cluster(self) -> Any:
+        """Where it runs: its one cluster, or for a floating job its current run's cluster
+        (None while the run waits in the global queue, or before its first run)."""
+        if self.cluster_id is not None:
+            return self.cluster
+        job = self.job if self.job_id else None
+        return job.cluster if job is not None else None
 
 
 class TrainingCheckpoint(models.Model):

@@ -43,7 +43,22 @@ def environment_list(*, user: Any) -> QuerySet[DevEnvironment]:
 
 def training_list(*, user: Any) -> QuerySet[TrainingJob]:
     return restrict(TrainingJob.objects.all(), user).select_related(
-        "tenant", "project", "owner", "cluster", "job", "image")
+        "tenant", "project", "owner", "cluster", "job__cluster", "image")
+
+
+def floating_trainings_on(cluster: Any) -> list[tuple[Any, int]]:
+    """Training jobs launched for any cluster with a run — the current one or an earlier one
+    (``<name>`` or ``<name[:30]>-retryN``, services/training.py) — on ``cluster`` (a cluster
+    user, scheduling/extensions.py): deleting the cluster would delete those runs, their history
+    and what restarts and lost GPU time are counted from, so it is refused while they exist.
+    (A job that merely shares the retry-name pattern also counts: that errs on refusing.)"""
+    from django.db.models import Exists, OuterRef, Q, Value
+    from django.db.models.functions import Concat, Left
+
+    runs = Job.objects.filter(cluster=cluster, project=OuterRef("project")).filter(
+        Q(name=OuterRef("name")) | Q(name__startswith=Concat(Left(OuterRef("name"), 30), Value("-retry"))))
+    n = TrainingJob.objects.filter(cluster__isnull=True).filter(Exists(runs)).count()
+    return [(TrainingJob._meta, n)]
 
 
 # --- how to open ------------------------------------------------------------------------
@@ -69,9 +84,12 @@ def ssh_command(env: DevEnvironment) -> str:
 
 
 def namespace_spec_for(env: DevEnvironment | TrainingJob) -> str:
+    """The project's namespace on the workload's cluster (a floating training job's: its run's;
+    empty while that run waits in the global queue: it has no namespace anywhere yet)."""
     from scheduling.selectors import project_namespace_name
 
-    return project_namespace_name(cluster=env.cluster, project=env.project)
+    cluster = env.run_cluster if isinstance(env, TrainingJob) else env.cluster
+    return project_namespace_name(cluster=cluster, project=env.project) if cluster is not None else ""
 
 
 def authorized_keys(env: DevEnvironment) -> str:
@@ -182,8 +200,14 @@ def job_why(job: Job | None) -> dict[str, Any]:
         return {"state": "waiting", "reason": "Not submitted yet (waiting for its dependencies).",
                 "queue_position": None, "queue_length": None, "hint": ""}
     hint = _HINTS.get(job.reason_kind, "") if job.state == "queued" else ""
-    return {"job": job.pk, "state": job.state, "reason": job.reason, "reason_kind": job.reason_kind,
-            "queue_position": job.queue_position, "queue_length": job.queue_length, "hint": hint}
+    reason = job.reason
+    if job.floating and job.cluster_id is None and job.state == "queued":
+        hint = ("It waits in the global queue: Camp places it on the cluster where it starts "
+                "soonest among those it may use.")
+        reason = reason or "Not placed on a cluster yet (the next placement step chooses one)."
+    return {"job": job.pk, "state": job.state, "reason": reason, "reason_kind": job.reason_kind,
+            "queue_position": job.queue_position, "queue_length": job.queue_length, "hint": hint,
+            "why_across_clusters": job.why_across_clusters}
 
 
 # --- model services (workspaces/services/serving.py) ----------------------------------------------------

@@ -29,7 +29,7 @@ def workspaces_tick() -> dict[str, int]:
     unfinished = TrainingJob.objects.filter(
         Q(job__isnull=True, failed_dependency=False, stop_reason="")
         | (Q(job__isnull=False) & ~Q(job__state__in=FINAL_STATES))
-        | Q(job__state="failed", retries__lt=F("retry_limit")))
+        | Q(job__state="failed", retries__lt=F("retry_limit"), stop_reason=""))
     synced = 0
     for pk in unfinished.values_list("pk", flat=True):
         training_sync.delay(pk)

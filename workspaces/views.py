@@ -177,7 +177,7 @@ def training_new(request: HttpRequest) -> HttpResponseBase:
         try:
             t = services.training_submit(actor=actor_of(request), **data)
         except ValidationError as exc:
-            apply_service_errors(form, exc)
+            apply_service_errors(form, form.service_errors(exc))
         else:
             messages.success(request, f"Training job {t.name} submitted.")
             return redirect("workspaces:training", pk=t.pk)

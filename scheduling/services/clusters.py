@@ -17,6 +17,7 @@ from tenants.models import User
 
 from ..backends.credentials import decrypt_credentials, encrypt_credentials, kubeconfig_problems
 from ..backends.simulated import InventoryError, parse_inventory
+from ..extensions import cluster_users
 from ..models import (
     FINAL_STATES,
     Backend,
@@ -157,8 +158,12 @@ def _cluster_users(cluster: Cluster) -> list[str]:
         if model is Job or not isinstance(model, type):
             continue
         counts.append((model._meta, model._base_manager.filter(**{rel.field.name: cluster}).count()))
+    counts += cluster_users(cluster)  # workloads that use it through their runs (floating ones)
+    merged: dict[Any, int] = {}
+    for meta, n in counts:
+        merged[meta] = merged.get(meta, 0) + n
     return [f"{n} {meta.verbose_name if n == 1 else meta.verbose_name_plural}"
-            for meta, n in counts if n]
+            for meta, n in merged.items() if n]
 
 
 @transaction.atomic
@@ -176,7 +181,9 @@ def cluster_delete(*, actor: User, cluster: Cluster) -> None:
                  before=_cluster_snapshot(cluster))
     try:
         with transaction.atomic():
-            Job.objects.filter(cluster=cluster).delete()
+            # Finished jobs only: one bound here since the check (a placement step) is PROTECTed
+            # and refuses the delete below rather than being deleted with it.
+            Job.objects.filter(cluster=cluster, state__in=FINAL_STATES).delete()
             cluster.delete()
     except ProtectedError as exc:  # something started using it meanwhile
         raise ValidationError({"cluster": [

@@ -114,7 +114,22 @@ class EnvironmentSerializer(MaskedEnvMixin, serializers.ModelSerializer[DevEnvir
 
 class TrainingSerializer(MaskedEnvMixin, serializers.ModelSerializer[TrainingJob]):
     project = VisiblePKField(queryset=Project.objects.all())
-    cluster = ClusterNameField()
+    cluster = ClusterNameField(
+        required=False, allow_null=True,
+        help_text="The one cluster to run on. Leave it out (or null) for a floating training job: "
+                  "each run is placed on the cluster where it starts soonest among those "
+                  "``cluster_choice`` allows. Read back: the cluster it runs on (a floating job's "
+                  "run's; null while that run waits in the global queue).")
+    cluster_choice = serializers.JSONField(
+        required=False, default=dict,
+        help_text='Floating training jobs only: {"clusters": ["a", "b"]} and/or {"labels": '
+                  '{"region": "eu-west"}} (all must match) and {"prefer": {...}} (data locality, a '
+                  "tie-break); empty: any cluster the project may use. Not with a data_volume or a "
+                  "checkpoint volume (they live on one cluster).")
+    floating = serializers.BooleanField(read_only=True, help_text="Launched without one named cluster.")
+    why_across_clusters = serializers.SerializerMethodField(
+        help_text="Floating training jobs: why its run waits, cluster by cluster (its own "
+                  "cluster's answer once placed, and why not the others).")
     tenant = serializers.CharField(source="tenant.name", read_only=True)
     project_name = serializers.CharField(source="project.name", read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True, default=None)
@@ -140,8 +155,9 @@ class TrainingSerializer(MaskedEnvMixin, serializers.ModelSerializer[TrainingJob
 
     class Meta:
         model = TrainingJob
-        fields = ["id", "name", "tenant", "project", "project_name", "cluster", "owner", "framework", "image",
-                  "image_reference", "workers", "gpu_count", "gpu_memory_mib", "gpu_cores_percent",
+        fields = ["id", "name", "tenant", "project", "project_name", "cluster", "cluster_choice", "floating",
+                  "why_across_clusters", "owner", "framework", "image", "image_reference", "workers",
+                  "gpu_count", "gpu_memory_mib", "gpu_cores_percent",
                   "exclusive", "gpu_models", "cpu_millicores", "ram_mib", "command", "env", "data_volume",
                   "checkpoint_dir", "checkpoint_every", "checkpoint_volume_gib", "log_dir",
                   "max_runtime_seconds", "retry_limit", "priority_class", "preemptible",
@@ -152,6 +168,15 @@ class TrainingSerializer(MaskedEnvMixin, serializers.ModelSerializer[TrainingJob
                             "stop_reason", "created_at"]
         extra_kwargs = {"image_reference": {"required": False, "allow_blank": True}}
         validators: list[Any] = []
+
+    def get_why_across_clusters(self, t: TrainingJob) -> str:
+        return t.job.why_across_clusters if t.job_id and t.job is not None else ""
+
+    def to_representation(self, instance: TrainingJob) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        cluster = instance.run_cluster
+        data["cluster"] = cluster.name if cluster is not None else None
+        return data
 
     def get_last_checkpoint(self, t: TrainingJob) -> dict[str, Any] | None:
         c = t.checkpoints.order_by("-step", "-id").first()
@@ -183,6 +208,8 @@ class WhySerializer(serializers.Serializer[Any]):
     queue_position = serializers.IntegerField(allow_null=True)
     queue_length = serializers.IntegerField(allow_null=True)
     hint = serializers.CharField()
+    why_across_clusters = serializers.CharField(
+        required=False, help_text="A floating run's why, cluster by cluster (empty: one named cluster).")
 
 
 class OpenSerializer(serializers.Serializer[Any]):

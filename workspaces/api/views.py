@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 from django.http import HttpResponseBase, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -14,6 +14,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from camp.filters import CampFilterSet, IdFilter
 from tenants.api.idempotency import IdempotentCreateMixin
 from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import actor_of
@@ -232,6 +233,18 @@ class EnvironmentViewSet(
         return Response(selectors.job_why(self.get_object().job))
 
 
+class TrainingFilter(CampFilterSet):
+    cluster = IdFilter(method="filter_cluster", help_text="Runs on this cluster (a floating "
+                                                          "training job: where its run was placed).")
+
+    class Meta:
+        model = TrainingJob
+        fields = ["project", "cluster", "framework", "name", "tenant"]
+
+    def filter_cluster(self, queryset: QuerySet[Any], name: str, value: int) -> QuerySet[Any]:
+        return queryset.filter(Q(cluster_id=value) | Q(cluster__isnull=True, job__cluster_id=value))
+
+
 @extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
 class TrainingViewSet(
     IdempotentCreateMixin,
@@ -248,7 +261,7 @@ class TrainingViewSet(
     model = TrainingJob
     serializer_class = TrainingSerializer
     idempotency_redact = ("env",)  # often secrets: not kept in the idempotency table
-    filterset_fields = ["project", "cluster", "framework", "name", "tenant"]
+    filterset_class = TrainingFilter
     search_fields = ["name"]
     ordering_fields = ["created_at", "name"]
 
@@ -256,7 +269,7 @@ class TrainingViewSet(
         return (
             super()
             .get_queryset()
-            .select_related("tenant", "project", "cluster", "owner", "job", "image")
+            .select_related("tenant", "project", "cluster", "owner", "job__cluster", "image")
             .prefetch_related("depends_on")
             .order_by("-created_at", "-id")
         )

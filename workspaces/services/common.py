@@ -62,6 +62,7 @@ TRAINING_FIELDS = (
     "priority_class",
     "preemptible",
     "cluster",
+    "cluster_choice",
 )
 POLICY_FIELDS = ("idle_minutes", "max_lifetime_hours", "warning_minutes", "storage_gib_limit")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -200,7 +201,7 @@ def _submit_run(
     *,
     actor: User,
     project: Project,
-    cluster: Cluster,
+    cluster: Cluster | None,
     name: str,
     kind: str,
     groups: list[dict[str, Any]],

@@ -24,6 +24,7 @@ from scheduling.models import (
 from tenants import permissions
 from tenants.audit import snapshot
 from tenants.models import Project, User
+from tenants.permissions import restrict
 
 from ..kinds import WorkloadKind, kind_check, kind_run, register_kind
 from ..models import (
@@ -96,8 +97,25 @@ TRAINING_KIND = register_kind(WorkloadKind(
 ))
 
 
-def _training_run(actor: User, t: TrainingJob, name: str) -> Job:
-    job = kind_run(TRAINING_KIND, actor=actor, row=t, name=name)
+def _later_choice(t: TrainingJob) -> dict[str, Any] | None:
+    """A floating job's choice for a run after the first (a retry, a release by its
+    dependencies): the clusters named in it that were disabled or deleted since are left out
+    (the placement step would skip them anyway); none left is a ValidationError."""
+    if t.cluster is not None or not t.cluster_choice.get("clusters"):
+        return None
+    named = list(t.cluster_choice["clusters"])
+    alive = set(Cluster.objects.filter(enabled=True, name__in=named).values_list("name", flat=True))
+    if not alive:
+        raise ValidationError({"cluster_choice.clusters": [
+            f"None of its clusters ({', '.join(named)}) is enabled any more."]})
+    return {**t.cluster_choice, "clusters": [n for n in named if n in alive]}
+
+
+def _training_run(actor: User, t: TrainingJob, name: str, *, later: bool = False) -> Job:
+    """Submit a run; the first is checked strictly at launch, ``later`` ones (retries,
+    releases) tolerate clusters of the choice that went away meanwhile."""
+    job = kind_run(TRAINING_KIND, actor=actor, row=t, name=name,
+                   choice=_later_choice(t) if later else None)
     latest = t.checkpoints.order_by("-step", "-id").first() if t.pk else None
     if latest is not None:  # a retry resumes from the latest checkpoint too
         Job.objects.filter(pk=job.pk).update(last_checkpoint=latest.path)
@@ -112,7 +130,7 @@ def training_submit(
     *,
     actor: User,
     project: Project,
-    cluster: Cluster,
+    cluster: Cluster | None = None, cluster_choice: dict[str, Any] | None = None,  # None: it floats
     name: str,
     framework: str,
     image: Image | None = None,
@@ -142,7 +160,8 @@ def training_submit(
 ) -> TrainingJob:
     """Create a training job: a gang of ``workers`` (plus a launcher for DeepSpeed and MPI),
     submitted now, or once every job it depends on has succeeded. With a compute preset
-    (``profile``) each worker takes the preset's shape and GPU model ("workers × preset")."""
+    (``profile``) each worker takes the preset's shape and GPU model ("workers × preset").
+    Without ``cluster`` it floats (``_clean_where``): each run goes where it starts soonest."""
     if profile is not None:
         _check_profile(actor, profile, project)
         gpu_count, gpu_memory_mib = profile.gpu_count, profile.gpu_memory_mib
@@ -183,7 +202,7 @@ def training_submit(
         duration_seconds=duration_seconds,
     )
     _require(actor, permissions.CREATE, t)
-    _clean_training(actor, t, image=image, image_reference=image_reference, env=env)
+    _clean_training(actor, t, image=image, image_reference=image_reference, env=env, choice=cluster_choice)
     deps = _clean_depends_on(project, depends_on)
     _training_begin(actor, t, deps, profile)
     return t
@@ -216,7 +235,7 @@ def training_delete(*, actor: User, training: TrainingJob) -> None:
     audit record keeps what it was; its scheduling runs stay in the job history."""
     t = (
         TrainingJob.objects.select_for_update(no_key=True, of=("self",))
-        .select_related("job", "tenant", "project", "cluster")
+        .select_related("job__cluster", "tenant", "project", "cluster")
         .get(pk=training.pk)
     )
     _require(actor, permissions.DELETE, t)
@@ -232,16 +251,17 @@ def training_delete(*, actor: User, training: TrainingJob) -> None:
         "training.deleted",
         t,
         actor=actor,
-        before={**snapshot(t, TRAINING_FIELDS), "state": t.state, "run": t.job_id},
+        before={**snapshot(t, TRAINING_FIELDS), "state": t.state, "run": t.job_id, "ran_on": _ran_on(t)},
     )
     # The checkpoint volume outlives runs (pods.py); TensorBoard objects go with the run.
     objects = [("PersistentVolumeClaim", f"tr-{t.pk}-ckpt")] if t.checkpoint_volume_gib else []
     from ..selectors import namespace_spec_for
 
-    ns, cluster_id = namespace_spec_for(t), t.cluster_id
+    cluster = t.run_cluster  # a floating job's objects are where its run was placed
+    ns = namespace_spec_for(t)
     t.delete()
-    if objects:
-        enqueue_on_commit("delete_objects", cluster_id, ns, objects)
+    if objects and cluster is not None:
+        enqueue_on_commit("delete_objects", cluster.pk, ns, objects)
 
 
 CHECKPOINT_LINE = re.compile(r"^(?:(\S+Z) )?CAMP_CHECKPOINT step=(\d+) path=(\S+)\s*$")
@@ -316,6 +336,12 @@ def _account(t: TrainingJob) -> None:
         t.restarts, t.lost_gpu_seconds = restarts, lost
 
 
+def _ran_on(t: TrainingJob) -> list[str]:
+    """The clusters its runs were placed on (a floating job's may differ run to run)."""
+    return sorted(set(Job.objects.filter(project=t.project, name__in=_run_names(t), cluster__isnull=False)
+                      .values_list("cluster__name", flat=True)))
+
+
 def _run_names(t: TrainingJob) -> list[str]:
     return [t.name] + [f"{t.name[:30]}-retry{n}" for n in range(1, t.retries + 1)]
 
@@ -337,9 +363,12 @@ def training_sync(*, training: TrainingJob, now: dt.datetime | None = None) -> s
                 _audit("training.dependency_failed", t, after={"reason": reason})
             return "dependency-failed"
         if all(d.state == "succeeded" for d in deps) and t.owner is not None:
-            with transaction.atomic():
-                _training_run(t.owner, t, t.name)
-                _audit("training.released", t, after={"dependencies": [d.name for d in deps]})
+            try:
+                with transaction.atomic():
+                    _training_run(t.owner, t, t.name, later=True)
+                    _audit("training.released", t, after={"dependencies": [d.name for d in deps]})
+            except ValidationError as exc:
+                return _run_refused(t, exc)
             return "submitted"
         pending = ", ".join(d.name for d in deps if d.state != "succeeded")
         TrainingJob.objects.filter(pk=t.pk).update(blocked_reason=f"Waiting for {pending} to succeed")
@@ -359,25 +388,41 @@ def training_sync(*, training: TrainingJob, now: dt.datetime | None = None) -> s
                 _audit("training.timed_out", t, after={"reason": reason})
             return "timed-out"
     _account(t)
-    if job.state == JobState.FAILED and t.retries < t.retry_limit and t.owner is not None:
-        with transaction.atomic():
-            locked = TrainingJob.objects.select_for_update(no_key=True, of=("self",)).get(pk=t.pk)
-            if locked.job_id != job.pk:
-                return "retried"
-            locked.retries += 1
-            locked.save(update_fields=["retries"])
-            t.retries = locked.retries
-            _training_run(t.owner, t, f"{t.name[:30]}-retry{t.retries}")
-            _audit("training.retried", t, after={"retry": t.retries, "after": job.reason})
+    retry = t.retries < t.retry_limit and not t.stop_reason
+    if job.state == JobState.FAILED and retry and t.owner is not None:
+        try:
+            with transaction.atomic():
+                locked = TrainingJob.objects.select_for_update(no_key=True, of=("self",)).get(pk=t.pk)
+                if locked.job_id != job.pk:
+                    return "retried"
+                locked.retries += 1
+                locked.save(update_fields=["retries"])
+                t.retries = locked.retries
+                _training_run(t.owner, t, f"{t.name[:30]}-retry{t.retries}", later=True)
+                _audit("training.retried", t, after={"retry": t.retries, "after": job.reason})
+        except ValidationError as exc:  # the retry count went back with the run
+            return _run_refused(t, exc)
         return "retried"
     return job.state
 
 
+def _run_refused(t: TrainingJob, exc: ValidationError) -> str:
+    """A later run that cannot be submitted (its cluster, or every cluster of its set, was
+    disabled or deleted; a name taken...) ends the training job with the reason, audited,
+    instead of failing every tick."""
+    reason = f"Its next run could not be submitted: {' '.join(exc.messages)}"[:300]
+    with transaction.atomic():
+        TrainingJob.objects.filter(pk=t.pk).update(stop_reason=reason, blocked_reason=reason)
+        _audit("training.run_refused", t, after={"reason": reason})
+    return "refused"
+
+
 def _clean_training(actor: User, t: TrainingJob, *, image: Image | None, image_reference: str,
-                    env: dict[str, Any] | None) -> None:
+                    env: dict[str, Any] | None, choice: Any = None) -> None:
     """Validate an unsaved training job's cluster, gang, shape and paths (each error names its
-    field), then resolve its image and clean its environment onto it."""
-    _clean_cluster(t.cluster, actor)
+    field), then resolve its image, clean its environment onto it and check where it may run."""
+    if t.cluster is not None:
+        _clean_cluster(t.cluster, actor)
     if not 1 <= t.workers <= 128:
         raise ValidationError({"workers": ["Between 1 and 128 workers."]})
     _clean_shape({f: getattr(t, f) for f in ("gpu_count", "gpu_memory_mib", "gpu_cores_percent",
@@ -398,6 +443,88 @@ def _clean_training(actor: User, t: TrainingJob, *, image: Image | None, image_r
         variant_label="training",
     )
     t.env = _clean_env(env)
+    _clean_where(actor, t, choice)
+
+
+def _clean_where(actor: User, t: TrainingJob, choice: Any) -> None:
+    """One named cluster, or (``cluster`` None) a floating choice — any cluster the project may
+    use, ``{"clusters": [...]}`` and/or ``{"labels": {...}}`` — checked as a raw floating job's
+    is (``clean_choice``: unknown names, labels no cluster has, an image built for no allowed
+    cluster's nodes), with its errors on the training job's fields. Every run is then a
+    floating Job that the global queue places where it starts soonest. Cluster-bound volumes
+    need one named cluster."""
+    if t.cluster is not None:
+        if choice and (not isinstance(choice, dict) or any(choice.values())):
+            raise ValidationError({"cluster_choice": [
+                "Name one cluster or give a cluster choice (clusters, labels), not both."]})
+        t.cluster_choice = {}
+        return
+    # A PVC lives on one cluster (a data set's is not even known to Camp), and a checkpoint
+    # volume must be found by every later run (requeues, retries): refuse rather than let a
+    # run land where its volume is not.
+    if t.data_volume:
+        raise ValidationError({"data_volume": [
+            f"{t.data_volume} is a volume on one cluster: name that cluster to mount it (a training "
+            f"job for any cluster, a set of clusters or labels cannot)."]})
+    if t.checkpoint_volume_gib:
+        raise ValidationError({"checkpoint_volume_gib": [
+            "A checkpoint volume lives on one cluster and every run must find it there: name the "
+            "cluster to give the job one (or write checkpoints elsewhere, e.g. object storage)."]})
+    names = choice.get("clusters") if isinstance(choice, dict) else None
+    if isinstance(names, list) and all(isinstance(n, str) for n in names):  # tenant isolation
+        visible = set(restrict(Cluster.objects.filter(enabled=True), actor).values_list("name", flat=True))
+        hidden = sorted({str(n) for n in names} - visible)
+        if hidden:
+            raise ValidationError({"cluster_choice.clusters": [
+                f"No enabled cluster named {', '.join(hidden)}."]})
+    from scheduling.services.placement import clean_choice
+
+    image_field = "image" if t.image is not None else "image_reference"
+    try:
+        t.cluster_choice = clean_choice(choice, _training_groups(t), t.project)
+    except ValidationError as exc:
+        raise ValidationError({image_field if k.startswith("groups[") else k: v
+                               for k, v in exc.message_dict.items()}) from exc
+
+
+def _candidates(t: TrainingJob) -> list[Cluster]:
+    """The enabled clusters a floating training job may go to, by the placement step's own rule
+    (``multicluster.excluded``): its choice's names and labels, a node of an architecture its
+    image is built for (as its project sees the catalog), a GPU model it allows. Reachability
+    is not asked: an unreachable cluster may come back."""
+    from dataclasses import replace
+
+    from scheduling.engine import multicluster as M
+    from scheduling.engine.placement import model_family
+    from scheduling.services.placement import ChoiceContext, cluster_views
+
+    ctx = ChoiceContext()
+    enabled = list(ctx.enabled().values())
+    views = cluster_views(enabled)
+    needs = M.JobNeeds(arches=ctx.arches(t.project, {t.image_reference}).get(t.image_reference, frozenset()),
+                       gpu_models=frozenset(model_family(m) for m in t.gpu_models or []),
+                       gpus=float(t.workers * t.gpu_count))
+    wanted = M.ClusterChoice.of(t.cluster_choice)
+    return [c for c in enabled
+            if M.excluded(wanted, needs, replace(views[c.pk], closed_reason="", reachable=True)) is None]
+
+
+def _check_limits(t: TrainingJob) -> None:
+    """The quota pre-check on its cluster; a floating job is refused only when it could never
+    start on any cluster it may go to (the first refusal is shown)."""
+    if t.cluster is not None:
+        kind_check(TRAINING_KIND, project=t.project, cluster=t.cluster, row=t)
+        return
+    first: ValidationError | None = None
+    for cluster in _candidates(t):
+        try:
+            kind_check(TRAINING_KIND, project=t.project, cluster=cluster, row=t)
+        except ValidationError as exc:
+            first = first or exc
+        else:
+            return
+    if first is not None:
+        raise first
 
 
 def _clean_depends_on(project: Project, depends_on: list[TrainingJob] | None) -> list[TrainingJob]:
@@ -412,7 +539,7 @@ def _clean_depends_on(project: Project, depends_on: list[TrainingJob] | None) ->
 
 def _training_begin(actor: User, t: TrainingJob, deps: list[TrainingJob], profile: Profile | None) -> None:
     """Quota pre-check, save, then submit its first run now or wait for its dependencies; audited."""
-    kind_check(TRAINING_KIND, project=t.project, cluster=t.cluster, row=t)
+    _check_limits(t)
     refuse_if_over_storage(project=t.project, extra_gib=t.checkpoint_volume_gib,
                            field="checkpoint_volume_gib")
     _save(t, "This project already has a training job with this name.")
