@@ -169,6 +169,17 @@ def job_gpus(job: Job) -> float:
     return n
 
 
+def running_ends(running: Iterable[RunningJob]) -> list[tuple[float, float]]:
+    """Running jobs' (expected end, GPUs held), soonest first; jobs with no expected end left out."""
+    out = []
+    for rj in running:
+        end = rj.expected_end
+        if end is not None:
+            out.append((end, gpus_of(rj.pods)))
+    out.sort()
+    return out
+
+
 def card_classes(nodes: Iterable[Node]) -> dict[str, tuple[int, frozenset[str]]]:
     """GPU model class (``model_family``) → (its largest card's MiB, the engine model names of
     that class) on these nodes."""
@@ -224,15 +235,16 @@ def _gib(mib: float) -> str:
 
 
 def estimated_wait(need: float, free: float, running: Sequence[RunningJob], now: float,
-                   queued_ahead: float = 0.0) -> float:
+                   queued_ahead: float = 0.0, ends: Sequence[tuple[float, float]] | None = None) -> float:
     """Seconds until ``need`` GPUs (plus the GPUs queued ahead) are free, from running jobs'
     expected ends; infinite when too few ends are known. A coarse estimate: it ignores where
-    the freed GPUs are (fragmentation), as a user's "~40 min" does."""
+    the freed GPUs are (fragmentation), as a user's "~40 min" does. ``ends``: ``running_ends
+    (running)`` computed once by the caller (a placement step probes many jobs against the same
+    running jobs; sorting them on each probe cost ~40 ms with 4,000 running jobs)."""
     missing = need + queued_ahead - free
     if missing <= 0:
         return 0.0
-    ends = sorted((rj.expected_end, gpus_of(rj.pods)) for rj in running if rj.expected_end is not None)
-    for end, g in ends:
+    for end, g in (ends if ends is not None else running_ends(running)):
         missing -= g
         if missing <= 1e-9:
             return max(0.0, end - now)  # type: ignore[operator]
@@ -287,6 +299,10 @@ class ClusterTrial:
     free: float = -1.0
     """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
     _cards: dict[str, tuple[int, frozenset[str]]] | None = field(default=None, repr=False)
+
+    _ends: list[tuple[float, float]] | None = field(default=None, init=False, repr=False, compare=False)
+    """``running_ends(running)``, sorted once per trial on first use (running jobs do not change
+    within a step)."""
 
     def __post_init__(self) -> None:
         if self.free < 0:
@@ -370,7 +386,8 @@ class ClusterTrial:
         if pre is not None:
             return Probe(name, FITS_AFTER_PREEMPTION, victims=pre[0], victim_gpus=pre[1],
                          reason=getattr(d, "reason", ""))
-        wait = estimated_wait(job_gpus(job), free, self.running, self.now, self.queued_gpus)
+        wait = estimated_wait(job_gpus(job), free, self.running, self.now, self.queued_gpus,
+                              ends=self.ends())
         return Probe(name, WAITS, wait_s=wait, reason=_short(getattr(d, "reason", "")))
 
     def take(self, job: Job, tenant: str, probe: Probe) -> None:
@@ -399,6 +416,12 @@ class ClusterTrial:
         for pp in self.reserved:
             self.placer.state.unreserve(pp)
         self.reserved.clear()
+
+    def ends(self) -> list[tuple[float, float]]:
+        """The running jobs' expected ends, soonest first, sorted once (see ``_ends``)."""
+        if self._ends is None:
+            self._ends = running_ends(self.running)
+        return self._ends
 
 
 def free_gpus(placer: Placer) -> float:

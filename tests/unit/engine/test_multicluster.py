@@ -11,7 +11,7 @@ import pytest
 
 from scheduling.engine import ClusterState, Placer, default_policy, pod
 from scheduling.engine import multicluster as M
-from scheduling.engine.model import Job, Node, PodGroup
+from scheduling.engine.model import Admit, Job, Node, PodGroup
 from scheduling.engine.queueing import RunningJob
 
 from .builders import cluster, node
@@ -127,6 +127,46 @@ def test_estimated_wait_from_expected_ends() -> None:
     # No GPUs held by those (empty placements): nothing to wait for beyond what is free.
     assert M.estimated_wait(1.0, 1.0, running, now=0.0) == 0.0
     assert math.isinf(M.estimated_wait(2.0, 0.0, running, now=0.0))
+
+
+def _busy_trial() -> M.ClusterTrial:
+    """Two 4-GPU nodes held by three jobs: 2 GPUs end at 600 s, 4 at 1200 s, 2 at 1800 s."""
+    trial = _trial("a", node("a0", 4), node("a1", 4))
+    running = []
+    for name, gpus, runtime in (("long", 2, 1800.0), ("mid", 4, 1200.0), ("short", 2, 600.0)):
+        d = trial.placer.place_job(replace(_job(gpus), name=name), reserve=True)
+        assert isinstance(d, Admit)
+        running.append(RunningJob(name, d.placement.pods, "t/q", priority=90, preemptible=False,
+                                  start_time=0.0, runtime_estimate_s=runtime))
+    return replace(trial, running=running, free=-1.0)
+
+
+def test_estimated_wait_with_the_ends_sorted_once_gives_the_same_answers() -> None:
+    trial = _busy_trial()
+    ends = M.running_ends(trial.running)
+    assert ends == [(600.0, 2.0), (1200.0, 4.0), (1800.0, 2.0)]
+    for need, ahead, expected in ((2, 0, 600.0), (4, 0, 1200.0), (4, 2, 1200.0), (4, 4, 1800.0),
+                                  (8, 2, math.inf)):
+        plain = M.estimated_wait(need, 0.0, trial.running, now=100.0, queued_ahead=ahead)
+        once = M.estimated_wait(need, 0.0, trial.running, now=100.0, queued_ahead=ahead, ends=ends)
+        assert plain == once == (expected - 100.0 if math.isfinite(expected) else math.inf)
+
+
+def test_a_trial_sorts_its_running_jobs_ends_once_for_all_its_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    trial = _busy_trial()
+    calls = []
+    real = M.running_ends
+
+    def counting(running: list[RunningJob]) -> list[tuple[float, float]]:
+        calls.append(1)
+        return real(running)
+
+    monkeypatch.setattr(M, "running_ends", counting)
+    waits = [trial.probe(replace(_job(g), name=f"w{g}"), "t", trial.free).wait_s for g in (2, 4, 4)]
+    assert waits == [600.0, 1200.0, 1200.0] and len(calls) == 1
+    trial.take(replace(_job(4), name="w4"), "t", trial.probe(_job(4), "t", trial.free))
+    # 4 GPUs now queued ahead: the next 4-GPU job waits for the last end, still from the one sort.
+    assert trial.probe(_job(4), "t", trial.free).wait_s == 1800.0 and len(calls) == 1
 
 
 def test_tentative_reservations_let_the_next_job_see_what_is_left() -> None:
