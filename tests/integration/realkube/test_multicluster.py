@@ -11,6 +11,7 @@ import pytest
 from scheduling import services
 from scheduling.models import Job, JobState, SimulatedPod
 from scheduling.services import placement
+from tests.integration.scheduling.conftest import race_cycles
 
 from .harness import camp_pods, hami_devices
 from .steps import wait_running
@@ -118,10 +119,7 @@ def test_a_project_limit_across_clusters_holds_under_racing_cycles(world: Any, k
     """Two cycles, the real cluster's and the simulated one's, admit at the same moment; the
     project's GPU limit across all clusters (2) lets only one side's jobs through, and only
     the admitted job's pods reach the real apiserver."""
-    import threading
     from decimal import Decimal
-
-    from django.db import connection
 
     from scheduling.models import GpuSlice
     from tenants import services as tenant_services
@@ -138,24 +136,7 @@ def test_a_project_limit_across_clusters_holds_under_racing_cycles(world: Any, k
                                 groups=[{"name": "worker", "gpu_count": 2, "cpu_millicores": 1000,
                                          "ram_mib": 1024}])
             for c in (real, sim)]
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def run(cluster: Any) -> None:
-        try:
-            barrier.wait(timeout=30)
-            services.cycle_run(cluster=cluster)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(c,)) for c in (real, sim)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors
+    race_cycles((real, sim))
     for j in jobs:
         j.refresh_from_db()
     started = [j for j in jobs if j.state == JobState.STARTING]

@@ -57,3 +57,32 @@ def project_ns(world: Any, side: str = "a", prefix: str = "camp") -> str:
 
     project = getattr(world, side).project
     return namespace_name(prefix, project.pk, project.name)
+
+
+def race_cycles(clusters: Any) -> None:
+    """Run the clusters' cycles at the same moment, one thread each (a barrier releases them
+    together, as two workers would); any exception in a thread fails the test."""
+    import threading
+
+    from django.db import connection
+
+    from scheduling import services
+
+    barrier = threading.Barrier(len(clusters))
+    errors: list[BaseException] = []
+
+    def run(cluster: Any) -> None:
+        try:
+            barrier.wait(timeout=30)
+            services.cycle_run(cluster=cluster)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in clusters]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors

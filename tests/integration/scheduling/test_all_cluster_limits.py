@@ -4,18 +4,16 @@ run at the same moment on two connections."""
 
 from __future__ import annotations
 
-import threading
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from scheduling import services
 from scheduling.models import Cluster, GpuSlice, Job, JobState
 from tenants import services as tenant_services
 
-from .conftest import gpu_group
+from .conftest import gpu_group, race_cycles
 from .test_multicluster import EAST, WEST
 
 pytestmark = pytest.mark.django_db
@@ -96,24 +94,7 @@ def test_racing_cycles_on_two_clusters_hold_the_limit(world: Any, two: tuple[Clu
     for i in range(2):
         _submit(world, f"e{i}", east, 4)
         _submit(world, f"w{i}", west, 4)
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def run(cluster: Cluster) -> None:
-        try:
-            barrier.wait(timeout=30)
-            services.cycle_run(cluster=cluster)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(c,)) for c in (east, west)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors
+    race_cycles((east, west))
     assert _gpus_held(world) == 8
     started = Job.objects.filter(project=world.a.project, state=JobState.STARTING)
     waiting = Job.objects.filter(project=world.a.project, state=JobState.QUEUED)

@@ -4,17 +4,15 @@ clusters (also racing, on two connections)."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from scheduling import services
 from scheduling.models import Cluster, GpuSlice, Job, JobState
 from tenants import services as tenant_services
 
-from .conftest import gpu_group
+from .conftest import gpu_group, race_cycles
 from .test_multicluster import EAST, WEST
 
 pytestmark = pytest.mark.django_db
@@ -50,24 +48,7 @@ def _state(job: Job) -> str:
 
 
 def _race(clusters: tuple[Cluster, Cluster]) -> None:
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def run(cluster: Cluster) -> None:
-        try:
-            barrier.wait(timeout=30)
-            services.cycle_run(cluster=cluster)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(c,)) for c in clusters]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors
+    race_cycles(clusters)
 
 
 # --- GPU memory limits per GPU model class across all clusters ----------------------------------
