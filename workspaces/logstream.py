@@ -31,6 +31,9 @@ from scheduling.services import namespace_spec
 HEARTBEAT_SECONDS = 10.0
 DEFAULT_TIMEOUT = 300
 MAX_TIMEOUT = 3600
+# How long an ended stream waits for its followers (KubernetesBackend.FOLLOW_READ_SECONDS,
+# the longest a stopped follower can be inside one read, plus a margin).
+JOIN_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ async def follow_job_logs(
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     stop = threading.Event()
+    followers: list[threading.Thread] = []
     started: set[tuple[str, int]] = set()
     running: set[tuple[str, int]] = set()
     deadline = time.monotonic() + timeout
@@ -121,7 +125,7 @@ async def follow_job_logs(
                     continue
                 started.add(key)
                 running.add(key)
-                threading.Thread(
+                follower = threading.Thread(
                     target=_follow_pod,
                     name=f"logs-{name}",
                     daemon=True,
@@ -137,7 +141,9 @@ async def follow_job_logs(
                         max(1.0, deadline - time.monotonic()),
                         stop,
                     ),
-                ).start()
+                )
+                follower.start()
+                followers.append(follower)
             tick = min(deadline, time.monotonic() + poll)
             while (left := tick - time.monotonic()) > 0:
                 try:
@@ -160,6 +166,19 @@ async def follow_job_logs(
                 yield None
     finally:
         stop.set()
+        # The followers started here end here: each sees ``stop`` within one poll of its
+        # backend (the simulated one's POLL_SECONDS, the Kubernetes one's read timeout) and
+        # closes its database connections. Joined off the event loop, and bounded, so a
+        # follower stuck in a read never holds the server's shutdown.
+        alive = [t for t in followers if t.is_alive()]
+        if alive:
+            await asyncio.to_thread(_join, alive, JOIN_SECONDS)
+
+
+def _join(threads: list[threading.Thread], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def sse(item: Any) -> bytes:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,54 @@ def _orm_beside_playwright() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         yield
+
+
+@pytest.fixture
+def asgi_server(transactional_db: Any) -> Iterator[str]:
+    """Camp under uvicorn (production's ASGI server) in a thread, against the test database:
+    WebSockets work, and a log pane's stream ends when its page goes away (the disconnect
+    reaches the app), so its log-follow threads end with the test. pytest-django's
+    ``live_server`` is Django's WSGI server, which must read a streaming response to its end
+    (up to its timeout) before sending it, and never learns that the page has gone."""
+    import uvicorn
+
+    from camp.asgi import application
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from django.db import connection
+
+    def backends() -> set[int]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            return {row[0] for row in cursor.fetchall()}
+
+    before = backends()
+    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        # Every request has ended with the server, so has every log stream, and each stream
+        # joins the follower threads it started (workspaces/logstream.py).
+        followers = [t.name for t in threading.enumerate() if t.name.startswith("logs-")]
+        assert not followers, f"log-follow threads outlived the server: {followers}"
+        # Connections the server's worker threads opened outlive them; end exactly those,
+        # so the test database can be dropped (other fixtures' connections are untouched).
+        opened = backends() - before
+        if opened:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                               " WHERE pid = ANY(%s)", [list(opened)])
 
 
 @pytest.fixture(scope="module")

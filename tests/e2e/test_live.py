@@ -8,10 +8,6 @@ polling fallback (15 s with Redis) would.
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,45 +20,6 @@ from tests.integration.scheduling.conftest import SMALL_INVENTORY, submit
 from tests.integration.scheduling.test_concurrency import celery_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def asgi_server(transactional_db: Any) -> Iterator[str]:
-    import uvicorn
-
-    from camp.asgi import application
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    from django.db import connection
-
-    def backends() -> set[int]:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
-            return {row[0] for row in cursor.fetchall()}
-
-    before = backends()
-    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        # Connections the server's worker threads opened outlive them; end exactly those,
-        # so the test database can be dropped (other fixtures' connections are untouched).
-        opened = backends() - before
-        if opened:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                               " WHERE pid = ANY(%s)", [list(opened)])
 
 
 def test_job_page_turns_starting_without_reload(world: World, asgi_server: str, page: Any) -> None:

@@ -19,7 +19,6 @@ from scheduling import services
 from tenants import services as tenant_services
 from tests.conftest import World
 from tests.e2e.conftest import login, shot
-from tests.e2e.test_live import asgi_server  # noqa: F401  (fixture)
 from tests.integration.scheduling.conftest import SMALL_INVENTORY, submit
 from tests.integration.workspaces.conftest import advance
 

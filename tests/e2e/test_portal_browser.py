@@ -52,9 +52,9 @@ def portal(world: World) -> Any:
     return {"cluster": cluster, "quarter": quarter, "whole": whole}
 
 
-def test_member_launches_a_notebook_in_three_clicks(world: World, live_server: Any, page: Any,
+def test_member_launches_a_notebook_in_three_clicks(world: World, asgi_server: str, page: Any,
                                                     portal: Any) -> None:
-    base = live_server.url
+    base = asgi_server
     login(page, base, "acme-member")
     main = page.locator("main")
     assert "My workloads" in main.inner_text()
@@ -82,8 +82,8 @@ def test_member_launches_a_notebook_in_three_clicks(world: World, live_server: A
     shot(page, "home-member")
 
 
-def test_training_submitted_with_a_preset(world: World, live_server: Any, page: Any, portal: Any) -> None:
-    base = live_server.url
+def test_training_submitted_with_a_preset(world: World, asgi_server: str, page: Any, portal: Any) -> None:
+    base = asgi_server
     login(page, base, "acme-member")
     page.click("text=Submit a training job")
     page.click(f"label[for=preset-{portal['whole'].pk}]")
@@ -97,11 +97,11 @@ def test_training_submitted_with_a_preset(world: World, live_server: Any, page: 
     shot(page, "training-submitted")
 
 
-def test_member_launches_a_model_service_and_scales_it(world: World, live_server: Any, page: Any,
+def test_member_launches_a_model_service_and_scales_it(world: World, asgi_server: str, page: Any,
                                                         portal: Any) -> None:
     """Launch from the form with a preset (a slice of a named card), find it in the list with its
     endpoint (the copy button puts it on the clipboard), scale it on its page."""
-    base = live_server.url
+    base = asgi_server
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
     login(page, base, "acme-member")
     page.click("nav.links >> text=Services")
@@ -143,13 +143,13 @@ def test_member_launches_a_model_service_and_scales_it(world: World, live_server
     shot(page, "service-scaled")
 
 
-def test_owner_and_admin_homes(world: World, live_server: Any, page: Any, portal: Any) -> None:
+def test_owner_and_admin_homes(world: World, asgi_server: str, page: Any, portal: Any) -> None:
     submit(world, portal["cluster"], "running-one", group={"gpu_count": 2})
     submit(world, portal["cluster"], "waits", group={"gpu_count": 4}, preemptible=True, user="owner")
     submit(world, portal["cluster"], "too-many", group={"gpu_count": 4}, preemptible=True, user="owner")
     advance(portal["cluster"])
     DemoLoad.objects.create()
-    base = live_server.url
+    base = asgi_server
     login(page, base, "acme-owner")
     tenant = page.locator("section[aria-labelledby^=home-tenant-]")
     assert "Tenant acme" in tenant.inner_text()
@@ -167,11 +167,11 @@ def test_owner_and_admin_homes(world: World, live_server: Any, page: Any, portal
     shot(page, "home-admin")
 
 
-def test_job_list_filters_sorts_and_pages(world: World, live_server: Any, page: Any, portal: Any) -> None:
+def test_job_list_filters_sorts_and_pages(world: World, asgi_server: str, page: Any, portal: Any) -> None:
     for i in range(30):
         submit(world, portal["cluster"], f"sweep-{i:02d}", group={"gpu_count": 0})
     submit(world, portal["cluster"], "eval-run", group={"gpu_count": 0})
-    base = live_server.url
+    base = asgi_server
     login(page, base, "acme-member")
     page.goto(f"{base}/scheduling/jobs/")
     rows = page.locator("table.jobs tbody tr")
@@ -194,9 +194,9 @@ def test_job_list_filters_sorts_and_pages(world: World, live_server: Any, page: 
     shot(page, "jobs-filtered")
 
 
-def test_keyboard_focus_is_visible_on_preset_cards(world: World, live_server: Any, page: Any,
+def test_keyboard_focus_is_visible_on_preset_cards(world: World, asgi_server: str, page: Any,
                                                    portal: Any) -> None:
-    base = live_server.url
+    base = asgi_server
     login(page, base, "acme-member")
     page.goto(f"{base}/workspaces/environments/new/")
     page.focus(f"#preset-{portal['whole'].pk}")
@@ -221,7 +221,7 @@ def _axe(page: Any) -> list[dict[str, Any]]:
     return [v for v in result if v["impact"] in ("serious", "critical")]
 
 
-def test_main_pages_pass_an_axe_core_scan(world: World, live_server: Any, page: Any, portal: Any) -> None:
+def test_main_pages_pass_an_axe_core_scan(world: World, asgi_server: str, page: Any, portal: Any) -> None:
     if not AXE.exists():
         pytest.skip("axe-core is not installed: run `make e2e-deps` (npm ci --prefix tests/e2e); "
                     "npm or the npm registry was not reachable when `make test` ran")
@@ -235,7 +235,7 @@ def test_main_pages_pass_an_axe_core_scan(world: World, live_server: Any, page: 
         profile=portal["quarter"])
     advance(portal["cluster"])
     DemoLoad.objects.create()
-    base = live_server.url
+    base = asgi_server
     pages = {
         "acme-member": ["/", "/workspaces/environments/new/", "/workspaces/training/new/",
                         "/scheduling/jobs/", f"/scheduling/jobs/{job.pk}/",
@@ -281,7 +281,7 @@ NAV_BLOCKED = """() => [
 
 @pytest.mark.parametrize("size", [(1366, 768), (1280, 720), (390, 844)],
                          ids=["1366x768", "1280x720", "phone"])
-def test_main_pages_fit_a_laptop_or_phone_screen(world: World, live_server: Any, browser: Any, portal: Any,
+def test_main_pages_fit_a_laptop_or_phone_screen(world: World, asgi_server: str, browser: Any, portal: Any,
                                         size: tuple[int, int]) -> None:
     """No horizontal scrollbar on the document (wide tables and logs scroll inside their own
     box) and every link of the top bar on screen, uncovered, clickable, on each main page, at
@@ -310,7 +310,7 @@ def test_main_pages_fit_a_laptop_or_phone_screen(world: World, live_server: Any,
     context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     page.set_default_timeout(15000)
-    base = live_server.url
+    base = asgi_server
     overflow: dict[str, Any] = {}
     blocked: dict[str, Any] = {}
     try:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 __all__ = ["two"]  # the fixture, imported for pytest
 
 
-def test_member_launches_a_training_job_for_any_cluster(world: World, two: Any, live_server: Any,
+def test_member_launches_a_training_job_for_any_cluster(world: World, two: Any, asgi_server: str,
                                                         page: Any) -> None:
     east, west = two
     fill(world, east)
@@ -31,7 +31,7 @@ def test_member_launches_a_training_job_for_any_cluster(world: World, two: Any, 
     image = registry_services.image_create(
         actor=world.admin, name="pytorch-multiarch", variant="training", reference="registry.example/pt:2",
         architectures=["linux/amd64", "linux/arm64"])
-    base = live_server.url
+    base = asgi_server
     login(page, base, "acme-member")
     page.goto(f"{base}/workspaces/training/new/")
     assert page.locator("#id_cluster option:checked").inner_text().startswith("Any cluster")

@@ -32,7 +32,7 @@ from scheduling.backends.base import LineCursor, split_lines
 from scheduling.models import Job, JobState, SimulatedPod
 from tenants import services as tenant_services
 from tenants.models import AuditEvent
-from tests.e2e.test_live import asgi_server  # noqa: F401 (the uvicorn fixture)
+from tests.e2e.conftest import asgi_server  # noqa: F401 (the uvicorn fixture)
 from tests.integration.scheduling.kmockserver import kmock_server
 from workspaces import services
 from workspaces.models import TrainingJob
