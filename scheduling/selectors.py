@@ -583,35 +583,45 @@ class AllClusterLimits:
 
     @property
     def tenant_ids(self) -> list[int]:
-        return sorted(set(self.tenant) | set(self.tenant_memory) | set(self._project_tenants.values()))
+        return sorted(set(self.tenant) | set(self.tenant_memory) | set(self.tenant_guarantee)
+                      | set(self._project_tenants.values()))
 
     _project_tenants: dict[int, int]
     """Project id → its tenant id."""
     project_memory: dict[int, dict[str, int]] = field(default_factory=dict)
     """Project id → {GPU model class: MiB at most on all clusters}."""
     tenant_memory: dict[int, dict[str, int]] = field(default_factory=dict)
+    project_guarantee: dict[int, float] = field(default_factory=dict)
+    """Project id → GPUs guaranteed on all clusters together (> 0 only)."""
+    tenant_guarantee: dict[int, float] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.project or self.tenant or self.project_memory or self.tenant_memory)
+        return bool(self.project or self.tenant or self.project_memory or self.tenant_memory
+                    or self.project_guarantee or self.tenant_guarantee)
 
 
 def all_cluster_limits(tenant_ids: Collection[int] | None = None) -> AllClusterLimits:
-    """One query; only the quotas that set a limit across all clusters."""
+    """One query; only the quotas that set a limit or a guarantee across all clusters (a
+    guarantee of 0 guarantees nothing, as per cluster: it restricts nothing)."""
     rows = Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT]).filter(
-        Q(gpus_limit_all_clusters__isnull=False) | ~Q(gpu_memory_mib_limits_all_clusters={}))
+        Q(gpus_limit_all_clusters__isnull=False) | ~Q(gpu_memory_mib_limits_all_clusters={})
+        | Q(gpus_guaranteed_all_clusters__gt=0))
     if tenant_ids is not None:
         rows = rows.filter(tenant_id__in=list(tenant_ids))
     out = AllClusterLimits({}, {}, {})
-    for scope, tid, pid, lim, mem in rows.values_list(
+    for scope, tid, pid, lim, mem, g in rows.values_list(
             "scope", "tenant_id", "project_id", "gpus_limit_all_clusters",
-            "gpu_memory_mib_limits_all_clusters"):
+            "gpu_memory_mib_limits_all_clusters", "gpus_guaranteed_all_clusters"):
         key = pid if scope == QuotaScope.PROJECT else tid
-        limits, memory = ((out.project, out.project_memory) if scope == QuotaScope.PROJECT
-                          else (out.tenant, out.tenant_memory))
+        limits, memory, guarantees = (
+            (out.project, out.project_memory, out.project_guarantee) if scope == QuotaScope.PROJECT
+            else (out.tenant, out.tenant_memory, out.tenant_guarantee))
         if scope == QuotaScope.PROJECT:
             out._project_tenants[pid] = tid
         if lim is not None:
             limits[key] = float(lim)
+        if g:
+            guarantees[key] = float(g)
         if mem:
             memory[key] = {str(k): int(v) for k, v in mem.items()}
     return out
@@ -619,14 +629,19 @@ def all_cluster_limits(tenant_ids: Collection[int] | None = None) -> AllClusterL
 
 @dataclass
 class AllClusterUse:
-    """What tenants' jobs hold on every cluster together, from one aggregate over
-    ``GpuSlice``: GPUs (``multicluster.gpus_of``'s rule) per project and per tenant, and GPU
-    memory (MiB) per GPU model class."""
+    """What tenants' jobs hold on every cluster, from one aggregate over ``GpuSlice``: GPUs
+    (``multicluster.gpus_of``'s rule) per project and per tenant, on all clusters together and
+    per cluster (all jobs, and non-preemptible jobs: the guarantee's split,
+    ``guarantee_parts``), and GPU memory (MiB) per GPU model class."""
 
     gpus: dict[tuple[str, int], float] = field(default_factory=lambda: defaultdict(float))
     """("project"|"tenant", id) → GPUs held on all clusters."""
     memory: dict[tuple[str, int, str], int] = field(default_factory=lambda: defaultdict(int))
     """("project"|"tenant", id, GPU model class) → MiB held on all clusters."""
+    by_cluster: dict[tuple[str, int, int], float] = field(default_factory=lambda: defaultdict(float))
+    """("project"|"tenant", id, cluster id) → GPUs held there."""
+    np_by_cluster: dict[tuple[str, int, int], float] = field(default_factory=lambda: defaultdict(float))
+    """("project"|"tenant", id, cluster id) → GPUs held there by non-preemptible jobs."""
 
     def total(self, level: str, key: int) -> float:
         return self.gpus.get((level, key), 0.0)
@@ -638,16 +653,20 @@ class AllClusterUse:
             per[0 if lv == "project" else 1][k] += v
         return per
 
-    def add(self, project_id: int, tenant_id: int, gpus: float, memory: dict[str, int]) -> None:
+    def add(self, project_id: int, tenant_id: int, gpus: float, memory: dict[str, int],
+            cluster_id: int = 0, nonpreemptible: bool = False) -> None:
         """Count an admission made meanwhile (this cycle's, under the per-tenant lock)."""
         for lv, k in (("project", project_id), ("tenant", tenant_id)):
             self.gpus[(lv, k)] += gpus
+            self.by_cluster[(lv, k, cluster_id)] += gpus
+            if nonpreemptible:
+                self.np_by_cluster[(lv, k, cluster_id)] += gpus
             for cls, mib in memory.items():
                 self.memory[(lv, k, cls)] += mib
 
 
 def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
-    """One aggregate: per project and GPU model, GPUs and MiB held."""
+    """One aggregate: per project, cluster, preemptibility and GPU model, GPUs and MiB held."""
     from django.db.models import Case, ExpressionWrapper, Sum, Value, When
 
     from .engine.placement import model_family
@@ -660,13 +679,117 @@ def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
         default=ExpressionWrapper(Cast("cores_percent", FloatField()) / Value(100.0),
                                   output_field=FloatField()),
         output_field=FloatField())
-    cols = ("allocation__job__project_id", "allocation__job__tenant_id", "gpu__model")
-    for pid, tid, model, n, mib in (
+    cols = ("allocation__job__project_id", "allocation__job__tenant_id", "gpu__model",
+            "allocation__cluster_id", "allocation__job__preemptible")
+    for pid, tid, model, cid, preemptible, n, mib in (
             GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
             .values(*cols).annotate(n=Sum(share), mib=Sum("memory_mib")).order_by()
             .values_list(*cols, "n", "mib")):
-        use.add(pid, tid, float(n or 0), {model_family(model): int(mib or 0)})
+        use.add(pid, tid, float(n or 0), {model_family(model): int(mib or 0)}, cid, not preemptible)
     return use
+
+
+@dataclass
+class GuaranteeBook:
+    """What the split of the GPU guarantees across all clusters reads beside the usage
+    (``guarantee_book``): the clusters in their fixed order (by name), the per-cluster GPU
+    guarantees of the tenants concerned and of their projects, the asks of their preemptors
+    waiting for victims, and the cluster of each owner's head job."""
+
+    clusters: list[int]
+    cluster_names: dict[int, str]
+    tenant_base: dict[int, float]
+    project_base: dict[int, float]
+    projects_of: dict[int, list[int]]
+    preempting: dict[tuple[str, int, int], float]
+    """("project"|"tenant", id, cluster id) → GPUs its waiting preemptors ask there."""
+    heads: dict[tuple[str, int], int]
+    """("project"|"tenant", id) → the cluster of its first queued job (priority, submission)."""
+    names: dict[tuple[str, int], str] = field(default_factory=dict)
+    """("project"|"tenant", id) → its queue name in the engine's tree."""
+
+
+def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBook | None:
+    """None (no query) when no quota has a guarantee across all clusters; else a few small
+    queries over the tenants concerned. ``names``: the queue names too (the cycle's tree)."""
+    if not (limits.project_guarantee or limits.tenant_guarantee):
+        return None
+    from django.db.models import Case, ExpressionWrapper, F, Sum, Value, When
+
+    tids = sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]
+                                                  for p in limits.project_guarantee})
+    cluster_names = dict(Cluster.objects.values_list("pk", "name"))
+    book = GuaranteeBook(sorted(cluster_names, key=lambda c: (cluster_names[c], c)), cluster_names,
+                         {}, {}, defaultdict(list), defaultdict(float), {})
+    for scope, tid, pid, g in Quota.objects.filter(
+            scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT], tenant_id__in=tids).values_list(
+            "scope", "tenant_id", "project_id", "gpus_guaranteed"):
+        if scope == QuotaScope.PROJECT:
+            book.project_base[pid] = float(g)
+        else:
+            book.tenant_base[tid] = float(g)
+    for pid, tid in Project.objects.filter(tenant_id__in=tids).order_by("pk").values_list("pk", "tenant_id"):
+        book.projects_of[tid].append(pid)
+    ask = Case(When(Q(groups__exclusive=True) | Q(groups__gpu_cores_percent=0), then=Value(1.0)),
+               default=ExpressionWrapper(Cast("groups__gpu_cores_percent", FloatField()) / Value(100.0),
+                                         output_field=FloatField()),
+               output_field=FloatField())
+    for pid, tid, cid, n in (
+            Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, reason_kind="preempting",
+                               cluster__isnull=False)
+            .values("project_id", "tenant_id", "cluster_id")
+            .annotate(n=Sum(ExpressionWrapper(F("groups__replicas") * F("groups__gpu_count") * ask,
+                                              output_field=FloatField())))
+            .order_by().values_list("project_id", "tenant_id", "cluster_id", "n")):
+        for lv, k in (("project", pid), ("tenant", tid)):
+            book.preempting[(lv, k, cid)] += float(n or 0)
+    queued = (Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, cluster__isnull=False)
+              .order_by("-priority", "submitted_at", "pk"))
+    for lv, col in (("project", "project_id"), ("tenant", "tenant_id")):
+        if connection.vendor == "postgresql":
+            rows = queued.order_by(col, "-priority", "submitted_at", "pk").distinct(col).values_list(
+                col, "cluster_id")
+        else:  # the demo's SQLite has no DISTINCT ON: the first row per owner
+            rows = queued.values_list(col, "cluster_id")
+        for key, cid in rows:
+            book.heads.setdefault((lv, key), cid)
+    if names:
+        for tid, tname in Tenant.objects.filter(pk__in=tids).values_list("pk", "name"):
+            book.names[("tenant", tid)] = tname
+        for pid, tname, pname in Project.objects.filter(tenant_id__in=tids).values_list(
+                "pk", "tenant__name", "name"):
+            book.names[("project", pid)] = queue_name(tname, pname)
+    return book
+
+
+def guarantee_parts(limits: AllClusterLimits, use: AllClusterUse, book: GuaranteeBook,
+                    ) -> dict[tuple[str, int], dict[int, float]]:
+    """Every guarantee across all clusters split into per-cluster parts that sum to it
+    (``engine.guarantees.split_tenant``): ("project"|"tenant", id) → {cluster id: GPUs}."""
+    from .engine.guarantees import Holding, Owner, split_tenant
+
+    def owner(level: str, key: int, total: float, base: float) -> Owner[int]:
+        holdings = {c: Holding(use.by_cluster.get((level, key, c), 0.0)
+                               + book.preempting.get((level, key, c), 0.0),
+                               use.np_by_cluster.get((level, key, c), 0.0)) for c in book.clusters}
+        return Owner(total, base, holdings, book.heads.get((level, key)))
+
+    out: dict[tuple[str, int], dict[int, float]] = {}
+    for tid in sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]
+                                                      for p in limits.project_guarantee}):
+        tbase = book.tenant_base.get(tid, 0.0)
+        t = (owner("tenant", tid, limits.tenant_guarantee[tid], tbase)
+             if tid in limits.tenant_guarantee else None)
+        pids = book.projects_of.get(tid, [])
+        projects = {p: owner("project", p, limits.project_guarantee[p], book.project_base.get(p, 0.0))
+                    for p in pids if p in limits.project_guarantee}
+        tparts, pparts = split_tenant(book.clusters, t, tbase, projects,
+                                      sum(book.project_base.get(p, 0.0) for p in pids))
+        if tparts is not None:
+            out[("tenant", tid)] = tparts
+        for p, parts in pparts.items():
+            out[("project", p)] = parts
+    return out
 
 
 def over_class_memory(limits: AllClusterLimits, use: AllClusterUse, project_id: int, tenant_id: int,
