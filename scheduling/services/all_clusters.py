@@ -69,7 +69,7 @@ def _plus(quota: EQuota, extra: float | None) -> EQuota:
                                + Decimal(str(round(extra, 3))))
 
 
-def with_parts(tree: QueueTree, g: Guarantees, cluster_id: int) -> E.QueueTree:
+def with_parts(tree: QueueTree, g: Guarantees, cluster_id: int) -> QueueTree:
     """This cluster's queue tree with each part added to its owner's per-cluster GPU guarantee
     (a tenant's name has no "/", so it never meets a project's queue name). The part counts
     the owner's preemptors waiting here for their victims as held, while the engine, which
