@@ -133,3 +133,165 @@ def test_a_class_over_its_limit_leaves_the_other_class_on_the_same_cluster(world
     assert _state(job) == JobState.STARTING
     models = set(GpuSlice.objects.filter(allocation__job=job).values_list("gpu__model", flat=True))
     assert models == {"H100-80G"}
+
+
+# --- The GPU guarantee across all clusters (split into per-cluster parts) -----------------------
+
+
+def _guarantee(world: Any, total: int, *, tenant: Any = None, project: Any = None) -> None:
+    """A tenant guarantee across all clusters of ``total`` for tenant a, and, when ``project``
+    is given, the project's."""
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=tenant or world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": total})
+    if project is not None:
+        _quota(world, project, gpus_guaranteed_all_clusters=total)
+
+
+def _fill_with_borrowers(world: Any, clusters: tuple[Cluster, ...], priority_class: str = "normal") -> list[Job]:
+    """Tenant b (no guarantee: everything it runs borrows) fills every cluster, preemptible."""
+    jobs = []
+    for c in clusters:
+        for i in range(2):
+            jobs.append(services.job_submit(actor=world.b.owner, project=world.b.project, cluster=c,
+                                            name=f"borrow-{c.name}-{i}", groups=[gpu_group(gpu_count=4)],
+                                            preemptible=True, priority_class=priority_class))
+        services.cycle_run(cluster=c)
+    assert all(_state(j) == JobState.STARTING for j in jobs)
+    return jobs
+
+
+def _evicted(world: Any) -> int:
+    """GPUs of tenant b's jobs being preempted (or preempted and requeued) so far."""
+    return 4 * Job.objects.filter(tenant=world.b.tenant).exclude(
+        state__in=[JobState.STARTING, JobState.RUNNING]).count()
+
+
+def _east2(world: Any) -> tuple[Cluster, Cluster]:
+    east = services.cluster_create(actor=world.admin, name="east", backend="simulated", inventory=EAST)
+    east2 = services.cluster_create(actor=world.admin, name="east2", backend="simulated", inventory=EAST2)
+    for c in (east, east2):
+        services.inventory_sync(cluster=c)
+    return east, east2
+
+
+def test_a_guarantee_of_4_across_two_full_clusters_evicts_at_most_4_gpus(world: Any) -> None:
+    # Defect 1 of the first design: each cluster counted the whole guarantee (4 − 0 held
+    # elsewhere), so both cycles reclaimed 4 — 8 GPUs evicted for a guarantee of 4.
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east, east2))
+    _guarantee(world, 4, project=world.a.project)
+    mine = [_submit(world, "mine-east", east, 4), _submit(world, "mine-east2", east2, 4)]
+    for _ in range(2):
+        services.cycle_run(cluster=east)
+        services.cycle_run(cluster=east2)
+    assert _evicted(world) == 4
+    waiting = [j for j in mine if "Preempting" not in (j.refresh_from_db() or j.reason)]
+    assert len(waiting) == 1  # the other waits: its project's guarantee is being reclaimed elsewhere
+    # Once the reclaimed GPUs are free, the preemptor starts and nothing more is evicted.
+    for victim in Job.objects.filter(tenant=world.b.tenant, state=JobState.PREEMPTING):
+        services.job_stop(job_id=victim.pk)
+    for _ in range(2):
+        services.cycle_run(cluster=east)
+        services.cycle_run(cluster=east2)
+    assert _evicted(world) == 4
+    assert sorted(_state(j) for j in mine) == [JobState.QUEUED, JobState.STARTING]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_cycles_racing_on_two_clusters_evict_at_most_the_guarantee(world: Any) -> None:
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east, east2))
+    _guarantee(world, 4, project=world.a.project)
+    _submit(world, "mine-east", east, 4)
+    _submit(world, "mine-east2", east2, 4)
+    for _ in range(2):
+        _race((east, east2))
+    assert _evicted(world) == 4
+
+
+def test_the_admission_re_checks_a_reclaim_decided_on_a_stale_split(world: Any) -> None:
+    # Both cycles decide before either commits, on splits that disagree (a job of a higher
+    # priority became the project's head on east2 in between): each engine reclaims 4 on its
+    # cluster. The re-check under the per-tenant lock lets only the first through.
+    from scheduling.services import cycle as cycle_service
+
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east, east2), priority_class="high")
+    _guarantee(world, 4, project=world.a.project)
+    first = _submit(world, "first", east, 4)
+    decided_east = cycle_service._decide(east, None)
+    second = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east2, name="second",
+                                 groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    decided_east2 = cycle_service._decide(east2, None)
+    assert [type(st.decision).__name__ for st in decided_east[1] if st.job == str(first.pk)] == ["Preempt"]
+    assert [type(st.decision).__name__ for st in decided_east2[1] if st.job == str(second.pk)] == ["Preempt"]
+    cycle_service._persist(east, *decided_east)
+    cycle_service._persist(east2, *decided_east2)
+    assert _evicted(world) == 4
+    second.refresh_from_db()
+    assert second.state == JobState.QUEUED and second.reason_kind == "guarantee"
+    assert "guarantee across all clusters is held or being reclaimed on other clusters" in second.reason
+
+
+def test_a_tenant_guaranteed_4_in_all_never_holds_more_than_4_non_preemptible(world: Any) -> None:
+    # Defect 2 of the first design: the tenant's guarantee was raised to its projects' without
+    # counting what its other projects held elsewhere, so it held 8 non-preemptible GPUs.
+    east, east2 = _east2(world)
+    _guarantee(world, 4, project=world.a.project)
+    jobs = [_submit(world, f"np-{c.name}-{p.name}", c, 4, project=p, preemptible=False)
+            for p in (world.a.project, world.a.other_project) for c in (east, east2)]
+    for _ in range(2):
+        services.cycle_run(cluster=east)
+        services.cycle_run(cluster=east2)
+    held = sum(_gpus(j) for j in jobs)
+    assert held == 4
+    waiting = [j for j in jobs if _state(j) == JobState.QUEUED]
+    assert len(waiting) == 3
+    assert all(j.reason_kind in ("guarantee", "quota") and "guarantee" in j.reason for j in waiting)
+    assert any("your tenant's GPU guarantee" in j.reason for j in waiting)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_cycles_keep_a_tenant_guarantee_for_non_preemptible_work(world: Any) -> None:
+    east, east2 = _east2(world)
+    _guarantee(world, 4, project=world.a.project)
+    jobs = [_submit(world, f"np-{c.name}-{p.name}", c, 4, project=p, preemptible=False)
+            for p in (world.a.project, world.a.other_project) for c in (east, east2)]
+    for _ in range(2):
+        _race((east, east2))
+    assert sum(_gpus(j) for j in jobs) == 4
+
+
+def _gpus(job: Job) -> int:
+    return GpuSlice.objects.filter(allocation__job=job).count()
+
+
+def test_a_project_within_its_guarantee_across_clusters_is_not_reclaimed(world: Any) -> None:
+    # Project a (guaranteed 4 across all clusters, none per cluster) runs 2 GPUs on each
+    # cluster: within its guarantee, so not borrowing on either. Tenant b's guaranteed project
+    # reclaims from the other borrower only (a's jobs started last: a naive split would make
+    # them the first victims).
+    east, east2 = _east2(world)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
+                              values={"gpus_guaranteed": 6})
+    _quota(world, world.b.project, gpus_guaranteed=6)
+    _guarantee(world, 4, project=world.a.project)
+    borrowers, mine = [], []
+    for c in (east, east2):
+        for i in range(3):
+            borrowers.append(services.job_submit(
+                actor=world.b.owner, project=world.b.other_project, cluster=c, name=f"b-{c.name}-{i}",
+                groups=[gpu_group(gpu_count=2)], preemptible=True))
+        services.cycle_run(cluster=c)
+    for c in (east, east2):
+        mine.append(_submit(world, f"mine-{c.name}", c, 2))
+        services.cycle_run(cluster=c)
+    assert all(_state(j) == JobState.STARTING for j in borrowers + mine)
+    reclaimers = [services.job_submit(actor=world.b.owner, project=world.b.project, cluster=c,
+                                      name=f"owner-{c.name}", groups=[gpu_group(gpu_count=2, replicas=3)],
+                                      preemptible=True) for c in (east, east2)]
+    services.cycle_run(cluster=east)
+    services.cycle_run(cluster=east2)
+    assert all(_state(j) == JobState.STARTING for j in mine)  # never a victim
+    assert all("Preempting 3 job" in (r.refresh_from_db() or r.reason) for r in reclaimers)
+    assert all(_state(j) == JobState.PREEMPTING for j in borrowers)
