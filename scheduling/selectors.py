@@ -867,8 +867,17 @@ def gpu_model_classes() -> set[str]:
 
 def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
     """What a tenant (or one of its projects) holds on all clusters together: GPUs and GPU
-    memory (MiB) per GPU model class (one aggregate)."""
+    memory (MiB) per GPU model class (one aggregate); and, when it has a GPU guarantee across
+    all clusters, how that guarantee is split between the clusters now (``split``: cluster
+    name → GPUs, the parts the clusters' cycles use; a few more small queries)."""
     use = all_cluster_use([tenant_id])
     level, key = ("project", project_id) if project_id is not None else ("tenant", tenant_id)
     memory = {cls: mib for (lv, k, cls), mib in use.memory.items() if lv == level and k == key and mib}
-    return {"gpus": round(use.total(level, key), 2), "memory": memory}
+    out: dict[str, Any] = {"gpus": round(use.total(level, key), 2), "memory": memory, "split": {}}
+    limits = all_cluster_limits([tenant_id])
+    if key in (limits.project_guarantee if level == "project" else limits.tenant_guarantee):
+        book = guarantee_book(limits)
+        if book is not None:
+            parts = guarantee_parts(limits, use, book).get((level, key), {})
+            out["split"] = {book.cluster_names[c]: round(parts.get(c, 0.0), 2) for c in book.clusters}
+    return out
