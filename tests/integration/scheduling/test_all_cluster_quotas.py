@@ -147,7 +147,8 @@ def _guarantee(world: Any, total: int, *, tenant: Any = None, project: Any = Non
         _quota(world, project, gpus_guaranteed_all_clusters=total)
 
 
-def _fill_with_borrowers(world: Any, clusters: tuple[Cluster, ...], priority_class: str = "normal") -> list[Job]:
+def _fill_with_borrowers(world: Any, clusters: tuple[Cluster, ...],
+                         priority_class: str = "normal") -> list[Job]:
     """Tenant b (no guarantee: everything it runs borrows) fills every cluster, preemptible."""
     jobs = []
     for c in clusters:
