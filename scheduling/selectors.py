@@ -832,6 +832,11 @@ class AllClusterRoom:
     usage: dict[str, float] = field(default_factory=dict)
     memory_limits: dict[str, dict[str, int]] = field(default_factory=dict)
     memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
+    guarantees: dict[str, tuple[float, float, dict[str, float]]] = field(default_factory=dict)
+    """Queue or tenant name → (GPU guarantee across all clusters, per-cluster guarantee, its
+    parts now by cluster name: ``guarantee_parts``, what each cluster's cycle uses)."""
+    np_usage: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(queue or tenant name, cluster name) → GPUs its non-preemptible jobs hold there."""
 
 
 def all_cluster_room_by_name() -> AllClusterRoom:
@@ -855,6 +860,15 @@ def all_cluster_room_by_name() -> AllClusterRoom:
             room.memory_limits[names[key]] = classes
             for cls in classes:
                 room.memory_usage[(names[key], cls)] = use.memory.get((level, key, cls), 0)
+    book = guarantee_book(limits)
+    if book is not None:
+        for (level, key), parts in guarantee_parts(limits, use, book).items():
+            name = (projects if level == "project" else tenants)[key]
+            total = (limits.project_guarantee if level == "project" else limits.tenant_guarantee)[key]
+            base = (book.project_base if level == "project" else book.tenant_base).get(key, 0.0)
+            room.guarantees[name] = (total, base, {book.cluster_names[c]: v for c, v in parts.items()})
+            for c in book.clusters:
+                room.np_usage[(name, book.cluster_names[c])] = use.np_by_cluster.get((level, key, c), 0.0)
     return room
 
 

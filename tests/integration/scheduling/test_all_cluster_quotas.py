@@ -296,3 +296,30 @@ def test_a_project_within_its_guarantee_across_clusters_is_not_reclaimed(world: 
     assert all(_state(j) == JobState.STARTING for j in mine)  # never a victim
     assert all("Preempting 3 job" in (r.refresh_from_db() or r.reason) for r in reclaimers)
     assert all(_state(j) == JobState.PREEMPTING for j in borrowers)
+
+
+def test_the_placement_step_binds_non_preemptible_work_only_within_a_cluster_part(world: Any) -> None:
+    from scheduling.services import placement
+
+    east, east2 = _east2(world)
+    _guarantee(world, 4, project=world.a.project)
+    first = _submit(world, "first", None, 4, preemptible=False)
+    placement.placement_run()
+    first.refresh_from_db()
+    # Nothing held and nothing bound waiting: the whole guarantee is the first cluster's part.
+    assert first.cluster == east
+    services.cycle_run(cluster=east)
+    assert _state(first) == JobState.STARTING
+    # All of it is held on east now: no cluster's part has room for 4 more non-preemptible
+    # GPUs, so the job is bound nowhere (it would start nowhere) and says why per cluster.
+    second = _submit(world, "second", None, 4, preemptible=False)
+    placement.placement_run()
+    second.refresh_from_db()
+    assert second.cluster is None and second.state == JobState.QUEUED
+    assert "cluster east2: over your project's GPU guarantee there for non-preemptible work (0 of 0" \
+        in second.reason
+    # A preemptible job borrows: it is placed.
+    third = _submit(world, "third", None, 4)
+    placement.placement_run()
+    third.refresh_from_db()
+    assert third.cluster is not None
