@@ -6,8 +6,8 @@ in 2 tenants (4 GPUs each); then ``--pending`` one-GPU preemptible jobs queued o
 cluster, which all wait (no room, nothing they may preempt), so each cycle decides the same
 thing and can be repeated. The cycle (``cycle_run``: snapshot, engine, writes) is timed
 ``--repeats`` times without any quota across all clusters, then with every project and tenant
-holding a GPU limit and an A100 GPU memory limit across all clusters (none of them binding:
-the same decisions). Medians.
+holding a GPU guarantee (split into per-cluster parts each cycle), a GPU limit and an A100 GPU
+memory limit across all clusters (none of them binding: the same decisions). Medians.
 
     .venv/bin/python -m bench.all_cluster_quotas --nodes 32 --pending 2000 --repeats 5
 """
@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--pending", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--db", default="camp_bench_gq2", help="the bench's own database (dropped after)")
     args = parser.parse_args()
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "camp.settings.test"
@@ -53,7 +54,7 @@ def main() -> None:
     from django.test.utils import setup_test_environment
 
     setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "camp_bench_gq2"
+    connection.settings_dict["TEST"]["NAME"] = args.db
     db = connection.creation.create_test_db(verbosity=0, keepdb=False)
     try:
         result = _run(args)
@@ -117,11 +118,11 @@ def _run(args: argparse.Namespace) -> dict[str, object]:
     without = timed()
     for w in worlds:
         tenant_services.quota_set(actor=admin, scope="tenant", tenant=w.tenant, values={
-            "gpus_limit_all_clusters": Decimal(gpus),
+            "gpus_guaranteed_all_clusters": Decimal(gpus), "gpus_limit_all_clusters": Decimal(gpus),
             "gpu_memory_mib_limits_all_clusters": {"A100-80G": gpus * 81920}})
         for p in (w.project, w.other_project):
             tenant_services.quota_set(actor=admin, scope="project", project=p, values={
-                "gpus_limit_all_clusters": Decimal(gpus),
+                "gpus_guaranteed_all_clusters": Decimal(gpus // 2), "gpus_limit_all_clusters": Decimal(gpus),
                 "gpu_memory_mib_limits_all_clusters": {"A100-80G": gpus * 81920}})
     with_quotas = timed()
     queued = Job.objects.filter(cluster=clusters[0], state=JobState.QUEUED).count()
