@@ -108,7 +108,11 @@ def over_guarantee_here(limits: selectors.AllClusterLimits, use: selectors.AllCl
     what its non-preemptible jobs hold here → it waits (``guarantee``). ("", "") when within."""
     for level, key, total in _owners(limits, *ids):
         base = g.base(level, key)
-        part = g.parts.get((level, key), {}).get(cluster_id, 0.0)
+        # The part the engine sees (``with_parts``: less the asks of preemptors waiting here),
+        # so that a job let through never asks more than the engine's guarantee (it would
+        # reject it as "can never start").
+        part = max(0.0, g.parts.get((level, key), {}).get(cluster_id, 0.0)
+                   - g.book.preempting.get((level, key, cluster_id), 0.0))
         here = use.np_by_cluster.get((level, key, cluster_id), 0.0)
         if ask > base + total + EPS:
             return "over-guarantee", (

@@ -323,3 +323,22 @@ def test_the_placement_step_binds_non_preemptible_work_only_within_a_cluster_par
     placement.placement_run()
     third.refresh_from_db()
     assert third.cluster is not None
+
+
+def test_a_non_preemptible_job_within_the_guarantee_waits_behind_a_preemptor_never_rejected(
+        world: Any) -> None:
+    # Guarantee 8 across all clusters; a non-preemptible 4-GPU job reclaims 4 on a full east
+    # and waits for its victims. The next non-preemptible job (8) is within 0 + 8: it waits,
+    # and is never rejected as "can never start" (the part the engine sees excludes the
+    # preemptor's ask; it must not be taken for the guarantee itself).
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,))
+    _guarantee(world, 8, project=world.a.project)
+    first = _submit(world, "first", east, 4, preemptible=False)
+    services.cycle_run(cluster=east)
+    first.refresh_from_db()
+    assert first.reason_kind == "preempting"
+    big = _submit(world, "big", east, 8, preemptible=False)
+    services.cycle_run(cluster=east)
+    assert _state(big) == JobState.QUEUED
+    assert big.reason_kind in ("guarantee", "capacity", "behind") and "never" not in big.reason.lower()
