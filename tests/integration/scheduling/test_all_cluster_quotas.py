@@ -342,3 +342,25 @@ def test_a_non_preemptible_job_within_the_guarantee_waits_behind_a_preemptor_nev
     services.cycle_run(cluster=east)
     assert _state(big) == JobState.QUEUED
     assert big.reason_kind in ("guarantee", "capacity", "behind") and "never" not in big.reason.lower()
+
+
+def test_the_admission_re_checks_non_preemptible_work_decided_on_a_stale_split(world: Any) -> None:
+    from scheduling.services import cycle as cycle_service
+
+    east, east2 = _east2(world)
+    _guarantee(world, 4, project=world.a.project)
+    first = _submit(world, "first", east, 4, preemptible=False)
+    decided_east = cycle_service._decide(east, None)
+    second = services.job_submit(actor=world.a.owner, project=world.a.other_project, cluster=east2,
+                                 name="second", groups=[gpu_group(gpu_count=4)], preemptible=False,
+                                 priority_class="high")
+    decided_east2 = cycle_service._decide(east2, None)
+    for (_, statuses), job in ((decided_east, first), (decided_east2, second)):
+        assert [type(st.decision).__name__ for st in statuses if st.job == str(job.pk)] == ["Admit"]
+    cycle_service._persist(east, *decided_east)
+    cycle_service._persist(east2, *decided_east2)
+    assert _gpus(first) + _gpus(second) == 4
+    second.refresh_from_db()
+    assert second.state == JobState.QUEUED
+    assert ("Over your tenant's GPU guarantee across all clusters for non-preemptible work: 4 of 4"
+            in second.reason)
