@@ -125,10 +125,31 @@ def _run(args: argparse.Namespace) -> dict[str, object]:
                 "gpus_guaranteed_all_clusters": Decimal(gpus // 2), "gpus_limit_all_clusters": Decimal(gpus),
                 "gpu_memory_mib_limits_all_clusters": {"A100-80G": gpus * 81920}})
     with_quotas = timed()
+    # The guarantee's own share of the snapshot: the book (its queries) and the split.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from scheduling import selectors
+    from scheduling.services import all_clusters
+
+    use_s, split_s, queries = [], [], 0
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        limits = selectors.all_cluster_limits()
+        use = selectors.all_cluster_use(limits.tenant_ids)
+        use_s.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        with CaptureQueriesContext(connection) as q:
+            all_clusters.guarantees(limits, use, names=True)
+        split_s.append(time.perf_counter() - t)
+        queries = len(q.captured_queries)
     queued = Job.objects.filter(cluster=clusters[0], state=JobState.QUEUED).count()
     return {"nodes_per_cluster": args.nodes, "gpus": gpus, "pending": queued,
             "cycle_s_without": without, "cycle_s_with": with_quotas,
-            "median_without": statistics.median(without), "median_with": statistics.median(with_quotas)}
+            "median_without": statistics.median(without), "median_with": statistics.median(with_quotas),
+            "limits_and_use_s": use_s, "median_limits_and_use": statistics.median(use_s),
+            "guarantee_split_s": split_s, "median_guarantee_split": statistics.median(split_s),
+            "guarantee_split_queries": queries}
 
 
 if __name__ == "__main__":
