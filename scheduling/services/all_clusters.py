@@ -159,8 +159,8 @@ def guarantee_refusal(limits: selectors.AllClusterLimits, use: selectors.AllClus
             used = _claims(use.np_by_cluster, here, level, key, base, book.clusters)
             if use.np_by_cluster.get((level, key, cluster_id), 0.0) + n > base + EPS and used > total + EPS:
                 return (f"over {_WHO[level]} GPU guarantee across all clusters for non-preemptible "
-                        f"work: {used - n:g} of {total:g} held beyond the per-cluster guarantee "
-                        f"(it asks {n:g}); mark it preemptible to borrow idle GPUs")
+                        f"work: with it, {used:g} GPUs beyond the per-cluster guarantee on all "
+                        f"clusters, of {total:g} (it asks {n:g}); mark it preemptible to borrow idle GPUs")
         if reclaim and pid in limits.project_guarantee:
             held = {k: v + book.preempting.get(k, 0.0) for k, v in use.by_cluster.items()}
             for k, v in book.preempting.items():
@@ -172,8 +172,9 @@ def guarantee_refusal(limits: selectors.AllClusterLimits, use: selectors.AllClus
             if relies and used > total + EPS:
                 return (f"{_WHO[level][:1].upper() + _WHO[level][1:]} GPU guarantee across all "
                         f"clusters is held or being reclaimed on other clusters: "
-                        f"{used - n:g} of {total:g} beyond the per-cluster guarantee (it asks {n:g}); "
-                        f"it waits rather than preempting for more than the guarantee")
+                        f"with it, {used:g} GPUs beyond the per-cluster guarantee on all clusters, "
+                        f"of {total:g} (it asks {n:g}); it waits rather than preempting for more "
+                        f"than the guarantee")
     return ""
 
 

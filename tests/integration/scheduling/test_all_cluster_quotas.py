@@ -231,7 +231,9 @@ def test_the_admission_re_checks_a_reclaim_decided_on_a_stale_split(world: Any) 
     assert _evicted(world) == 4
     second.refresh_from_db()
     assert second.state == JobState.QUEUED and second.reason_kind == "guarantee"
-    assert "guarantee across all clusters is held or being reclaimed on other clusters" in second.reason
+    assert second.reason.startswith(
+        "Your project's GPU guarantee across all clusters is held or being reclaimed on other clusters: "
+        "with it, 8 GPUs beyond the per-cluster guarantee on all clusters, of 4 (it asks 4)")
 
 
 def test_a_tenant_guaranteed_4_in_all_never_holds_more_than_4_non_preemptible(world: Any) -> None:
@@ -362,5 +364,6 @@ def test_the_admission_re_checks_non_preemptible_work_decided_on_a_stale_split(w
     assert _gpus(first) + _gpus(second) == 4
     second.refresh_from_db()
     assert second.state == JobState.QUEUED
-    assert ("Over your tenant's GPU guarantee across all clusters for non-preemptible work: 4 of 4"
-            in second.reason)
+    assert second.reason.startswith(
+        "Over your tenant's GPU guarantee across all clusters for non-preemptible work: with it, 8 GPUs "
+        "beyond the per-cluster guarantee on all clusters, of 4 (it asks 4)")
