@@ -692,7 +692,7 @@ def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
 @dataclass
 class GuaranteeBook:
     """What the split of the GPU guarantees across all clusters reads beside the usage
-    (``guarantee_book``): the clusters in their fixed order (by name), the per-cluster GPU
+    (``guarantee_book``): the clusters in their fixed order (enabled first, by name), the per-cluster GPU
     guarantees of the tenants concerned and of their projects, the asks of their preemptors
     waiting for victims, and the cluster of each owner's head job."""
 
@@ -704,7 +704,7 @@ class GuaranteeBook:
     preempting: dict[tuple[str, int, int], float]
     """("project"|"tenant", id, cluster id) → GPUs its waiting preemptors ask there."""
     heads: dict[tuple[str, int], int]
-    """("project"|"tenant", id) → the cluster of its first queued job (priority, submission)."""
+    """("project"|"tenant", id) → the enabled cluster of its first queued job (priority, submission)."""
     names: dict[tuple[str, int], str] = field(default_factory=dict)
     """("project"|"tenant", id) → its queue name in the engine's tree."""
 
@@ -718,9 +718,12 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
 
     tids = sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]
                                                   for p in limits.project_guarantee})
-    cluster_names = dict(Cluster.objects.values_list("pk", "name"))
-    book = GuaranteeBook(sorted(cluster_names, key=lambda c: (cluster_names[c], c)), cluster_names,
-                         {}, {}, defaultdict(list), defaultdict(float), {})
+    crows = list(Cluster.objects.values_list("pk", "name", "enabled"))
+    cluster_names = {pk: name for pk, name, _ in crows}
+    # The fixed order: enabled clusters first (so the remainder never lands on a disabled one
+    # when nothing of the owner waits), each group by name.
+    order = [r[0] for r in sorted(crows, key=lambda r: (not r[2], r[1], r[0]))]
+    book = GuaranteeBook(order, cluster_names, {}, {}, defaultdict(list), defaultdict(float), {})
     for scope, tid, pid, g in Quota.objects.filter(
             scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT], tenant_id__in=tids).values_list(
             "scope", "tenant_id", "project_id", "gpus_guaranteed"):
@@ -743,7 +746,7 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
             .order_by().values_list("project_id", "tenant_id", "cluster_id", "n")):
         for lv, k in (("project", pid), ("tenant", tid)):
             book.preempting[(lv, k, cid)] += float(n or 0)
-    queued = (Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, cluster__isnull=False)
+    queued = (Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, cluster__enabled=True)
               .order_by("-priority", "submitted_at", "pk"))
     for lv, col in (("project", "project_id"), ("tenant", "tenant_id")):
         if connection.vendor == "postgresql":
