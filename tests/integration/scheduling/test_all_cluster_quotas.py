@@ -367,3 +367,21 @@ def test_the_admission_re_checks_non_preemptible_work_decided_on_a_stale_split(w
     assert second.reason.startswith(
         "Over your tenant's GPU guarantee across all clusters for non-preemptible work: with it, 8 GPUs "
         "beyond the per-cluster guarantee on all clusters, of 4 (it asks 4)")
+
+
+def test_the_split_shown_follows_the_head_job_and_skips_a_disabled_cluster(world: Any) -> None:
+    from scheduling.selectors import all_cluster_held
+
+    east, east2 = _east2(world)
+    _guarantee(world, 4, project=world.a.project)
+    # Nothing held nor queued: the first cluster by name takes the whole guarantee.
+    assert all_cluster_held(world.a.tenant.pk, world.a.project.pk)["split"] == {"east": 4.0, "east2": 0.0}
+    # A job waiting on east2: the remainder follows it.
+    _submit(world, "waits", east2, 2)
+    assert all_cluster_held(world.a.tenant.pk, world.a.project.pk)["split"] == {"east": 0.0, "east2": 4.0}
+    # A disabled cluster comes last in the order, and a job bound there is not a head.
+    Job.objects.filter(project=world.a.project).delete()
+    _submit(world, "on-east", east, 2)
+    assert all_cluster_held(world.a.tenant.pk, world.a.project.pk)["split"] == {"east": 4.0, "east2": 0.0}
+    Cluster.objects.filter(pk=east.pk).update(enabled=False)
+    assert all_cluster_held(world.a.tenant.pk, world.a.project.pk)["split"] == {"east2": 4.0, "east": 0.0}
