@@ -531,9 +531,9 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
             t[0], t[1], t[2], t[3] = t[0] + d[0], t[1] + d[1], t[2] + d[2], t[3] or bool(d[3])
         accepted.append((job, placement, status))
     accepted, over = _within_all_clusters(accepted)
-    for job, reason in over:
+    for job, reason, kind in over:
         summary.waiting.append(job.pk)
-        taken.append((job, reason, "quota"))
+        taken.append((job, reason, kind))
     try:
         with transaction.atomic():
             _write_admissions(inputs, accepted, queued, {pk: totals[pk] for pk in sorted(
@@ -610,15 +610,16 @@ def _guaranteed_preemptions(admits: list[tuple[Job, E.Placement, JobStatus]],
 
 
 def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
-                         ) -> tuple[list[tuple[Job, E.Placement, JobStatus]], list[tuple[Job, str]]]:
+                         ) -> tuple[list[tuple[Job, E.Placement, JobStatus]], list[tuple[Job, str, str]]]:
     """Hold quotas across all clusters under racing cycles. Inside the write transaction,
     before the admission rows are written: a transaction-level advisory lock per tenant that
     has such a quota (its own or a project's; ascending ids, so two cycles never wait on each
     other in a circle; released at commit, when this cycle's allocations are visible), then
     what its jobs hold on every cluster counted again (READ COMMITTED: the other clusters'
     committed admissions included): the GPU limit and the GPU memory limits per model class
-    (``all_clusters.admissible``). A job that would cross one waits, with the quota named;
-    the rest of the cycle goes through."""
+    (``all_clusters.admissible``; kind ``quota``), and for non-preemptible jobs the GPU
+    guarantee across all clusters (``all_clusters.guarantee_refusal``; kind ``guarantee``). A
+    job that would cross one waits, with the quota named; the rest of the cycle goes through."""
     if not accepted:
         return accepted, []
     limits = selectors.all_cluster_limits({job.tenant_id for job, _, _ in accepted})
@@ -629,17 +630,19 @@ def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
     in_use = use.as_in_use()
     book = selectors.guarantee_book(limits)
     keep: list[tuple[Job, E.Placement, JobStatus]] = []
-    over: list[tuple[Job, str]] = []
+    over: list[tuple[Job, str, str]] = []
     for job, placement, status in accepted:
         n = gpus_of(placement.pods)
+        kind = "quota"
         reason = all_clusters.admissible((job.project_id, job.tenant_id), placement.pods, n, limits, use,
                                          in_use)
         if not reason and book is not None and not job.preemptible:
+            kind = "guarantee"
             reason = all_clusters.guarantee_refusal(
                 limits, use, book, job.cluster_id or 0, (job.project_id, job.tenant_id), n,
                 nonpreemptible=True, reclaim=False)
         if reason:
-            over.append((job, reason[:1].upper() + reason[1:]))
+            over.append((job, reason[:1].upper() + reason[1:], kind))
             continue
         in_use[0][job.project_id] += n
         in_use[1][job.tenant_id] += n

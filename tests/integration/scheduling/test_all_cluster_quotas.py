@@ -363,7 +363,7 @@ def test_the_admission_re_checks_non_preemptible_work_decided_on_a_stale_split(w
     cycle_service._persist(east2, *decided_east2)
     assert _gpus(first) + _gpus(second) == 4
     second.refresh_from_db()
-    assert second.state == JobState.QUEUED
+    assert second.state == JobState.QUEUED and second.reason_kind == "guarantee"
     assert second.reason.startswith(
         "Over your tenant's GPU guarantee across all clusters for non-preemptible work: with it, 8 GPUs "
         "beyond the per-cluster guarantee on all clusters, of 4 (it asks 4)")
