@@ -69,15 +69,30 @@ def _plus(quota: EQuota, extra: float | None) -> EQuota:
                                + Decimal(str(round(extra, 3))))
 
 
-def with_parts(tree: QueueTree, g: Guarantees, cluster_id: int) -> QueueTree:
-    """This cluster's queue tree with each part added to its owner's per-cluster GPU guarantee
-    (a tenant's name has no "/", so it never meets a project's queue name). The part counts
-    the owner's preemptors waiting here for their victims as held, while the engine, which
-    leaves them out of its snapshot, does not: their asks are taken off the part it sees, so
-    the next cycle does not reclaim the same GPUs again for another job."""
-    extra = {g.book.names[key]: max(0.0, parts.get(cluster_id, 0.0)
-                                    - g.book.preempting.get((*key, cluster_id), 0.0))
-             for key, parts in g.parts.items() if key in g.book.names}
+def engine_part(g: Guarantees, use: selectors.AllClusterUse, level: str, key: int,
+                cluster_id: int) -> float:
+    """The part of an owner's guarantee across all clusters the engine sees on this cluster.
+
+    The split counts the owner's preemptors waiting here for their victims as held
+    (``guarantee_parts``), while the engine, which leaves them out of its snapshot, does not:
+    the share of the part their asks claimed is taken off, so the next cycle does not reclaim
+    the same GPUs again for another job. Only that share: the part covers what the owner's
+    jobs hold here beyond the per-cluster guarantee first (the split claims what is held
+    before what is asked), so its running work within the guarantee never looks borrowed (a
+    borrower's reclaim would take it). That is ``max(min(part, running beyond the per-cluster
+    guarantee), part − asks)``."""
+    part = g.parts.get((level, key), {}).get(cluster_id, 0.0)
+    asks = g.book.preempting.get((level, key, cluster_id), 0.0)
+    running = max(0.0, use.by_cluster.get((level, key, cluster_id), 0.0) - g.base(level, key))
+    return max(min(part, running), part - asks, 0.0)
+
+
+def with_parts(tree: QueueTree, g: Guarantees, cluster_id: int, use: selectors.AllClusterUse) -> QueueTree:
+    """This cluster's queue tree with each part the engine sees (``engine_part``) added to its
+    owner's per-cluster GPU guarantee (a tenant's name has no "/", so it never meets a
+    project's queue name)."""
+    extra = {g.book.names[key]: engine_part(g, use, *key, cluster_id)
+             for key in g.parts if key in g.book.names}
     if not any(extra.values()):
         return tree
     return dataclasses.replace(tree, tenants=tuple(
@@ -108,11 +123,10 @@ def over_guarantee_here(limits: selectors.AllClusterLimits, use: selectors.AllCl
     what its non-preemptible jobs hold here → it waits (``guarantee``). ("", "") when within."""
     for level, key, total in _owners(limits, *ids):
         base = g.base(level, key)
-        # The part the engine sees (``with_parts``: less the asks of preemptors waiting here),
-        # so that a job let through never asks more than the engine's guarantee (it would
-        # reject it as "can never start").
-        part = max(0.0, g.parts.get((level, key), {}).get(cluster_id, 0.0)
-                   - g.book.preempting.get((level, key, cluster_id), 0.0))
+        # The part the engine sees (``engine_part``: less the share waiting preemptors' asks
+        # claimed here), so that a job let through never asks more than the engine's
+        # guarantee (it would reject it as "can never start").
+        part = engine_part(g, use, level, key, cluster_id)
         here = use.np_by_cluster.get((level, key, cluster_id), 0.0)
         if ask > base + total + EPS:
             return "over-guarantee", (
@@ -217,7 +231,7 @@ def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
                 continue
         keep.append(job)
     if g is not None and inputs.cluster is not None:
-        inputs = dataclasses.replace(inputs, tree=with_parts(inputs.tree, g, cid))
+        inputs = dataclasses.replace(inputs, tree=with_parts(inputs.tree, g, cid, use))
     if not held.statuses and not held.closed:
         return inputs, held
     return dataclasses.replace(inputs, pending=keep), held

@@ -385,3 +385,198 @@ def test_the_split_shown_follows_the_head_job_and_skips_a_disabled_cluster(world
     assert all_cluster_held(world.a.tenant.pk, world.a.project.pk)["split"] == {"east": 4.0, "east2": 0.0}
     Cluster.objects.filter(pk=east.pk).update(enabled=False)
     assert all_cluster_held(world.a.tenant.pk, world.a.project.pk)["split"] == {"east2": 4.0, "east": 0.0}
+
+
+# Review of r6-gg (docs/ARCHITECTURE.md, "GPU guarantee across all clusters"): each failed before its fix.
+
+def test_a_tenant_only_guarantee_on_a_stale_split_never_evicts_more_than_it(world: Any) -> None:
+    """Tenant a guaranteed 4 across all clusters (no project guarantee). Two cycles decide on
+    splits that disagree (a higher-priority job became the tenant's head on east2 in between):
+    the lock re-check is skipped (it only runs when the *project* has a guarantee)."""
+    from scheduling.services import cycle as cycle_service
+
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east, east2), priority_class="high")
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": 4})
+    first = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="first",
+                                groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    decided_east = cycle_service._decide(east, None)
+    second = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east2, name="second",
+                                 groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    decided_east2 = cycle_service._decide(east2, None)
+    kinds = ([type(st.decision).__name__ for st in decided_east[1] if st.job == str(first.pk)],
+             [type(st.decision).__name__ for st in decided_east2[1] if st.job == str(second.pk)])
+    print("decisions", kinds)
+    cycle_service._persist(east, *decided_east)
+    cycle_service._persist(east2, *decided_east2)
+    print("evicted", _evicted(world))
+    assert _evicted(world) <= 4
+
+
+def _run_all(*clusters: Any) -> None:
+    for _ in range(2):
+        for c in clusters:
+            services.cycle_run(cluster=c)
+
+
+def _release_victims(world: Any) -> None:
+    for victim in Job.objects.filter(tenant=world.b.tenant, state=JobState.PREEMPTING):
+        services.job_stop(job_id=victim.pk)
+
+
+def test_a_head_job_waiting_on_a_per_cluster_limit_does_not_pin_the_remainder(
+        world: Any) -> None:
+    """Project a: 4 GPUs guaranteed across all clusters, at most 2 per cluster. It runs 2 on
+    east. Its highest-priority queued job is on east too, where the per-cluster limit keeps it
+    waiting forever; so the remainder (2) of its guarantee stays on east, and its job on east2
+    (project holding 2 of its 4) can never reclaim there."""
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east, east2), priority_class="high")
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": 4})
+    _quota(world, world.a.project, gpus_limit=2, gpus_guaranteed_all_clusters=4)
+
+    def sub(name: str, c: Any, prio: str) -> Job:
+        return services.job_submit(actor=world.a.owner, project=world.a.project, cluster=c, name=name,
+                                   groups=[gpu_group(gpu_count=2)], preemptible=True, priority_class=prio)
+
+    j1 = sub("j1", east, "high")
+    _run_all(east)
+    _release_victims(world)
+    _run_all(east)
+    assert _state(j1) == JobState.STARTING
+    pinned = sub("j1b", east, "high")   # waits: per-cluster limit 2 on east
+    j2 = sub("j2", east2, "high")       # submitted later: same priority, later submission
+    _run_all(east, east2)
+    pinned.refresh_from_db()
+    j2.refresh_from_db()
+    from scheduling.selectors import all_cluster_held
+    print("split", all_cluster_held(world.a.tenant.pk, world.a.project.pk)["split"])
+    print("pinned", pinned.state, pinned.reason_kind, pinned.reason)
+    print("j2", j2.state, j2.reason_kind, j2.reason)
+    assert "Preempting" in j2.reason or j2.state == JobState.STARTING
+
+
+def test_a_sibling_borrowing_elsewhere_does_not_starve_a_guaranteed_project(world: Any) -> None:
+    """Tenant a and its project p1 are guaranteed 4 across all clusters. Its other project p2
+    (no guarantee) borrows 4 GPUs on east2, preemptibly. p1 (holding nothing, within its
+    guarantee) cannot reclaim on east: the tenant's split gives its whole part to east2 for p2's
+    borrowing, and p1's part is capped to the tenant's room there."""
+    east, east2 = _east2(world)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": 4})
+    _quota(world, world.a.project, gpus_guaranteed_all_clusters=4)
+    sib = _submit(world, "sibling", east2, 4, project=world.a.other_project)
+    _run_all(east2)
+    assert _state(sib) == JobState.STARTING
+    _fill_with_borrowers(world, (east,), priority_class="high")
+    mine = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="mine",
+                               groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    _run_all(east, east2)
+    mine.refresh_from_db()
+    from scheduling.selectors import all_cluster_held
+    print("p1 split", all_cluster_held(world.a.tenant.pk, world.a.project.pk)["split"])
+    print("tenant split", all_cluster_held(world.a.tenant.pk, None)["split"])
+    print("mine", mine.state, mine.reason_kind, mine.reason)
+    print("evicted", _evicted(world))
+    assert "Preempting" in mine.reason or mine.state == JobState.STARTING
+
+
+@pytest.mark.parametrize("kind", ["all_clusters", "per_cluster_control"])
+def test_a_project_within_its_guarantee_is_not_reclaimed_while_its_preemptor_waits(
+        world: Any, kind: str) -> None:
+    """Project a (4 across all clusters) runs 4 on east: within its guarantee. Its high-priority
+    job evicts a lower-priority job of tenant b (priority preemption) and waits for it. The
+    split counts the preemptor's ask as held (part east = 4) and ``with_parts`` then takes the
+    ask off the part the engine sees (4 − 4 = 0): a's running 4 GPUs look borrowed, and b's
+    guaranteed project reclaims them. (Per-cluster guarantee 4 instead: never a victim.)"""
+    east, east2 = _east2(world)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
+                              values={"gpus_guaranteed": 4})
+    _quota(world, world.b.project, gpus_guaranteed=4)
+    field = "gpus_guaranteed_all_clusters" if kind == "all_clusters" else "gpus_guaranteed"
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant, values={field: 4})
+    _quota(world, world.a.project, **{field: 4})
+    mine = _submit(world, "mine", east, 4)
+    _run_all(east)
+    low = services.job_submit(actor=world.b.owner, project=world.b.other_project, cluster=east, name="low",
+                              groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="batch")
+    _run_all(east)
+    assert _state(mine) == JobState.STARTING and _state(low) == JobState.STARTING
+    hi = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="hi",
+                             groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    services.cycle_run(cluster=east)
+    hi.refresh_from_db()
+    print("hi", hi.state, hi.reason_kind, hi.reason)
+    rec = services.job_submit(actor=world.b.owner, project=world.b.project, cluster=east, name="rec",
+                              groups=[gpu_group(gpu_count=4)], preemptible=True)
+    services.cycle_run(cluster=east)
+    rec.refresh_from_db()
+    print("rec", rec.state, rec.reason_kind, rec.reason)
+    print("mine", _state(mine))
+    assert _state(mine) == JobState.STARTING  # within its guarantee: never reclaimed
+
+
+def test_the_non_preemptible_re_check_counts_a_non_preemptible_preemptor_waiting_elsewhere(
+        world: Any) -> None:
+    """G = 4. Cycle east2 decides to admit non-preemptible Y (4) on a split made before X
+    existed. Cycle east then has non-preemptible X (4, high) evict 4 GPUs of borrowers for the
+    guarantee, and commits first. The re-check of Y under the lock counts non-preemptible GPUs
+    *held* only, not X's waiting ask: Y is admitted too. X evicted 4 GPUs for a guarantee that
+    is now held by Y: 8 GPUs evicted-for or held-by the guarantee of 4, and X never starts."""
+    from scheduling.services import cycle as cycle_service
+
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,), priority_class="high")
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": 4})
+    _quota(world, world.a.project, gpus_guaranteed_all_clusters=4)
+    y = _submit(world, "y", east2, 4, preemptible=False)
+    decided_east2 = cycle_service._decide(east2, None)
+    x = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="x",
+                            groups=[gpu_group(gpu_count=4)], preemptible=False, priority_class="high")
+    decided_east = cycle_service._decide(east, None)
+    print("decisions", [type(st.decision).__name__ for st in decided_east[1] if st.job == str(x.pk)],
+          [type(st.decision).__name__ for st in decided_east2[1] if st.job == str(y.pk)])
+    cycle_service._persist(east, *decided_east)
+    cycle_service._persist(east2, *decided_east2)
+    x.refresh_from_db()
+    y.refresh_from_db()
+    print("x", x.state, x.reason_kind, x.reason[:120])
+    print("y", y.state, y.reason_kind, y.reason[:120])
+    evicted = _evicted(world)
+    print("evicted", evicted)
+    _release_victims(world)
+    _run_all(east, east2)
+    x.refresh_from_db()
+    print("x after", x.state, x.reason_kind, x.reason[:200])
+    print("y after", _state(y))
+    # 4 GPUs evicted for X's guarantee + Y's 4 non-preemptible = 8 of a guarantee of 4.
+    assert not (evicted == 4 and y.state == JobState.STARTING)
+
+
+def test_a_job_queued_on_an_unreachable_cluster_does_not_pin_the_remainder(world: Any) -> None:
+    """east2 is unreachable (enabled, its cycle cannot run). A's high-priority job queued on it
+    is the head, so the whole guarantee (4, nothing held) is east2's part; a's job on east,
+    which borrowers fill, can never reclaim."""
+    from django.utils import timezone
+
+    from scheduling.models import Cluster
+    from scheduling.selectors import all_cluster_held
+
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,), priority_class="high")
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": 4})
+    _quota(world, world.a.project, gpus_guaranteed_all_clusters=4)
+    Cluster.objects.filter(pk=east2.pk).update(unreachable_since=timezone.now())
+    stuck = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east2, name="stuck",
+                                groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    mine = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="mine",
+                               groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="normal")
+    _run_all(east)
+    mine.refresh_from_db()
+    print("split", all_cluster_held(world.a.tenant.pk, world.a.project.pk)["split"], stuck.pk)
+    print("mine", mine.state, mine.reason_kind, mine.reason[:150])
+    assert "Preempting" in mine.reason or mine.state == JobState.STARTING
