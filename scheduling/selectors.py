@@ -689,6 +689,10 @@ def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
     return use
 
 
+OUTSIDE_POOLS = "The free room is in pool(s) dedicated to other tenants"
+"""How a job waiting on dedicated pools' room starts its reason (``cycle._outside_pools``)."""
+
+
 @dataclass
 class GuaranteeBook:
     """What the split of the GPU guarantees across all clusters reads beside the usage
@@ -703,10 +707,23 @@ class GuaranteeBook:
     projects_of: dict[int, list[int]]
     preempting: dict[tuple[str, int, int], float]
     """("project"|"tenant", id, cluster id) → GPUs its waiting preemptors ask there."""
-    heads: dict[tuple[str, int], int]
-    """("project"|"tenant", id) → the enabled cluster of its first queued job (priority, submission)."""
+    heads: dict[tuple[str, int], list[int]]
+    """("project"|"tenant", id) → the clusters of its queued jobs that could run (enabled,
+    reachable clusters; not waiting on a quota, a guarantee or dedicated pools), the cluster
+    of its best such job (priority, submission) first."""
     names: dict[tuple[str, int], str] = field(default_factory=dict)
     """("project"|"tenant", id) → its queue name in the engine's tree."""
+    limit: dict[tuple[str, int], float] = field(default_factory=dict)
+    """("project"|"tenant", id) → its per-cluster GPU limit (when it has one)."""
+    np_preempting: dict[int, tuple[int, int, int, float]] = field(default_factory=dict)
+    """Job id → (project id, tenant id, cluster id, GPUs asked) of each non-preemptible
+    preemptor waiting for its victims (the guarantee re-check counts its ask as held)."""
+
+    def np_asks(self, level: str, key: int, cluster_id: int, but: int | None = None) -> float:
+        """GPUs the owner's waiting non-preemptible preemptors ask on a cluster (less job ``but``)."""
+        i = 0 if level == "project" else 1
+        return sum(v[3] for pk, v in self.np_preempting.items()
+                   if v[i] == key and v[2] == cluster_id and pk != but)
 
 
 def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBook | None:
@@ -718,44 +735,57 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
 
     tids = sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]
                                                   for p in limits.project_guarantee})
-    crows = list(Cluster.objects.values_list("pk", "name", "enabled"))
-    cluster_names = {pk: name for pk, name, _ in crows}
-    # The fixed order: enabled clusters first (so the remainder never lands on a disabled one
-    # when nothing of the owner waits), each group by name.
-    order = [r[0] for r in sorted(crows, key=lambda r: (not r[2], r[1], r[0]))]
+    crows = list(Cluster.objects.values_list("pk", "name", "enabled", "unreachable_since"))
+    cluster_names = {pk: name for pk, name, _, _ in crows}
+    # The fixed order: enabled, reachable clusters first, then unreachable ones, then disabled
+    # ones (so the remainder lands on a cluster whose cycle runs when nothing of the owner
+    # waits), each group by name.
+    order = [r[0] for r in sorted(crows, key=lambda r: (not r[2], r[3] is not None, r[1], r[0]))]
     book = GuaranteeBook(order, cluster_names, {}, {}, defaultdict(list), defaultdict(float), {})
-    for scope, tid, pid, g in Quota.objects.filter(
+    for scope, tid, pid, g, lim in Quota.objects.filter(
             scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT], tenant_id__in=tids).values_list(
-            "scope", "tenant_id", "project_id", "gpus_guaranteed"):
+            "scope", "tenant_id", "project_id", "gpus_guaranteed", "gpus_limit"):
         if scope == QuotaScope.PROJECT:
             book.project_base[pid] = float(g)
         else:
             book.tenant_base[tid] = float(g)
+        if lim is not None:
+            book.limit[("project", pid) if scope == QuotaScope.PROJECT else ("tenant", tid)] = float(lim)
     for pid, tid in Project.objects.filter(tenant_id__in=tids).order_by("pk").values_list("pk", "tenant_id"):
         book.projects_of[tid].append(pid)
     ask = Case(When(Q(groups__exclusive=True) | Q(groups__gpu_cores_percent=0), then=Value(1.0)),
                default=ExpressionWrapper(Cast("groups__gpu_cores_percent", FloatField()) / Value(100.0),
                                          output_field=FloatField()),
                output_field=FloatField())
-    for pid, tid, cid, n in (
+    for pk, pid, tid, cid, preemptible, n in (
             Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, reason_kind="preempting",
                                cluster__isnull=False)
-            .values("project_id", "tenant_id", "cluster_id")
+            .values("pk", "project_id", "tenant_id", "cluster_id", "preemptible")
             .annotate(n=Sum(ExpressionWrapper(F("groups__replicas") * F("groups__gpu_count") * ask,
                                               output_field=FloatField())))
-            .order_by().values_list("project_id", "tenant_id", "cluster_id", "n")):
+            .order_by().values_list("pk", "project_id", "tenant_id", "cluster_id", "preemptible", "n")):
         for lv, k in (("project", pid), ("tenant", tid)):
             book.preempting[(lv, k, cid)] += float(n or 0)
-    queued = (Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, cluster__enabled=True)
-              .order_by("-priority", "submitted_at", "pk"))
+        if not preemptible:
+            book.np_preempting[pk] = (pid, tid, cid, float(n or 0))
+    # The heads: a job waiting on a quota (a per-cluster or all-cluster limit, a memory limit),
+    # on a guarantee, or on dedicated pools, or queued on an unreachable cluster, may wait
+    # long: the remainder of a guarantee is not parked there.
+    queued = (Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, cluster__enabled=True,
+                                 cluster__unreachable_since__isnull=True)
+              .exclude(reason_kind__in=("quota", "guarantee", "over-guarantee"))
+              .exclude(reason__startswith=OUTSIDE_POOLS))
     for lv, col in (("project", "project_id"), ("tenant", "tenant_id")):
-        if connection.vendor == "postgresql":
-            rows = queued.order_by(col, "-priority", "submitted_at", "pk").distinct(col).values_list(
-                col, "cluster_id")
-        else:  # the demo's SQLite has no DISTINCT ON: the first row per owner
-            rows = queued.values_list(col, "cluster_id")
-        for key, cid in rows:
-            book.heads.setdefault((lv, key), cid)
+        best: dict[int, list[tuple[int, Any, int, int]]] = defaultdict(list)
+        if connection.vendor == "postgresql":  # the best job per owner and cluster
+            rows = queued.order_by(col, "cluster_id", "-priority", "submitted_at", "pk").distinct(
+                col, "cluster_id").values_list(col, "cluster_id", "priority", "submitted_at", "pk")
+        else:  # the demo's SQLite has no DISTINCT ON: every row
+            rows = queued.values_list(col, "cluster_id", "priority", "submitted_at", "pk")
+        for key, cid, prio, at, pk in rows:
+            best[key].append((-prio, at, pk, cid))
+        for key, jobs in best.items():
+            book.heads[(lv, key)] = list(dict.fromkeys(cid for *_, cid in sorted(jobs)))
     if names:
         for tid, tname in Tenant.objects.filter(pk__in=tids).values_list("pk", "name"):
             book.names[("tenant", tid)] = tname
@@ -775,7 +805,10 @@ def guarantee_parts(limits: AllClusterLimits, use: AllClusterUse, book: Guarante
         holdings = {c: Holding(use.by_cluster.get((level, key, c), 0.0)
                                + book.preempting.get((level, key, c), 0.0),
                                use.np_by_cluster.get((level, key, c), 0.0)) for c in book.clusters}
-        return Owner(total, base, holdings, book.heads.get((level, key)))
+        lim = book.limit.get((level, key))
+        # A part above its per-cluster limit (less its per-cluster guarantee) is never held.
+        room = None if lim is None else {c: max(0.0, lim - base) for c in book.clusters}
+        return Owner(total, base, holdings, heads=book.heads.get((level, key), ()), limit=room)
 
     out: dict[tuple[str, int], dict[int, float]] = {}
     for tid in sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]

@@ -53,6 +53,12 @@ class Owner(Generic[K]):
     base: float = 0.0
     holdings: Mapping[K, Holding] = field(default_factory=dict)
     head: K | None = None
+    heads: Sequence[K] = ()
+    """The clusters where its queued jobs that could run wait, best job first (``head``,
+    when given, goes before them)."""
+    limit: Mapping[K, float] | None = None
+    """Its per-cluster GPU limit less its per-cluster guarantee, per cluster (None: no
+    limit): a part above it could never be held there, so the remainder stops there."""
 
 
 def _room(cap: Mapping[K, float] | None, used: Mapping[K, float], c: K) -> float:
@@ -61,11 +67,40 @@ def _room(cap: Mapping[K, float] | None, used: Mapping[K, float], c: K) -> float
     return max(0.0, cap.get(c, 0.0) - used.get(c, 0.0))
 
 
+class _Grow(Generic[K]):
+    """The room a tenant's guarantee leaves its projects' parts on each cluster: what it
+    guarantees there already (``cap``: per-cluster guarantee + its part so far, less its
+    projects' per-cluster guarantees) less what they took, plus what is left of its guarantee
+    across all clusters (``spare``), which grows its part there as they take it."""
+
+    def __init__(self, cap: Mapping[K, float] | None, spare: float = 0.0,
+                 tparts: dict[K, float] | None = None) -> None:
+        self.cap = None if cap is None else dict(cap)
+        self.spare, self.tparts = spare, tparts
+        self.taken: dict[K, float] = {}
+
+    def room(self, c: K) -> float:
+        if self.cap is None:
+            return float("inf")
+        return max(0.0, self.cap.get(c, 0.0) - self.taken.get(c, 0.0)) + self.spare
+
+    def take(self, c: K, x: float) -> None:
+        if self.cap is not None:
+            fixed = max(0.0, self.cap.get(c, 0.0) - self.taken.get(c, 0.0))
+            extra = min(self.spare, max(0.0, x - fixed))
+            if extra > 0 and self.tparts is not None:
+                self.tparts[c] += extra
+                self.cap[c] = self.cap.get(c, 0.0) + extra
+                self.spare -= extra
+        self.taken[c] = self.taken.get(c, 0.0) + x
+
+
 def claim_held(owner: Owner[K], clusters: Sequence[K], cap: Mapping[K, float] | None = None,
-               taken: dict[K, float] | None = None) -> dict[K, float]:
+               taken: dict[K, float] | None = None, grow: _Grow[K] | None = None) -> dict[K, float]:
     """Steps 1 and 2 (see the module's docstring): the parts that cover what ``owner`` holds
     beyond its per-cluster guarantee. ``taken``: what other owners sharing ``cap`` took
-    already (increased by this owner's parts)."""
+    already (increased by this owner's parts); ``grow`` instead of both: a tenant's room that
+    grows its part (``split_tenant``)."""
     parts = {c: 0.0 for c in clusters}
     taken = {} if taken is None else taken
     left = max(0.0, owner.total)
@@ -74,29 +109,40 @@ def claim_held(owner: Owner[K], clusters: Sequence[K], cap: Mapping[K, float] | 
             if left <= EPS:
                 break
             want = max(0.0, pick(owner.holdings.get(c, Holding())) - owner.base) - parts[c]
-            got = min(max(0.0, want), left, _room(cap, taken, c))
+            got = min(max(0.0, want), left, _room(cap, taken, c) if grow is None else grow.room(c))
             if got > 0:
                 parts[c] += got
-                taken[c] = taken.get(c, 0.0) + got
+                if grow is None:
+                    taken[c] = taken.get(c, 0.0) + got
+                else:
+                    grow.take(c, got)
                 left -= got
     return parts
 
 
 def place_rest(owner: Owner[K], parts: dict[K, float], clusters: Sequence[K],
                cap: Mapping[K, float] | None = None, taken: dict[K, float] | None = None,
-               ) -> dict[K, float]:
-    """Step 3: what is left of the guarantee to the head job's cluster (else the first of the
-    order); should a cap bind there, on to the next clusters in order."""
+               grow: _Grow[K] | None = None) -> dict[K, float]:
+    """Step 3: what is left of the guarantee to the clusters of the head jobs (``head``, then
+    ``heads``), then to the rest of the order; on each cluster at most what the owner's
+    per-cluster limit leaves (``limit``) and what ``cap`` leaves."""
     taken = {} if taken is None else taken
     left = max(0.0, owner.total) - sum(parts.values())
-    order = ([owner.head] if owner.head in parts else []) + [c for c in clusters if c != owner.head]
+    order = list(dict.fromkeys([*([owner.head] if owner.head is not None else []), *owner.heads,
+                                *clusters]))
     for c in order:
         if left <= EPS:
             break
-        got = min(left, _room(cap, taken, c))
+        if c not in parts:
+            continue
+        lim = float("inf") if owner.limit is None else max(0.0, owner.limit.get(c, 0.0) - parts[c])
+        got = min(left, lim, _room(cap, taken, c) if grow is None else grow.room(c))
         if got > 0:
             parts[c] += got
-            taken[c] = taken.get(c, 0.0) + got
+            if grow is None:
+                taken[c] = taken.get(c, 0.0) + got
+            else:
+                grow.take(c, got)
             left -= got
     return parts
 
@@ -122,17 +168,48 @@ def split_tenant(clusters: Sequence[K], tenant: Owner[K] | None, tenant_base: fl
     Rule (a project's part within its tenant's): when the tenant guarantees anything (its
     per-cluster guarantee or one across all clusters), the projects' parts on a cluster
     together stay within what the tenant guarantees there (``tenant_base`` + the tenant's
-    part) less the projects' per-cluster guarantees. Projects claim what they hold first (all
-    of them, by id), then the remainders (by id), so one project's remainder never displaces
-    another's running work from the guarantee. A tenant guaranteeing nothing at all restricts
-    nothing (as the engine's guarantee rule: a level guaranteeing 0 does not restrict)."""
-    tparts = split_guarantee(tenant, clusters) if tenant is not None else None
-    cap: dict[K, float] | None = None
-    if tenant is not None or tenant_base > 0:
-        cap = {c: max(0.0, tenant_base + (tparts[c] if tparts else 0.0) - project_bases)
-               for c in clusters}
-    taken: dict[K, float] = {}
-    out = {pid: claim_held(o, clusters, cap, taken) for pid, o in sorted(projects.items())}
+    part) less the projects' per-cluster guarantees. The tenant's parts are claimed in this
+    order: what its non-preemptible jobs hold beyond its per-cluster guarantee (they must stay
+    within it); then its guaranteed projects' parts, which grow the tenant's part on their
+    cluster as they need it (what they hold first, all of them, by id; then their remainders,
+    by id, so one project's remainder never displaces another's running work); then what the
+    tenant's other (preemptible) work holds; then the tenant's own remainder. So another
+    project's preemptible borrowing never takes the tenant's part a guaranteed project needs.
+    A tenant guaranteeing nothing at all restricts nothing (as the engine's guarantee rule: a
+    level guaranteeing 0 does not restrict)."""
+    tparts: dict[K, float] | None = None
+    grow: _Grow[K]
+    if tenant is not None:
+        tparts = {c: 0.0 for c in clusters}
+        left = max(0.0, tenant.total)
+        for c in clusters:
+            got = min(left, max(0.0, tenant.holdings.get(c, Holding()).nonpreemptible - tenant_base))
+            if got > 0:
+                tparts[c] += got
+                left -= got
+        # Of its non-preemptible work, the part its other projects hold beyond their own
+        # per-cluster guarantees is the tenant's to cover, not its guaranteed projects' room.
+        gbases = sum(o.base for o in projects.values())
+        others = {c: max(0.0, tenant.holdings.get(c, Holding()).nonpreemptible
+                         - sum(o.holdings.get(c, Holding()).nonpreemptible for o in projects.values())
+                         - max(0.0, project_bases - gbases)) for c in clusters}
+        grow = _Grow({c: max(0.0, tenant_base + tparts[c] - project_bases - others[c]) for c in clusters},
+                     left, tparts)
+    elif tenant_base > 0:
+        grow = _Grow({c: max(0.0, tenant_base - project_bases) for c in clusters})
+    else:
+        grow = _Grow(None)
+    out = {pid: claim_held(o, clusters, grow=grow) for pid, o in sorted(projects.items())}
     for pid, o in sorted(projects.items()):
-        place_rest(o, out[pid], clusters, cap, taken)
+        place_rest(o, out[pid], clusters, grow=grow)
+    if tenant is not None and tparts is not None:
+        left = max(0.0, tenant.total) - sum(tparts.values())
+        for c in clusters:
+            if left <= EPS:
+                break
+            got = min(left, max(0.0, tenant.holdings.get(c, Holding()).held - tenant_base - tparts[c]))
+            if got > 0:
+                tparts[c] += got
+                left -= got
+        place_rest(tenant, tparts, clusters)
     return tparts, out

@@ -143,46 +143,68 @@ def over_guarantee_here(limits: selectors.AllClusterLimits, use: selectors.AllCl
     return "", ""
 
 
-def _claims(use_of: Mapping[tuple[str, int, int], float], extra: Mapping[tuple[str, int, int], float],
-            level: str, key: int, base: float, clusters: Iterable[int]) -> float:
-    return sum(max(0.0, use_of.get((level, key, c), 0.0) + extra.get((level, key, c), 0.0) - base)
-               for c in clusters)
+def _beyond(held: Mapping[int, float], base: float) -> float:
+    return sum(max(0.0, v - base) for v in held.values())
+
+
+def _reclaim_held(use: selectors.AllClusterUse, book: selectors.GuaranteeBook,
+                  limits: selectors.AllClusterLimits, level: str, key: int) -> dict[int, float]:
+    """What the reclaim re-check counts as an owner's per cluster, waiting preemptors' asks
+    counted as held (the split's order, ``engine.guarantees.split_tenant``): a project's
+    jobs; a tenant's non-preemptible work and its guaranteed projects' work, not its other
+    projects' preemptible work (no guarantee covers that borrowing: it is reclaimed itself)."""
+    if level == "project":
+        return {c: use.by_cluster.get(("project", key, c), 0.0)
+                + book.preempting.get(("project", key, c), 0.0) for c in book.clusters}
+    guaranteed = [p for p in book.projects_of.get(key, []) if p in limits.project_guarantee]
+    out = {}
+    for c in book.clusters:
+        v = use.np_by_cluster.get(("tenant", key, c), 0.0) + book.np_asks("tenant", key, c)
+        for p in guaranteed:
+            v += (use.by_cluster.get(("project", p, c), 0.0) - use.np_by_cluster.get(("project", p, c), 0.0)
+                  + book.preempting.get(("project", p, c), 0.0) - book.np_asks("project", p, c))
+        out[c] = v
+    return out
 
 
 def guarantee_refusal(limits: selectors.AllClusterLimits, use: selectors.AllClusterUse,
                       book: selectors.GuaranteeBook, cluster_id: int, ids: tuple[int, int],
-                      n: float, *, nonpreemptible: bool, reclaim: bool) -> str:
+                      n: float, *, nonpreemptible: bool, reclaim: bool, job_id: int | None = None) -> str:
     """The admission's re-check under the per-tenant lock ("" when it may go), counted from
     what every cluster holds now (other cycles' committed admissions and preemptions included):
 
-    * a non-preemptible admission: what the owner's non-preemptible jobs hold beyond the
-      per-cluster guarantee, on every cluster, with this job, stays within the guarantee
-      across all clusters (its parts sum to it);
+    * a non-preemptible admission or preemption: what the owner's non-preemptible jobs hold
+      beyond the per-cluster guarantee, on every cluster, with the asks of its
+      non-preemptible preemptors waiting for victims (``book.np_preempting``; not job
+      ``job_id``'s own) and with this job, stays within the guarantee across all clusters
+      (its parts sum to it);
     * a reclaim preemption (victims of equal or higher priority, evicted only because they
       borrow) that relies on the project's part here (its GPUs here, waiting preemptors'
       asks counted, + this one's beyond its per-cluster guarantee): what it holds beyond the
-      per-cluster guarantee on every cluster, with this one, stays within the guarantee across
-      all clusters, at the project's level and at the tenant's when it has one. So two cycles
-      racing on two clusters never evict together for more than the guarantee."""
+      per-cluster guarantee on every cluster (``_reclaim_held``), with this one, stays within
+      the guarantee across all clusters, at the project's level and at the tenant's when it
+      has one. So two cycles racing on two clusters never evict together for more than the
+      guarantee."""
     pid, tid = ids
-    here = {}
     for level, key, total in _owners(limits, pid, tid):
         base = book.project_base.get(key, 0.0) if level == "project" else book.tenant_base.get(key, 0.0)
         if nonpreemptible:
-            here = {(level, key, cluster_id): n}
-            used = _claims(use.np_by_cluster, here, level, key, base, book.clusters)
-            if use.np_by_cluster.get((level, key, cluster_id), 0.0) + n > base + EPS and used > total + EPS:
+            np = {c: use.np_by_cluster.get((level, key, c), 0.0) + book.np_asks(level, key, c, but=job_id)
+                  for c in book.clusters}
+            np[cluster_id] = np.get(cluster_id, 0.0) + n
+            used = _beyond(np, base)
+            if np[cluster_id] > base + EPS and used > total + EPS:
                 return (f"over {_WHO[level]} GPU guarantee across all clusters for non-preemptible "
                         f"work: with it, {used:g} GPUs beyond the per-cluster guarantee on all "
-                        f"clusters, of {total:g} (it asks {n:g}); mark it preemptible to borrow idle GPUs")
+                        f"clusters (held, or asked by preemptors waiting for their victims), of "
+                        f"{total:g} (it asks {n:g}); mark it preemptible to borrow idle GPUs")
         if reclaim and pid in limits.project_guarantee:
-            held = {k: v + book.preempting.get(k, 0.0) for k, v in use.by_cluster.items()}
-            for k, v in book.preempting.items():
-                held.setdefault(k, v)
-            here = {(level, key, cluster_id): n}
+            held = _reclaim_held(use, book, limits, level, key)
+            held[cluster_id] = held.get(cluster_id, 0.0) + n
             pbase = book.project_base.get(pid, 0.0)
-            relies = held.get(("project", pid, cluster_id), 0.0) + n > pbase + EPS
-            used = _claims(held, here, level, key, base, book.clusters)
+            relies = (use.by_cluster.get(("project", pid, cluster_id), 0.0)
+                      + book.preempting.get(("project", pid, cluster_id), 0.0) + n > pbase + EPS)
+            used = _beyond(held, base)
             if relies and used > total + EPS:
                 return (f"{_WHO[level][:1].upper() + _WHO[level][1:]} GPU guarantee across all "
                         f"clusters is held or being reclaimed on other clusters: "

@@ -390,7 +390,7 @@ def _outside_pools(inputs: selectors.CycleInputs, tenant_id: int, placement: E.P
     if not bad:
         return ""
     pools = sorted({inputs.pools.node_pool[n] for n in bad})
-    return f"The free room is in pool(s) dedicated to other tenants ({', '.join(pools)})"
+    return f"{selectors.OUTSIDE_POOLS} ({', '.join(pools)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,13 +598,16 @@ def _guaranteed_preemptions(admits: list[tuple[Job, E.Placement, JobStatus]],
         n = gpus_of(d.placement.pods)
         reason = all_clusters.guarantee_refusal(
             limits, use, book, job.cluster_id or 0, (job.project_id, job.tenant_id), n,
-            nonpreemptible=not job.preemptible, reclaim=reclaim) if reclaim or not job.preemptible else ""
+            nonpreemptible=not job.preemptible, reclaim=reclaim,
+            job_id=job.pk) if reclaim or not job.preemptible else ""
         if reason:
             refused.append((job, reason[:1].upper() + reason[1:]))
             continue
         key = (job.cluster_id or 0)
         for lv, k in (("project", job.project_id), ("tenant", job.tenant_id)):
             book.preempting[(lv, k, key)] = book.preempting.get((lv, k, key), 0.0) + n
+        if not job.preemptible:  # counted for the next ones in this cycle too
+            book.np_preempting[job.pk] = (job.project_id, job.tenant_id, key, n)
         keep.append((job, d))
     return keep, refused
 
@@ -640,7 +643,7 @@ def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
             kind = "guarantee"
             reason = all_clusters.guarantee_refusal(
                 limits, use, book, job.cluster_id or 0, (job.project_id, job.tenant_id), n,
-                nonpreemptible=True, reclaim=False)
+                nonpreemptible=True, reclaim=False, job_id=job.pk)
         if reason:
             over.append((job, reason[:1].upper() + reason[1:], kind))
             continue

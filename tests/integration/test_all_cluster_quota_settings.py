@@ -13,7 +13,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 
 from scheduling import services as scheduling_services
 from tenants import services
-from tenants.models import AuditEvent, Quota
+from tenants.models import AuditEvent, Quota, QuotaScope
 from tests.conftest import World, client_for
 
 from .scheduling.test_multicluster import EAST
@@ -264,3 +264,37 @@ def test_guarantee_across_all_clusters_api_audit_permissions_and_pages(world: Wo
     ok = client.post("/t/acme/p/acme-p1/quota/", {**FORM, G: "2"})
     assert ok.status_code == 302
     assert Quota.objects.get(project=world.a.project).gpus_guaranteed_all_clusters == 2
+
+
+# Review of r6-gg: each failed before its fix.
+GG = "gpus_guaranteed_all_clusters"
+
+
+def test_per_cluster_and_all_cluster_tenant_guarantees_together_stay_within_the_platform(world: Any) -> None:
+    east = scheduling_services.cluster_create(actor=world.admin, name="east", backend="simulated",
+                                              inventory=EAST)
+    services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                       values={"gpus_guaranteed": Decimal(8)})
+    for t in (world.a.tenant, world.b.tenant):
+        Quota.objects.filter(scope=QuotaScope.TENANT, tenant=t).delete()
+        Quota.objects.filter(scope=QuotaScope.PROJECT, tenant=t).delete()
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_guaranteed": Decimal(8)})
+    # The platform guarantees 8 GPUs (one cluster); tenant a already has all 8 of them.
+    with pytest.raises(ValidationError) as exc:
+        services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
+                           values={"gpus_guaranteed": Decimal(0), GG: Decimal(8)})
+    assert GG in exc.value.message_dict
+
+
+def test_a_guarantee_per_cluster_plus_across_all_clusters_stays_within_its_limit_there(world: Any) -> None:
+    scheduling_services.cluster_create(actor=world.admin, name="east", backend="simulated", inventory=EAST)
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_guaranteed": Decimal(4), GG: Decimal(4)})
+    # g=4 per cluster + G=4 across all clusters, but at most 4 GPUs across all clusters: the
+    # guarantee on any one cluster (g + part = 8) can never be held.
+    with pytest.raises(ValidationError) as exc:
+        services.quota_set(actor=world.admin, scope="project", project=world.a.project,
+                           values={"gpus_guaranteed": Decimal(4), GG: Decimal(4),
+                                   "gpus_limit_all_clusters": Decimal(4)})
+    assert GG in exc.value.message_dict or "gpus_limit_all_clusters" in exc.value.message_dict

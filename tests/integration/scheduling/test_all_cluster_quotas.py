@@ -350,7 +350,9 @@ def test_the_admission_re_checks_non_preemptible_work_decided_on_a_stale_split(w
     from scheduling.services import cycle as cycle_service
 
     east, east2 = _east2(world)
-    _guarantee(world, 4, project=world.a.project)
+    # The tenant's guarantee only: a guaranteed project's head would keep the tenant's part
+    # (``split_tenant``), and the split would not go stale.
+    _guarantee(world, 4)
     first = _submit(world, "first", east, 4, preemptible=False)
     decided_east = cycle_service._decide(east, None)
     second = services.job_submit(actor=world.a.owner, project=world.a.other_project, cluster=east2,
@@ -366,7 +368,8 @@ def test_the_admission_re_checks_non_preemptible_work_decided_on_a_stale_split(w
     assert second.state == JobState.QUEUED and second.reason_kind == "guarantee"
     assert second.reason.startswith(
         "Over your tenant's GPU guarantee across all clusters for non-preemptible work: with it, 8 GPUs "
-        "beyond the per-cluster guarantee on all clusters, of 4 (it asks 4)")
+        "beyond the per-cluster guarantee on all clusters (held, or asked by preemptors waiting for "
+        "their victims), of 4 (it asks 4)")
 
 
 def test_the_split_shown_follows_the_head_job_and_skips_a_disabled_cluster(world: Any) -> None:

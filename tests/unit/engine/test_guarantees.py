@@ -101,3 +101,36 @@ def test_a_tenant_per_cluster_guarantee_already_given_to_projects_leaves_no_room
 def test_parts_sum_to_the_guarantee_when_nothing_caps_them(total: float) -> None:
     owner = Owner(total, base=0.5, holdings={"a": Holding(2.0, 1.0), "b": Holding(5.0)}, head="b")
     assert sum(split_guarantee(owner, AB).values()) == pytest.approx(total)
+
+
+def test_the_remainder_stops_at_what_the_per_cluster_limit_lets_it_hold() -> None:
+    # Review #2: 2 held on a, at most 2 per cluster: the rest (2) goes to b, not the head's a.
+    owner = Owner(4.0, holdings={"a": Holding(2.0)}, head="a", limit={"a": 2.0, "b": 2.0})
+    assert split_guarantee(owner, AB) == {"a": 2.0, "b": 2.0}
+
+
+def test_the_remainder_goes_to_the_heads_clusters_in_their_order() -> None:
+    abc = ["a", "b", "c"]
+    assert split_guarantee(Owner(4.0, heads=("c", "b")), abc) == {"a": 0.0, "b": 0.0, "c": 4.0}
+    capped = Owner(4.0, heads=("c", "b"), limit={"a": 4.0, "b": 4.0, "c": 1.0})
+    assert split_guarantee(capped, abc) == {"a": 0.0, "b": 3.0, "c": 1.0}
+
+
+def test_a_siblings_preemptible_borrowing_never_takes_a_guaranteed_projects_part() -> None:
+    # Review #4: tenant and p1 guarantee 4 in all; p2 (no guarantee) borrows 4 on b,
+    # preemptibly; p1 heads on a. The tenant's part goes where p1 needs it.
+    tenant = Owner(4.0, holdings={"b": Holding(4.0)}, head="b")
+    p1 = Owner(4.0, head="a")
+    tparts, pparts = split_tenant(AB, tenant, 0.0, {1: p1}, 0.0)
+    assert pparts[1] == {"a": 4.0, "b": 0.0}
+    assert tparts == {"a": 4.0, "b": 0.0}
+
+
+def test_the_tenants_non_preemptible_work_is_covered_before_its_projects_parts() -> None:
+    # p2 (no guarantee) holds 2 non-preemptible on b: the tenant covers them first, p1 the rest.
+    tenant = Owner(4.0, holdings={"b": Holding(2.0, 2.0)}, head="b")
+    tparts, pparts = split_tenant(AB, tenant, 0.0, {1: Owner(4.0, head="a")}, 0.0)
+    assert tparts == {"a": 2.0, "b": 2.0}
+    assert pparts[1] == {"a": 2.0, "b": 0.0}
+    for c in AB:
+        assert pparts[1][c] <= tparts[c]
