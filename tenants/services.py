@@ -343,6 +343,7 @@ def _validate_quota_tree(quota: Quota) -> None:
                 errors["gpus_limit_all_clusters"] = [
                     f"Below a project's GPU limit across all clusters ({child_max}); lower it first."]
     _validate_all_cluster_guarantee(quota, parent_totals, siblings, children, errors)
+    _validate_platform_guarantee(quota, parent_totals, siblings, errors)
     _validate_class_limits(quota, parent_totals, children, errors)
     if errors:
         raise ValidationError(errors)
@@ -368,8 +369,11 @@ def _validate_all_cluster_guarantee(quota: Quota, parent_totals: dict[str, Any] 
         errors[field] = ["Only tenant and project quotas have a guarantee across all clusters."]
         return
     glim = quota.gpus_limit_all_clusters
-    if glim is not None and g > glim:
-        errors[field] = [f"Above the GPU limit across all clusters ({glim})."]
+    if glim is not None and quota.gpus_guaranteed + g > glim:
+        # The per-cluster guarantee and this cluster's part (up to all of it) are guaranteed
+        # together on one cluster: more than the limit across all clusters could never be held.
+        errors[field] = [f"With the per-cluster GPU guarantee ({quota.gpus_guaranteed}), above the "
+                         f"GPU limit across all clusters ({glim}): at most {glim - quota.gpus_guaranteed}."]
         return
     if parent_totals is not None:
         key = field if quota.scope == QuotaScope.PROJECT else "gpus_guaranteed"
@@ -387,6 +391,30 @@ def _validate_all_cluster_guarantee(quota: Quota, parent_totals: dict[str, Any] 
         if g < child_g:
             errors[field] = [f"Below what its projects are guaranteed across all clusters "
                              f"({child_g} GPUs in all); lower those first."]
+
+
+def _validate_platform_guarantee(quota: Quota, parent_totals: dict[str, Any] | None,
+                                 siblings: models.QuerySet[Quota], errors: dict[str, list[str]]) -> None:
+    """The tenants' GPU guarantees per cluster and across all clusters together stay within
+    what the enabled clusters guarantee (each is checked alone above; together they must not
+    promise the same GPUs twice). Named on the field raised: the per-cluster guarantee when
+    only it grew, else the one across all clusters."""
+    field = "gpus_guaranteed_all_clusters"
+    if quota.scope != QuotaScope.TENANT or parent_totals is None or field in errors \
+            or "gpus_guaranteed" in errors:
+        return
+    g, big_g = quota.gpus_guaranteed, quota.gpus_guaranteed_all_clusters or 0
+    sib = siblings.aggregate(a=Sum("gpus_guaranteed"), b=Sum(field))
+    total = g + big_g + (sib["a"] or 0) + (sib["b"] or 0)
+    platform = parent_totals.get("gpus_guaranteed") or 0
+    if total <= platform:
+        return
+    old = (Quota.objects.filter(pk=quota.pk).values_list("gpus_guaranteed", field).first()
+           if quota.pk else None)
+    name = "gpus_guaranteed" if old is not None and g > old[0] and big_g <= (old[1] or 0) else field
+    errors[name] = [f"The platform's clusters guarantee {platform} GPUs; with this value the tenants "
+                    f"would be guaranteed {total} in all (per cluster and across all clusters "
+                    f"together)."]
 
 
 def _validate_class_limits(quota: Quota, parent_totals: dict[str, Any] | None,

@@ -285,6 +285,17 @@ def test_per_cluster_and_all_cluster_tenant_guarantees_together_stay_within_the_
         services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
                            values={"gpus_guaranteed": Decimal(0), GG: Decimal(8)})
     assert GG in exc.value.message_dict
+    # Raising the per-cluster guarantee of a tenant whose guarantee across all clusters takes
+    # the rest: the per-cluster field is the one named.
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_guaranteed": Decimal(4)})
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
+                       values={"gpus_guaranteed": Decimal(0), GG: Decimal(4)})
+    with pytest.raises(ValidationError) as exc:
+        services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                           values={"gpus_guaranteed": Decimal(6)})
+    errors = exc.value.message_dict
+    assert GG not in errors and "would be guaranteed 10.00 in all" in errors["gpus_guaranteed"][0]
 
 
 def test_a_guarantee_per_cluster_plus_across_all_clusters_stays_within_its_limit_there(world: Any) -> None:
