@@ -696,9 +696,10 @@ OUTSIDE_POOLS = "The free room is in pool(s) dedicated to other tenants"
 @dataclass
 class GuaranteeBook:
     """What the split of the GPU guarantees across all clusters reads beside the usage
-    (``guarantee_book``): the clusters in their fixed order (enabled first, by name), the per-cluster GPU
+    (``guarantee_book``): the clusters in their fixed order (enabled and reachable first, then
+    unreachable, then disabled; by name), the per-cluster GPU
     guarantees of the tenants concerned and of their projects, the asks of their preemptors
-    waiting for victims, and the cluster of each owner's head job."""
+    waiting for victims, the clusters of each owner's head jobs and the per-cluster GPU limits."""
 
     clusters: list[int]
     cluster_names: dict[int, str]

@@ -13,13 +13,16 @@ same rows compute the same parts:
    within a guarantee, so they are covered first), clusters in the given order;
 2. what its other jobs hold beyond ``base`` there, a waiting preemptor's ask counted as held
    (the GPUs it is evicting for are the guarantee it relies on), same order;
-3. the remainder to one cluster: the one where the owner's job at the head of its queue waits
-   (``head``), else the first of the order.
+3. the remainder to the clusters where the owner's queued jobs that could run wait (``head``,
+   ``heads``: best job first), then the rest of the order; on each cluster at most what the
+   owner's per-cluster limit lets it hold (``limit``), the rest moving on.
 
 Each step takes at most what is left of G, and, when a ``cap`` is given, at most what the
 cap leaves on that cluster: a project's parts are capped by what its tenant has left there
-(:func:`split_tenant`), so a project never holds more guaranteed GPUs on a cluster than its
-tenant's guarantee there covers. When a cap binds, the parts sum to less than G.
+(:func:`split_tenant`, where the tenant's part grows for its guaranteed projects before its
+other projects' preemptible work claims it), so a project never holds more guaranteed GPUs on
+a cluster than its tenant's guarantee there covers. When a cap binds, the parts sum to less
+than G.
 """
 
 from __future__ import annotations
