@@ -710,7 +710,7 @@ class GuaranteeBook:
     """("project"|"tenant", id, cluster id) → GPUs its waiting preemptors ask there."""
     heads: dict[tuple[str, int], list[int]]
     """("project"|"tenant", id) → the clusters of its queued jobs that could run (enabled,
-    reachable clusters; not waiting on a quota, a guarantee or dedicated pools), the cluster
+    reachable clusters; not waiting on a quota or dedicated pools), the cluster
     of its best such job (priority, submission) first."""
     names: dict[tuple[str, int], str] = field(default_factory=dict)
     """("project"|"tenant", id) → its queue name in the engine's tree."""
@@ -769,12 +769,13 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
             book.preempting[(lv, k, cid)] += float(n or 0)
         if not preemptible:
             book.np_preempting[pk] = (pid, tid, cid, float(n or 0))
-    # The heads: a job waiting on a quota (a per-cluster or all-cluster limit, a memory limit),
-    # on a guarantee, or on dedicated pools, or queued on an unreachable cluster, may wait
-    # long: the remainder of a guarantee is not parked there.
+    # The heads: a job waiting on a quota (a per-cluster or all-cluster limit, a memory limit)
+    # or on dedicated pools, or queued on an unreachable cluster, may wait long: the remainder
+    # of a guarantee is not parked there. One waiting on the guarantee itself (kind
+    # ``guarantee``: its cluster's part too small) is not skipped: the part must come to it.
     queued = (Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, cluster__enabled=True,
                                  cluster__unreachable_since__isnull=True)
-              .exclude(reason_kind__in=("quota", "guarantee", "over-guarantee"))
+              .exclude(reason_kind="quota")
               .exclude(reason__startswith=OUTSIDE_POOLS))
     for lv, col in (("project", "project_id"), ("tenant", "tenant_id")):
         best: dict[int, list[tuple[int, Any, int, int]]] = defaultdict(list)

@@ -583,3 +583,15 @@ def test_a_job_queued_on_an_unreachable_cluster_does_not_pin_the_remainder(world
     print("split", all_cluster_held(world.a.tenant.pk, world.a.project.pk)["split"], stuck.pk)
     print("mine", mine.state, mine.reason_kind, mine.reason[:150])
     assert "Preempting" in mine.reason or mine.state == JobState.STARTING
+
+
+def test_a_non_preemptible_job_waiting_for_the_guarantee_still_draws_the_remainder(world: Any) -> None:
+    """A head job waiting on the guarantee itself (kind ``guarantee``: its cluster's part was
+    too small) is not skipped like one waiting on a quota: the remainder must come to it, or
+    it would wait forever (the first cluster of the order, east, would keep it)."""
+    east, east2 = _east2(world)
+    _guarantee(world, 4, project=world.a.project)
+    job = _submit(world, "np", east2, 4, preemptible=False)
+    Job.objects.filter(pk=job.pk).update(reason_kind="guarantee", reason="Non-preemptible jobs must fit …")
+    _run_all(east2)
+    assert _state(job) == JobState.STARTING
