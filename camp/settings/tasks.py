@@ -105,6 +105,10 @@ CAMP_SCHEDULER_NAME = env_str("CAMP_SCHEDULER_NAME", "camp-scheduler")
 # How long a GPU pod on a HAMi node may wait for the device plugin's bind-phase answer, and
 # for another pod's node lock, before its dispatch fails with a reason.
 CAMP_HAMI_BIND_TIMEOUT_SECONDS = env_int("CAMP_HAMI_BIND_TIMEOUT_SECONDS", 60)
+# A Kubernetes API call that gets no answer, a 5xx or a 429 is retried this many times, after
+# this many milliseconds, doubled at each try (4 and 200: at most 3 s of waiting per call).
+CAMP_KUBE_API_RETRIES = env_int("CAMP_KUBE_API_RETRIES", 4)
+CAMP_KUBE_API_BACKOFF_MS = env_int("CAMP_KUBE_API_BACKOFF_MS", 200)
 # HAMi's node lock expires after this long (HAMI_NODELOCK_EXPIRE in HAMi, default 5m).
 CAMP_HAMI_NODELOCK_EXPIRE_SECONDS = env_int("CAMP_HAMI_NODELOCK_EXPIRE_SECONDS", 300)
 

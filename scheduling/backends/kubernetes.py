@@ -259,13 +259,16 @@ def _millicores(quantity: str | None) -> int:
 
 
 class KubernetesBackend:
-    def __init__(self, api_client: k8s.ApiClient, *, retries: int = 4, backoff: float = 0.2,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, api_client: k8s.ApiClient, *, retries: int | None = None,
+                 backoff: float | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
         self.api = api_client
         self.core = k8s.CoreV1Api(api_client)
         self.networking = k8s.NetworkingV1Api(api_client)
-        self.retries = retries
-        self.backoff = backoff
+        # Retries of one call and the first backoff step (doubling each try): settings
+        # CAMP_KUBE_API_RETRIES and CAMP_KUBE_API_BACKOFF_MS (4 and 200 ms: 3 s per call at most).
+        self.retries = int(getattr(settings, "CAMP_KUBE_API_RETRIES", 4)) if retries is None else retries
+        self.backoff = (int(getattr(settings, "CAMP_KUBE_API_BACKOFF_MS", 200)) / 1000
+                        if backoff is None else backoff)
         self.sleep = sleep
         self._owner_uids: dict[tuple[str, str], str] = {}
         self.timeout: float | tuple[float, float] = 30  # seconds, or (connect, read)

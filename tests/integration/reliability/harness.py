@@ -197,7 +197,10 @@ def camp_stack(*, tick_seconds: int = 2) -> Iterator[Stack]:
                "DJANGO_SETTINGS_MODULE": "camp.settings.test", "DATABASE_URL": pg.url,
                "REDIS_URL": redis.url, "CELERY_BROKER_URL": redis.url,
                "CAMP_TEST_RUN_ID": f"faults-{os.getpid()}",
-               "SCHEDULER_TICK_SECONDS": str(tick_seconds), "PYTHONUNBUFFERED": "1"}
+               "SCHEDULER_TICK_SECONDS": str(tick_seconds), "PYTHONUNBUFFERED": "1",
+               # The production retry ladder (camp/settings/tasks.py), not the test settings'
+               # short one: the faults are struck at the processes as they run in production.
+               "CAMP_KUBE_API_BACKOFF_MS": "200"}
         migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], env=env,
                                  cwd=REPO, capture_output=True, text=True, timeout=600)
         assert migrate.returncode == 0, migrate.stderr

@@ -338,3 +338,20 @@ def test_camps_pods_are_those_of_its_live_jobs_whatever_the_scheduler_name(
         assert (live.foreign_memory_mib, live.foreign_pods) == (0, []), name
         assert (stray.foreign_memory_mib, stray.foreign_cores, stray.foreign_pods) == (
             20000, 30, ["default/not-camps"]), name
+
+
+def test_the_retry_ladder_comes_from_the_settings(settings: Any) -> None:
+    """An operator sets how often and after how long a call to an unreachable API server is
+    retried (CAMP_KUBE_API_RETRIES, CAMP_KUBE_API_BACKOFF_MS, doubled each try); the error
+    then names the server."""
+    from scheduling.backends.base import BackendError
+
+    settings.CAMP_KUBE_API_RETRIES = 2
+    settings.CAMP_KUBE_API_BACKOFF_MS = 50
+    cfg = k8s.Configuration()
+    cfg.host = "http://127.0.0.1:9"  # nothing listens: connection refused
+    waits: list[float] = []
+    backend = KubernetesBackend(k8s.ApiClient(cfg), sleep=waits.append)
+    with pytest.raises(BackendError, match=r"unreachable at http://127\.0\.0\.1:9"):
+        backend.list_pods()
+    assert waits == [0.05, 0.1]
