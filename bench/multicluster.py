@@ -182,6 +182,12 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
     allocated, area, last_t, preemptions = 0.0, 0.0, None, 0
     arrivals_end = max(sim.created.values())
     area_w = 0.0  # GPU-seconds held between the first and the last arrival
+    # Free GPUs on a cluster while jobs wait elsewhere (pinned: queued on the other cluster; any:
+    # bound there or still floating), after each tick's cycles, held until the next tick: the
+    # most that pooling the two clusters could have used (an upper bound: free GPUs may be
+    # scattered slices the waiting jobs cannot use).
+    beside, beside_at, idle_beside = 0.0, 0.0, 0.0
+    queued_peak: tuple[int, list[int], float] = (0, [], 0.0)  # (jobs waiting, per cluster, at t)
     t0 = time.perf_counter()
     first = min(sim.created.values())
 
@@ -352,6 +358,7 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
             area += allocated * (t - last_t)
             area_w += allocated * max(0.0, min(t, arrivals_end) - last_t)
         last_t = t
+        idle_beside += beside * (t - beside_at)
         if mode == "any" and (floating or (bound and changed[0])):
             before = dict(bound)
             place(t)
@@ -360,6 +367,13 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
         for c in clusters:
             if c.name in dirty:
                 start_cycle(c, t)
+        beside, beside_at = 0.0, t
+        if floating or any(c.pending for c in clusters):
+            beside = sum(c.free() for c in clusters
+                         if floating or any(o.pending for o in clusters if o is not c))
+            waiting_now = len(floating) + sum(len(c.pending) for c in clusters)
+            if waiting_now > queued_peak[0]:
+                queued_peak = (waiting_now, [len(c.pending) for c in clusters], t - first)
         if prof_spec[0] and prof is None and prof_until == math.inf and t - first >= float(prof_spec[0]):
             prof = cProfile.Profile()
             prof_until = time.perf_counter() + float(prof_spec[1])
@@ -391,6 +405,12 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
                                    if arrivals_end > first else 0.0),
         "span_s": span, "arrival_span_s": arrivals_end - first,
         "preemptions": preemptions, "wall_s": time.perf_counter() - t0,
+        "waited_over_tick": sum(1 for d in delays if d > max(tick, 1.0)),
+        "queued_peak": queued_peak[0], "queued_peak_per_cluster": queued_peak[1],
+        "queued_peak_at_s": queued_peak[2],
+        "free_beside_queue_gpu_s": idle_beside,
+        "free_beside_queue_pct": (100 * idle_beside / (span * sum(c.capacity for c in clusters))
+                                  if span else 0.0),
         "placement_steps": len(batches_run),
         "batches_per_step_max": max(batches_run, default=0),
         "steps_with_more_batches": sum(1 for b in batches_run if b > 1),
@@ -454,6 +474,9 @@ def main() -> None:
                   f"(arrivals {row['gpu_alloc_arrivals_pct']:.1f} %), started {row['started']}, "
                   f"never {row['never']}, preemptions {row['preemptions']}, "
                   f"{row['wall_s']:.0f} s", flush=True)
+            print(f"  waited over a tick {row['waited_over_tick']}; peak queue {row['queued_peak']} "
+                  f"{row['queued_peak_per_cluster']} at t={row['queued_peak_at_s']:.0f} s; free GPU-s beside "
+                  f"a queue elsewhere {row['free_beside_queue_gpu_s']:.0f}", flush=True)
             if mode == "any":
                 print(f"  placement steps {row['placement_steps']}, more than one batch in "
                       f"{row['steps_with_more_batches']}; engine time per batch median "
@@ -464,7 +487,8 @@ def main() -> None:
         rs = [r for r in rows if r["mode"] == mode]
         med[mode] = {k: statistics.median(float(r[k]) for r in rs)  # type: ignore[arg-type]
                      for k in ("p50_delay_s", "p95_delay_s", "mean_delay_s", "gpu_alloc_pct",
-                               "gpu_alloc_arrivals_pct", "started", "never", "preemptions", "wall_s")}
+                               "gpu_alloc_arrivals_pct", "started", "never", "preemptions", "wall_s",
+                               "waited_over_tick", "queued_peak", "free_beside_queue_gpu_s")}
     print(f"\nopenb default over two clusters (every {args.stride}th openb GPU node, dealt alternately): "
           f"{rows[0]['clusters']}")
     print(f"load factor {args.load:g}, copies {args.copies}, tick {args.tick:g} s, heads {args.heads}, "
