@@ -22,7 +22,12 @@ share of the free GPUs as ``SCHEDULER_HEADS_FILL`` does), re-run while it admits
   job between in-memory queues instead of the conditional UPDATE) are the bench's. A job a
   cluster's cycle can never run goes back to the global queue with that cluster refused, as
   ``cycle._apply`` does. Jobs declare their duration (the trace's), which the wait estimate
-  uses, as users' ``duration_seconds`` would.
+  uses, as users' ``duration_seconds`` would. ``--batches n``: as ``placement_run``, a step
+  goes on with the next ``--window`` jobs behind (same trials, each batch in global order)
+  while its last batch was full, at most n batches; the service stops once
+  ``PLACEMENT_BUDGET_S`` (2 s) of wall time is spent, which has no equivalent in simulated
+  time, so n stands for it (``--budget s`` also stops once the step's measured engine time,
+  ``M.step`` alone, reaches s). The engine time of every batch is reported.
 
 ``--load k`` compresses the arrivals: each pod arrives at first + (creation − first) / k and
 still runs its trace duration, so the offered load is k times the trace's (on the whole
@@ -35,11 +40,16 @@ placement step (any) and a cycle of each cluster where something changed run at 
 Reported per mode (medians over ``--runs`` seeds for pinned, ``--any-runs`` for any): p50, p95
 and mean queueing delay (creation → first start) over the pods that started, time-averaged
 GPU allocation of both clusters (first arrival → last event), pods never started,
-preemptions, wall time. ``MB_DEBUG=1`` prints the queues at each tick.
+preemptions, wall time; pods that waited longer than a tick, the peak queue, and the free
+GPU-seconds of a cluster while jobs waited elsewhere (at most what pooling could use).
+``MB_DEBUG=1`` prints the queues at each tick; ``MB_PROFILE=start:seconds[:file]`` profiles
+``seconds`` of wall time from ``start`` s of simulated time.
 
     .venv/bin/python -m bench.multicluster              # stride 130, per event, all heads (~6 min)
     .venv/bin/python -m bench.multicluster --stride 1 --load 300 --heads 8 --tick 3 \
         --out multicluster_k300.json                    # the whole cluster, 300x arrivals
+    .venv/bin/python -m bench.multicluster --stride 1 --load 2000 --copies 2 --heads 8 --tick 3 \
+        --modes any --batches 3 --out multicluster_k2000_m2_any_b3.json   # every pod twice
 """
 
 from __future__ import annotations
