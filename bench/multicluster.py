@@ -400,6 +400,7 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
                   f"floating {len(floating)} bound {len(bound)} "
                   f"pending {[len(c.pending) for c in clusters]} "
                   f"running {[len(c.running) for c in clusters]} "
+                  f"free {[round(c.free()) for c in clusters]} "
                   f"started {len(waited)}", flush=True)
         dirty.clear()
     delays = sorted(waited.values())
