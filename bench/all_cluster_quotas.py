@@ -6,8 +6,8 @@ in 2 tenants (4 GPUs each); then ``--pending`` one-GPU preemptible jobs queued o
 cluster, which all wait (no room, nothing they may preempt), so each cycle decides the same
 thing and can be repeated. The cycle (``cycle_run``: snapshot, engine, writes) is timed
 ``--repeats`` times without any quota across all clusters, then with every project and tenant
-holding a GPU limit and an A100 GPU memory limit across all clusters (none of them binding:
-the same decisions). Medians.
+holding a GPU guarantee (split into per-cluster parts each cycle), a GPU limit and an A100 GPU
+memory limit across all clusters (none of them binding: the same decisions). Medians.
 
     .venv/bin/python -m bench.all_cluster_quotas --nodes 32 --pending 2000 --repeats 5
 """
@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--pending", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--db", default="camp_bench_gq2", help="the bench's own database (dropped after)")
     args = parser.parse_args()
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "camp.settings.test"
@@ -53,7 +54,7 @@ def main() -> None:
     from django.test.utils import setup_test_environment
 
     setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "camp_bench_gq2"
+    connection.settings_dict["TEST"]["NAME"] = args.db
     db = connection.creation.create_test_db(verbosity=0, keepdb=False)
     try:
         result = _run(args)
@@ -117,17 +118,38 @@ def _run(args: argparse.Namespace) -> dict[str, object]:
     without = timed()
     for w in worlds:
         tenant_services.quota_set(actor=admin, scope="tenant", tenant=w.tenant, values={
-            "gpus_limit_all_clusters": Decimal(gpus),
+            "gpus_guaranteed_all_clusters": Decimal(gpus), "gpus_limit_all_clusters": Decimal(gpus),
             "gpu_memory_mib_limits_all_clusters": {"A100-80G": gpus * 81920}})
         for p in (w.project, w.other_project):
             tenant_services.quota_set(actor=admin, scope="project", project=p, values={
-                "gpus_limit_all_clusters": Decimal(gpus),
+                "gpus_guaranteed_all_clusters": Decimal(gpus // 2), "gpus_limit_all_clusters": Decimal(gpus),
                 "gpu_memory_mib_limits_all_clusters": {"A100-80G": gpus * 81920}})
     with_quotas = timed()
+    # The guarantee's own share of the snapshot: the book (its queries) and the split.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from scheduling import selectors
+    from scheduling.services import all_clusters
+
+    use_s, split_s, queries = [], [], 0
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        limits = selectors.all_cluster_limits()
+        use = selectors.all_cluster_use(limits.tenant_ids)
+        use_s.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        with CaptureQueriesContext(connection) as q:
+            all_clusters.guarantees(limits, use, names=True)
+        split_s.append(time.perf_counter() - t)
+        queries = len(q.captured_queries)
     queued = Job.objects.filter(cluster=clusters[0], state=JobState.QUEUED).count()
     return {"nodes_per_cluster": args.nodes, "gpus": gpus, "pending": queued,
             "cycle_s_without": without, "cycle_s_with": with_quotas,
-            "median_without": statistics.median(without), "median_with": statistics.median(with_quotas)}
+            "median_without": statistics.median(without), "median_with": statistics.median(with_quotas),
+            "limits_and_use_s": use_s, "median_limits_and_use": statistics.median(use_s),
+            "guarantee_split_s": split_s, "median_guarantee_split": statistics.median(split_s),
+            "guarantee_split_queries": queries}
 
 
 if __name__ == "__main__":

@@ -583,35 +583,45 @@ class AllClusterLimits:
 
     @property
     def tenant_ids(self) -> list[int]:
-        return sorted(set(self.tenant) | set(self.tenant_memory) | set(self._project_tenants.values()))
+        return sorted(set(self.tenant) | set(self.tenant_memory) | set(self.tenant_guarantee)
+                      | set(self._project_tenants.values()))
 
     _project_tenants: dict[int, int]
     """Project id → its tenant id."""
     project_memory: dict[int, dict[str, int]] = field(default_factory=dict)
     """Project id → {GPU model class: MiB at most on all clusters}."""
     tenant_memory: dict[int, dict[str, int]] = field(default_factory=dict)
+    project_guarantee: dict[int, float] = field(default_factory=dict)
+    """Project id → GPUs guaranteed on all clusters together (> 0 only)."""
+    tenant_guarantee: dict[int, float] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.project or self.tenant or self.project_memory or self.tenant_memory)
+        return bool(self.project or self.tenant or self.project_memory or self.tenant_memory
+                    or self.project_guarantee or self.tenant_guarantee)
 
 
 def all_cluster_limits(tenant_ids: Collection[int] | None = None) -> AllClusterLimits:
-    """One query; only the quotas that set a limit across all clusters."""
+    """One query; only the quotas that set a limit or a guarantee across all clusters (a
+    guarantee of 0 guarantees nothing, as per cluster: it restricts nothing)."""
     rows = Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT]).filter(
-        Q(gpus_limit_all_clusters__isnull=False) | ~Q(gpu_memory_mib_limits_all_clusters={}))
+        Q(gpus_limit_all_clusters__isnull=False) | ~Q(gpu_memory_mib_limits_all_clusters={})
+        | Q(gpus_guaranteed_all_clusters__gt=0))
     if tenant_ids is not None:
         rows = rows.filter(tenant_id__in=list(tenant_ids))
     out = AllClusterLimits({}, {}, {})
-    for scope, tid, pid, lim, mem in rows.values_list(
+    for scope, tid, pid, lim, mem, g in rows.values_list(
             "scope", "tenant_id", "project_id", "gpus_limit_all_clusters",
-            "gpu_memory_mib_limits_all_clusters"):
+            "gpu_memory_mib_limits_all_clusters", "gpus_guaranteed_all_clusters"):
         key = pid if scope == QuotaScope.PROJECT else tid
-        limits, memory = ((out.project, out.project_memory) if scope == QuotaScope.PROJECT
-                          else (out.tenant, out.tenant_memory))
+        limits, memory, guarantees = (
+            (out.project, out.project_memory, out.project_guarantee) if scope == QuotaScope.PROJECT
+            else (out.tenant, out.tenant_memory, out.tenant_guarantee))
         if scope == QuotaScope.PROJECT:
             out._project_tenants[pid] = tid
         if lim is not None:
             limits[key] = float(lim)
+        if g:
+            guarantees[key] = float(g)
         if mem:
             memory[key] = {str(k): int(v) for k, v in mem.items()}
     return out
@@ -619,14 +629,19 @@ def all_cluster_limits(tenant_ids: Collection[int] | None = None) -> AllClusterL
 
 @dataclass
 class AllClusterUse:
-    """What tenants' jobs hold on every cluster together, from one aggregate over
-    ``GpuSlice``: GPUs (``multicluster.gpus_of``'s rule) per project and per tenant, and GPU
-    memory (MiB) per GPU model class."""
+    """What tenants' jobs hold on every cluster, from one aggregate over ``GpuSlice``: GPUs
+    (``multicluster.gpus_of``'s rule) per project and per tenant, on all clusters together and
+    per cluster (all jobs, and non-preemptible jobs: the guarantee's split,
+    ``guarantee_parts``), and GPU memory (MiB) per GPU model class."""
 
     gpus: dict[tuple[str, int], float] = field(default_factory=lambda: defaultdict(float))
     """("project"|"tenant", id) → GPUs held on all clusters."""
     memory: dict[tuple[str, int, str], int] = field(default_factory=lambda: defaultdict(int))
     """("project"|"tenant", id, GPU model class) → MiB held on all clusters."""
+    by_cluster: dict[tuple[str, int, int], float] = field(default_factory=lambda: defaultdict(float))
+    """("project"|"tenant", id, cluster id) → GPUs held there."""
+    np_by_cluster: dict[tuple[str, int, int], float] = field(default_factory=lambda: defaultdict(float))
+    """("project"|"tenant", id, cluster id) → GPUs held there by non-preemptible jobs."""
 
     def total(self, level: str, key: int) -> float:
         return self.gpus.get((level, key), 0.0)
@@ -638,16 +653,20 @@ class AllClusterUse:
             per[0 if lv == "project" else 1][k] += v
         return per
 
-    def add(self, project_id: int, tenant_id: int, gpus: float, memory: dict[str, int]) -> None:
+    def add(self, project_id: int, tenant_id: int, gpus: float, memory: dict[str, int],
+            cluster_id: int = 0, nonpreemptible: bool = False) -> None:
         """Count an admission made meanwhile (this cycle's, under the per-tenant lock)."""
         for lv, k in (("project", project_id), ("tenant", tenant_id)):
             self.gpus[(lv, k)] += gpus
+            self.by_cluster[(lv, k, cluster_id)] += gpus
+            if nonpreemptible:
+                self.np_by_cluster[(lv, k, cluster_id)] += gpus
             for cls, mib in memory.items():
                 self.memory[(lv, k, cls)] += mib
 
 
 def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
-    """One aggregate: per project and GPU model, GPUs and MiB held."""
+    """One aggregate: per project, cluster, preemptibility and GPU model, GPUs and MiB held."""
     from django.db.models import Case, ExpressionWrapper, Sum, Value, When
 
     from .engine.placement import model_family
@@ -660,13 +679,155 @@ def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
         default=ExpressionWrapper(Cast("cores_percent", FloatField()) / Value(100.0),
                                   output_field=FloatField()),
         output_field=FloatField())
-    cols = ("allocation__job__project_id", "allocation__job__tenant_id", "gpu__model")
-    for pid, tid, model, n, mib in (
+    cols = ("allocation__job__project_id", "allocation__job__tenant_id", "gpu__model",
+            "allocation__cluster_id", "allocation__job__preemptible")
+    for pid, tid, model, cid, preemptible, n, mib in (
             GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
             .values(*cols).annotate(n=Sum(share), mib=Sum("memory_mib")).order_by()
             .values_list(*cols, "n", "mib")):
-        use.add(pid, tid, float(n or 0), {model_family(model): int(mib or 0)})
+        use.add(pid, tid, float(n or 0), {model_family(model): int(mib or 0)}, cid, not preemptible)
     return use
+
+
+OUTSIDE_POOLS = "The free room is in pool(s) dedicated to other tenants"
+"""How a job waiting on dedicated pools' room starts its reason (``cycle._outside_pools``)."""
+
+
+@dataclass
+class GuaranteeBook:
+    """What the split of the GPU guarantees across all clusters reads beside the usage
+    (``guarantee_book``): the clusters in their fixed order (enabled and reachable first, then
+    unreachable, then disabled; by name), the per-cluster GPU
+    guarantees of the tenants concerned and of their projects, the asks of their preemptors
+    waiting for victims, the clusters of each owner's head jobs and the per-cluster GPU limits."""
+
+    clusters: list[int]
+    cluster_names: dict[int, str]
+    tenant_base: dict[int, float]
+    project_base: dict[int, float]
+    projects_of: dict[int, list[int]]
+    preempting: dict[tuple[str, int, int], float]
+    """("project"|"tenant", id, cluster id) → GPUs its waiting preemptors ask there."""
+    heads: dict[tuple[str, int], list[int]]
+    """("project"|"tenant", id) → the clusters of its queued jobs that could run (enabled,
+    reachable clusters; not waiting on a quota or dedicated pools), the cluster
+    of its best such job (priority, submission) first."""
+    names: dict[tuple[str, int], str] = field(default_factory=dict)
+    """("project"|"tenant", id) → its queue name in the engine's tree."""
+    limit: dict[tuple[str, int], float] = field(default_factory=dict)
+    """("project"|"tenant", id) → its per-cluster GPU limit (when it has one)."""
+    np_preempting: dict[int, tuple[int, int, int, float]] = field(default_factory=dict)
+    """Job id → (project id, tenant id, cluster id, GPUs asked) of each non-preemptible
+    preemptor waiting for its victims (the guarantee re-check counts its ask as held)."""
+
+    def np_asks(self, level: str, key: int, cluster_id: int, but: int | None = None) -> float:
+        """GPUs the owner's waiting non-preemptible preemptors ask on a cluster (less job ``but``)."""
+        i = 0 if level == "project" else 1
+        return sum(v[3] for pk, v in self.np_preempting.items()
+                   if v[i] == key and v[2] == cluster_id and pk != but)
+
+
+def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBook | None:
+    """None (no query) when no quota has a guarantee across all clusters; else a few small
+    queries over the tenants concerned. ``names``: the queue names too (the cycle's tree)."""
+    if not (limits.project_guarantee or limits.tenant_guarantee):
+        return None
+    from django.db.models import Case, ExpressionWrapper, F, Sum, Value, When
+
+    tids = sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]
+                                                  for p in limits.project_guarantee})
+    crows = list(Cluster.objects.values_list("pk", "name", "enabled", "unreachable_since"))
+    cluster_names = {pk: name for pk, name, _, _ in crows}
+    # The fixed order: enabled, reachable clusters first, then unreachable ones, then disabled
+    # ones (so the remainder lands on a cluster whose cycle runs when nothing of the owner
+    # waits), each group by name.
+    order = [r[0] for r in sorted(crows, key=lambda r: (not r[2], r[3] is not None, r[1], r[0]))]
+    book = GuaranteeBook(order, cluster_names, {}, {}, defaultdict(list), defaultdict(float), {})
+    for scope, tid, pid, g, lim in Quota.objects.filter(
+            scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT], tenant_id__in=tids).values_list(
+            "scope", "tenant_id", "project_id", "gpus_guaranteed", "gpus_limit"):
+        if scope == QuotaScope.PROJECT:
+            book.project_base[pid] = float(g)
+        else:
+            book.tenant_base[tid] = float(g)
+        if lim is not None:
+            book.limit[("project", pid) if scope == QuotaScope.PROJECT else ("tenant", tid)] = float(lim)
+    for pid, tid in Project.objects.filter(tenant_id__in=tids).order_by("pk").values_list("pk", "tenant_id"):
+        book.projects_of[tid].append(pid)
+    ask = Case(When(Q(groups__exclusive=True) | Q(groups__gpu_cores_percent=0), then=Value(1.0)),
+               default=ExpressionWrapper(Cast("groups__gpu_cores_percent", FloatField()) / Value(100.0),
+                                         output_field=FloatField()),
+               output_field=FloatField())
+    for pk, pid, tid, cid, preemptible, n in (
+            Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, reason_kind="preempting",
+                               cluster__isnull=False)
+            .values("pk", "project_id", "tenant_id", "cluster_id", "preemptible")
+            .annotate(n=Sum(ExpressionWrapper(F("groups__replicas") * F("groups__gpu_count") * ask,
+                                              output_field=FloatField())))
+            .order_by().values_list("pk", "project_id", "tenant_id", "cluster_id", "preemptible", "n")):
+        for lv, k in (("project", pid), ("tenant", tid)):
+            book.preempting[(lv, k, cid)] += float(n or 0)
+        if not preemptible:
+            book.np_preempting[pk] = (pid, tid, cid, float(n or 0))
+    # The heads: a job waiting on a quota (a per-cluster or all-cluster limit, a memory limit)
+    # or on dedicated pools, or queued on an unreachable cluster, may wait long: the remainder
+    # of a guarantee is not parked there. One waiting on the guarantee itself (kind
+    # ``guarantee``: its cluster's part too small) is not skipped: the part must come to it.
+    queued = (Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, cluster__enabled=True,
+                                 cluster__unreachable_since__isnull=True)
+              .exclude(reason_kind="quota")
+              .exclude(reason__startswith=OUTSIDE_POOLS))
+    for lv, col in (("project", "project_id"), ("tenant", "tenant_id")):
+        best: dict[int, list[tuple[int, Any, int, int]]] = defaultdict(list)
+        if connection.vendor == "postgresql":  # the best job per owner and cluster
+            rows = queued.order_by(col, "cluster_id", "-priority", "submitted_at", "pk").distinct(
+                col, "cluster_id").values_list(col, "cluster_id", "priority", "submitted_at", "pk")
+        else:  # the demo's SQLite has no DISTINCT ON: every row
+            rows = queued.values_list(col, "cluster_id", "priority", "submitted_at", "pk")
+        for key, cid, prio, at, pk in rows:
+            best[key].append((-prio, at, pk, cid))
+        for key, jobs in best.items():
+            book.heads[(lv, key)] = list(dict.fromkeys(cid for *_, cid in sorted(jobs)))
+    if names:
+        for tid, tname in Tenant.objects.filter(pk__in=tids).values_list("pk", "name"):
+            book.names[("tenant", tid)] = tname
+        for pid, tname, pname in Project.objects.filter(tenant_id__in=tids).values_list(
+                "pk", "tenant__name", "name"):
+            book.names[("project", pid)] = queue_name(tname, pname)
+    return book
+
+
+def guarantee_parts(limits: AllClusterLimits, use: AllClusterUse, book: GuaranteeBook,
+                    ) -> dict[tuple[str, int], dict[int, float]]:
+    """Every guarantee across all clusters split into per-cluster parts that sum to it
+    (``engine.guarantees.split_tenant``): ("project"|"tenant", id) → {cluster id: GPUs}."""
+    from .engine.guarantees import Holding, Owner, split_tenant
+
+    def owner(level: str, key: int, total: float, base: float) -> Owner[int]:
+        holdings = {c: Holding(use.by_cluster.get((level, key, c), 0.0)
+                               + book.preempting.get((level, key, c), 0.0),
+                               use.np_by_cluster.get((level, key, c), 0.0)) for c in book.clusters}
+        lim = book.limit.get((level, key))
+        # A part above its per-cluster limit (less its per-cluster guarantee) is never held.
+        room = None if lim is None else {c: max(0.0, lim - base) for c in book.clusters}
+        return Owner(total, base, holdings, heads=book.heads.get((level, key), ()), limit=room)
+
+    out: dict[tuple[str, int], dict[int, float]] = {}
+    for tid in sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]
+                                                      for p in limits.project_guarantee}):
+        tbase = book.tenant_base.get(tid, 0.0)
+        t = (owner("tenant", tid, limits.tenant_guarantee[tid], tbase)
+             if tid in limits.tenant_guarantee else None)
+        pids = book.projects_of.get(tid, [])
+        projects = {p: owner("project", p, limits.project_guarantee[p], book.project_base.get(p, 0.0))
+                    for p in pids if p in limits.project_guarantee}
+        tparts, pparts = split_tenant(book.clusters, t, tbase, projects,
+                                      sum(book.project_base.get(p, 0.0) for p in pids))
+        if tparts is not None:
+            out[("tenant", tid)] = tparts
+        for p, parts in pparts.items():
+            out[("project", p)] = parts
+    return out
 
 
 def over_class_memory(limits: AllClusterLimits, use: AllClusterUse, project_id: int, tenant_id: int,
@@ -709,6 +870,11 @@ class AllClusterRoom:
     usage: dict[str, float] = field(default_factory=dict)
     memory_limits: dict[str, dict[str, int]] = field(default_factory=dict)
     memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
+    guarantees: dict[str, tuple[float, float, dict[str, float]]] = field(default_factory=dict)
+    """Queue or tenant name → (GPU guarantee across all clusters, per-cluster guarantee, its
+    parts now by cluster name: ``guarantee_parts``, what each cluster's cycle uses)."""
+    np_usage: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(queue or tenant name, cluster name) → GPUs its non-preemptible jobs hold there."""
 
 
 def all_cluster_room_by_name() -> AllClusterRoom:
@@ -732,6 +898,15 @@ def all_cluster_room_by_name() -> AllClusterRoom:
             room.memory_limits[names[key]] = classes
             for cls in classes:
                 room.memory_usage[(names[key], cls)] = use.memory.get((level, key, cls), 0)
+    book = guarantee_book(limits)
+    if book is not None:
+        for (level, key), parts in guarantee_parts(limits, use, book).items():
+            name = (projects if level == "project" else tenants)[key]
+            total = (limits.project_guarantee if level == "project" else limits.tenant_guarantee)[key]
+            base = (book.project_base if level == "project" else book.tenant_base).get(key, 0.0)
+            room.guarantees[name] = (total, base, {book.cluster_names[c]: v for c, v in parts.items()})
+            for c in book.clusters:
+                room.np_usage[(name, book.cluster_names[c])] = use.np_by_cluster.get((level, key, c), 0.0)
     return room
 
 
@@ -744,8 +919,17 @@ def gpu_model_classes() -> set[str]:
 
 def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
     """What a tenant (or one of its projects) holds on all clusters together: GPUs and GPU
-    memory (MiB) per GPU model class (one aggregate)."""
+    memory (MiB) per GPU model class (one aggregate); and, when it has a GPU guarantee across
+    all clusters, how that guarantee is split between the clusters now (``split``: cluster
+    name → GPUs, the parts the clusters' cycles use; a few more small queries)."""
     use = all_cluster_use([tenant_id])
     level, key = ("project", project_id) if project_id is not None else ("tenant", tenant_id)
     memory = {cls: mib for (lv, k, cls), mib in use.memory.items() if lv == level and k == key and mib}
-    return {"gpus": round(use.total(level, key), 2), "memory": memory}
+    out: dict[str, Any] = {"gpus": round(use.total(level, key), 2), "memory": memory, "split": {}}
+    limits = all_cluster_limits([tenant_id])
+    if key in (limits.project_guarantee if level == "project" else limits.tenant_guarantee):
+        book = guarantee_book(limits)
+        if book is not None:
+            parts = guarantee_parts(limits, use, book).get((level, key), {})
+            out["split"] = {book.cluster_names[c]: round(parts.get(c, 0.0), 2) for c in book.clusters}
+    return out

@@ -75,5 +75,5 @@ def register_all_cluster_held(provider: Callable[[int, int | None], dict[str, An
 
 def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
     if not _all_cluster_held:
-        return {"gpus": 0.0, "memory": {}}
+        return {"gpus": 0.0, "memory": {}, "split": {}}
     return _all_cluster_held[0](tenant_id, project_id)

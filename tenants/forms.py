@@ -84,7 +84,8 @@ class ClassLimitsField(forms.CharField):
 
 
 class QuotaForm(forms.ModelForm[Quota]):
-    ALL_CLUSTERS = ("gpus_limit_all_clusters", "gpu_memory_mib_limits_all_clusters")
+    ALL_CLUSTERS = ("gpus_guaranteed_all_clusters", "gpus_limit_all_clusters",
+                    "gpu_memory_mib_limits_all_clusters")
     """Tenant and project quotas only (the cluster quota's form leaves them out)."""
 
     gpu_memory_mib_limits_all_clusters = ClassLimitsField(
@@ -94,9 +95,11 @@ class QuotaForm(forms.ModelForm[Quota]):
     class Meta:
         model = Quota
         fields = [*(f"{r}_{k}" for r in RESOURCES for k in ("guaranteed", "limit")),
-                  "gpus_limit_all_clusters", "gpu_memory_mib_limits_all_clusters"]
+                  "gpus_guaranteed_all_clusters", "gpus_limit_all_clusters",
+                  "gpu_memory_mib_limits_all_clusters"]
         labels = {
             **{f"{r}_{k}": f"{RESOURCE_LABELS[r]} {k}" for r in RESOURCES for k in ("guaranteed", "limit")},
+            "gpus_guaranteed_all_clusters": "GPUs guaranteed across all clusters",
             "gpus_limit_all_clusters": "GPU limit across all clusters",
         }
 

@@ -187,7 +187,11 @@ class Quota(models.Model):
         True, True, "GPUs at most on all clusters together (tenant/project; empty: no limit)")
     # Issue 16's platform level, continued: GPU memory limits per GPU model class over all
     # clusters ({"A100-80G": 163840}: class → MiB; a JSON map, see docs/ARCHITECTURE.md).
-    # (No GPU guarantee across all clusters: see "Not built" there.)
+    # A GPU guarantee over all clusters together, split each cycle into per-cluster parts
+    # that sum to it (scheduling/engine/guarantees.py; docs/ARCHITECTURE.md).
+    gpus_guaranteed_all_clusters = _amount(
+        True, True, "GPUs guaranteed on all clusters together, beside the per-cluster "
+                    "guarantee (tenant/project; empty: none)")
     gpu_memory_mib_limits_all_clusters = models.JSONField(
         default=dict, blank=True,
         help_text="GPU memory (MiB) at most per GPU model class on all clusters together: "

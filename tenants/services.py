@@ -39,7 +39,8 @@ TENANT_FIELDS = ("name", "display_name", "description")
 PROJECT_FIELDS = ("tenant", "name", "display_name", "description")
 MEMBERSHIP_FIELDS = ("user", "tenant", "project", "role")
 QUOTA_FIELDS = (*(f"{r}_{kind}" for r in RESOURCES for kind in ("guaranteed", "limit")),
-                "gpus_limit_all_clusters", "gpu_memory_mib_limits_all_clusters")
+                "gpus_limit_all_clusters", "gpus_guaranteed_all_clusters",
+                "gpu_memory_mib_limits_all_clusters")
 CLASS_LIMITS = "gpu_memory_mib_limits_all_clusters"
 _CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _MAX_CLASSES, _MAX_MIB = 64, 2**53 - 1  # a JSON number stays exact up to 2**53
@@ -341,9 +342,79 @@ def _validate_quota_tree(quota: Quota) -> None:
             if child_max is not None and child_max > glim:
                 errors["gpus_limit_all_clusters"] = [
                     f"Below a project's GPU limit across all clusters ({child_max}); lower it first."]
+    _validate_all_cluster_guarantee(quota, parent_totals, siblings, children, errors)
+    _validate_platform_guarantee(quota, parent_totals, siblings, errors)
     _validate_class_limits(quota, parent_totals, children, errors)
     if errors:
         raise ValidationError(errors)
+
+
+def _validate_all_cluster_guarantee(quota: Quota, parent_totals: dict[str, Any] | None,
+                                    siblings: models.QuerySet[Quota],
+                                    children: models.QuerySet[Quota] | None,
+                                    errors: dict[str, list[str]]) -> None:
+    """``gpus_guaranteed_all_clusters``, mirroring the per-cluster guarantee's rules: tenant
+    and project quotas only; ≥ 0 (the field's validator); at most the GPU limit across all
+    clusters; the projects' together at most their tenant's (a tenant quota without one
+    guarantees none across all clusters), the tenants' together at most what the enabled
+    clusters guarantee; a tenant's not below what its projects are guaranteed."""
+    field, g = "gpus_guaranteed_all_clusters", quota.gpus_guaranteed_all_clusters
+    if field in errors:
+        return
+    if g is None:
+        if children is not None and children.filter(**{f"{field}__gt": 0}).exists():
+            errors[field] = ["Its projects have guarantees across all clusters; lower those first."]
+        return
+    if quota.scope == QuotaScope.CLUSTER:
+        errors[field] = ["Only tenant and project quotas have a guarantee across all clusters."]
+        return
+    glim = quota.gpus_limit_all_clusters
+    if glim is not None and quota.gpus_guaranteed + g > glim:
+        # The per-cluster guarantee and this cluster's part (up to all of it) are guaranteed
+        # together on one cluster: more than the limit across all clusters could never be held.
+        errors[field] = [f"With the per-cluster GPU guarantee ({quota.gpus_guaranteed}), above the "
+                         f"GPU limit across all clusters ({glim}): at most {glim - quota.gpus_guaranteed}."]
+        return
+    if parent_totals is not None:
+        key = field if quota.scope == QuotaScope.PROJECT else "gpus_guaranteed"
+        parent_g = parent_totals.get(key) or 0
+        sib = siblings.aggregate(s=Sum(field))["s"] or 0
+        if g + sib > parent_g:
+            whose = ("The tenant guarantees" if quota.scope == QuotaScope.PROJECT
+                     else "The platform's clusters guarantee")
+            errors[field] = [f"{whose} {parent_g} GPUs across all clusters; with this value its "
+                             f"{'projects' if quota.scope == QuotaScope.PROJECT else 'tenants'} "
+                             f"would be guaranteed {g + sib} in all."]
+            return
+    if children is not None:
+        child_g = children.aggregate(s=Sum(field))["s"] or 0
+        if g < child_g:
+            errors[field] = [f"Below what its projects are guaranteed across all clusters "
+                             f"({child_g} GPUs in all); lower those first."]
+
+
+def _validate_platform_guarantee(quota: Quota, parent_totals: dict[str, Any] | None,
+                                 siblings: models.QuerySet[Quota], errors: dict[str, list[str]]) -> None:
+    """The tenants' GPU guarantees per cluster and across all clusters together stay within
+    what the enabled clusters guarantee (each is checked alone above; together they must not
+    promise the same GPUs twice). Named on the field raised: the per-cluster guarantee when
+    only it grew, else the one across all clusters."""
+    field = "gpus_guaranteed_all_clusters"
+    if quota.scope != QuotaScope.TENANT or parent_totals is None or field in errors \
+            or "gpus_guaranteed" in errors:
+        return
+    g, big_g = quota.gpus_guaranteed, quota.gpus_guaranteed_all_clusters or 0
+    sib = siblings.aggregate(a=Sum("gpus_guaranteed"), b=Sum(field))
+    total = g + big_g + (sib["a"] or 0) + (sib["b"] or 0)
+    platform = parent_totals.get("gpus_guaranteed") or 0
+    if total <= platform:
+        return
+    old = (Quota.objects.filter(pk=quota.pk).values_list("gpus_guaranteed", field).first()
+           if quota.pk else None)
+    name = "gpus_guaranteed" if old is not None and g > old[0] and big_g <= (old[1] or 0) else field
+    errors[name] = [f"The platform's clusters guarantee {platform} GPUs; with this value the tenants "
+                    f"would be guaranteed {total} in all (per cluster and across all clusters "
+                    f"together)."]
 
 
 def _validate_class_limits(quota: Quota, parent_totals: dict[str, Any] | None,

@@ -59,20 +59,23 @@ def _quota_rows(quota: Quota | None) -> list[dict[str, Any]]:
     ]
 
 
-def _all_cluster_rows(quota: Quota | None, tenant: Tenant, project: Project | None) -> list[dict[str, Any]]:
-    """The platform level beside the per-cluster rows: the quota across all clusters (GPUs at
-    most; GPU memory per model class) with what is held on all clusters. None (and no usage
-    aggregate) when the quota has no limit across all clusters."""
+def _all_cluster_rows(quota: Quota | None, tenant: Tenant, project: Project | None) -> dict[str, Any]:
+    """The platform level beside the per-cluster rows: the quota across all clusters (GPUs
+    guaranteed and at most; GPU memory per model class) with what is held on all clusters,
+    and how the guarantee is split between the clusters now. Empty (and no usage aggregate)
+    when the quota has nothing across all clusters."""
     if quota is None or (quota.gpus_limit_all_clusters is None
+                         and not quota.gpus_guaranteed_all_clusters
                          and not quota.gpu_memory_mib_limits_all_clusters):
-        return []
+        return {"all_cluster_rows": [], "guarantee_split": {}}
     held = extensions.all_cluster_held(tenant.pk, project.pk if project else None)
-    rows = [{"label": "GPUs", "limit": quota.gpus_limit_all_clusters, "used": held["gpus"]}]
+    rows = [{"label": "GPUs", "guaranteed": quota.gpus_guaranteed_all_clusters,
+             "limit": quota.gpus_limit_all_clusters, "used": held["gpus"]}]
     limits = quota.gpu_memory_mib_limits_all_clusters or {}
     for cls in sorted(set(limits) | set(held["memory"])):
-        rows.append({"label": f"{cls} GPU memory (MiB)", "limit": limits.get(cls),
+        rows.append({"label": f"{cls} GPU memory (MiB)", "guaranteed": None, "limit": limits.get(cls),
                      "used": held["memory"].get(cls, 0)})
-    return rows
+    return {"all_cluster_rows": rows, "guarantee_split": held.get("split", {})}
 
 
 @login_required
@@ -124,7 +127,7 @@ def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
         "projects": projects,
         "owners": owners,
         "quota_rows": _quota_rows(quota),
-        "all_cluster_rows": _all_cluster_rows(quota, tenant, None),
+        **_all_cluster_rows(quota, tenant, None),
         "project_form": project_form,
         "owner_form": owner_form,
         "can_create_project": can(user, CREATE, Project(tenant=tenant)),
@@ -173,7 +176,7 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
         "can_add_member": bool(grantable),
         "role_choices": grantable,
         "quota_rows": _quota_rows(quota),
-        "all_cluster_rows": _all_cluster_rows(quota, tenant, project),
+        **_all_cluster_rows(quota, tenant, project),
         "can_edit_quota": can(user, CHANGE, Quota(scope=QuotaScope.PROJECT, tenant=tenant,
                                                   project=project)),
         "can_delete_project": can(user, DELETE, project),

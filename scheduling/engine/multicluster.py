@@ -295,6 +295,11 @@ class ClusterTrial:
     """GPU memory limits (MiB) per GPU model class across all clusters, per queue and tenant."""
     memory_usage: dict[tuple[str, str], int] = field(default_factory=dict)
     """(queue or tenant, class) → MiB held on all clusters; shared by every trial like ``all_usage``."""
+    guarantees: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    """Queue or tenant → (GPU guarantee across all clusters, per-cluster guarantee, this
+    cluster's part of the former now: the part its cycle uses, ``engine.guarantees``)."""
+    np_usage: dict[str, float] = field(default_factory=dict)
+    """GPUs held by non-preemptible jobs here, per queue and tenant with such a guarantee."""
 
     free: float = -1.0
     """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
@@ -361,11 +366,38 @@ class ClusterTrial:
             return over[min(over)], frozenset()
         return "", frozenset(m for cls in over for m in cards[cls][1])
 
+    def over_guarantee(self, job: Job, tenant: str) -> tuple[str, bool]:
+        """The cycle's rule for a non-preemptible job of a project or tenant with a GPU
+        guarantee across all clusters (``services/all_clusters.over_guarantee_here``): its
+        non-preemptible GPUs here + the ask within the per-cluster guarantee + this cluster's
+        part, else it waits; asking more than per-cluster + across all clusters, never.
+        ("", False) when within or preemptible."""
+        if job.preemptible:
+            return "", False
+        ask = job_gpus(job)
+        for key, who in ((job.queue, "your project's"), (tenant, "your tenant's")):
+            g = self.guarantees.get(key)
+            if g is None:
+                continue
+            total, base, part = g
+            if ask > base + total + 1e-9:
+                return (f"asks {ask:g} GPUs, more than {who} GPU guarantee for non-preemptible "
+                        f"work ({base:g} per cluster + {total:g} across all clusters)"), True
+            here = self.np_usage.get(key, 0.0)
+            if here + ask > base + part + 1e-9:
+                return (f"over {who} GPU guarantee there for non-preemptible work ({here:g} of "
+                        f"{base + part:g}: this cluster's part of {total:g} across all clusters now)"), False
+        return "", False
+
     def probe(self, job: Job, tenant: str, free: float) -> Probe:
         name = self.view.name
         everywhere = self.over_all_clusters(job, tenant)
         if everywhere:
             return Probe(name, WAITS, reason=everywhere, all_clusters=True)
+        guarantee, never = self.over_guarantee(job, tenant)
+        if guarantee:
+            return Probe(name, WAITS, reason=f"can never run there: {guarantee}" if never else guarantee,
+                         never=never, all_clusters=not never)
         memory, closed = self.over_class_memory(job, tenant)
         if memory:
             return Probe(name, WAITS, reason=memory, all_clusters=True)
@@ -407,6 +439,10 @@ class ClusterTrial:
             for key in (job.queue, tenant):
                 if key in self.all_limits:
                     self.all_usage[key] = self.all_usage.get(key, 0.0) + g
+            if not job.preemptible:
+                for key in (job.queue, tenant):
+                    if key in self.guarantees:
+                        self.np_usage[key] = self.np_usage.get(key, 0.0) + g
             for cls, mib in placement_memory(probe.placement).items():
                 for key in (job.queue, tenant):
                     if key in self.memory_limits:

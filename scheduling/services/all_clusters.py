@@ -1,6 +1,13 @@
-"""Quotas across all clusters (issue 16) in a cluster's cycle: the GPU limit and the GPU memory
-limits per GPU model class that tenant and project quotas may hold over every cluster together
-(docs/ARCHITECTURE.md, "Quotas across all clusters").
+"""Quotas across all clusters (issue 16) in a cluster's cycle: the GPU limit, the GPU guarantee
+and the GPU memory limits per GPU model class that tenant and project quotas may hold over every
+cluster together (docs/ARCHITECTURE.md, "Quotas across all clusters").
+
+The guarantee reaches the engine through the queue tree: each guarantee across all clusters is
+split into per-cluster parts that sum to it (``selectors.guarantee_parts``, the pure rule in
+``engine/guarantees.py``), and this cluster's part is added to the per-cluster guarantee of the
+project or tenant (``with_parts``). Non-preemptible work beyond the part here waits (``hold``);
+the admission re-checks, under the per-tenant lock, non-preemptible admissions and the reclaim
+preemptions that rely on a part (``guarantee_refusal``) against what every cluster holds now.
 
 Two places, as for the GPU limit before: the snapshot (``hold``: jobs that would cross a quota
 across all clusters wait, said why, and are not offered to the engine; cards of a class over
@@ -12,10 +19,12 @@ admissions). The engine is unchanged.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from decimal import Decimal
 
 from scheduling import engine as E
 from scheduling.engine.cycle import JobStatus
+from scheduling.engine.guarantees import EPS
 from scheduling.engine.multicluster import (
     card_classes,
     job_gpus,
@@ -24,8 +33,185 @@ from scheduling.engine.multicluster import (
     usable_classes,
     without_models,
 )
+from scheduling.engine.queueing import QueueTree
+from scheduling.engine.queueing import Quota as EQuota
 
 from .. import selectors
+
+Parts = dict[tuple[str, int], dict[int, float]]
+
+
+@dataclasses.dataclass
+class Guarantees:
+    """The guarantees across all clusters as this cycle sees them: the split (``parts``) and
+    what it was computed from (``book``)."""
+
+    parts: Parts
+    book: selectors.GuaranteeBook
+
+    def base(self, level: str, key: int) -> float:
+        return (self.book.project_base if level == "project" else self.book.tenant_base).get(key, 0.0)
+
+
+def guarantees(limits: selectors.AllClusterLimits, use: selectors.AllClusterUse,
+               names: bool = False) -> Guarantees | None:
+    """The split of every guarantee across all clusters (None, no query, when there is none)."""
+    book = selectors.guarantee_book(limits, names=names)
+    if book is None:
+        return None
+    return Guarantees(selectors.guarantee_parts(limits, use, book), book)
+
+
+def _plus(quota: EQuota, extra: float | None) -> EQuota:
+    if not extra:
+        return quota
+    return dataclasses.replace(quota, gpus_guaranteed=Decimal(str(quota.gpus_guaranteed))
+                               + Decimal(str(round(extra, 3))))
+
+
+def engine_part(g: Guarantees, use: selectors.AllClusterUse, level: str, key: int,
+                cluster_id: int) -> float:
+    """The part of an owner's guarantee across all clusters the engine sees on this cluster.
+
+    The split counts the owner's preemptors waiting here for their victims as held
+    (``guarantee_parts``), while the engine, which leaves them out of its snapshot, does not:
+    the share of the part their asks claimed is taken off, so the next cycle does not reclaim
+    the same GPUs again for another job. Only that share: the part covers what the owner's
+    jobs hold here beyond the per-cluster guarantee first (the split claims what is held
+    before what is asked), so its running work within the guarantee never looks borrowed (a
+    borrower's reclaim would take it). That is ``max(min(part, running beyond the per-cluster
+    guarantee), part − asks)``."""
+    part = g.parts.get((level, key), {}).get(cluster_id, 0.0)
+    asks = g.book.preempting.get((level, key, cluster_id), 0.0)
+    running = max(0.0, use.by_cluster.get((level, key, cluster_id), 0.0) - g.base(level, key))
+    return max(min(part, running), part - asks, 0.0)
+
+
+def with_parts(tree: QueueTree, g: Guarantees, cluster_id: int, use: selectors.AllClusterUse) -> QueueTree:
+    """This cluster's queue tree with each part the engine sees (``engine_part``) added to its
+    owner's per-cluster GPU guarantee (a tenant's name has no "/", so it never meets a
+    project's queue name)."""
+    extra = {g.book.names[key]: engine_part(g, use, *key, cluster_id)
+             for key in g.parts if key in g.book.names}
+    if not any(extra.values()):
+        return tree
+    return dataclasses.replace(tree, tenants=tuple(
+        dataclasses.replace(t, quota=_plus(t.quota, extra.get(t.name)), projects=tuple(
+            dataclasses.replace(p, quota=_plus(p.quota, extra.get(p.name))) for p in t.projects))
+        for t in tree.tenants))
+
+
+_WHO = {"project": "your project's", "tenant": "your tenant's"}
+
+
+def _owners(limits: selectors.AllClusterLimits, pid: int, tid: int
+            ) -> list[tuple[str, int, float]]:
+    out = []
+    if pid in limits.project_guarantee:
+        out.append(("project", pid, limits.project_guarantee[pid]))
+    if tid in limits.tenant_guarantee:
+        out.append(("tenant", tid, limits.tenant_guarantee[tid]))
+    return out
+
+
+def over_guarantee_here(limits: selectors.AllClusterLimits, use: selectors.AllClusterUse,
+                        g: Guarantees, cluster_id: int, ids: tuple[int, int], ask: float,
+                        ) -> tuple[str, str]:
+    """(kind, why) for a non-preemptible job of a project or tenant with a guarantee across
+    all clusters: beyond per-cluster guarantee + guarantee across all clusters → it can never
+    start (``over-guarantee``); beyond per-cluster guarantee + this cluster's part, counting
+    what its non-preemptible jobs hold here → it waits (``guarantee``). ("", "") when within."""
+    for level, key, total in _owners(limits, *ids):
+        base = g.base(level, key)
+        # The part the engine sees (``engine_part``: less the share waiting preemptors' asks
+        # claimed here), so that a job let through never asks more than the engine's
+        # guarantee (it would reject it as "can never start").
+        part = engine_part(g, use, level, key, cluster_id)
+        here = use.np_by_cluster.get((level, key, cluster_id), 0.0)
+        if ask > base + total + EPS:
+            return "over-guarantee", (
+                f"Non-preemptible jobs must fit within {_WHO[level]} GPU guarantee ({base:g} per "
+                f"cluster + {total:g} across all clusters), and the job asks {ask:g}; mark it "
+                f"preemptible to borrow idle GPUs, or ask for a larger guarantee")
+        if here + ask > base + part + EPS:
+            return "guarantee", (
+                f"Non-preemptible jobs must fit within {_WHO[level]} GPU guarantee on this "
+                f"cluster ({here:g} of {base + part:g} held by non-preemptible jobs; {part:g} of "
+                f"its {total:g} across all clusters is this cluster's part now, the rest is "
+                f"held or waited for on other clusters; job asks {ask:g}); mark it preemptible "
+                f"to borrow idle GPUs")
+    return "", ""
+
+
+def _beyond(held: Mapping[int, float], base: float) -> float:
+    return sum(max(0.0, v - base) for v in held.values())
+
+
+def _reclaim_held(use: selectors.AllClusterUse, book: selectors.GuaranteeBook,
+                  limits: selectors.AllClusterLimits, level: str, key: int) -> dict[int, float]:
+    """What the reclaim re-check counts as an owner's per cluster, waiting preemptors' asks
+    counted as held (the split's order, ``engine.guarantees.split_tenant``): a project's
+    jobs; a tenant's non-preemptible work and its guaranteed projects' work, not its other
+    projects' preemptible work (no guarantee covers that borrowing: it is reclaimed itself)."""
+    if level == "project":
+        return {c: use.by_cluster.get(("project", key, c), 0.0)
+                + book.preempting.get(("project", key, c), 0.0) for c in book.clusters}
+    guaranteed = [p for p in book.projects_of.get(key, []) if p in limits.project_guarantee]
+    out = {}
+    for c in book.clusters:
+        v = use.np_by_cluster.get(("tenant", key, c), 0.0) + book.np_asks("tenant", key, c)
+        for p in guaranteed:
+            v += (use.by_cluster.get(("project", p, c), 0.0) - use.np_by_cluster.get(("project", p, c), 0.0)
+                  + book.preempting.get(("project", p, c), 0.0) - book.np_asks("project", p, c))
+        out[c] = v
+    return out
+
+
+def guarantee_refusal(limits: selectors.AllClusterLimits, use: selectors.AllClusterUse,
+                      book: selectors.GuaranteeBook, cluster_id: int, ids: tuple[int, int],
+                      n: float, *, nonpreemptible: bool, reclaim: bool, job_id: int | None = None) -> str:
+    """The admission's re-check under the per-tenant lock ("" when it may go), counted from
+    what every cluster holds now (other cycles' committed admissions and preemptions included):
+
+    * a non-preemptible admission or preemption: what the owner's non-preemptible jobs hold
+      beyond the per-cluster guarantee, on every cluster, with the asks of its
+      non-preemptible preemptors waiting for victims (``book.np_preempting``; not job
+      ``job_id``'s own) and with this job, stays within the guarantee across all clusters
+      (its parts sum to it);
+    * a reclaim preemption (victims of equal or higher priority, evicted only because they
+      borrow) that relies on the project's part here (its GPUs here, waiting preemptors'
+      asks counted, + this one's beyond its per-cluster guarantee): what it holds beyond the
+      per-cluster guarantee on every cluster (``_reclaim_held``), with this one, stays within
+      the guarantee across all clusters, at the project's level and at the tenant's when it
+      has one. So two cycles racing on two clusters never evict together for more than the
+      guarantee."""
+    pid, tid = ids
+    for level, key, total in _owners(limits, pid, tid):
+        base = book.project_base.get(key, 0.0) if level == "project" else book.tenant_base.get(key, 0.0)
+        if nonpreemptible:
+            np = {c: use.np_by_cluster.get((level, key, c), 0.0) + book.np_asks(level, key, c, but=job_id)
+                  for c in book.clusters}
+            np[cluster_id] = np.get(cluster_id, 0.0) + n
+            used = _beyond(np, base)
+            if np[cluster_id] > base + EPS and used > total + EPS:
+                return (f"over {_WHO[level]} GPU guarantee across all clusters for non-preemptible "
+                        f"work: with it, {used:g} GPUs beyond the per-cluster guarantee on all "
+                        f"clusters (held, or asked by preemptors waiting for their victims), of "
+                        f"{total:g} (it asks {n:g}); mark it preemptible to borrow idle GPUs")
+        if reclaim and pid in limits.project_guarantee:
+            held = _reclaim_held(use, book, limits, level, key)
+            held[cluster_id] = held.get(cluster_id, 0.0) + n
+            pbase = book.project_base.get(pid, 0.0)
+            relies = (use.by_cluster.get(("project", pid, cluster_id), 0.0)
+                      + book.preempting.get(("project", pid, cluster_id), 0.0) + n > pbase + EPS)
+            used = _beyond(held, base)
+            if relies and used > total + EPS:
+                return (f"{_WHO[level][:1].upper() + _WHO[level][1:]} GPU guarantee across all "
+                        f"clusters is held or being reclaimed on other clusters: "
+                        f"with it, {used:g} GPUs beyond the per-cluster guarantee on all clusters, "
+                        f"of {total:g} (it asks {n:g}); it waits rather than preempting for more "
+                        f"than the guarantee")
+    return ""
 
 
 @dataclasses.dataclass
@@ -37,9 +223,11 @@ class Held:
 
 
 def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
-         use: selectors.AllClusterUse) -> tuple[selectors.CycleInputs, Held]:
+         use: selectors.AllClusterUse, g: Guarantees | None = None,
+         ) -> tuple[selectors.CycleInputs, Held]:
     """The snapshot's part (see the module's docstring)."""
     in_use = use.as_in_use()
+    cid = inputs.cluster.pk if inputs.cluster is not None else 0
     cards = card_classes(inputs.snapshot.nodes) if (limits.project_memory or limits.tenant_memory) else {}
     keep: list[E.Job] = []
     held = Held([], {})
@@ -55,8 +243,17 @@ def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
         if reason:
             held.statuses.append(JobStatus(job=job.name, queue=job.queue, kind="quota", decision=E.Wait(
                 job=job.name, reason=reason[:1].upper() + reason[1:])))
-        else:
-            keep.append(job)
+            continue
+        if g is not None and not job.preemptible:
+            kind, why = over_guarantee_here(limits, use, g, cid, (row.project_id, row.tenant_id), ask)
+            if kind:
+                held.statuses.append(JobStatus(
+                    job=job.name, queue=job.queue, kind=kind,
+                    decision=(E.Reject if kind == "over-guarantee" else E.Wait)(job=job.name, reason=why)))
+                continue
+        keep.append(job)
+    if g is not None and inputs.cluster is not None:
+        inputs = dataclasses.replace(inputs, tree=with_parts(inputs.tree, g, cid, use))
     if not held.statuses and not held.closed:
         return inputs, held
     return dataclasses.replace(inputs, pending=keep), held

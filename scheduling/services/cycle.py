@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -151,6 +151,9 @@ def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs,
         limits = selectors.all_cluster_limits()
         use = selectors.all_cluster_use(limits.tenant_ids) if limits else None
         inputs = selectors.cycle_inputs(cluster)
+        # The guarantees across all clusters split into per-cluster parts (from the same
+        # snapshot as the usage): this cluster's part joins each owner's guarantee here.
+        parts = all_clusters.guarantees(limits, use, names=True) if limits and use is not None else None
         if Job.objects.filter(cluster=cluster, state=JobState.QUEUED, floating=True).exists():
             from .placement import quota_times  # placement imports this module
 
@@ -161,7 +164,7 @@ def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs,
         # would cross one waits, said why, and is not offered to the engine — not a lowered
         # per-cluster limit, which the engine would take as "can never run" and reject. Jobs
         # within go on; several together may still cross one: ``_within_all_clusters``.
-        inputs, held = all_clusters.hold(inputs, limits, use)
+        inputs, held = all_clusters.hold(inputs, limits, use, parts)
     if not inputs.pending:
         return inputs, held.statuses
     with _gc_paused():
@@ -300,6 +303,10 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
                 _audit_job("job.rejected", job, after={"reason": d.reason})
                 summary.rejected.append(job.pk)
     locked = _lock_rows(inputs, admits, preemptions, models_)
+    preemptions, refused = _guaranteed_preemptions(admits, preemptions, models_)
+    for job, reason in refused:
+        summary.waiting.append(job.pk)
+        waits.append(_WaitRow(job, reason, "guarantee", None, None))
     for job in _preempt_all(inputs, models_, preemptions, summary, locked):
         waits.append(_WaitRow(job, CONFLICT_REASON, "capacity", None, None))
     for job, reason, kind in _admit_all(inputs, admits, summary, locked):
@@ -383,7 +390,7 @@ def _outside_pools(inputs: selectors.CycleInputs, tenant_id: int, placement: E.P
     if not bad:
         return ""
     pools = sorted({inputs.pools.node_pool[n] for n in bad})
-    return f"The free room is in pool(s) dedicated to other tenants ({', '.join(pools)})"
+    return f"{selectors.OUTSIDE_POOLS} ({', '.join(pools)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,9 +531,9 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
             t[0], t[1], t[2], t[3] = t[0] + d[0], t[1] + d[1], t[2] + d[2], t[3] or bool(d[3])
         accepted.append((job, placement, status))
     accepted, over = _within_all_clusters(accepted)
-    for job, reason in over:
+    for job, reason, kind in over:
         summary.waiting.append(job.pk)
-        taken.append((job, reason, "quota"))
+        taken.append((job, reason, kind))
     try:
         with transaction.atomic():
             _write_admissions(inputs, accepted, queued, {pk: totals[pk] for pk in sorted(
@@ -554,39 +561,96 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
     return taken
 
 
+def _lock_all_clusters(tenant_ids: Iterable[int]) -> None:
+    """The per-tenant advisory locks of the quotas across all clusters (ascending ids, so two
+    cycles never wait on each other in a circle; released at commit). Taken again by the same
+    transaction, a lock is already held: no wait."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            for tid in sorted(tenant_ids):
+                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_ALL_CLUSTERS_LOCK_CLASS, tid])
+
+
+def _guaranteed_preemptions(admits: list[tuple[Job, E.Placement, JobStatus]],
+                            preemptions: list[tuple[Job, E.Preempt]], jobs: dict[int, Job],
+                            ) -> tuple[list[tuple[Job, E.Preempt]], list[tuple[Job, str]]]:
+    """Reclaim preemptions that rely on a guarantee across all clusters, re-checked under the
+    per-tenant lock (``all_clusters.guarantee_refusal``): one whose owner's guarantee is held
+    or being reclaimed on other clusters meanwhile evicts nobody and waits, with why. The lock
+    covers the admissions' tenants too (taken once, ascending), for ``_within_all_clusters``.
+    A preemption whose victims all have a lower priority does not rely on a guarantee."""
+    if not preemptions:
+        return preemptions, []
+    limits = selectors.all_cluster_limits({job.tenant_id for job, _ in preemptions}
+                                          | {job.tenant_id for job, _, _ in admits})
+    if not (limits.project_guarantee or limits.tenant_guarantee):
+        return preemptions, []
+    _lock_all_clusters(limits.tenant_ids)
+    use = selectors.all_cluster_use(limits.tenant_ids)
+    book = selectors.guarantee_book(limits)
+    if book is None:
+        return preemptions, []
+    keep: list[tuple[Job, E.Preempt]] = []
+    refused: list[tuple[Job, str]] = []
+    for job, d in preemptions:
+        victims = [jobs[int(v)] for v in d.victims if int(v) in jobs]
+        reclaim = any(v.priority >= job.priority for v in victims)
+        n = gpus_of(d.placement.pods)
+        reason = all_clusters.guarantee_refusal(
+            limits, use, book, job.cluster_id or 0, (job.project_id, job.tenant_id), n,
+            nonpreemptible=not job.preemptible, reclaim=reclaim,
+            job_id=job.pk) if reclaim or not job.preemptible else ""
+        if reason:
+            refused.append((job, reason[:1].upper() + reason[1:]))
+            continue
+        key = (job.cluster_id or 0)
+        for lv, k in (("project", job.project_id), ("tenant", job.tenant_id)):
+            book.preempting[(lv, k, key)] = book.preempting.get((lv, k, key), 0.0) + n
+        if not job.preemptible:  # counted for the next ones in this cycle too
+            book.np_preempting[job.pk] = (job.project_id, job.tenant_id, key, n)
+        keep.append((job, d))
+    return keep, refused
+
+
 def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
-                         ) -> tuple[list[tuple[Job, E.Placement, JobStatus]], list[tuple[Job, str]]]:
+                         ) -> tuple[list[tuple[Job, E.Placement, JobStatus]], list[tuple[Job, str, str]]]:
     """Hold quotas across all clusters under racing cycles. Inside the write transaction,
     before the admission rows are written: a transaction-level advisory lock per tenant that
     has such a quota (its own or a project's; ascending ids, so two cycles never wait on each
     other in a circle; released at commit, when this cycle's allocations are visible), then
     what its jobs hold on every cluster counted again (READ COMMITTED: the other clusters'
     committed admissions included): the GPU limit and the GPU memory limits per model class
-    (``all_clusters.admissible``). A job that would cross one waits, with the quota named;
-    the rest of the cycle goes through."""
+    (``all_clusters.admissible``; kind ``quota``), and for non-preemptible jobs the GPU
+    guarantee across all clusters (``all_clusters.guarantee_refusal``; kind ``guarantee``). A
+    job that would cross one waits, with the quota named; the rest of the cycle goes through."""
     if not accepted:
         return accepted, []
     limits = selectors.all_cluster_limits({job.tenant_id for job, _, _ in accepted})
     if not limits:
         return accepted, []
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            for tid in limits.tenant_ids:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_ALL_CLUSTERS_LOCK_CLASS, tid])
+    _lock_all_clusters(limits.tenant_ids)
     use = selectors.all_cluster_use(limits.tenant_ids)
     in_use = use.as_in_use()
+    book = selectors.guarantee_book(limits)
     keep: list[tuple[Job, E.Placement, JobStatus]] = []
-    over: list[tuple[Job, str]] = []
+    over: list[tuple[Job, str, str]] = []
     for job, placement, status in accepted:
         n = gpus_of(placement.pods)
+        kind = "quota"
         reason = all_clusters.admissible((job.project_id, job.tenant_id), placement.pods, n, limits, use,
                                          in_use)
+        if not reason and book is not None and not job.preemptible:
+            kind = "guarantee"
+            reason = all_clusters.guarantee_refusal(
+                limits, use, book, job.cluster_id or 0, (job.project_id, job.tenant_id), n,
+                nonpreemptible=True, reclaim=False, job_id=job.pk)
         if reason:
-            over.append((job, reason[:1].upper() + reason[1:]))
+            over.append((job, reason[:1].upper() + reason[1:], kind))
             continue
         in_use[0][job.project_id] += n
         in_use[1][job.tenant_id] += n
-        use.add(job.project_id, job.tenant_id, n, placement_memory(placement.pods))
+        use.add(job.project_id, job.tenant_id, n, placement_memory(placement.pods),
+                job.cluster_id or 0, not job.preemptible)
         keep.append((job, placement, status))
     return keep, over
 

@@ -283,7 +283,11 @@ def _trials(clusters: list[Cluster], views: dict[int, M.ClusterView], ids: list[
         trial = M.ClusterTrial(views[c.pk], E.Placer(E.ClusterState(snapshot), policy), running, now,
                                usage=dict(usage), limits=limits, queued_gpus=queued_gpus,
                                all_limits=room.limits, all_usage=room.usage,
-                               memory_limits=room.memory_limits, memory_usage=room.memory_usage)
+                               memory_limits=room.memory_limits, memory_usage=room.memory_usage,
+                               # this cluster's parts of the guarantees across all clusters
+                               guarantees={k: (g[0], g[1], g[2].get(c.name, 0.0))
+                                           for k, g in room.guarantees.items()},
+                               np_usage={k: room.np_usage.get((k, c.name), 0.0) for k in room.guarantees})
         out.append(_Trial(c, trial, {int(j.name): j for j in pending}, access))
     return out
 

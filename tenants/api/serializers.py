@@ -100,7 +100,8 @@ class MembershipUpdateSerializer(serializers.Serializer[Any]):
 
 
 _amount_fields: list[str] = [*(f"{r}_{k}" for r in RESOURCES for k in ("guaranteed", "limit")),
-                              "gpus_limit_all_clusters", "gpu_memory_mib_limits_all_clusters"]
+                              "gpus_guaranteed_all_clusters", "gpus_limit_all_clusters",
+                              "gpu_memory_mib_limits_all_clusters"]
 
 
 class ClassLimitSerializer(serializers.Serializer[Any]):

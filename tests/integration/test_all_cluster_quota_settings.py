@@ -1,5 +1,5 @@
 """Setting the quotas across all clusters (issue 16's platform level): the GPU memory limits
-per GPU model class beside the GPU limit (no GPU guarantee across all clusters) — validation
+per GPU model class and the GPU guarantee beside the GPU limit — validation
 with field-named errors, the API's nested list, the console form and pages, the audit, and
 who may set them."""
 
@@ -13,7 +13,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 
 from scheduling import services as scheduling_services
 from tenants import services
-from tenants.models import AuditEvent, Quota
+from tenants.models import AuditEvent, Quota, QuotaScope
 from tests.conftest import World, client_for
 
 from .scheduling.test_multicluster import EAST
@@ -66,14 +66,13 @@ def test_api_round_trip_audit_and_permissions(world: World, east: Any) -> None:
         FIELD: [{"model_class": "A100-80G", "gpu_memory_mib_limit": 327680}]}, format="json")
     assert created.status_code == 201, created.json()
     body = created.json()
-    # No GPU guarantee across all clusters (not built): the field is neither kept nor shown.
-    assert "gpus_guaranteed_all_clusters" not in body and body["gpus_limit_all_clusters"] == "10.00"
+    assert body["gpus_guaranteed_all_clusters"] == "6.00" and body["gpus_limit_all_clusters"] == "10.00"
     assert body[FIELD] == [{"model_class": "A100-80G", "gpu_memory_mib_limit": 327680}]
     assert admin.get(f"/api/v1/quotas/{body['id']}/").json()[FIELD] == body[FIELD]
     event = AuditEvent.objects.filter(action="quota.created").latest("id")
     assert event.after is not None
     assert event.after[FIELD] == {"A100-80G": 327680}
-    assert "gpus_guaranteed_all_clusters" not in event.after
+    assert event.after["gpus_guaranteed_all_clusters"] == "6.00"
     # Field-named 400s: a duplicate class, an unknown one, a negative amount.
     dup = admin.patch(f"/api/v1/quotas/{body['id']}/", {FIELD: [
         {"model_class": "A100-80G", "gpu_memory_mib_limit": 1},
@@ -117,7 +116,7 @@ def test_console_form_saves_and_the_pages_show_both_levels(world: World, east: A
     client = login(world.a.owner)
     page = client.get("/t/acme/p/acme-p1/quota/")
     assert b"GPU limit across all clusters" in page.content
-    assert b"guaranteed across all clusters" not in page.content
+    assert b"GPUs guaranteed across all clusters" in page.content
     assert b"GPU memory limit per GPU model class across all clusters" in page.content
     garbled = client.post("/t/acme/p/acme-p1/quota/", {**FORM, FIELD: "A100-80G 5"})
     assert garbled.status_code == 200 and FIELD in garbled.context["form"].errors
@@ -190,3 +189,123 @@ def test_quota_pages_read_no_usage_across_clusters_without_a_quota_across_cluste
     services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
                        values={"gpus_limit_all_clusters": Decimal(8)})
     assert "Across all clusters" in client.get("/t/acme/").content.decode()
+
+
+G = "gpus_guaranteed_all_clusters"
+
+
+def test_guarantee_across_all_clusters_rules_name_the_field(world: World, east: Any) -> None:
+    assert set(_errors(world, "tenant", **{G: Decimal(-1)})) == {G}
+    above_limit = _errors(world, "tenant", **{G: Decimal(6), "gpus_limit_all_clusters": Decimal(4)})
+    assert set(above_limit) == {G} and "GPU limit across all clusters (4" in above_limit[G][0]
+    # A project's needs its tenant's (a tenant without one guarantees none across all clusters).
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_guaranteed": Decimal(0)})
+    none = _errors(world, "project", **{G: Decimal(2)})
+    assert set(none) == {G} and "The tenant guarantees 0 GPUs across all clusters" in none[G][0]
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant, values={G: Decimal(4)})
+    services.quota_set(actor=world.a.owner, scope="project", project=world.a.project, values={G: Decimal(3)})
+    # The projects' together within the tenant's: 3 + 2 > 4.
+    with pytest.raises(ValidationError) as exc:
+        services.quota_set(actor=world.a.owner, scope="project", project=world.a.other_project,
+                           values={G: Decimal(2)})
+    assert set(exc.value.message_dict) == {G} and "guaranteed 5" in exc.value.message_dict[G][0]
+    # The tenant's not below its projects', nor dropped while they have one.
+    below = _errors(world, "tenant", **{G: Decimal(2)})
+    assert set(below) == {G} and "3" in below[G][0]
+    assert set(_errors(world, "tenant", **{G: None})) == {G}
+    # Cluster quotas have none.
+    with pytest.raises(ValidationError) as exc:
+        services.quota_set(actor=world.admin, scope="cluster", cluster=east, values={G: Decimal(1)})
+    assert set(exc.value.message_dict) == {G}
+
+
+def test_guarantee_across_all_clusters_api_audit_permissions_and_pages(world: World, east: Any) -> None:
+    admin = client_for(world.admin)
+    tenant_q = admin.post("/api/v1/quotas/", {**BODY, "scope": "tenant", "tenant": world.a.tenant.pk,
+                                              "gpus_guaranteed": "0", G: "4"}, format="json")
+    assert tenant_q.status_code == 201 and tenant_q.json()[G] == "4.00"
+    bad = admin.patch(f"/api/v1/quotas/{tenant_q.json()['id']}/", {G: "-2"}, format="json")
+    assert bad.status_code == 400 and set(bad.json()) == {G}
+    # The tenant's owner may not change the tenant's quota; sets its project's within it.
+    owner = client_for(world.a.owner)
+    assert owner.patch(f"/api/v1/quotas/{tenant_q.json()['id']}/", {G: "8"},
+                       format="json").status_code == 403
+    over = owner.post("/api/v1/quotas/", {**BODY, "scope": "project", "project": world.a.project.pk,
+                                          "gpus_guaranteed": "0", G: "5"}, format="json")
+    assert over.status_code == 400 and set(over.json()) == {G}
+    proj = owner.post("/api/v1/quotas/", {**BODY, "scope": "project", "project": world.a.project.pk,
+                                          "gpus_guaranteed": "0", G: "4"}, format="json")
+    assert proj.status_code == 201, proj.json()
+    event = AuditEvent.objects.filter(action="quota.created").latest("id")
+    assert event.after is not None and event.after[G] == "4.00"
+    changed = owner.patch(f"/api/v1/quotas/{proj.json()['id']}/", {G: "3"}, format="json")
+    assert changed.status_code == 200
+    event = AuditEvent.objects.filter(action="quota.updated").latest("id")
+    assert event.before is not None and event.after is not None
+    assert (event.before[G], event.after[G]) == ("4.00", "3.00")
+    # A project member may not; another tenant's owner does not even see it.
+    assert client_for(world.a.member).patch(f"/api/v1/quotas/{proj.json()['id']}/", {G: "1"},
+                                            format="json").status_code in (403, 404)
+    assert client_for(world.b.owner).patch(f"/api/v1/quotas/{proj.json()['id']}/", {G: "1"},
+                                           format="json").status_code == 404
+    with pytest.raises(PermissionDenied):
+        services.quota_set(actor=world.b.owner, scope="project", project=world.a.project, values={G: 1})
+    assert Quota.objects.get(project=world.a.project).gpus_guaranteed_all_clusters == 3
+    # The project page: the guarantee, and how it is split between the clusters now (one
+    # cluster, nothing held: all of it on east).
+    html = login(world.a.owner).get("/t/acme/p/acme-p1/").content.decode()
+    assert "Across all clusters" in html and "3.00" in html
+    assert "Guarantee split by cluster" in html and "<td>east</td><td>3.0</td>" in html
+    # The console form saves it, and a bad value is a field error.
+    client = login(world.a.owner)
+    bad_form = client.post("/t/acme/p/acme-p1/quota/", {**FORM, G: "9"})
+    assert bad_form.status_code == 200 and G in bad_form.context["form"].errors
+    ok = client.post("/t/acme/p/acme-p1/quota/", {**FORM, G: "2"})
+    assert ok.status_code == 302
+    assert Quota.objects.get(project=world.a.project).gpus_guaranteed_all_clusters == 2
+
+
+# Review of r6-gg: each failed before its fix.
+GG = "gpus_guaranteed_all_clusters"
+
+
+def test_per_cluster_and_all_cluster_tenant_guarantees_together_stay_within_the_platform(world: Any) -> None:
+    east = scheduling_services.cluster_create(actor=world.admin, name="east", backend="simulated",
+                                              inventory=EAST)
+    services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                       values={"gpus_guaranteed": Decimal(8)})
+    for t in (world.a.tenant, world.b.tenant):
+        Quota.objects.filter(scope=QuotaScope.TENANT, tenant=t).delete()
+        Quota.objects.filter(scope=QuotaScope.PROJECT, tenant=t).delete()
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_guaranteed": Decimal(8)})
+    # The platform guarantees 8 GPUs (one cluster); tenant a already has all 8 of them.
+    with pytest.raises(ValidationError) as exc:
+        services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
+                           values={"gpus_guaranteed": Decimal(0), GG: Decimal(8)})
+    assert GG in exc.value.message_dict
+    # Raising the per-cluster guarantee of a tenant whose guarantee across all clusters takes
+    # the rest: the per-cluster field is the one named.
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_guaranteed": Decimal(4)})
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
+                       values={"gpus_guaranteed": Decimal(0), GG: Decimal(4)})
+    with pytest.raises(ValidationError) as exc:
+        services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                           values={"gpus_guaranteed": Decimal(6)})
+    errors = exc.value.message_dict
+    assert GG not in errors and "would be guaranteed 10.00 in all" in errors["gpus_guaranteed"][0]
+
+
+def test_a_guarantee_per_cluster_plus_across_all_clusters_stays_within_its_limit_there(world: Any) -> None:
+    scheduling_services.cluster_create(actor=world.admin, name="east", backend="simulated", inventory=EAST)
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_guaranteed": Decimal(4), GG: Decimal(4)})
+    # g=4 per cluster + G=4 across all clusters, but at most 4 GPUs across all clusters: the
+    # guarantee on any one cluster (g + part = 8) can never be held.
+    with pytest.raises(ValidationError) as exc:
+        services.quota_set(actor=world.admin, scope="project", project=world.a.project,
+                           values={"gpus_guaranteed": Decimal(4), GG: Decimal(4),
+                                   "gpus_limit_all_clusters": Decimal(4)})
+    assert GG in exc.value.message_dict or "gpus_limit_all_clusters" in exc.value.message_dict
