@@ -22,7 +22,12 @@ share of the free GPUs as ``SCHEDULER_HEADS_FILL`` does), re-run while it admits
   job between in-memory queues instead of the conditional UPDATE) are the bench's. A job a
   cluster's cycle can never run goes back to the global queue with that cluster refused, as
   ``cycle._apply`` does. Jobs declare their duration (the trace's), which the wait estimate
-  uses, as users' ``duration_seconds`` would.
+  uses, as users' ``duration_seconds`` would. ``--batches n``: as ``placement_run``, a step
+  goes on with the next ``--window`` jobs behind (same trials, each batch in global order)
+  while its last batch was full, at most n batches; the service stops once
+  ``PLACEMENT_BUDGET_S`` (2 s) of wall time is spent, which has no equivalent in simulated
+  time, so n stands for it (``--budget s`` also stops once the step's measured engine time,
+  ``M.step`` alone, reaches s). The engine time of every batch is reported.
 
 ``--load k`` compresses the arrivals: each pod arrives at first + (creation − first) / k and
 still runs its trace duration, so the offered load is k times the trace's (on the whole
@@ -35,20 +40,27 @@ placement step (any) and a cycle of each cluster where something changed run at 
 Reported per mode (medians over ``--runs`` seeds for pinned, ``--any-runs`` for any): p50, p95
 and mean queueing delay (creation → first start) over the pods that started, time-averaged
 GPU allocation of both clusters (first arrival → last event), pods never started,
-preemptions, wall time. ``MB_DEBUG=1`` prints the queues at each tick.
+preemptions, wall time; pods that waited longer than a tick, the peak queue, and the free
+GPU-seconds of a cluster while jobs waited elsewhere (at most what pooling could use).
+``MB_DEBUG=1`` prints the queues at each tick; ``MB_PROFILE=start:seconds[:file]`` profiles
+``seconds`` of wall time from ``start`` s of simulated time.
 
     .venv/bin/python -m bench.multicluster              # stride 130, per event, all heads (~6 min)
     .venv/bin/python -m bench.multicluster --stride 1 --load 300 --heads 8 --tick 3 \
         --out multicluster_k300.json                    # the whole cluster, 300x arrivals
+    .venv/bin/python -m bench.multicluster --stride 1 --load 2000 --copies 2 --heads 8 --tick 3 \
+        --modes any --batches 3 --out multicluster_k2000_m2_any_b3.json   # every pod twice
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import heapq
 import json
 import math
 import os
+import pstats
 import random
 import statistics
 import time
@@ -149,7 +161,8 @@ def compress(sim: Sim, k: float, copies: int = 1) -> None:
 
 
 def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runtime: float,
-           load_factor: float = 1.0, tick: float = 0.0, copies: int = 1) -> dict[str, object]:
+           load_factor: float = 1.0, tick: float = 0.0, copies: int = 1, batches: int = 1,
+           budget: float = 0.0) -> dict[str, object]:
     snap, sim = load(stride)
     compress(sim, load_factor, copies)
     profile = WorkloadProfile.from_pods([j.groups[0].template for j in sim.jobs.values()])
@@ -179,10 +192,21 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
     allocated, area, last_t, preemptions = 0.0, 0.0, None, 0
     arrivals_end = max(sim.created.values())
     area_w = 0.0  # GPU-seconds held between the first and the last arrival
+    # Free GPUs on a cluster while jobs wait elsewhere (pinned: queued on the other cluster; any:
+    # bound there or still floating), after each tick's cycles, held until the next tick: the
+    # most that pooling the two clusters could have used (an upper bound: free GPUs may be
+    # scattered slices the waiting jobs cannot use).
+    beside, beside_at, idle_beside = 0.0, 0.0, 0.0
+    queued_peak: tuple[int, list[int], float] = (0, [], 0.0)  # (jobs waiting, per cluster, at t)
     t0 = time.perf_counter()
     first = min(sim.created.values())
 
     dirty: set[str] = set()
+    # MB_PROFILE="start:seconds[:file]": cProfile the replay from ``start`` s of simulated time
+    # (since the first arrival) for ``seconds`` of wall time, then print the top and go on.
+    prof_spec = os.environ.get("MB_PROFILE", "").split(":")
+    prof: cProfile.Profile | None = None
+    prof_until = math.inf
 
     def start_cycle(c: ClusterSim, t: float) -> None:
         nonlocal allocated, preemptions
@@ -239,17 +263,13 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
         else:
             c.pending[name] = job
 
+    step_s: list[float] = []  # wall time of each batch's ``M.step`` (the engine's part of a step)
+    batches_run: list[int] = []  # batches per placement step
+
     def place(t: float) -> None:
-        """The placement step: the global queue's head, in global order, to the best cluster."""
-        usage: dict[str, float] = defaultdict(float)
-        for c in clusters:
-            for n, rj in c.running.items():
-                usage[rj.queue] += c.gpus_of[n]
-        # As the service: the ``window`` (PLACEMENT_BATCH) oldest floating jobs still queued,
-        # placed or not, then in the global order.
-        cands = [*floating.values(), *(by_name[cn].pending[n] for n, cn in bound.items())]
-        head = heapq.nsmallest(window, cands, key=lambda j: (j.submit_time, j.name))
-        order = M.global_order([(j, j.queue) for j in head], usage)
+        """The placement step: the global queue's head, in global order, to the best cluster;
+        as the service's ``placement_run``, then the batches behind it while the last was full,
+        at most ``batches`` (and, with ``budget``, while this step's engine time is below it)."""
         trials = {}
         for c in clusters:
             u: dict[str, float] = defaultdict(float)
@@ -265,6 +285,7 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
             trials[c.name] = M.ClusterTrial(views[c.name], c.placer, list(c.running.values()), t,
                                             usage=dict(u), limits=limits, queued_gpus=queued,
                                             free=c.free())
+
         def bind(p: M.Pending, target: str, _: M.Choice) -> bool:
             """Bind or move the job: from the global queue or its cluster's queue to ``target``'s."""
             name = str(p.key)
@@ -280,10 +301,35 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
                 never.add(str(p.key))
                 floating.pop(str(p.key), None)
 
-        M.step([M.Pending(job.name, {n: job for n in trials}, job.queue.split("/")[0],
-                          needs=M.JobNeeds(gpus=M.job_gpus(job)), bound=bound.get(job.name),
-                          refused=refused.get(job.name, {}))
-                for job, _ in order], list(trials.values()), bind, unplaced)
+        # As the service: the ``window`` (PLACEMENT_BATCH) oldest floating jobs still queued,
+        # placed or not, then the next ``window`` behind them (``_floating_queue(after=…)``: the
+        # submission order does not change within a step), each batch in the global order.
+        cands = [*floating.values(), *(by_name[cn].pending[n] for n, cn in bound.items())]
+        queue = heapq.nsmallest(window * batches, cands, key=lambda j: (j.submit_time, j.name))
+        spent = 0.0
+        n_batches = 0
+        for b in range(batches):
+            head = queue[b * window:(b + 1) * window]
+            if not head:
+                break
+            # The service orders each batch by the GPUs in use per project as its trials count
+            # them (running jobs plus what this step's earlier batches took).
+            usage: dict[str, float] = defaultdict(float)
+            for tr in trials.values():
+                for q, g in tr.usage.items():
+                    usage[q] += g
+            order = M.global_order([(j, j.queue) for j in head], usage)
+            s0 = time.perf_counter()
+            M.step([M.Pending(job.name, {n: job for n in trials}, job.queue.split("/")[0],
+                              needs=M.JobNeeds(gpus=M.job_gpus(job)), bound=bound.get(job.name),
+                              refused=refused.get(job.name, {}))
+                    for job, _ in order], list(trials.values()), bind, unplaced)
+            step_s.append(time.perf_counter() - s0)
+            spent += step_s[-1]
+            n_batches += 1
+            if len(head) < window or (budget and spent >= budget):
+                break
+        batches_run.append(n_batches)
         for tr in trials.values():
             tr.undo()
 
@@ -322,6 +368,7 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
             area += allocated * (t - last_t)
             area_w += allocated * max(0.0, min(t, arrivals_end) - last_t)
         last_t = t
+        idle_beside += beside * (t - beside_at)
         if mode == "any" and (floating or (bound and changed[0])):
             before = dict(bound)
             place(t)
@@ -330,10 +377,30 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
         for c in clusters:
             if c.name in dirty:
                 start_cycle(c, t)
+        beside, beside_at = 0.0, t
+        if floating or any(c.pending for c in clusters):
+            beside = sum(c.free() for c in clusters
+                         if floating or any(o.pending for o in clusters if o is not c))
+            waiting_now = len(floating) + sum(len(c.pending) for c in clusters)
+            if waiting_now > queued_peak[0]:
+                queued_peak = (waiting_now, [len(c.pending) for c in clusters], t - first)
+        if prof_spec[0] and prof is None and prof_until == math.inf and t - first >= float(prof_spec[0]):
+            prof = cProfile.Profile()
+            prof_until = time.perf_counter() + float(prof_spec[1])
+            prof.enable()
+        elif prof is not None and time.perf_counter() >= prof_until:
+            prof.disable()
+            print(f"profile ended at t={t - first:.0f}", flush=True)
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+            if len(prof_spec) > 2:
+                prof.dump_stats(prof_spec[2])
+            prof = None
         if os.environ.get("MB_DEBUG"):
-            print(f"t={t - first:.0f} floating {len(floating)} bound {len(bound)} "
+            print(f"[{time.perf_counter() - t0:.0f}s] t={t - first:.0f} "
+                  f"floating {len(floating)} bound {len(bound)} "
                   f"pending {[len(c.pending) for c in clusters]} "
                   f"running {[len(c.running) for c in clusters]} "
+                  f"free {[round(c.free()) for c in clusters]} "
                   f"started {len(waited)}", flush=True)
         dirty.clear()
     delays = sorted(waited.values())
@@ -349,6 +416,18 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
                                    if arrivals_end > first else 0.0),
         "span_s": span, "arrival_span_s": arrivals_end - first,
         "preemptions": preemptions, "wall_s": time.perf_counter() - t0,
+        "waited_over_tick": sum(1 for d in delays if d > max(tick, 1.0)),
+        "queued_peak": queued_peak[0], "queued_peak_per_cluster": queued_peak[1],
+        "queued_peak_at_s": queued_peak[2],
+        "free_beside_queue_gpu_s": idle_beside,
+        "free_beside_queue_pct": (100 * idle_beside / (span * sum(c.capacity for c in clusters))
+                                  if span else 0.0),
+        "placement_steps": len(batches_run),
+        "batches_per_step_max": max(batches_run, default=0),
+        "steps_with_more_batches": sum(1 for b in batches_run if b > 1),
+        "batch_engine_s_median": statistics.median(step_s) if step_s else 0.0,
+        "batch_engine_s_p95": sorted(step_s)[int(0.95 * (len(step_s) - 1))] if step_s else 0.0,
+        "batch_engine_s_max": max(step_s, default=0.0),
         "clusters": {c.name: {"nodes": len(c.snap.nodes), "gpus": c.capacity,
                               "models": sorted({g.model for n in c.snap.nodes for g in n.gpus})}
                      for c in clusters},
@@ -375,6 +454,12 @@ def main() -> None:
                     help="jobs tried per project queue and cycle (0: all, as bench/queue_replay.py's camp)")
     ap.add_argument("--window", type=int, default=0,
                     help="oldest global-queue jobs per placement step (0: the service's PLACEMENT_BATCH)")
+    ap.add_argument("--batches", type=int, default=1,
+                    help="batches of --window jobs per placement step at most (the service goes on while "
+                         "the last batch was full and PLACEMENT_BUDGET_S of wall time is left)")
+    ap.add_argument("--budget", type=float, default=0.0,
+                    help="also stop a step's batches once its engine time (M.step, measured) reaches this "
+                         "many seconds (0: no budget, --batches alone bounds them)")
     ap.add_argument("--min-runtime", type=float, default=600.0)
     ap.add_argument("--load", type=float, default=1.0,
                     help="load factor k: arrival times (since the first) divided by k, durations unchanged")
@@ -393,22 +478,32 @@ def main() -> None:
         for r in range(args.any_runs if mode == "any" else args.runs):
             row = replay(mode, args.stride, seed=r + 1, heads=args.heads, window=args.window,
                          min_runtime=args.min_runtime, load_factor=args.load, tick=args.tick,
-                         copies=args.copies)
+                         copies=args.copies, batches=args.batches, budget=args.budget)
             rows.append(row)
             print(f"{mode} seed {r + 1}: p50 {row['p50_delay_s']:.0f} s, p95 {row['p95_delay_s']:.0f} s, "
                   f"mean {row['mean_delay_s']:.0f} s, alloc {row['gpu_alloc_pct']:.1f} % "
                   f"(arrivals {row['gpu_alloc_arrivals_pct']:.1f} %), started {row['started']}, "
-                  f"never {row['never']}, "
+                  f"never {row['never']}, preemptions {row['preemptions']}, "
                   f"{row['wall_s']:.0f} s", flush=True)
+            print(f"  waited over a tick {row['waited_over_tick']}; peak queue {row['queued_peak']} "
+                  f"{row['queued_peak_per_cluster']} at t={row['queued_peak_at_s']:.0f} s; free GPU-s beside "
+                  f"a queue elsewhere {row['free_beside_queue_gpu_s']:.0f}", flush=True)
+            if mode == "any":
+                print(f"  placement steps {row['placement_steps']}, more than one batch in "
+                      f"{row['steps_with_more_batches']}; engine time per batch median "
+                      f"{row['batch_engine_s_median']:.2f} s, p95 {row['batch_engine_s_p95']:.2f} s, "
+                      f"max {row['batch_engine_s_max']:.2f} s", flush=True)
     med = {}
     for mode in args.modes:
         rs = [r for r in rows if r["mode"] == mode]
         med[mode] = {k: statistics.median(float(r[k]) for r in rs)  # type: ignore[arg-type]
                      for k in ("p50_delay_s", "p95_delay_s", "mean_delay_s", "gpu_alloc_pct",
-                               "gpu_alloc_arrivals_pct", "started", "never", "preemptions", "wall_s")}
+                               "gpu_alloc_arrivals_pct", "started", "never", "preemptions", "wall_s",
+                               "waited_over_tick", "queued_peak", "free_beside_queue_gpu_s")}
     print(f"\nopenb default over two clusters (every {args.stride}th openb GPU node, dealt alternately): "
           f"{rows[0]['clusters']}")
-    print(f"load factor {args.load:g}, copies {args.copies}, tick {args.tick:g} s, heads {args.heads}")
+    print(f"load factor {args.load:g}, copies {args.copies}, tick {args.tick:g} s, heads {args.heads}, "
+          f"window {args.window} x batches {args.batches}, budget {args.budget:g} s")
     print(f"{'mode':<8} {'p50 s':>8} {'p95 s':>8} {'mean s':>8} {'GPU alloc %':>11} {'arrivals %':>10} "
           f"{'started':>8} {'never':>6} {'preempt':>8} {'wall s':>7}   (medians)")
     for mode, m in med.items():

@@ -7,10 +7,13 @@ loop the service's ``placement_run`` calls) takes ``--jobs`` further trace pods 
 order, as a placement step over a full global queue does. Reported: the median wall time of
 ``--repeat`` steps (fresh trials each time; their reservations undone after) and the time per
 probe. Used in docs/BENCHMARKS.md §9 to compare ``estimated_wait`` sorting the running jobs'
-ends on each probe (``--sort-each-probe``: as before the fix) with once per trial (now).
+ends on each probe (``--sort-each-probe``: as before the fix) with once per trial (now), and
+``Placer.why_not`` walking every node state on each failed probe (``--no-why-memo``) with its
+text kept per pod shape until the state changes (now).
 
     .venv/bin/python -m bench.placement_probe_cost                      # ~1–2 min
-    .venv/bin/python -m bench.placement_probe_cost --sort-each-probe    # before the fix
+    .venv/bin/python -m bench.placement_probe_cost --sort-each-probe    # before the first fix
+    .venv/bin/python -m bench.placement_probe_cost --no-why-memo        # before the second
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--sort-each-probe", action="store_true",
                     help="as before the fix: each probe sorts the running jobs' ends again")
+    ap.add_argument("--no-why-memo", action="store_true",
+                    help="as before the fix: each failed probe counts every node state again for its reason")
     args = ap.parse_args()
+    if args.no_why_memo:
+        Placer.why_not = lambda self, pod, *, exclude=(): self._why_not(pod, exclude)  # type: ignore[method-assign]
     if args.sort_each_probe:
         M.ClusterTrial.ends = lambda self: M.running_ends(self.running)  # type: ignore[method-assign]
     snap, sim = load(1)

@@ -222,6 +222,11 @@ class Placer:
         self._fits_somewhere: set[int] = set()
         """Shape ids that fit at least one empty node (the nodes' static shapes never change)."""
         self._cache_size = 0
+        self._why_memo: dict[tuple[PodRequest, frozenset[str]], tuple[int, str]] = {}
+        """(pod shape, excluded nodes) → (``state.version``, :meth:`why_not`'s text): the text
+        depends on nothing else, and a placement step probes many jobs of one shape against an
+        unchanged state (each answer walked every node state: ~60 % of a step's time on the
+        two openb halves full of running jobs, BENCHMARKS §9)."""
 
     # -- score step ----------------------------------------------------------------------------
 
@@ -408,7 +413,19 @@ class Placer:
     def why_not(self, pod: PodRequest, *, exclude: Collection[str] = ()) -> str:
         """Why ``pod`` fits nowhere now, kube-scheduler style: reasons counted over nodes.
 
-        Nodes in one state share one verdict, so this costs one check per distinct state."""
+        Nodes in one state share one verdict, so this costs one check per distinct state; the
+        text is kept per pod shape and excluded nodes until the state changes (``_why_memo``)."""
+        key = (shape_key(pod), frozenset(exclude))
+        hit = self._why_memo.get(key)
+        if hit is not None and hit[0] == self.state.version:
+            return hit[1]
+        text = self._why_not(pod, exclude)
+        if len(self._why_memo) > 10_000:
+            self._why_memo.clear()
+        self._why_memo[key] = (self.state.version, text)
+        return text
+
+    def _why_not(self, pod: PodRequest, exclude: Collection[str]) -> str:
         reasons: Counter[str] = Counter()
         cache = self._shape_cache(pod) if self.scorer.cacheable else None
         for sid, names in self.state.groups.items():

@@ -467,6 +467,28 @@ def test_wait_reason_counts_nodes() -> None:
     assert "1 insufficient free GPU capacity" in second.reason
 
 
+
+def test_wait_reason_follows_the_state() -> None:
+    """The reason a job waits is kept per pod shape while nothing changes (a placement step asks
+    it for many jobs alike); once a pod starts or ends, the next answer says what changed."""
+    placer = Placer(ClusterState(cluster(node("a", 1), node("b", 1, cpu=500, max_pods=1))), ResourcePolicy())
+    first = placer.place_job(job("first", pod("p", gpu_count=1, cpu_millicores=1000)))
+    assert isinstance(first, Admit) and first.placement.pods[0].node == "a"
+    waits = placer.place_job(job("second", pod("q", gpu_count=1, cpu_millicores=1000)))
+    assert isinstance(waits, Wait)
+    assert "1 insufficient free GPU capacity" in waits.reason and "1 insufficient CPU" in waits.reason
+    same = placer.place_job(job("third", pod("r", gpu_count=1, cpu_millicores=1000)))
+    assert same == Wait("third", waits.reason)
+    # A CPU-only pod takes node b's one pod slot: b is now full for another reason.
+    placer.state.reserve(PodPlacement(pod="sidecar", node="b", gpus=(), cpu_millicores=100, ram_mib=0))
+    later = placer.place_job(job("third", pod("r", gpu_count=1, cpu_millicores=1000)))
+    assert isinstance(later, Wait)
+    assert "1 too many pods" in later.reason and "insufficient CPU" not in later.reason
+    for pp in first.placement.pods:  # the first job ends: node a is free again
+        placer.state.unreserve(pp)
+    assert isinstance(placer.place_job(job("third", pod("r", gpu_count=1, cpu_millicores=1000))), Admit)
+
+
 def test_failed_gang_rolls_back() -> None:
     state = ClusterState(cluster(node("a", 2), node("b", 2)))
     before = {n: s.signature() for n, s in state.nodes.items()}
