@@ -719,6 +719,35 @@ class GuaranteeBook:
     np_preempting: dict[int, tuple[int, int, int, float]] = field(default_factory=dict)
     """Job id → (project id, tenant id, cluster id, GPUs asked) of each non-preemptible
     preemptor waiting for its victims (the guarantee re-check counts its ask as held)."""
+    asks: dict[int, tuple[int, int, int, float]] = field(default_factory=dict)
+    """Job id → (project id, tenant id, cluster id, GPUs asked) of every preemptor in
+    ``preempting`` (so that one admitted is taken off: ``admitted``)."""
+    evicting: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    """As ``preempting``, only the preemptors whose victims are still being evicted: the ones
+    the cycle leaves out of its queue (``cycle_inputs``' ``waiting_for_victims``). A preemptor
+    whose victims are gone is back in the queue and judged against the whole part."""
+
+    def add_ask(self, pk: int, pid: int, tid: int, cid: int, n: float, *, nonpreemptible: bool,
+                evicting: bool = True) -> None:
+        """Count preemptor ``pk``'s ask on cluster ``cid``."""
+        self.asks[pk] = (pid, tid, cid, n)
+        for lv, k in (("project", pid), ("tenant", tid)):
+            self.preempting[(lv, k, cid)] = self.preempting.get((lv, k, cid), 0.0) + n
+            if evicting:
+                self.evicting[(lv, k, cid)] = self.evicting.get((lv, k, cid), 0.0) + n
+        if nonpreemptible:
+            self.np_preempting[pk] = (pid, tid, cid, n)
+
+    def admitted(self, pk: int) -> None:
+        """Job ``pk`` admitted: its ask, if it was a preemptor's, is now held (counted in the
+        usage), no longer asked."""
+        ask = self.asks.pop(pk, None)
+        self.np_preempting.pop(pk, None)
+        if ask is None:
+            return
+        pid, tid, cid, n = ask
+        for lv, k in (("project", pid), ("tenant", tid)):
+            self.preempting[(lv, k, cid)] = self.preempting.get((lv, k, cid), 0.0) - n
 
     def np_asks(self, level: str, key: int, cluster_id: int, but: int | None = None) -> float:
         """GPUs the owner's waiting non-preemptible preemptors ask on a cluster (less job ``but``)."""
@@ -732,7 +761,7 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
     queries over the tenants concerned. ``names``: the queue names too (the cycle's tree)."""
     if not (limits.project_guarantee or limits.tenant_guarantee):
         return None
-    from django.db.models import Case, ExpressionWrapper, F, Sum, Value, When
+    from django.db.models import Case, Exists, ExpressionWrapper, F, OuterRef, Sum, Value, When
 
     tids = sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]
                                                   for p in limits.project_guarantee})
@@ -758,17 +787,18 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
                default=ExpressionWrapper(Cast("groups__gpu_cores_percent", FloatField()) / Value(100.0),
                                          output_field=FloatField()),
                output_field=FloatField())
-    for pk, pid, tid, cid, preemptible, n in (
+    evicting = Exists(Job.objects.filter(preempted_by=OuterRef("pk"), state=JobState.PREEMPTING))
+    for pk, pid, tid, cid, preemptible, waits, n in (
             Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, reason_kind="preempting",
                                cluster__isnull=False)
             .values("pk", "project_id", "tenant_id", "cluster_id", "preemptible")
-            .annotate(n=Sum(ExpressionWrapper(F("groups__replicas") * F("groups__gpu_count") * ask,
+            .annotate(waits=evicting,
+                      n=Sum(ExpressionWrapper(F("groups__replicas") * F("groups__gpu_count") * ask,
                                               output_field=FloatField())))
-            .order_by().values_list("pk", "project_id", "tenant_id", "cluster_id", "preemptible", "n")):
-        for lv, k in (("project", pid), ("tenant", tid)):
-            book.preempting[(lv, k, cid)] += float(n or 0)
-        if not preemptible:
-            book.np_preempting[pk] = (pid, tid, cid, float(n or 0))
+            .order_by().values_list("pk", "project_id", "tenant_id", "cluster_id", "preemptible",
+                                    "waits", "n")):
+        book.add_ask(pk, pid, tid, cid, float(n or 0), nonpreemptible=not preemptible,
+                     evicting=bool(waits))
     # The heads: a job waiting on a quota (a per-cluster or all-cluster limit, a memory limit)
     # or on dedicated pools, or queued on an unreachable cluster, may wait long: the remainder
     # of a guarantee is not parked there. One waiting on the guarantee itself (kind

@@ -76,13 +76,16 @@ def engine_part(g: Guarantees, use: selectors.AllClusterUse, level: str, key: in
     The split counts the owner's preemptors waiting here for their victims as held
     (``guarantee_parts``), while the engine, which leaves them out of its snapshot, does not:
     the share of the part their asks claimed is taken off, so the next cycle does not reclaim
-    the same GPUs again for another job. Only that share: the part covers what the owner's
+    the same GPUs again for another job. Only the asks of preemptors whose victims are still
+    being evicted (``book.evicting``): one whose victims are gone is back in the engine's queue
+    and needs the whole part (taking its own ask off held it back, and a borrower took the GPUs
+    it had evicted for). Only that share: the part covers what the owner's
     jobs hold here beyond the per-cluster guarantee first (the split claims what is held
     before what is asked), so its running work within the guarantee never looks borrowed (a
     borrower's reclaim would take it). That is ``max(min(part, running beyond the per-cluster
     guarantee), part − asks)``."""
     part = g.parts.get((level, key), {}).get(cluster_id, 0.0)
-    asks = g.book.preempting.get((level, key, cluster_id), 0.0)
+    asks = g.book.evicting.get((level, key, cluster_id), 0.0)
     running = max(0.0, use.by_cluster.get((level, key, cluster_id), 0.0) - g.base(level, key))
     return max(min(part, running), part - asks, 0.0)
 

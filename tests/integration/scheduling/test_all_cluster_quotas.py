@@ -595,3 +595,66 @@ def test_a_non_preemptible_job_waiting_for_the_guarantee_still_draws_the_remaind
     Job.objects.filter(pk=job.pk).update(reason_kind="guarantee", reason="Non-preemptible jobs must fit …")
     _run_all(east2)
     assert _state(job) == JobState.STARTING
+
+
+# --- Second review (r6-gg2) ----------------------------------------------------------------------
+
+
+def test_a_non_preemptible_preemptor_whose_victims_are_gone_starts_at_once(world: Any) -> None:
+    """G=4 across all clusters. Non-preemptible X (4) reclaims 4 on a full east. Its victims
+    release their GPUs. Next cycle of east: X starts (the 4 free GPUs are the ones it evicted
+    for), not held back by its own ask taken off its cluster's part."""
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,))
+    _guarantee(world, 4, project=world.a.project)
+    x = _submit(world, "x", east, 4, preemptible=False)
+    services.cycle_run(cluster=east)
+    x.refresh_from_db()
+    assert x.reason_kind == "preempting", x.reason
+    _release_victims(world)
+    services.cycle_run(cluster=east)
+    assert _state(x) == JobState.STARTING, x.reason
+
+
+def test_a_non_preemptible_preemptor_is_not_cut_off_by_a_borrower_readmitted_into_its_gpus(
+        world: Any) -> None:
+    """As above, but a borrower of tenant b is queued on east when the victims are gone: X
+    starts in the GPUs it evicted for, with one round of evictions (no livelock in which a
+    borrower is readmitted while X is held and X evicts again)."""
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,))
+    _guarantee(world, 4, project=world.a.project)
+    x = _submit(world, "x", east, 4, preemptible=False)
+    services.cycle_run(cluster=east)
+    evictions = 0
+    for i in range(4):
+        x.refresh_from_db()
+        if x.state != JobState.QUEUED:
+            break
+        if x.reason_kind == "preempting":
+            evictions += 1
+            _release_victims(world)
+            services.job_submit(actor=world.b.owner, project=world.b.project, cluster=east,
+                                name=f"again-{i}", groups=[gpu_group(gpu_count=4)], preemptible=True)
+        services.cycle_run(cluster=east)
+    assert _state(x) == JobState.STARTING and evictions == 1, (x.reason, evictions)
+
+
+def test_two_np_preemptors_admitted_in_one_cycle_are_not_counted_twice(world: Any) -> None:
+    """a: per-cluster g=8 and G=2 across all clusters. Non-preemptible A(4) and B(4) reclaim 8 on
+    a full east (within g=8). Victims gone: the next cycle admits both (8 within g=8, 0 beyond);
+    A admitted first is not counted again as a preemptor's ask in B's re-check."""
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,))
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed": 8, "gpus_guaranteed_all_clusters": 2})
+    _quota(world, world.a.project, gpus_guaranteed=8, gpus_guaranteed_all_clusters=2)
+    ja = _submit(world, "ja", east, 4, preemptible=False)
+    jb = _submit(world, "jb", east, 4, preemptible=False)
+    services.cycle_run(cluster=east)
+    ja.refresh_from_db()
+    jb.refresh_from_db()
+    assert ja.reason_kind == jb.reason_kind == "preempting"
+    _release_victims(world)
+    services.cycle_run(cluster=east)
+    assert _state(ja) == _state(jb) == JobState.STARTING, (ja.reason, jb.reason)
