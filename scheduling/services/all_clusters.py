@@ -24,7 +24,7 @@ from decimal import Decimal
 
 from scheduling import engine as E
 from scheduling.engine.cycle import JobStatus
-from scheduling.engine.guarantees import EPS
+from scheduling.engine.guarantees import EPS, Holding, Owner, claim_held
 from scheduling.engine.multicluster import (
     card_classes,
     job_gpus,
@@ -150,23 +150,40 @@ def _beyond(held: Mapping[int, float], base: float) -> float:
     return sum(max(0.0, v - base) for v in held.values())
 
 
+def _covered(use: selectors.AllClusterUse, book: selectors.GuaranteeBook, total: float, pid: int,
+             ) -> dict[int, float]:
+    """What project ``pid``'s own guarantees cover of its work per cluster, waiting
+    preemptors' asks counted as held: its per-cluster guarantee, then its guarantee across all
+    clusters claimed as the split claims it (``engine.guarantees.claim_held``: non-preemptible
+    work first, clusters in the fixed order). The rest is borrowing, reclaimable itself."""
+    base = book.project_base.get(pid, 0.0)
+    held = {c: use.by_cluster.get(("project", pid, c), 0.0) + book.preempting.get(("project", pid, c), 0.0)
+            for c in book.clusters}
+    owner = Owner(total, base, {c: Holding(held[c], use.np_by_cluster.get(("project", pid, c), 0.0)
+                                           + book.np_asks("project", pid, c)) for c in book.clusters})
+    parts = claim_held(owner, book.clusters)
+    return {c: min(held[c], base) + parts[c] for c in book.clusters}
+
+
 def _reclaim_held(use: selectors.AllClusterUse, book: selectors.GuaranteeBook,
                   limits: selectors.AllClusterLimits, level: str, key: int) -> dict[int, float]:
     """What the reclaim re-check counts as an owner's per cluster, waiting preemptors' asks
     counted as held (the split's order, ``engine.guarantees.split_tenant``): a project's
-    jobs; a tenant's non-preemptible work and its guaranteed projects' work, not its other
-    projects' preemptible work (no guarantee covers that borrowing: it is reclaimed itself)."""
+    jobs; a tenant's non-preemptible work and, of its guaranteed projects' preemptible work,
+    what their own guarantees cover (``_covered``), not the rest nor its other projects'
+    preemptible work (no guarantee covers that borrowing: it is reclaimed itself)."""
     if level == "project":
         return {c: use.by_cluster.get(("project", key, c), 0.0)
                 + book.preempting.get(("project", key, c), 0.0) for c in book.clusters}
-    guaranteed = [p for p in book.projects_of.get(key, []) if p in limits.project_guarantee]
-    out = {}
-    for c in book.clusters:
-        v = use.np_by_cluster.get(("tenant", key, c), 0.0) + book.np_asks("tenant", key, c)
-        for p in guaranteed:
-            v += (use.by_cluster.get(("project", p, c), 0.0) - use.np_by_cluster.get(("project", p, c), 0.0)
-                  + book.preempting.get(("project", p, c), 0.0) - book.np_asks("project", p, c))
-        out[c] = v
+    out = {c: use.np_by_cluster.get(("tenant", key, c), 0.0) + book.np_asks("tenant", key, c)
+           for c in book.clusters}
+    for p in book.projects_of.get(key, []):
+        if p not in limits.project_guarantee:
+            continue
+        covered = _covered(use, book, limits.project_guarantee[p], p)
+        for c in book.clusters:  # its non-preemptible work is in the tenant's already
+            np = use.np_by_cluster.get(("project", p, c), 0.0) + book.np_asks("project", p, c)
+            out[c] += max(0.0, covered[c] - np)
     return out
 
 

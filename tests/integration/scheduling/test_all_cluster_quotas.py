@@ -658,3 +658,25 @@ def test_two_np_preemptors_admitted_in_one_cycle_are_not_counted_twice(world: An
     _release_victims(world)
     services.cycle_run(cluster=east)
     assert _state(ja) == _state(jb) == JobState.STARTING, (ja.reason, jb.reason)
+
+
+def test_a_sibling_borrowing_beyond_its_own_guarantee_does_not_block_a_guaranteed_project_reclaim(
+        world: Any) -> None:
+    """Tenant a G=4; its projects p1 G=2 and p2 G=2 across all clusters. p1 runs 4 preemptible on
+    east (2 within its guarantee, 2 borrowed). p2, holding nothing, wants 2 on a full east2:
+    within its guarantee, the tenant-level re-check counts of p1 only the 2 its guarantee covers
+    (2 + 2 = 4 of 4): p2 reclaims."""
+    east, east2 = _east2(world)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": 4})
+    _quota(world, world.a.project, gpus_guaranteed_all_clusters=2)
+    _quota(world, world.a.other_project, gpus_guaranteed_all_clusters=2)
+    p1 = _submit(world, "p1", east, 4)
+    _run_all(east)
+    assert _state(p1) == JobState.STARTING
+    _fill_with_borrowers(world, (east2,), priority_class="high")
+    p2 = services.job_submit(actor=world.a.owner, project=world.a.other_project, cluster=east2, name="p2",
+                             groups=[gpu_group(gpu_count=2)], preemptible=True, priority_class="high")
+    _run_all(east2)
+    p2.refresh_from_db()
+    assert "Preempting" in p2.reason or p2.state == JobState.STARTING, p2.reason
