@@ -719,6 +719,10 @@ class GuaranteeBook:
     np_preempting: dict[int, tuple[int, int, int, float]] = field(default_factory=dict)
     """Job id → (project id, tenant id, cluster id, GPUs asked) of each non-preemptible
     preemptor waiting for its victims (the guarantee re-check counts its ask as held)."""
+    reclaiming: dict[int, tuple[int, int, int, float]] = field(default_factory=dict)
+    """As ``np_preempting``, for preemptible preemptors that reclaim (evict jobs of equal or
+    higher priority, which only a guarantee allows) or whose victims are gone: the
+    non-preemptible re-check counts their asks too (their evictions rely on the guarantee)."""
     asks: dict[int, tuple[int, int, int, float]] = field(default_factory=dict)
     """Job id → (project id, tenant id, cluster id, GPUs asked) of every preemptor in
     ``preempting`` (so that one admitted is taken off: ``admitted``)."""
@@ -728,8 +732,9 @@ class GuaranteeBook:
     whose victims are gone is back in the queue and judged against the whole part."""
 
     def add_ask(self, pk: int, pid: int, tid: int, cid: int, n: float, *, nonpreemptible: bool,
-                evicting: bool = True) -> None:
-        """Count preemptor ``pk``'s ask on cluster ``cid``."""
+                evicting: bool = True, reclaim: bool = True) -> None:
+        """Count preemptor ``pk``'s ask on cluster ``cid`` (``reclaim``: a preemptible one
+        relying on a guarantee)."""
         self.asks[pk] = (pid, tid, cid, n)
         for lv, k in (("project", pid), ("tenant", tid)):
             self.preempting[(lv, k, cid)] = self.preempting.get((lv, k, cid), 0.0) + n
@@ -737,12 +742,15 @@ class GuaranteeBook:
                 self.evicting[(lv, k, cid)] = self.evicting.get((lv, k, cid), 0.0) + n
         if nonpreemptible:
             self.np_preempting[pk] = (pid, tid, cid, n)
+        elif reclaim:
+            self.reclaiming[pk] = (pid, tid, cid, n)
 
     def admitted(self, pk: int) -> None:
         """Job ``pk`` admitted: its ask, if it was a preemptor's, is now held (counted in the
         usage), no longer asked."""
         ask = self.asks.pop(pk, None)
         self.np_preempting.pop(pk, None)
+        self.reclaiming.pop(pk, None)
         if ask is None:
             return
         pid, tid, cid, n = ask
@@ -754,6 +762,13 @@ class GuaranteeBook:
         i = 0 if level == "project" else 1
         return sum(v[3] for pk, v in self.np_preempting.items()
                    if v[i] == key and v[2] == cluster_id and pk != but)
+
+    def relied_asks(self, level: str, key: int, cluster_id: int, but: int | None = None) -> float:
+        """GPUs the owner's waiting preemptors that rely on a guarantee ask on a cluster: the
+        non-preemptible ones and the reclaiming ones (less job ``but``)."""
+        i = 0 if level == "project" else 1
+        return self.np_asks(level, key, cluster_id, but) + sum(
+            v[3] for pk, v in self.reclaiming.items() if v[i] == key and v[2] == cluster_id and pk != but)
 
 
 def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBook | None:
@@ -787,18 +802,20 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
                default=ExpressionWrapper(Cast("groups__gpu_cores_percent", FloatField()) / Value(100.0),
                                          output_field=FloatField()),
                output_field=FloatField())
-    evicting = Exists(Job.objects.filter(preempted_by=OuterRef("pk"), state=JobState.PREEMPTING))
-    for pk, pid, tid, cid, preemptible, waits, n in (
+    victims = Job.objects.filter(preempted_by=OuterRef("pk"), state=JobState.PREEMPTING)
+    for pk, pid, tid, cid, preemptible, waits, reclaims, n in (
             Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, reason_kind="preempting",
                                cluster__isnull=False)
             .values("pk", "project_id", "tenant_id", "cluster_id", "preemptible")
-            .annotate(waits=evicting,
+            .annotate(waits=Exists(victims),
+                      reclaims=Exists(victims.filter(priority__gte=OuterRef("priority"))),
                       n=Sum(ExpressionWrapper(F("groups__replicas") * F("groups__gpu_count") * ask,
                                               output_field=FloatField())))
             .order_by().values_list("pk", "project_id", "tenant_id", "cluster_id", "preemptible",
-                                    "waits", "n")):
+                                    "waits", "reclaims", "n")):
+        # Victims gone: whether it reclaimed is no longer known; counted as if (the safe side).
         book.add_ask(pk, pid, tid, cid, float(n or 0), nonpreemptible=not preemptible,
-                     evicting=bool(waits))
+                     evicting=bool(waits), reclaim=bool(reclaims) or not waits)
     # The heads: a job waiting on a quota (a per-cluster or all-cluster limit, a memory limit)
     # or on dedicated pools, or queued on an unreachable cluster, may wait long: the remainder
     # of a guarantee is not parked there. One waiting on the guarantee itself (kind

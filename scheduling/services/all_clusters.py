@@ -194,10 +194,10 @@ def guarantee_refusal(limits: selectors.AllClusterLimits, use: selectors.AllClus
     what every cluster holds now (other cycles' committed admissions and preemptions included):
 
     * a non-preemptible admission or preemption: what the owner's non-preemptible jobs hold
-      beyond the per-cluster guarantee, on every cluster, with the asks of its
-      non-preemptible preemptors waiting for victims (``book.np_preempting``; not job
-      ``job_id``'s own) and with this job, stays within the guarantee across all clusters
-      (its parts sum to it);
+      beyond the per-cluster guarantee, on every cluster, with the asks of its preemptors
+      waiting for victims that rely on the guarantee (non-preemptible ones and preemptible
+      reclaims: ``book.relied_asks``; not job ``job_id``'s own) and with this job, stays
+      within the guarantee across all clusters (its parts sum to it);
     * a reclaim preemption (victims of equal or higher priority, evicted only because they
       borrow) that relies on the project's part here (its GPUs here, waiting preemptors'
       asks counted, + this one's beyond its per-cluster guarantee): what it holds beyond the
@@ -209,7 +209,10 @@ def guarantee_refusal(limits: selectors.AllClusterLimits, use: selectors.AllClus
     for level, key, total in _owners(limits, pid, tid):
         base = book.project_base.get(key, 0.0) if level == "project" else book.tenant_base.get(key, 0.0)
         if nonpreemptible:
-            np = {c: use.np_by_cluster.get((level, key, c), 0.0) + book.np_asks(level, key, c, but=job_id)
+            # With the asks of its preemptors waiting for victims that rely on a guarantee:
+            # non-preemptible ones, and preemptible ones reclaiming (their evictions too
+            # count against the guarantee, so non-preemptible work is not let in beside them).
+            np = {c: use.np_by_cluster.get((level, key, c), 0.0) + book.relied_asks(level, key, c, but=job_id)
                   for c in book.clusters}
             np[cluster_id] = np.get(cluster_id, 0.0) + n
             used = _beyond(np, base)

@@ -606,7 +606,7 @@ def _guaranteed_preemptions(admits: list[tuple[Job, E.Placement, JobStatus]],
         # Counted for the next ones in this cycle too.
         book.admitted(job.pk)  # a preemptor preempting again: its old ask goes
         book.add_ask(job.pk, job.project_id, job.tenant_id, job.cluster_id or 0, n,
-                     nonpreemptible=not job.preemptible)
+                     nonpreemptible=not job.preemptible, reclaim=reclaim)
         keep.append((job, d))
     return keep, refused
 

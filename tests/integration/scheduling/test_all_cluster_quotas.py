@@ -680,3 +680,22 @@ def test_a_sibling_borrowing_beyond_its_own_guarantee_does_not_block_a_guarantee
     _run_all(east2)
     p2.refresh_from_db()
     assert "Preempting" in p2.reason or p2.state == JobState.STARTING, p2.reason
+
+
+def test_np_admission_recheck_counts_a_preemptible_reclaim_relying_on_the_guarantee(world: Any) -> None:
+    """G=4. Cycle east2 decides to admit non-preemptible Y (4). Cycle east then has preemptible
+    X (4, high) reclaim 4 GPUs of borrowers for the guarantee, and commits first. Y's re-check
+    counts X's reclaim: never 4 evicted relying on G and 4 non-preemptible within it (8 of 4)."""
+    from scheduling.services import cycle as cycle_service
+
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,), priority_class="high")
+    _guarantee(world, 4, project=world.a.project)
+    y = _submit(world, "y", east2, 4, preemptible=False)
+    decided_east2 = cycle_service._decide(east2, None)
+    services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="x",
+                        groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    decided_east = cycle_service._decide(east, None)
+    cycle_service._persist(east, *decided_east)
+    cycle_service._persist(east2, *decided_east2)
+    assert not (_evicted(world) == 4 and _state(y) == JobState.STARTING)
