@@ -729,7 +729,8 @@ class GuaranteeBook:
     evicting: dict[tuple[str, int, int], float] = field(default_factory=dict)
     """As ``preempting``, only the preemptors whose victims are still being evicted: the ones
     the cycle leaves out of its queue (``cycle_inputs``' ``waiting_for_victims``). A preemptor
-    whose victims are gone is back in the queue and judged against the whole part."""
+    whose victims are gone is back in the queue and judged against the whole part. At the
+    tenant's level, only those relying on a guarantee (non-preemptible, or reclaiming)."""
 
     def add_ask(self, pk: int, pid: int, tid: int, cid: int, n: float, *, nonpreemptible: bool,
                 evicting: bool = True, reclaim: bool = True) -> None:
@@ -738,7 +739,9 @@ class GuaranteeBook:
         self.asks[pk] = (pid, tid, cid, n)
         for lv, k in (("project", pid), ("tenant", tid)):
             self.preempting[(lv, k, cid)] = self.preempting.get((lv, k, cid), 0.0) + n
-            if evicting:
+            # At the tenant's level, a preemption by priority alone (a project's job evicting
+            # lower-priority work; no guarantee relied on) claimed none of the tenant's part.
+            if evicting and (lv == "project" or nonpreemptible or reclaim):
                 self.evicting[(lv, k, cid)] = self.evicting.get((lv, k, cid), 0.0) + n
         if nonpreemptible:
             self.np_preempting[pk] = (pid, tid, cid, n)

@@ -699,3 +699,25 @@ def test_np_admission_recheck_counts_a_preemptible_reclaim_relying_on_the_guaran
     cycle_service._persist(east, *decided_east)
     cycle_service._persist(east2, *decided_east2)
     assert not (_evicted(world) == 4 and _state(y) == JobState.STARTING)
+
+
+def test_a_siblings_priority_preemptor_does_not_take_the_tenant_part_from_a_guaranteed_projects_np_job(
+        world: Any) -> None:
+    """Tenant a G=4, p1 G=4 (across all clusters); p2 none. East: b runs two batch jobs (4+4).
+    p2's high job evicts one of them by priority (relies on no guarantee) and waits. p1's
+    non-preemptible X (4) is within p1's and the tenant's guarantee (p2's work is not
+    guaranteed): it reclaims b's other job, the tenant's part not taken off by p2's ask."""
+    east, east2 = _east2(world)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": 4})
+    _quota(world, world.a.project, gpus_guaranteed_all_clusters=4)
+    _fill_with_borrowers(world, (east,), priority_class="batch")
+    hi = services.job_submit(actor=world.a.owner, project=world.a.other_project, cluster=east, name="hi",
+                             groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    services.cycle_run(cluster=east)
+    hi.refresh_from_db()
+    assert hi.reason_kind == "preempting", hi.reason
+    x = _submit(world, "x", east, 4, preemptible=False)
+    services.cycle_run(cluster=east)
+    x.refresh_from_db()
+    assert x.reason_kind == "preempting" or x.state == JobState.STARTING, x.reason
