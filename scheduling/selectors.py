@@ -783,8 +783,9 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
 
     tids = sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]
                                                   for p in limits.project_guarantee})
-    crows = list(Cluster.objects.values_list("pk", "name", "enabled", "unreachable_since"))
-    cluster_names = {pk: name for pk, name, _, _ in crows}
+    crows = list(Cluster.objects.values_list("pk", "name", "enabled", "unreachable_since", "last_cycle_at"))
+    cluster_names = {pk: name for pk, name, *_ in crows}
+    last_cycle = {pk: at for pk, *_, at in crows}
     # The fixed order: enabled, reachable clusters first, then unreachable ones, then disabled
     # ones (so the remainder lands on a cluster whose cycle runs when nothing of the owner
     # waits), each group by name.
@@ -828,14 +829,22 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
               .exclude(reason_kind="quota")
               .exclude(reason__startswith=OUTSIDE_POOLS))
     for lv, col in (("project", "project_id"), ("tenant", "tenant_id")):
-        best: dict[int, list[tuple[int, Any, int, int]]] = defaultdict(list)
+        best: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+        cols = (col, "cluster_id", "priority", "submitted_at", "pk", "reason_kind")
         if connection.vendor == "postgresql":  # the best job per owner and cluster
             rows = queued.order_by(col, "cluster_id", "-priority", "submitted_at", "pk").distinct(
-                col, "cluster_id").values_list(col, "cluster_id", "priority", "submitted_at", "pk")
+                col, "cluster_id").values_list(*cols)
         else:  # the demo's SQLite has no DISTINCT ON: every row
-            rows = queued.values_list(col, "cluster_id", "priority", "submitted_at", "pk")
-        for key, cid, prio, at, pk in rows:
-            best[key].append((-prio, at, pk, cid))
+            rows = queued.values_list(*cols)
+        for key, cid, prio, at, pk, kind in rows:
+            # A head that waited "capacity" in its cluster's last cycle found nothing it could
+            # start or reclaim there (with the part, if it had it): heads that did not go
+            # first, then the capacity ones in turn, the cluster whose cycle ran longest ago
+            # first (so the remainder passes on from a head that cannot use it, to one that
+            # may reclaim elsewhere, rather than staying pinned to the best by priority).
+            last = last_cycle.get(cid)
+            turn = (1, last.timestamp() if last is not None else 0.0) if kind == "capacity" else (0, 0.0)
+            best[key].append((turn, -prio, at, pk, cid))
         for key, jobs in best.items():
             book.heads[(lv, key)] = list(dict.fromkeys(cid for *_, cid in sorted(jobs)))
     if names:

@@ -721,3 +721,30 @@ def test_a_siblings_priority_preemptor_does_not_take_the_tenant_part_from_a_guar
     services.cycle_run(cluster=east)
     x.refresh_from_db()
     assert x.reason_kind == "preempting" or x.state == JobState.STARTING, x.reason
+
+
+def test_a_head_that_waits_capacity_behind_guaranteed_work_passes_the_remainder_on(world: Any) -> None:
+    """b (per-cluster g=8 for tenant and b.project) runs 8 non-preemptible on east: nothing there
+    can be reclaimed. b.other_project borrows 8 on east2. a (G=4, holds 0): A (high) on east waits
+    'capacity'; the remainder passes on to B (normal) on east2, which reclaims 4 of b's
+    borrowing within a's guarantee."""
+    east, east2 = _east2(world)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
+                              values={"gpus_guaranteed": 8})
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.b.project,
+                              values={"gpus_guaranteed": 8})
+    for i in range(2):
+        services.job_submit(actor=world.b.owner, project=world.b.project, cluster=east, name=f"np-{i}",
+                            groups=[gpu_group(gpu_count=4)], preemptible=False)
+        services.job_submit(actor=world.b.owner, project=world.b.other_project, cluster=east2,
+                            name=f"bor-{i}", groups=[gpu_group(gpu_count=4)], preemptible=True)
+    _run_all(east, east2)
+    _guarantee(world, 4, project=world.a.project)
+    services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="ja",
+                        groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    b1 = _submit(world, "jb", east2, 4)
+    for _ in range(3):
+        _run_all(east, east2)
+    b1.refresh_from_db()
+    assert "Preempting" in b1.reason or b1.state == JobState.STARTING, b1.reason
+    assert _evicted(world) == 4
