@@ -719,6 +719,46 @@ class GuaranteeBook:
     np_preempting: dict[int, tuple[int, int, int, float]] = field(default_factory=dict)
     """Job id → (project id, tenant id, cluster id, GPUs asked) of each non-preemptible
     preemptor waiting for its victims (the guarantee re-check counts its ask as held)."""
+    reclaiming: dict[int, tuple[int, int, int, float]] = field(default_factory=dict)
+    """As ``np_preempting``, for preemptible preemptors that reclaim (evict jobs of equal or
+    higher priority, which only a guarantee allows) or whose victims are gone: the
+    non-preemptible re-check counts their asks too (their evictions rely on the guarantee)."""
+    asks: dict[int, tuple[int, int, int, float]] = field(default_factory=dict)
+    """Job id → (project id, tenant id, cluster id, GPUs asked) of every preemptor in
+    ``preempting`` (so that one admitted is taken off: ``admitted``)."""
+    evicting: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    """As ``preempting``, only the preemptors whose victims are still being evicted: the ones
+    the cycle leaves out of its queue (``cycle_inputs``' ``waiting_for_victims``). A preemptor
+    whose victims are gone is back in the queue and judged against the whole part. At the
+    tenant's level, only those relying on a guarantee (non-preemptible, or reclaiming)."""
+
+    def add_ask(self, pk: int, pid: int, tid: int, cid: int, n: float, *, nonpreemptible: bool,
+                evicting: bool = True, reclaim: bool = True) -> None:
+        """Count preemptor ``pk``'s ask on cluster ``cid`` (``reclaim``: a preemptible one
+        relying on a guarantee)."""
+        self.asks[pk] = (pid, tid, cid, n)
+        for lv, k in (("project", pid), ("tenant", tid)):
+            self.preempting[(lv, k, cid)] = self.preempting.get((lv, k, cid), 0.0) + n
+            # At the tenant's level, a preemption by priority alone (a project's job evicting
+            # lower-priority work; no guarantee relied on) claimed none of the tenant's part.
+            if evicting and (lv == "project" or nonpreemptible or reclaim):
+                self.evicting[(lv, k, cid)] = self.evicting.get((lv, k, cid), 0.0) + n
+        if nonpreemptible:
+            self.np_preempting[pk] = (pid, tid, cid, n)
+        elif reclaim:
+            self.reclaiming[pk] = (pid, tid, cid, n)
+
+    def admitted(self, pk: int) -> None:
+        """Job ``pk`` admitted: its ask, if it was a preemptor's, is now held (counted in the
+        usage), no longer asked."""
+        ask = self.asks.pop(pk, None)
+        self.np_preempting.pop(pk, None)
+        self.reclaiming.pop(pk, None)
+        if ask is None:
+            return
+        pid, tid, cid, n = ask
+        for lv, k in (("project", pid), ("tenant", tid)):
+            self.preempting[(lv, k, cid)] = self.preempting.get((lv, k, cid), 0.0) - n
 
     def np_asks(self, level: str, key: int, cluster_id: int, but: int | None = None) -> float:
         """GPUs the owner's waiting non-preemptible preemptors ask on a cluster (less job ``but``)."""
@@ -726,18 +766,26 @@ class GuaranteeBook:
         return sum(v[3] for pk, v in self.np_preempting.items()
                    if v[i] == key and v[2] == cluster_id and pk != but)
 
+    def relied_asks(self, level: str, key: int, cluster_id: int, but: int | None = None) -> float:
+        """GPUs the owner's waiting preemptors that rely on a guarantee ask on a cluster: the
+        non-preemptible ones and the reclaiming ones (less job ``but``)."""
+        i = 0 if level == "project" else 1
+        return self.np_asks(level, key, cluster_id, but) + sum(
+            v[3] for pk, v in self.reclaiming.items() if v[i] == key and v[2] == cluster_id and pk != but)
+
 
 def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBook | None:
     """None (no query) when no quota has a guarantee across all clusters; else a few small
     queries over the tenants concerned. ``names``: the queue names too (the cycle's tree)."""
     if not (limits.project_guarantee or limits.tenant_guarantee):
         return None
-    from django.db.models import Case, ExpressionWrapper, F, Sum, Value, When
+    from django.db.models import Case, Exists, ExpressionWrapper, F, OuterRef, Sum, Value, When
 
     tids = sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]
                                                   for p in limits.project_guarantee})
-    crows = list(Cluster.objects.values_list("pk", "name", "enabled", "unreachable_since"))
-    cluster_names = {pk: name for pk, name, _, _ in crows}
+    crows = list(Cluster.objects.values_list("pk", "name", "enabled", "unreachable_since", "last_cycle_at"))
+    cluster_names = {pk: name for pk, name, *_ in crows}
+    last_cycle = {pk: at for pk, *_, at in crows}
     # The fixed order: enabled, reachable clusters first, then unreachable ones, then disabled
     # ones (so the remainder lands on a cluster whose cycle runs when nothing of the owner
     # waits), each group by name.
@@ -758,17 +806,20 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
                default=ExpressionWrapper(Cast("groups__gpu_cores_percent", FloatField()) / Value(100.0),
                                          output_field=FloatField()),
                output_field=FloatField())
-    for pk, pid, tid, cid, preemptible, n in (
+    victims = Job.objects.filter(preempted_by=OuterRef("pk"), state=JobState.PREEMPTING)
+    for pk, pid, tid, cid, preemptible, waits, reclaims, n in (
             Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, reason_kind="preempting",
                                cluster__isnull=False)
             .values("pk", "project_id", "tenant_id", "cluster_id", "preemptible")
-            .annotate(n=Sum(ExpressionWrapper(F("groups__replicas") * F("groups__gpu_count") * ask,
+            .annotate(waits=Exists(victims),
+                      reclaims=Exists(victims.filter(priority__gte=OuterRef("priority"))),
+                      n=Sum(ExpressionWrapper(F("groups__replicas") * F("groups__gpu_count") * ask,
                                               output_field=FloatField())))
-            .order_by().values_list("pk", "project_id", "tenant_id", "cluster_id", "preemptible", "n")):
-        for lv, k in (("project", pid), ("tenant", tid)):
-            book.preempting[(lv, k, cid)] += float(n or 0)
-        if not preemptible:
-            book.np_preempting[pk] = (pid, tid, cid, float(n or 0))
+            .order_by().values_list("pk", "project_id", "tenant_id", "cluster_id", "preemptible",
+                                    "waits", "reclaims", "n")):
+        # Victims gone: whether it reclaimed is no longer known; counted as if (the safe side).
+        book.add_ask(pk, pid, tid, cid, float(n or 0), nonpreemptible=not preemptible,
+                     evicting=bool(waits), reclaim=bool(reclaims) or not waits)
     # The heads: a job waiting on a quota (a per-cluster or all-cluster limit, a memory limit)
     # or on dedicated pools, or queued on an unreachable cluster, may wait long: the remainder
     # of a guarantee is not parked there. One waiting on the guarantee itself (kind
@@ -778,14 +829,22 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
               .exclude(reason_kind="quota")
               .exclude(reason__startswith=OUTSIDE_POOLS))
     for lv, col in (("project", "project_id"), ("tenant", "tenant_id")):
-        best: dict[int, list[tuple[int, Any, int, int]]] = defaultdict(list)
+        best: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+        cols = (col, "cluster_id", "priority", "submitted_at", "pk", "reason_kind")
         if connection.vendor == "postgresql":  # the best job per owner and cluster
             rows = queued.order_by(col, "cluster_id", "-priority", "submitted_at", "pk").distinct(
-                col, "cluster_id").values_list(col, "cluster_id", "priority", "submitted_at", "pk")
+                col, "cluster_id").values_list(*cols)
         else:  # the demo's SQLite has no DISTINCT ON: every row
-            rows = queued.values_list(col, "cluster_id", "priority", "submitted_at", "pk")
-        for key, cid, prio, at, pk in rows:
-            best[key].append((-prio, at, pk, cid))
+            rows = queued.values_list(*cols)
+        for key, cid, prio, at, pk, kind in rows:
+            # A head that waited "capacity" in its cluster's last cycle found nothing it could
+            # start or reclaim there (with the part, if it had it): heads that did not go
+            # first, then the capacity ones in turn, the cluster whose cycle ran longest ago
+            # first (so the remainder passes on from a head that cannot use it, to one that
+            # may reclaim elsewhere, rather than staying pinned to the best by priority).
+            last = last_cycle.get(cid)
+            turn = (1, last.timestamp() if last is not None else 0.0) if kind == "capacity" else (0, 0.0)
+            best[key].append((turn, -prio, at, pk, cid))
         for key, jobs in best.items():
             book.heads[(lv, key)] = list(dict.fromkeys(cid for *_, cid in sorted(jobs)))
     if names:

@@ -375,6 +375,12 @@ def _validate_all_cluster_guarantee(quota: Quota, parent_totals: dict[str, Any] 
         errors[field] = [f"With the per-cluster GPU guarantee ({quota.gpus_guaranteed}), above the "
                          f"GPU limit across all clusters ({glim}): at most {glim - quota.gpus_guaranteed}."]
         return
+    if parent_totals is None and quota.scope == QuotaScope.PROJECT and g > 0:
+        # No tenant quota: the tenant guarantees nothing across all clusters (else a tenant
+        # owner could give a project any guarantee, bounded by no tenant and no platform).
+        errors[field] = ["The tenant has no quota, so it guarantees 0 GPUs across all clusters; "
+                         "a platform admin gives the tenant a quota first."]
+        return
     if parent_totals is not None:
         key = field if quota.scope == QuotaScope.PROJECT else "gpus_guaranteed"
         parent_g = parent_totals.get(key) or 0
@@ -397,24 +403,34 @@ def _validate_platform_guarantee(quota: Quota, parent_totals: dict[str, Any] | N
                                  siblings: models.QuerySet[Quota], errors: dict[str, list[str]]) -> None:
     """The tenants' GPU guarantees per cluster and across all clusters together stay within
     what the enabled clusters guarantee (each is checked alone above; together they must not
-    promise the same GPUs twice). Named on the field raised: the per-cluster guarantee when
-    only it grew, else the one across all clusters."""
+    promise the same GPUs twice): a per-cluster guarantee holds on EACH enabled cluster, so
+    what the guarantees across all clusters may share is, cluster by cluster, what is left of
+    that cluster's guarantee once every tenant's per-cluster guarantee is taken off
+    (Σ G ≤ Σ_clusters max(0, guarantee_c − Σ g)). Named on the field raised: the per-cluster
+    guarantee when only it grew, else the one across all clusters."""
     field = "gpus_guaranteed_all_clusters"
     if quota.scope != QuotaScope.TENANT or parent_totals is None or field in errors \
             or "gpus_guaranteed" in errors:
         return
     g, big_g = quota.gpus_guaranteed, quota.gpus_guaranteed_all_clusters or 0
     sib = siblings.aggregate(a=Sum("gpus_guaranteed"), b=Sum(field))
-    total = g + big_g + (sib["a"] or 0) + (sib["b"] or 0)
-    platform = parent_totals.get("gpus_guaranteed") or 0
-    if total <= platform:
+    all_g, all_big_g = g + (sib["a"] or 0), big_g + (sib["b"] or 0)
+    if not all_big_g:
+        return  # per-cluster guarantees only: the per-cluster rule above
+    clusters = list(Quota.objects.filter(scope=QuotaScope.CLUSTER, cluster__enabled=True)
+                    .values_list("gpus_guaranteed", flat=True))
+    rest = sum(max(Decimal(0), c - all_g) for c in clusters)
+    if all_big_g <= rest:
         return
+    platform = parent_totals.get("gpus_guaranteed") or 0
+    total = all_g * len(clusters) + all_big_g
     old = (Quota.objects.filter(pk=quota.pk).values_list("gpus_guaranteed", field).first()
            if quota.pk else None)
     name = "gpus_guaranteed" if old is not None and g > old[0] and big_g <= (old[1] or 0) else field
     errors[name] = [f"The platform's clusters guarantee {platform} GPUs; with this value the tenants "
-                    f"would be guaranteed {total} in all (per cluster and across all clusters "
-                    f"together)."]
+                    f"would be guaranteed {total} in all (their per-cluster guarantees, {all_g} "
+                    f"on each of the {len(clusters)} enabled clusters, and {all_big_g} across all "
+                    f"clusters: at most {rest} are left for these)."]
 
 
 def _validate_class_limits(quota: Quota, parent_totals: dict[str, Any] | None,

@@ -24,7 +24,7 @@ from decimal import Decimal
 
 from scheduling import engine as E
 from scheduling.engine.cycle import JobStatus
-from scheduling.engine.guarantees import EPS
+from scheduling.engine.guarantees import EPS, Holding, Owner, claim_held
 from scheduling.engine.multicluster import (
     card_classes,
     job_gpus,
@@ -76,13 +76,16 @@ def engine_part(g: Guarantees, use: selectors.AllClusterUse, level: str, key: in
     The split counts the owner's preemptors waiting here for their victims as held
     (``guarantee_parts``), while the engine, which leaves them out of its snapshot, does not:
     the share of the part their asks claimed is taken off, so the next cycle does not reclaim
-    the same GPUs again for another job. Only that share: the part covers what the owner's
+    the same GPUs again for another job. Only the asks of preemptors whose victims are still
+    being evicted (``book.evicting``): one whose victims are gone is back in the engine's queue
+    and needs the whole part (taking its own ask off held it back, and a borrower took the GPUs
+    it had evicted for). Only that share: the part covers what the owner's
     jobs hold here beyond the per-cluster guarantee first (the split claims what is held
     before what is asked), so its running work within the guarantee never looks borrowed (a
     borrower's reclaim would take it). That is ``max(min(part, running beyond the per-cluster
     guarantee), part − asks)``."""
     part = g.parts.get((level, key), {}).get(cluster_id, 0.0)
-    asks = g.book.preempting.get((level, key, cluster_id), 0.0)
+    asks = g.book.evicting.get((level, key, cluster_id), 0.0)
     running = max(0.0, use.by_cluster.get((level, key, cluster_id), 0.0) - g.base(level, key))
     return max(min(part, running), part - asks, 0.0)
 
@@ -147,23 +150,40 @@ def _beyond(held: Mapping[int, float], base: float) -> float:
     return sum(max(0.0, v - base) for v in held.values())
 
 
+def _covered(use: selectors.AllClusterUse, book: selectors.GuaranteeBook, total: float, pid: int,
+             ) -> dict[int, float]:
+    """What project ``pid``'s own guarantees cover of its work per cluster, waiting
+    preemptors' asks counted as held: its per-cluster guarantee, then its guarantee across all
+    clusters claimed as the split claims it (``engine.guarantees.claim_held``: non-preemptible
+    work first, clusters in the fixed order). The rest is borrowing, reclaimable itself."""
+    base = book.project_base.get(pid, 0.0)
+    held = {c: use.by_cluster.get(("project", pid, c), 0.0) + book.preempting.get(("project", pid, c), 0.0)
+            for c in book.clusters}
+    owner = Owner(total, base, {c: Holding(held[c], use.np_by_cluster.get(("project", pid, c), 0.0)
+                                           + book.np_asks("project", pid, c)) for c in book.clusters})
+    parts = claim_held(owner, book.clusters)
+    return {c: min(held[c], base) + parts[c] for c in book.clusters}
+
+
 def _reclaim_held(use: selectors.AllClusterUse, book: selectors.GuaranteeBook,
                   limits: selectors.AllClusterLimits, level: str, key: int) -> dict[int, float]:
     """What the reclaim re-check counts as an owner's per cluster, waiting preemptors' asks
     counted as held (the split's order, ``engine.guarantees.split_tenant``): a project's
-    jobs; a tenant's non-preemptible work and its guaranteed projects' work, not its other
-    projects' preemptible work (no guarantee covers that borrowing: it is reclaimed itself)."""
+    jobs; a tenant's non-preemptible work and, of its guaranteed projects' preemptible work,
+    what their own guarantees cover (``_covered``), not the rest nor its other projects'
+    preemptible work (no guarantee covers that borrowing: it is reclaimed itself)."""
     if level == "project":
         return {c: use.by_cluster.get(("project", key, c), 0.0)
                 + book.preempting.get(("project", key, c), 0.0) for c in book.clusters}
-    guaranteed = [p for p in book.projects_of.get(key, []) if p in limits.project_guarantee]
-    out = {}
-    for c in book.clusters:
-        v = use.np_by_cluster.get(("tenant", key, c), 0.0) + book.np_asks("tenant", key, c)
-        for p in guaranteed:
-            v += (use.by_cluster.get(("project", p, c), 0.0) - use.np_by_cluster.get(("project", p, c), 0.0)
-                  + book.preempting.get(("project", p, c), 0.0) - book.np_asks("project", p, c))
-        out[c] = v
+    out = {c: use.np_by_cluster.get(("tenant", key, c), 0.0) + book.np_asks("tenant", key, c)
+           for c in book.clusters}
+    for p in book.projects_of.get(key, []):
+        if p not in limits.project_guarantee:
+            continue
+        covered = _covered(use, book, limits.project_guarantee[p], p)
+        for c in book.clusters:  # its non-preemptible work is in the tenant's already
+            np = use.np_by_cluster.get(("project", p, c), 0.0) + book.np_asks("project", p, c)
+            out[c] += max(0.0, covered[c] - np)
     return out
 
 
@@ -174,10 +194,10 @@ def guarantee_refusal(limits: selectors.AllClusterLimits, use: selectors.AllClus
     what every cluster holds now (other cycles' committed admissions and preemptions included):
 
     * a non-preemptible admission or preemption: what the owner's non-preemptible jobs hold
-      beyond the per-cluster guarantee, on every cluster, with the asks of its
-      non-preemptible preemptors waiting for victims (``book.np_preempting``; not job
-      ``job_id``'s own) and with this job, stays within the guarantee across all clusters
-      (its parts sum to it);
+      beyond the per-cluster guarantee, on every cluster, with the asks of its preemptors
+      waiting for victims that rely on the guarantee (non-preemptible ones and preemptible
+      reclaims: ``book.relied_asks``; not job ``job_id``'s own) and with this job, stays
+      within the guarantee across all clusters (its parts sum to it);
     * a reclaim preemption (victims of equal or higher priority, evicted only because they
       borrow) that relies on the project's part here (its GPUs here, waiting preemptors'
       asks counted, + this one's beyond its per-cluster guarantee): what it holds beyond the
@@ -189,7 +209,10 @@ def guarantee_refusal(limits: selectors.AllClusterLimits, use: selectors.AllClus
     for level, key, total in _owners(limits, pid, tid):
         base = book.project_base.get(key, 0.0) if level == "project" else book.tenant_base.get(key, 0.0)
         if nonpreemptible:
-            np = {c: use.np_by_cluster.get((level, key, c), 0.0) + book.np_asks(level, key, c, but=job_id)
+            # With the asks of its preemptors waiting for victims that rely on a guarantee:
+            # non-preemptible ones, and preemptible ones reclaiming (their evictions too
+            # count against the guarantee, so non-preemptible work is not let in beside them).
+            np = {c: use.np_by_cluster.get((level, key, c), 0.0) + book.relied_asks(level, key, c, but=job_id)
                   for c in book.clusters}
             np[cluster_id] = np.get(cluster_id, 0.0) + n
             used = _beyond(np, base)

@@ -603,11 +603,10 @@ def _guaranteed_preemptions(admits: list[tuple[Job, E.Placement, JobStatus]],
         if reason:
             refused.append((job, reason[:1].upper() + reason[1:]))
             continue
-        key = (job.cluster_id or 0)
-        for lv, k in (("project", job.project_id), ("tenant", job.tenant_id)):
-            book.preempting[(lv, k, key)] = book.preempting.get((lv, k, key), 0.0) + n
-        if not job.preemptible:  # counted for the next ones in this cycle too
-            book.np_preempting[job.pk] = (job.project_id, job.tenant_id, key, n)
+        # Counted for the next ones in this cycle too.
+        book.admitted(job.pk)  # a preemptor preempting again: its old ask goes
+        book.add_ask(job.pk, job.project_id, job.tenant_id, job.cluster_id or 0, n,
+                     nonpreemptible=not job.preemptible, reclaim=reclaim)
         keep.append((job, d))
     return keep, refused
 
@@ -651,6 +650,8 @@ def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
         in_use[1][job.tenant_id] += n
         use.add(job.project_id, job.tenant_id, n, placement_memory(placement.pods),
                 job.cluster_id or 0, not job.preemptible)
+        if book is not None:  # a preemptor admitted: held now, its ask no longer counted
+            book.admitted(job.pk)
         keep.append((job, placement, status))
     return keep, over
 

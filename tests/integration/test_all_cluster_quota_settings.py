@@ -309,3 +309,45 @@ def test_a_guarantee_per_cluster_plus_across_all_clusters_stays_within_its_limit
                            values={"gpus_guaranteed": Decimal(4), GG: Decimal(4),
                                    "gpus_limit_all_clusters": Decimal(4)})
     assert GG in exc.value.message_dict or "gpus_limit_all_clusters" in exc.value.message_dict
+
+
+def test_two_clusters_per_cluster_g_on_each_plus_G_overcommit(world: Any) -> None:
+    """Two clusters each guaranteeing 8 (16 in all). Tenant a: per-cluster g=8 — which the engine
+    applies on EACH cluster (8 + 8 = 16 GPUs guaranteed). Tenant b: G=8 across all clusters
+    would make 24 guaranteed on 16: refused, the field named."""
+    from .scheduling.test_all_cluster_quotas import EAST2
+
+    for name, inv in (("east", EAST), ("east2", EAST2)):
+        c = scheduling_services.cluster_create(actor=world.admin, name=name, backend="simulated",
+                                               inventory=inv)
+        services.quota_set(actor=world.admin, scope="cluster", cluster=c,
+                           values={"gpus_guaranteed": Decimal(8)})
+    for t in (world.a.tenant, world.b.tenant):
+        Quota.objects.filter(scope=QuotaScope.PROJECT, tenant=t).delete()
+        Quota.objects.filter(scope=QuotaScope.TENANT, tenant=t).delete()
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_guaranteed": Decimal(8)})
+    with pytest.raises(ValidationError) as exc:
+        services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
+                           values={"gpus_guaranteed": Decimal(0), GG: Decimal(8)})
+    assert "would be guaranteed 24.00 in all" in exc.value.message_dict[GG][0]
+    # With a per-cluster guarantee of 4, each cluster has 4 left: 8 across all clusters fit.
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_guaranteed": Decimal(4)})
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
+                       values={"gpus_guaranteed": Decimal(0), GG: Decimal(8)})
+
+
+def test_a_project_guarantee_across_all_clusters_without_a_tenant_quota_is_refused(world: Any) -> None:
+    """Tenant a has no tenant quota: it guarantees 0 across all clusters, so its owner cannot
+    give its project G=1000 (bounded by neither the tenant nor the platform)."""
+    c = scheduling_services.cluster_create(actor=world.admin, name="east", backend="simulated",
+                                           inventory=EAST)
+    services.quota_set(actor=world.admin, scope="cluster", cluster=c, values={"gpus_guaranteed": Decimal(8)})
+    Quota.objects.filter(scope=QuotaScope.PROJECT, tenant=world.a.tenant).delete()
+    Quota.objects.filter(scope=QuotaScope.TENANT, tenant=world.a.tenant).delete()
+    with pytest.raises(ValidationError) as exc:
+        services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
+                           values={"gpus_guaranteed": Decimal(0), GG: Decimal(1000)})
+    assert "guarantees 0 GPUs across all clusters" in exc.value.message_dict[GG][0]
+    assert not Quota.objects.filter(project=world.a.project).exists()

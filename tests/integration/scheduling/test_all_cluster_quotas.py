@@ -595,3 +595,156 @@ def test_a_non_preemptible_job_waiting_for_the_guarantee_still_draws_the_remaind
     Job.objects.filter(pk=job.pk).update(reason_kind="guarantee", reason="Non-preemptible jobs must fit …")
     _run_all(east2)
     assert _state(job) == JobState.STARTING
+
+
+# --- Second review (r6-gg2) ----------------------------------------------------------------------
+
+
+def test_a_non_preemptible_preemptor_whose_victims_are_gone_starts_at_once(world: Any) -> None:
+    """G=4 across all clusters. Non-preemptible X (4) reclaims 4 on a full east. Its victims
+    release their GPUs. Next cycle of east: X starts (the 4 free GPUs are the ones it evicted
+    for), not held back by its own ask taken off its cluster's part."""
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,))
+    _guarantee(world, 4, project=world.a.project)
+    x = _submit(world, "x", east, 4, preemptible=False)
+    services.cycle_run(cluster=east)
+    x.refresh_from_db()
+    assert x.reason_kind == "preempting", x.reason
+    _release_victims(world)
+    services.cycle_run(cluster=east)
+    assert _state(x) == JobState.STARTING, x.reason
+
+
+def test_a_non_preemptible_preemptor_is_not_cut_off_by_a_borrower_readmitted_into_its_gpus(
+        world: Any) -> None:
+    """As above, but a borrower of tenant b is queued on east when the victims are gone: X
+    starts in the GPUs it evicted for, with one round of evictions (no livelock in which a
+    borrower is readmitted while X is held and X evicts again)."""
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,))
+    _guarantee(world, 4, project=world.a.project)
+    x = _submit(world, "x", east, 4, preemptible=False)
+    services.cycle_run(cluster=east)
+    evictions = 0
+    for i in range(4):
+        x.refresh_from_db()
+        if x.state != JobState.QUEUED:
+            break
+        if x.reason_kind == "preempting":
+            evictions += 1
+            _release_victims(world)
+            services.job_submit(actor=world.b.owner, project=world.b.project, cluster=east,
+                                name=f"again-{i}", groups=[gpu_group(gpu_count=4)], preemptible=True)
+        services.cycle_run(cluster=east)
+    assert _state(x) == JobState.STARTING and evictions == 1, (x.reason, evictions)
+
+
+def test_two_np_preemptors_admitted_in_one_cycle_are_not_counted_twice(world: Any) -> None:
+    """a: per-cluster g=8 and G=2 across all clusters. Non-preemptible A(4) and B(4) reclaim 8 on
+    a full east (within g=8). Victims gone: the next cycle admits both (8 within g=8, 0 beyond);
+    A admitted first is not counted again as a preemptor's ask in B's re-check."""
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,))
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed": 8, "gpus_guaranteed_all_clusters": 2})
+    _quota(world, world.a.project, gpus_guaranteed=8, gpus_guaranteed_all_clusters=2)
+    ja = _submit(world, "ja", east, 4, preemptible=False)
+    jb = _submit(world, "jb", east, 4, preemptible=False)
+    services.cycle_run(cluster=east)
+    ja.refresh_from_db()
+    jb.refresh_from_db()
+    assert ja.reason_kind == jb.reason_kind == "preempting"
+    _release_victims(world)
+    services.cycle_run(cluster=east)
+    assert _state(ja) == _state(jb) == JobState.STARTING, (ja.reason, jb.reason)
+
+
+def test_a_sibling_borrowing_beyond_its_own_guarantee_does_not_block_a_guaranteed_project_reclaim(
+        world: Any) -> None:
+    """Tenant a G=4; its projects p1 G=2 and p2 G=2 across all clusters. p1 runs 4 preemptible on
+    east (2 within its guarantee, 2 borrowed). p2, holding nothing, wants 2 on a full east2:
+    within its guarantee, the tenant-level re-check counts of p1 only the 2 its guarantee covers
+    (2 + 2 = 4 of 4): p2 reclaims."""
+    east, east2 = _east2(world)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": 4})
+    _quota(world, world.a.project, gpus_guaranteed_all_clusters=2)
+    _quota(world, world.a.other_project, gpus_guaranteed_all_clusters=2)
+    p1 = _submit(world, "p1", east, 4)
+    _run_all(east)
+    assert _state(p1) == JobState.STARTING
+    _fill_with_borrowers(world, (east2,), priority_class="high")
+    p2 = services.job_submit(actor=world.a.owner, project=world.a.other_project, cluster=east2, name="p2",
+                             groups=[gpu_group(gpu_count=2)], preemptible=True, priority_class="high")
+    _run_all(east2)
+    p2.refresh_from_db()
+    assert "Preempting" in p2.reason or p2.state == JobState.STARTING, p2.reason
+
+
+def test_np_admission_recheck_counts_a_preemptible_reclaim_relying_on_the_guarantee(world: Any) -> None:
+    """G=4. Cycle east2 decides to admit non-preemptible Y (4). Cycle east then has preemptible
+    X (4, high) reclaim 4 GPUs of borrowers for the guarantee, and commits first. Y's re-check
+    counts X's reclaim: never 4 evicted relying on G and 4 non-preemptible within it (8 of 4)."""
+    from scheduling.services import cycle as cycle_service
+
+    east, east2 = _east2(world)
+    _fill_with_borrowers(world, (east,), priority_class="high")
+    _guarantee(world, 4, project=world.a.project)
+    y = _submit(world, "y", east2, 4, preemptible=False)
+    decided_east2 = cycle_service._decide(east2, None)
+    services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="x",
+                        groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    decided_east = cycle_service._decide(east, None)
+    cycle_service._persist(east, *decided_east)
+    cycle_service._persist(east2, *decided_east2)
+    assert not (_evicted(world) == 4 and _state(y) == JobState.STARTING)
+
+
+def test_a_siblings_priority_preemptor_does_not_take_the_tenant_part_from_a_guaranteed_projects_np_job(
+        world: Any) -> None:
+    """Tenant a G=4, p1 G=4 (across all clusters); p2 none. East: b runs two batch jobs (4+4).
+    p2's high job evicts one of them by priority (relies on no guarantee) and waits. p1's
+    non-preemptible X (4) is within p1's and the tenant's guarantee (p2's work is not
+    guaranteed): it reclaims b's other job, the tenant's part not taken off by p2's ask."""
+    east, east2 = _east2(world)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed_all_clusters": 4})
+    _quota(world, world.a.project, gpus_guaranteed_all_clusters=4)
+    _fill_with_borrowers(world, (east,), priority_class="batch")
+    hi = services.job_submit(actor=world.a.owner, project=world.a.other_project, cluster=east, name="hi",
+                             groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    services.cycle_run(cluster=east)
+    hi.refresh_from_db()
+    assert hi.reason_kind == "preempting", hi.reason
+    x = _submit(world, "x", east, 4, preemptible=False)
+    services.cycle_run(cluster=east)
+    x.refresh_from_db()
+    assert x.reason_kind == "preempting" or x.state == JobState.STARTING, x.reason
+
+
+def test_a_head_that_waits_capacity_behind_guaranteed_work_passes_the_remainder_on(world: Any) -> None:
+    """b (per-cluster g=8 for tenant and b.project) runs 8 non-preemptible on east: nothing there
+    can be reclaimed. b.other_project borrows 8 on east2. a (G=4, holds 0): A (high) on east waits
+    'capacity'; the remainder passes on to B (normal) on east2, which reclaims 4 of b's
+    borrowing within a's guarantee."""
+    east, east2 = _east2(world)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.b.tenant,
+                              values={"gpus_guaranteed": 8})
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.b.project,
+                              values={"gpus_guaranteed": 8})
+    for i in range(2):
+        services.job_submit(actor=world.b.owner, project=world.b.project, cluster=east, name=f"np-{i}",
+                            groups=[gpu_group(gpu_count=4)], preemptible=False)
+        services.job_submit(actor=world.b.owner, project=world.b.other_project, cluster=east2,
+                            name=f"bor-{i}", groups=[gpu_group(gpu_count=4)], preemptible=True)
+    _run_all(east, east2)
+    _guarantee(world, 4, project=world.a.project)
+    services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="ja",
+                        groups=[gpu_group(gpu_count=4)], preemptible=True, priority_class="high")
+    b1 = _submit(world, "jb", east2, 4)
+    for _ in range(3):
+        _run_all(east, east2)
+    b1.refresh_from_db()
+    assert "Preempting" in b1.reason or b1.state == JobState.STARTING, b1.reason
+    assert _evicted(world) == 4
