@@ -4,14 +4,18 @@ The openb ``default`` trace (Alibaba cluster-trace-gpu-v2023) is replayed, as in
 ``bench/queue_replay.py`` (creation order, each pod runs its trace duration once started, 8
 projects in 2 tenants, QoS → priority, BE preemptible), on the openb cluster or a slice of it
 (every ``--stride``-th GPU node; 1: all 1,213 nodes, 6,212 GPUs) split into two clusters of
-half the nodes each, dealt alternately by size so that each has about half of the GPUs, with
-different GPU mixes (``split``). Each cluster runs Camp's own queue cycle (``QueueCycle``:
+half the nodes each (``split``): ``--split alternate`` (default) deals them alternately by size
+so that each has about half of the GPUs and nearly the same mix; ``--split model`` sorts them by
+(model, GPUs per node, name) and gives the first half to a, the rest to b (whole cluster: a
+606 nodes, 4,735 GPUs, A10/G2/G3 and 16 P100 nodes; b 607 nodes, 1,477 GPUs, P100/T4/V100).
+Each cluster runs Camp's own queue cycle (``QueueCycle``:
 priority, fair share, quotas scaled to its size, preemption, fragmentation-aware placement) on
 ``--heads`` jobs per project queue (0: all; 8: the service's default, raised to each queue's
 share of the free GPUs as ``SCHEDULER_HEADS_FILL`` does), re-run while it admits.
 
 * pinned — every job is pinned at submit to a random cluster among those that could ever run
-  it (a pod asking for a GPU model only one cluster has goes there).
+  it (a pod asking for a GPU model only one cluster has goes there); ``--pin uniform``
+  (default) draws each eligible cluster alike, ``--pin weighted`` in proportion to its GPUs.
 * any — every job floats: the placement step takes the ``--window`` oldest floating jobs still
   queued (by default the service's ``PLACEMENT_BATCH``, imported: 500), bound or not, in ``global_order``, and
   binds them with the product's own loop, ``multicluster.step`` (the function
@@ -64,7 +68,7 @@ import pstats
 import random
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -72,7 +76,7 @@ from bench.queue_replay import PROJECTS, Sim, load
 from scheduling.engine import ClusterSnapshot, ClusterState, FragmentationPolicy, Job, Placer, WorkloadProfile
 from scheduling.engine import multicluster as M
 from scheduling.engine.cycle import CycleConfig, Kind, QueueCycle
-from scheduling.engine.model import Admit, Preempt
+from scheduling.engine.model import Admit, Node, Preempt
 from scheduling.engine.placement import model_family
 from scheduling.engine.preemption import PreemptionConfig
 from scheduling.engine.queueing import (
@@ -132,11 +136,23 @@ class ClusterSim:
         return out
 
 
-def split(snap: ClusterSnapshot) -> tuple[ClusterSnapshot, ClusterSnapshot]:
-    """Half the nodes each: dealt alternately in the order (GPUs per node, model, name), so the
-    two have about half of the GPUs each but different GPU mixes (at stride 130: a gets the G3
-    node, b the P100 one; 28 and 22 GPUs)."""
-    nodes = sorted(snap.nodes, key=lambda n: (-len(n.gpus), n.gpus[0].model if n.gpus else "", n.name))
+def split(snap: ClusterSnapshot, how: str = "alternate") -> tuple[ClusterSnapshot, ClusterSnapshot]:
+    """Half the nodes each. ``alternate``: dealt alternately in the order (GPUs per node, model,
+    name), so the two have about half of the GPUs each and nearly the same mix (at stride 130: a
+    gets the G3 node, b the P100 one; 28 and 22 GPUs). ``model``: sorted by (model, GPUs per
+    node, name), the first half of the nodes to a and the rest to b, so the mixes really differ
+    (whole cluster: a the A10/G2/G3 estate and a few P100 nodes, b the other P100, T4 and V100
+    nodes) and so does the GPU capacity."""
+    def model(n: Node) -> str:
+        return n.gpus[0].model if n.gpus else ""
+
+    if how == "model":
+        nodes = sorted(snap.nodes, key=lambda n: (model(n), len(n.gpus), n.name))
+        half = len(nodes) // 2
+        return ClusterSnapshot(nodes=tuple(nodes[:half])), ClusterSnapshot(nodes=tuple(nodes[half:]))
+    if how != "alternate":
+        raise ValueError(f"split: unknown split {how!r} (alternate, model)")
+    nodes = sorted(snap.nodes, key=lambda n: (-len(n.gpus), model(n), n.name))
     return ClusterSnapshot(nodes=tuple(nodes[0::2])), ClusterSnapshot(nodes=tuple(nodes[1::2]))
 
 
@@ -162,12 +178,12 @@ def compress(sim: Sim, k: float, copies: int = 1) -> None:
 
 def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runtime: float,
            load_factor: float = 1.0, tick: float = 0.0, copies: int = 1, batches: int = 1,
-           budget: float = 0.0) -> dict[str, object]:
+           budget: float = 0.0, how: str = "alternate", pin: str = "uniform") -> dict[str, object]:
     snap, sim = load(stride)
     compress(sim, load_factor, copies)
     profile = WorkloadProfile.from_pods([j.groups[0].template for j in sim.jobs.values()])
     clusters = []
-    for name, part in zip(("a", "b"), split(snap), strict=True):
+    for name, part in zip(("a", "b"), split(snap, how), strict=True):
         cap = sum(len(n.gpus) for n in part.nodes)
         clusters.append(ClusterSim(name, part, Placer(ClusterState(part), FragmentationPolicy(profile)),
                                    tree(cap), cap))
@@ -353,7 +369,10 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
                     if not ok:
                         never.add(name)
                         continue
-                    target = rng.choice(ok)
+                    # uniform: any eligible cluster alike; weighted: in proportion to its GPUs
+                    # (what a user spreading work by cluster size would approximate).
+                    target = (rng.choices(ok, weights=[c.capacity for c in ok])[0] if pin == "weighted"
+                              else rng.choice(ok))
                     target.pending[name] = job
                     dirty.add(target.name)
             elif token.get(name) == tok:
@@ -407,7 +426,8 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
     capacity = sum(c.capacity for c in clusters)
     span = (last_t or first) - first
     return {
-        "mode": mode, "seed": seed, "pods": len(sim.jobs), "started": len(waited), "never": len(never),
+        "mode": mode, "pin": pin if mode == "pinned" else None, "split": how, "seed": seed,
+        "pods": len(sim.jobs), "started": len(waited), "never": len(never),
         "p50_delay_s": statistics.median(delays) if delays else 0.0,
         "p95_delay_s": delays[int(0.95 * (len(delays) - 1))] if delays else 0.0,
         "mean_delay_s": statistics.fmean(delays) if delays else 0.0,
@@ -429,7 +449,9 @@ def replay(mode: str, stride: int, seed: int, heads: int, window: int, min_runti
         "batch_engine_s_p95": sorted(step_s)[int(0.95 * (len(step_s) - 1))] if step_s else 0.0,
         "batch_engine_s_max": max(step_s, default=0.0),
         "clusters": {c.name: {"nodes": len(c.snap.nodes), "gpus": c.capacity,
-                              "models": sorted({g.model for n in c.snap.nodes for g in n.gpus})}
+                              "models": sorted({g.model for n in c.snap.nodes for g in n.gpus}),
+                              "gpus_by_model": dict(sorted(Counter(g.model for n in c.snap.nodes
+                                                                   for g in n.gpus).items()))}
                      for c in clusters},
     }
 
@@ -470,15 +492,26 @@ def main() -> None:
     ap.add_argument("--any-runs", type=int, default=1,
                     help="runs of 'any' (it draws nothing at random: the seed does not change it)")
     ap.add_argument("--modes", nargs="+", default=["pinned", "any"])
+    ap.add_argument("--split", choices=["alternate", "model"], default="alternate",
+                    help="alternate: nodes dealt alternately by size (two near-identical halves); model: "
+                         "sorted by (model, GPUs per node, name), first half of the nodes to a, rest to b")
+    ap.add_argument("--pin", choices=["uniform", "weighted"], default="uniform",
+                    help="pinned mode: a random eligible cluster, uniformly or weighted by its GPU count")
     ap.add_argument("--out", default="multicluster.json", help="file name under bench/results/")
     args = ap.parse_args()
     args.window = args.window or service_window()
+    snap, _ = load(args.stride)
+    for name, part in zip(("a", "b"), split(snap, args.split), strict=True):
+        kinds = Counter(f"{n.gpus[0].model}x{len(n.gpus)}" for n in part.nodes if n.gpus)
+        print(f"cluster {name} ({args.split}): {len(part.nodes)} nodes, "
+              f"{sum(len(n.gpus) for n in part.nodes)} GPUs, {dict(sorted(kinds.items()))}", flush=True)
     rows = []
     for mode in args.modes:
         for r in range(args.any_runs if mode == "any" else args.runs):
             row = replay(mode, args.stride, seed=r + 1, heads=args.heads, window=args.window,
                          min_runtime=args.min_runtime, load_factor=args.load, tick=args.tick,
-                         copies=args.copies, batches=args.batches, budget=args.budget)
+                         copies=args.copies, batches=args.batches, budget=args.budget,
+                         how=args.split, pin=args.pin)
             rows.append(row)
             print(f"{mode} seed {r + 1}: p50 {row['p50_delay_s']:.0f} s, p95 {row['p95_delay_s']:.0f} s, "
                   f"mean {row['mean_delay_s']:.0f} s, alloc {row['gpu_alloc_pct']:.1f} % "
@@ -500,8 +533,8 @@ def main() -> None:
                      for k in ("p50_delay_s", "p95_delay_s", "mean_delay_s", "gpu_alloc_pct",
                                "gpu_alloc_arrivals_pct", "started", "never", "preemptions", "wall_s",
                                "waited_over_tick", "queued_peak", "free_beside_queue_gpu_s")}
-    print(f"\nopenb default over two clusters (every {args.stride}th openb GPU node, dealt alternately): "
-          f"{rows[0]['clusters']}")
+    print(f"\nopenb default over two clusters (every {args.stride}th openb GPU node, split {args.split}, "
+          f"pinning {args.pin}): {rows[0]['clusters']}")
     print(f"load factor {args.load:g}, copies {args.copies}, tick {args.tick:g} s, heads {args.heads}, "
           f"window {args.window} x batches {args.batches}, budget {args.budget:g} s")
     print(f"{'mode':<8} {'p50 s':>8} {'p95 s':>8} {'mean s':>8} {'GPU alloc %':>11} {'arrivals %':>10} "
@@ -514,11 +547,11 @@ def main() -> None:
         cut = 1 - med["any"]["p95_delay_s"] / med["pinned"]["p95_delay_s"]
         print(f"p95 delay: any is {100 * cut:.0f} % lower than random pinning "
               f"(allocation {med['any']['gpu_alloc_pct']:.1f} % vs {med['pinned']['gpu_alloc_pct']:.1f} %)")
-    load = os.getloadavg()
-    print(f"load average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    loadavg = os.getloadavg()
+    print(f"load average: {loadavg[0]:.2f} {loadavg[1]:.2f} {loadavg[2]:.2f}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / args.out).write_text(json.dumps(
-        {"args": vars(args), "rows": rows, "medians": med, "loadavg": load}, indent=1))
+        {"args": vars(args), "rows": rows, "medians": med, "loadavg": loadavg}, indent=1))
 
 
 if __name__ == "__main__":
