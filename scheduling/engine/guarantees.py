@@ -112,15 +112,23 @@ def claim_held(owner: Owner[K], clusters: Sequence[K], cap: Mapping[K, float] | 
             if left <= EPS:
                 break
             want = max(0.0, pick(owner.holdings.get(c, Holding())) - owner.base) - parts[c]
-            got = min(max(0.0, want), left, _room(cap, taken, c) if grow is None else grow.room(c))
-            if got > 0:
-                parts[c] += got
-                if grow is None:
-                    taken[c] = taken.get(c, 0.0) + got
-                else:
-                    grow.take(c, got)
-                left -= got
+            left -= _give(parts, c, min(max(0.0, want), left), cap, taken, grow)
     return parts
+
+
+def _give(parts: dict[K, float], c: K, want: float, cap: Mapping[K, float] | None,
+          taken: dict[K, float], grow: _Grow[K] | None) -> float:
+    """Add to ``parts[c]`` up to ``want``, within the room ``cap``/``taken`` (or ``grow``)
+    leaves on ``c``; record what was taken and return it."""
+    got = min(want, _room(cap, taken, c) if grow is None else grow.room(c))
+    if got <= 0:
+        return 0.0
+    parts[c] += got
+    if grow is None:
+        taken[c] = taken.get(c, 0.0) + got
+    else:
+        grow.take(c, got)
+    return got
 
 
 def place_rest(owner: Owner[K], parts: dict[K, float], clusters: Sequence[K],
@@ -139,14 +147,7 @@ def place_rest(owner: Owner[K], parts: dict[K, float], clusters: Sequence[K],
         if c not in parts:
             continue
         lim = float("inf") if owner.limit is None else max(0.0, owner.limit.get(c, 0.0) - parts[c])
-        got = min(left, lim, _room(cap, taken, c) if grow is None else grow.room(c))
-        if got > 0:
-            parts[c] += got
-            if grow is None:
-                taken[c] = taken.get(c, 0.0) + got
-            else:
-                grow.take(c, got)
-            left -= got
+        left -= _give(parts, c, min(left, lim), cap, taken, grow)
     return parts
 
 
