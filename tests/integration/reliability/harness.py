@@ -111,26 +111,62 @@ class Redis:
 
 @dataclass
 class Service:
-    """A Camp process (web or worker) in its own process group."""
+    """A Camp process (web or worker) in its own process group.
+
+    ``supervised``: started again when it exits on its own, as production's supervisors do
+    (docker-compose ``restart: unless-stopped``, a Kubernetes Deployment's pods); ``restarts``
+    counts those. A :meth:`kill` (or :meth:`restart`) is deliberate and is not undone. Why:
+    Celery 5.7.0's worker can exit after a broker reconnect ("Unrecoverable error:
+    AttributeError ... conninfo.hostname" in kombu's restore_unacked while it closes the
+    broken connection), and in production its supervisor starts it again."""
 
     argv: list[str]
     env: dict[str, str]
     log: Path
     port: int | None = None
+    supervised: bool = False
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    restarts: int = field(default=0, init=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
+    _halted: bool = field(default=True, init=False, repr=False)
+    _watcher: threading.Thread | None = field(default=None, init=False, repr=False)
 
     def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=REPO, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        with self._lock:
+            self._spawn()
+            self._halted = False
+            if self.supervised and (self._watcher is None or not self._watcher.is_alive()):
+                self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                                 name=f"supervise-{self.log.stem}")
+                self._watcher.start()
         if self.port:
             _wait_port(self.port, timeout=60)
 
+    def _spawn(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=REPO, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.5)
+            with self._lock:
+                if self._halted:
+                    return
+                if self.proc is not None and self.proc.poll() is not None:
+                    with open(self.log, "ab") as out:
+                        out.write(f"\n[supervisor] exited with {self.proc.returncode};"
+                                  " starting it again\n".encode())
+                    self.restarts += 1
+                    self._spawn()
+
     def kill(self) -> None:
         """SIGKILL, the whole group (a prefork worker's children too)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        with self._lock:
+            self._halted = True
+            if self.proc is not None and self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
 
     def restart(self) -> None:
         self.kill()
@@ -207,12 +243,12 @@ def camp_stack(*, tick_seconds: int = 2) -> Iterator[Stack]:
         web_port = free_port()
         web = Service([sys.executable, "-m", "uvicorn", "camp.asgi:application", "--host",
                        "127.0.0.1", "--port", str(web_port), "--workers", "1", "--no-access-log"],
-                      env, root / "web.log", port=web_port)
+                      env, root / "web.log", port=web_port, supervised=True)
         worker = Service([sys.executable, "-m", "celery", "-A", "camp", "worker", "-B",
                           "--schedule", str(root / "beat-schedule"), "--pool=prefork",
                           "--concurrency=2", "--loglevel=WARNING", "--without-gossip",
                           "--without-mingle", "-n", f"faults-{os.getpid()}@localhost"],
-                         env, root / "worker.log")
+                         env, root / "worker.log", supervised=True)
         web.start()
         stack.callback(web.kill)
         worker.start()
