@@ -44,7 +44,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.service_cycle import PRIORITY_CLASSES, PROJECTS_PER_TENANT, TENANTS, _setup_django
+from bench.service_cycle import (
+    PRIORITY_CLASSES,
+    PROJECTS_PER_TENANT,
+    TENANTS,
+    _setup_django,
+    tenants_and_projects,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/camp_bench_px"
@@ -60,7 +66,7 @@ def _inventory(model: str, memory: int, nodes: int) -> str:
 def _world(nodes: int) -> tuple[Any, list[Any], list[Any]]:
     from scheduling import services
     from scheduling.models import Cluster
-    from tenants.models import Project, Quota, QuotaScope, Tenant, User
+    from tenants.models import User
 
     admin, _ = User.objects.get_or_create(username="bench-admin",
                                           defaults={"is_platform_admin": True, "is_superuser": True})
@@ -73,21 +79,7 @@ def _world(nodes: int) -> tuple[Any, list[Any], list[Any]]:
             services.inventory_sync(cluster=c)
         clusters.append(c)
     per_project = 2 * nodes * 8 / (TENANTS * PROJECTS_PER_TENANT)
-    zero = {"gpu_memory_mib_guaranteed": 0, "cpu_cores_guaranteed": 0, "ram_mib_guaranteed": 0}
-    projects = []
-    for t in range(TENANTS):
-        tenant, created = Tenant.objects.get_or_create(name=f"t{t:02d}")
-        if created:
-            Quota.objects.create(scope=QuotaScope.TENANT, tenant=tenant,
-                                 gpus_guaranteed=round(per_project * PROJECTS_PER_TENANT, 2), **zero)
-        for p in range(PROJECTS_PER_TENANT):
-            project, created = Project.objects.get_or_create(tenant=tenant, name=f"p{p:02d}")
-            if created:
-                Quota.objects.create(scope=QuotaScope.PROJECT, tenant=tenant, project=project,
-                                     gpus_guaranteed=round(per_project, 2),
-                                     gpus_limit=round(4 * per_project, 2), **zero)
-            projects.append(project)
-    return admin, clusters, projects
+    return admin, clusters, tenants_and_projects(per_project, limit_factor=4)
 
 
 def _specs(n: int, seed: int) -> list[dict[str, Any]]:

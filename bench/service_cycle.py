@@ -92,7 +92,7 @@ def _world() -> tuple[Any, Any, list[Any]]:
     """The admin, the cluster (inventory synced) and the 200 projects with quotas."""
     from scheduling import services
     from scheduling.models import Cluster, GpuDevice
-    from tenants.models import Project, Quota, QuotaScope, Tenant, User
+    from tenants.models import User
 
     admin, _ = User.objects.get_or_create(username="bench-admin",
                                           defaults={"is_platform_admin": True, "is_superuser": True})
@@ -105,6 +105,14 @@ def _world() -> tuple[Any, Any, list[Any]]:
         print(f"inventory_sync of 1,213 nodes (first): {time.perf_counter() - t0:.2f} s")
     capacity = GpuDevice.objects.filter(node__cluster=cluster).count()
     per_project = capacity / (TENANTS * PROJECTS_PER_TENANT)
+    return admin, cluster, tenants_and_projects(per_project, limit_factor=2)
+
+
+def tenants_and_projects(per_project: float, *, limit_factor: float) -> list[Any]:
+    """TENANTS tenants of PROJECTS_PER_TENANT projects each (created once, then reused), each
+    project guaranteed ``per_project`` GPUs and limited to ``limit_factor`` times that."""
+    from tenants.models import Project, Quota, QuotaScope, Tenant
+
     zero = {"gpu_memory_mib_guaranteed": 0, "cpu_cores_guaranteed": 0, "ram_mib_guaranteed": 0}
     projects = []
     for t in range(TENANTS):
@@ -117,9 +125,9 @@ def _world() -> tuple[Any, Any, list[Any]]:
             if created:
                 Quota.objects.create(scope=QuotaScope.PROJECT, tenant=tenant, project=project,
                                      gpus_guaranteed=round(per_project, 2),
-                                     gpus_limit=round(2 * per_project, 2), **zero)
+                                     gpus_limit=round(limit_factor * per_project, 2), **zero)
             projects.append(project)
-    return admin, cluster, projects
+    return projects
 
 
 def _group_fields(tp: Any) -> dict[str, Any]:
