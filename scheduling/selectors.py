@@ -646,6 +646,15 @@ class AllClusterUse:
     def total(self, level: str, key: int) -> float:
         return self.gpus.get((level, key), 0.0)
 
+    def guarantee_used(self, level: str, key: int, base: float, total: float) -> float:
+        """GPUs of an owner's guarantee across all clusters (``total``) in use, as the split
+        claims what is held (``engine.guarantees.claim_held``): on each cluster, what it holds
+        beyond its per-cluster guarantee (``base``), summed, at most ``total``. Held now: the
+        asks of preemptors waiting for their victims, which the split counts too, are not."""
+        beyond = sum(max(0.0, v - base) for (lv, k, _c), v in self.by_cluster.items()
+                     if lv == level and k == key)
+        return min(max(0.0, total), beyond)
+
     def as_in_use(self) -> tuple[dict[int, float], dict[int, float]]:
         """The GPUs held on all clusters together, (per project, per tenant)."""
         per: tuple[dict[int, float], dict[int, float]] = (defaultdict(float), defaultdict(float))
@@ -980,7 +989,8 @@ def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
     """What a tenant (or one of its projects) holds on all clusters together: GPUs and GPU
     memory (MiB) per GPU model class (one aggregate); and, when it has a GPU guarantee across
     all clusters, how that guarantee is split between the clusters now (``split``: cluster
-    name → GPUs, the parts the clusters' cycles use; a few more small queries)."""
+    name → GPUs, the parts the clusters' cycles use; a few more small queries) and what is left
+    of it (``guarantee_left``: (GPUs left, guarantee), ``AllClusterUse.guarantee_used``)."""
     use = all_cluster_use([tenant_id])
     level, key = ("project", project_id) if project_id is not None else ("tenant", tenant_id)
     memory = {cls: mib for (lv, k, cls), mib in use.memory.items() if lv == level and k == key and mib}
@@ -991,4 +1001,8 @@ def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
         if book is not None:
             parts = guarantee_parts(limits, use, book).get((level, key), {})
             out["split"] = {book.cluster_names[c]: round(parts.get(c, 0.0), 2) for c in book.clusters}
+            total = (limits.project_guarantee if level == "project" else limits.tenant_guarantee)[key]
+            base = (book.project_base if level == "project" else book.tenant_base).get(key, 0.0)
+            used = use.guarantee_used(level, key, base, total)
+            out["guarantee_left"] = (round(max(0.0, total - used), 2), total)
     return out
