@@ -148,13 +148,17 @@ class QuotaLeftInputs:
     project: dict[int, Quota]
     tenant: dict[int, Quota]
     use: AllClusterUse
+    asks: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    """What queued preemptors waiting for their victims ask, per owner and cluster
+    (``scheduling.selectors.preemptor_asks``): the split counts them as held."""
 
 
 def quota_left_inputs(projects: list[Project]) -> QuotaLeftInputs:
-    """One query for the projects' and their tenants' quotas, and one usage aggregate over
+    """One query for the projects' and their tenants' quotas, one usage aggregate over
     ``GpuSlice`` (none when no project or tenant among them has a class memory limit or a GPU
-    guarantee across all clusters), whatever the number of projects."""
-    from scheduling.selectors import AllClusterUse, all_cluster_use
+    guarantee across all clusters) and one over the waiting preemptors' ``PodGroup`` rows (none
+    without a GPU guarantee across all clusters), whatever the number of projects."""
+    from scheduling.selectors import AllClusterUse, all_cluster_use, preemptor_asks
 
     tenant_ids = sorted({p.tenant_id for p in projects})
     project_q: dict[int, Quota] = {}
@@ -172,7 +176,10 @@ def quota_left_inputs(projects: list[Project]) -> QuotaLeftInputs:
         if across and q.tenant_id is not None:
             needed.add(q.tenant_id)
     use = all_cluster_use(sorted(needed)) if needed else AllClusterUse()
-    return QuotaLeftInputs(project_q, tenant_q, use)
+    guaranteed = {q.tenant_id for q in [*project_q.values(), *tenant_q.values()]
+                  if q.gpus_guaranteed_all_clusters and q.tenant_id is not None}
+    asks = preemptor_asks(sorted(guaranteed)) if guaranteed else {}
+    return QuotaLeftInputs(project_q, tenant_q, use, asks)
 
 
 def guaranteed_left_lines(project: Project, inputs: QuotaLeftInputs) -> list[str]:
@@ -187,8 +194,10 @@ def guaranteed_left_lines(project: Project, inputs: QuotaLeftInputs) -> list[str
             continue
         total = float(quota.gpus_guaranteed_all_clusters)
         # Used as the scheduler counts it: what the owner holds beyond its per-cluster
-        # guarantee on each cluster, summed (``AllClusterUse.guarantee_used``).
-        used = inputs.use.guarantee_used(level, key, float(quota.gpus_guaranteed or 0), total)
+        # guarantee on each cluster (its waiting preemptors' asks counted as held), summed
+        # (``AllClusterUse.guarantee_used``).
+        base = float(quota.gpus_guaranteed or 0)
+        used = inputs.use.guarantee_used(level, key, base, total, inputs.asks)
         left = round(max(0.0, total - used), 2)
         out.append(f"{prefix}{left:g} of {total:g} GPUs guaranteed across all clusters left")
     return out

@@ -110,6 +110,32 @@ def test_the_guarantee_left_counts_what_is_held_beyond_the_per_cluster_guarantee
     assert f"3 of 4 {LEFT}" in home and f"Tenant acme: 5 of 6 {LEFT}" in home
 
 
+def test_a_preemptor_waiting_for_its_victims_counts_as_using_the_guarantee(
+    world: Any, two: tuple[Cluster, Cluster]
+) -> None:
+    """The split counts a preemptor's ask as held (the GPUs it evicts for are the guarantee it
+    relies on): so does the page, or it would promise the same GPUs to a second run."""
+    east, _ = two
+    _quotas(world)
+    for i in range(2):  # globex borrows all of east
+        _run(world, east, f"borrow-{i}", 4, side="b")
+    reclaim = services.job_submit(
+        actor=world.a.owner,
+        project=world.a.project,
+        cluster=east,
+        name="reclaim",
+        groups=[gpu_group(gpu_count=4)],
+        preemptible=True,
+    )
+    services.cycle_run(cluster=east)
+    reclaim.refresh_from_db()
+    assert reclaim.state == JobState.QUEUED and reclaim.reason_kind == "preempting", reclaim.reason
+    # It holds nothing yet; its ask of 4 on east is 3 beyond acme-p1's 1 there, 2 beyond acme's 2.
+    home = _page(world.a.member)
+    assert f"1 of 4 {LEFT}" in home and f"Tenant acme: 4 of 6 {LEFT}" in home
+    assert f"1 of 4 {LEFT}" in _page(world.a.owner, "/t/acme/p/acme-p1/")
+
+
 def test_what_the_home_shows_is_what_the_console_shows(world: Any, two: tuple[Cluster, Cluster]) -> None:
     east, east2 = two
     _quotas(world)
