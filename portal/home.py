@@ -14,8 +14,8 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, Job, JobState, Node
-from scheduling.selectors import AllClusterUse, all_cluster_use
-from tenants.models import Project, Quota, QuotaScope, Tenant, User
+from scheduling.selectors import AllClusterUse
+from tenants.models import Project, Quota, Tenant, User
 from tenants.permissions import restrict, scope_of
 
 from . import selectors
@@ -96,26 +96,26 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
 
 
 def quota_left(user: Any) -> list[dict[str, Any]]:
-    """GPU quota bars for each project the user may see (one query per table)."""
+    """GPU quota bars for each project the user may see (one query per table: the projects, the
+    project and tenant quotas together, the allocations, the slices, and one usage aggregate
+    across all clusters when a quota there needs it)."""
     projects = list(restrict(Project.objects.select_related("tenant"), user)[:ROWS])
     usage = selectors.project_usage([p.pk for p in projects])
-    quotas = {q.project_id: q for q in Quota.objects.filter(scope=QuotaScope.PROJECT, project__in=projects)}
-    # What every project with a class memory limit holds across all clusters: one aggregate.
-    limited = {q.tenant_id for q in quotas.values() if q.gpu_memory_mib_limits_all_clusters}
-    use = all_cluster_use(limited) if limited else AllClusterUse()  # type: ignore[arg-type]
+    inputs = selectors.quota_left_inputs(projects)
     out = []
     for p in projects:
-        bars = selectors.quota_bars(quotas.get(p.pk), usage.get(p.pk, selectors.Held()))
+        q = inputs.project.get(p.pk)
+        bars = selectors.quota_bars(q, usage.get(p.pk, selectors.Held()))
         gpu = bars[0]
         left = (gpu.limit if gpu.limit is not None else gpu.guaranteed) - gpu.used
-        q = quotas.get(p.pk)
         # The usage counts every cluster: the limit across all clusters (issue 16) applies to it.
         everywhere = None if q is None or q.gpus_limit_all_clusters is None else round(
             max(0.0, float(q.gpus_limit_all_clusters) - gpu.used), 2)
         out.append({"project": p, "bars": bars[:1], "left": round(max(0.0, left), 2),
                     "guaranteed_left": round(max(0.0, gpu.guaranteed - gpu.used), 2),
                     "all_clusters_left": everywhere,
-                    "class_limits": _class_left(q, use)})
+                    "guaranteed_all_clusters": selectors.guaranteed_left_lines(p, inputs),
+                    "class_limits": _class_left(q, inputs.use)})
     return out
 
 

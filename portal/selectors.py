@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
@@ -17,6 +17,9 @@ from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, Gpu
 from tenants.models import RESOURCE_LABELS, Project, Quota, QuotaScope, Tenant
 
 from .models import ClusterSample, UsageSample
+
+if TYPE_CHECKING:
+    from scheduling.selectors import AllClusterUse
 
 
 def slice_share(memory_mib: int, cores_percent: int, exclusive: bool, card_memory_mib: int) -> float:
@@ -132,6 +135,72 @@ def tenant_quota_bars(tenant: Tenant) -> tuple[list[QuotaBar], dict[int, list[Qu
     tenant_quota = Quota.objects.filter(scope=QuotaScope.TENANT, tenant=tenant).first()
     per_project = {p.pk: quota_bars(quotas.get(p.pk), usage.get(p.pk, Held())) for p in projects}
     return quota_bars(tenant_quota, total), per_project
+
+
+# --- quota left across all clusters (issue 16) -----------------------------------------
+
+
+@dataclass
+class QuotaLeftInputs:
+    """What "quota left" reads for a list of projects: their quotas, their tenants' quotas and
+    what is held on every cluster (``scheduling.selectors.all_cluster_use``)."""
+
+    project: dict[int, Quota]
+    tenant: dict[int, Quota]
+    use: AllClusterUse
+    asks: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    """What queued preemptors waiting for their victims ask, per owner and cluster
+    (``scheduling.selectors.preemptor_asks``): the split counts them as held."""
+
+
+def quota_left_inputs(projects: list[Project]) -> QuotaLeftInputs:
+    """One query for the projects' and their tenants' quotas, one usage aggregate over
+    ``GpuSlice`` (none when no project or tenant among them has a class memory limit or a GPU
+    guarantee across all clusters) and one over the waiting preemptors' ``PodGroup`` rows (none
+    without a GPU guarantee across all clusters), whatever the number of projects."""
+    from scheduling.selectors import AllClusterUse, all_cluster_use, preemptor_asks
+
+    tenant_ids = sorted({p.tenant_id for p in projects})
+    project_q: dict[int, Quota] = {}
+    tenant_q: dict[int, Quota] = {}
+    if projects:
+        for q in Quota.objects.filter(Q(scope=QuotaScope.PROJECT, project__in=projects)
+                                      | Q(scope=QuotaScope.TENANT, tenant_id__in=tenant_ids)):
+            if q.scope == QuotaScope.PROJECT and q.project_id is not None:
+                project_q[q.project_id] = q
+            elif q.scope == QuotaScope.TENANT and q.tenant_id is not None:
+                tenant_q[q.tenant_id] = q
+    needed: set[int] = {tid for tid, q in tenant_q.items() if q.gpus_guaranteed_all_clusters}
+    for q in project_q.values():
+        across = q.gpu_memory_mib_limits_all_clusters or q.gpus_guaranteed_all_clusters
+        if across and q.tenant_id is not None:
+            needed.add(q.tenant_id)
+    use = all_cluster_use(sorted(needed)) if needed else AllClusterUse()
+    guaranteed = {q.tenant_id for q in [*project_q.values(), *tenant_q.values()]
+                  if q.gpus_guaranteed_all_clusters and q.tenant_id is not None}
+    asks = preemptor_asks(sorted(guaranteed)) if guaranteed else {}
+    return QuotaLeftInputs(project_q, tenant_q, use, asks)
+
+
+def guaranteed_left_lines(project: Project, inputs: QuotaLeftInputs) -> list[str]:
+    """"N of G GPUs guaranteed across all clusters left" for the project and, where it has
+    one, its tenant ("Tenant acme: …"); empty when neither has a guarantee across all clusters."""
+    out = []
+    for level, key, quota, prefix in (
+            ("project", project.pk, inputs.project.get(project.pk), ""),
+            ("tenant", project.tenant_id, inputs.tenant.get(project.tenant_id),
+             f"Tenant {project.tenant.name}: ")):
+        if quota is None or not quota.gpus_guaranteed_all_clusters:
+            continue
+        total = float(quota.gpus_guaranteed_all_clusters)
+        # Used as the scheduler counts it: what the owner holds beyond its per-cluster
+        # guarantee on each cluster (its waiting preemptors' asks counted as held), summed
+        # (``AllClusterUse.guarantee_used``).
+        base = float(quota.gpus_guaranteed or 0)
+        used = inputs.use.guarantee_used(level, key, base, total, inputs.asks)
+        left = round(max(0.0, total - used), 2)
+        out.append(f"{prefix}{left:g} of {total:g} GPUs guaranteed across all clusters left")
+    return out
 
 
 # --- cluster state ---------------------------------------------------------------------

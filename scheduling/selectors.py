@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -646,6 +646,21 @@ class AllClusterUse:
     def total(self, level: str, key: int) -> float:
         return self.gpus.get((level, key), 0.0)
 
+    def guarantee_used(self, level: str, key: int, base: float, total: float,
+                       asks: Mapping[tuple[str, int, int], float] | None = None) -> float:
+        """GPUs of an owner's guarantee across all clusters (``total``) in use, as the split
+        claims them (``engine.guarantees.claim_held``): on each cluster, what it holds beyond
+        its per-cluster guarantee (``base``), the asks of its preemptors waiting there for their
+        victims counted as held (``asks``: ``preemptor_asks`` or ``GuaranteeBook.preempting``),
+        summed, at most ``total``."""
+        asks = asks or {}
+        held: dict[int, float] = defaultdict(float)
+        for source in (self.by_cluster, asks):
+            for (lv, k, c), v in source.items():
+                if lv == level and k == key:
+                    held[c] += v
+        return min(max(0.0, total), sum(max(0.0, v - base) for v in held.values()))
+
     def as_in_use(self) -> tuple[dict[int, float], dict[int, float]]:
         """The GPUs held on all clusters together, (per project, per tenant)."""
         per: tuple[dict[int, float], dict[int, float]] = (defaultdict(float), defaultdict(float))
@@ -687,6 +702,31 @@ def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
             .values_list(*cols, "n", "mib")):
         use.add(pid, tid, float(n or 0), {model_family(model): int(mib or 0)}, cid, not preemptible)
     return use
+
+
+def preemptor_asks(tenant_ids: Collection[int]) -> dict[tuple[str, int, int], float]:
+    """One aggregate: ("project"|"tenant", id, cluster id) → GPUs the tenants' queued
+    preemptors (waiting for their victims) ask there (``guarantee_book``'s ``preempting``,
+    without its per-job detail), for the pages that show what is left of a guarantee."""
+    from django.db.models import Case, ExpressionWrapper, F, Sum, Value, When
+
+    out: dict[tuple[str, int, int], float] = defaultdict(float)
+    if not tenant_ids:
+        return out
+    share = Case(When(Q(exclusive=True) | Q(gpu_cores_percent=0), then=Value(1.0)),
+                 default=ExpressionWrapper(Cast("gpu_cores_percent", FloatField()) / Value(100.0),
+                                           output_field=FloatField()),
+                 output_field=FloatField())
+    for pid, tid, cid, n in (
+            PodGroup.objects.filter(job__tenant_id__in=list(tenant_ids), job__state=JobState.QUEUED,
+                                    job__reason_kind="preempting", job__cluster__isnull=False)
+            .values("job__project_id", "job__tenant_id", "job__cluster_id")
+            .annotate(n=Sum(ExpressionWrapper(F("replicas") * F("gpu_count") * share,
+                                              output_field=FloatField())))
+            .order_by().values_list("job__project_id", "job__tenant_id", "job__cluster_id", "n")):
+        for lv, k in (("project", pid), ("tenant", tid)):
+            out[(lv, k, cid)] += float(n or 0)
+    return out
 
 
 OUTSIDE_POOLS = "The free room is in pool(s) dedicated to other tenants"
@@ -980,7 +1020,8 @@ def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
     """What a tenant (or one of its projects) holds on all clusters together: GPUs and GPU
     memory (MiB) per GPU model class (one aggregate); and, when it has a GPU guarantee across
     all clusters, how that guarantee is split between the clusters now (``split``: cluster
-    name → GPUs, the parts the clusters' cycles use; a few more small queries)."""
+    name → GPUs, the parts the clusters' cycles use; a few more small queries) and what is left
+    of it (``guarantee_left``: (GPUs left, guarantee), ``AllClusterUse.guarantee_used``)."""
     use = all_cluster_use([tenant_id])
     level, key = ("project", project_id) if project_id is not None else ("tenant", tenant_id)
     memory = {cls: mib for (lv, k, cls), mib in use.memory.items() if lv == level and k == key and mib}
@@ -991,4 +1032,8 @@ def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
         if book is not None:
             parts = guarantee_parts(limits, use, book).get((level, key), {})
             out["split"] = {book.cluster_names[c]: round(parts.get(c, 0.0), 2) for c in book.clusters}
+            total = (limits.project_guarantee if level == "project" else limits.tenant_guarantee)[key]
+            base = (book.project_base if level == "project" else book.tenant_base).get(key, 0.0)
+            used = use.guarantee_used(level, key, base, total, book.preempting)
+            out["guarantee_left"] = (round(max(0.0, total - used), 2), total)
     return out

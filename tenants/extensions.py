@@ -69,7 +69,8 @@ def gpu_model_classes() -> set[str]:
 
 def register_all_cluster_held(provider: Callable[[int, int | None], dict[str, Any]]) -> None:
     """``provider(tenant_id, project_id or None)`` → ``{"gpus": float, "memory": {class: MiB}}``
-    held on all clusters together."""
+    held on all clusters together; with a GPU guarantee across all clusters also ``"split"``
+    ({cluster name: part}) and ``"guarantee_left"`` ((GPUs left, guarantee))."""
     _all_cluster_held[:] = [provider]
 
 

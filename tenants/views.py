@@ -62,12 +62,13 @@ def _quota_rows(quota: Quota | None) -> list[dict[str, Any]]:
 def _all_cluster_rows(quota: Quota | None, tenant: Tenant, project: Project | None) -> dict[str, Any]:
     """The platform level beside the per-cluster rows: the quota across all clusters (GPUs
     guaranteed and at most; GPU memory per model class) with what is held on all clusters,
-    and how the guarantee is split between the clusters now. Empty (and no usage aggregate)
-    when the quota has nothing across all clusters."""
+    what is left of the GPU guarantee (what is held beyond the per-cluster guarantee on each
+    cluster uses it) and how the guarantee is split between the clusters now. Empty (and no
+    usage aggregate) when the quota has nothing across all clusters."""
     if quota is None or (quota.gpus_limit_all_clusters is None
                          and not quota.gpus_guaranteed_all_clusters
                          and not quota.gpu_memory_mib_limits_all_clusters):
-        return {"all_cluster_rows": [], "guarantee_split": {}}
+        return {"all_cluster_rows": [], "guarantee_split": {}, "guarantee_left": None}
     held = extensions.all_cluster_held(tenant.pk, project.pk if project else None)
     rows = [{"label": "GPUs", "guaranteed": quota.gpus_guaranteed_all_clusters,
              "limit": quota.gpus_limit_all_clusters, "used": held["gpus"]}]
@@ -75,7 +76,8 @@ def _all_cluster_rows(quota: Quota | None, tenant: Tenant, project: Project | No
     for cls in sorted(set(limits) | set(held["memory"])):
         rows.append({"label": f"{cls} GPU memory (MiB)", "guaranteed": None, "limit": limits.get(cls),
                      "used": held["memory"].get(cls, 0)})
-    return {"all_cluster_rows": rows, "guarantee_split": held.get("split", {})}
+    return {"all_cluster_rows": rows, "guarantee_split": held.get("split", {}),
+            "guarantee_left": held.get("guarantee_left")}
 
 
 @login_required

@@ -6,7 +6,7 @@ from typing import Any
 
 from django import template
 
-from tenants.models import Project, Quota, QuotaScope
+from tenants.models import Project
 from tenants.permissions import restrict
 
 from .. import selectors
@@ -23,12 +23,11 @@ def quota_remaining(context: dict[str, Any]) -> dict[str, Any]:
         return {"rows": []}
     projects = list(restrict(Project.objects.select_related("tenant"), user))
     usage = selectors.project_usage([p.pk for p in projects])
-    quotas = {q.project_id: q for q in Quota.objects.filter(scope=QuotaScope.PROJECT,
-                                                              project__in=projects)}
+    inputs = selectors.quota_left_inputs(projects)
     rows = []
     for p in projects:
         held = usage.get(p.pk, selectors.Held())
-        q = quotas.get(p.pk)
+        q = inputs.project.get(p.pk)
         guaranteed = float(q.gpus_guaranteed) if q else 0.0
         limit = float(q.gpus_limit) if q and q.gpus_limit is not None else None
         # "In use" counts every cluster; the per-cluster limit applies on each cluster, the
@@ -41,8 +40,11 @@ def quota_remaining(context: dict[str, Any]) -> dict[str, Any]:
             "guaranteed_left": round(max(0.0, guaranteed - held.gpus), 2),
             "limit_left": None if limit is None else round(max(0.0, limit - held.gpus), 2),
             "all_clusters_left": None if everywhere is None else round(max(0.0, everywhere - held.gpus), 2),
+            # What a non-preemptible run may still count on: the guarantee across all clusters.
+            "guaranteed_all_clusters": selectors.guaranteed_left_lines(p, inputs),
         })
-    return {"rows": rows, "any_all_clusters": any(r["all_clusters_left"] is not None for r in rows)}
+    return {"rows": rows, "any_all_clusters": any(r["all_clusters_left"] is not None for r in rows),
+            "any_guaranteed_all_clusters": any(r["guaranteed_all_clusters"] for r in rows)}
 
 
 @register.inclusion_tag("portal/estimated_start.html")
