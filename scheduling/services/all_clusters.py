@@ -298,7 +298,9 @@ def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
         inputs = dataclasses.replace(inputs, tree=with_parts(inputs.tree, g, cid, use))
     if not held.statuses and not held.closed and not changed:
         return inputs, held
-    return dataclasses.replace(inputs, pending=keep), held
+    kept = {j.name for j in keep}
+    return dataclasses.replace(inputs, pending=keep,
+                               held_out=tuple(j for j in inputs.pending if j.name not in kept)), held
 
 
 def owners(limits: selectors.AllClusterLimits, ids: tuple[int, int], queue: str) -> list[AllClusterOwner]:
