@@ -290,3 +290,24 @@ def test_a_lowered_class_memory_limit_rejects_only_what_no_usable_class_could_ho
     assert anywhere.state == JobState.QUEUED and anywhere.cluster is not None
     assert anywhere.cluster.name == "west"
     assert "cluster east: can never run there: asks 160 GiB of A100-80G GPU memory" in anywhere.reason
+
+
+def test_a_lowered_guarantee_rejects_a_bound_non_preemptible_floating_job(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    # Bound while 6 non-preemptible GPUs were within 0 + 8; the guarantee is then lowered to 4:
+    # its cluster's cycle refuses it (over-guarantee, the refusal fingerprinted: this path
+    # raised a KeyError before) and the placement step rejects it, no cluster being able to.
+    _tenant(world, gpus_guaranteed_all_clusters=8)
+    _project(world, gpus_guaranteed_all_clusters=8)
+    job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=None, name="np",
+                              groups=[gpu_group(gpu_count=2, replicas=3)], preemptible=False)
+    placement.placement_run()
+    job.refresh_from_db()
+    assert job.cluster is not None
+    _project(world, gpus_guaranteed_all_clusters=4)
+    services.cycle_run(cluster=job.cluster)
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED and job.cluster is None
+    placement.placement_run()
+    assert "can never run there: asks 6 GPUs, more than your project's GPU guarantee for " \
+        "non-preemptible work (0 per cluster + 4 across all clusters)" in _rejected(job).reason
