@@ -232,7 +232,7 @@ def never_all_clusters(ask: float, memory: Mapping[str, int],
     (``memory`` empty), refuses nothing. None when it could start some day."""
     for who, lim, _ in owners:
         if lim is not None and ask > lim + 1e-9:
-            return "gpu_count", (f"{ask:g} GPUs in all, more than {who}'s limit of {lim:g} GPUs "
+            return "gpu_count", (f"{_gpus(ask)} in all, more than {who}'s limit of {_gpus(lim)} "
                                  f"on all clusters together")
     if ask <= 0 or not memory:
         return None
@@ -249,6 +249,10 @@ def never_all_clusters(ask: float, memory: Mapping[str, int],
     first, *rest = sorted(over)
     also = f" (and over the limit of every other class it may use: {', '.join(rest)})" if rest else ""
     return "gpu_memory_mib", over[first] + also
+
+
+def _gpus(n: float) -> str:
+    return f"{n:g} GPU" if n == 1 else f"{n:g} GPUs"
 
 
 def usable_classes(job: Job, cards: Mapping[str, tuple[int, frozenset[str]]]) -> list[str]:

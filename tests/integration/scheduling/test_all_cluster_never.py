@@ -176,8 +176,8 @@ def test_environments_and_model_services_are_refused_the_same_way(
         "project": world.a.project.pk, "cluster": "east", "name": "nb", "kind": "jupyter",
         "image": Image.objects.get(name="pytorch-jupyter").pk, "gpu_count": 2, "cpu_millicores": 1000,
         "ram_mib": 1024}, format="json")
-    assert env.status_code == 400 and "limit of 1 GPUs on all clusters together" in env.json()["gpu_count"][0]
-    base = {"image_reference": "docker.io/vllm/vllm-openai:v0.6.3",
+    assert env.status_code == 400 and "limit of 1 GPU on all clusters together" in env.json()["gpu_count"][0]
+    base: dict[str, Any] = {"image_reference": "docker.io/vllm/vllm-openai:v0.6.3",
             "model_source": "hf://Qwen/Qwen2.5-7B-Instruct", "cpu_millicores": 2000, "ram_mib": 8192,
             "gpu_memory_mib": 0, "gpu_cores_percent": 0}  # whole cards: 1 GPU each
     with pytest.raises(ValidationError) as big:
@@ -213,7 +213,7 @@ def test_the_cli_prints_the_field_error(world: Any, two: tuple[Cluster, Cluster]
                           cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=60)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
-    assert "gpu_count: This asks 2 GPUs in all" in out and "limit of 1 GPUs on all clusters together" in out
+    assert "gpu_count: This asks 2 GPUs in all" in out and "limit of 1 GPU on all clusters together" in out
     assert not TrainingJob.objects.exists()
 
 

@@ -379,11 +379,13 @@ def test_never_all_clusters(ask: float, memory: dict[str, int], expected: str | 
 
 def test_never_all_clusters_names_the_quota_and_the_lower_level() -> None:
     got = M.never_all_clusters(4.0, {}, [("project t/p", 8.0, {}), ("tenant t", 3.0, {})])
-    assert got == ("gpu_count", "4 GPUs in all, more than tenant t's limit of 3 GPUs on all clusters together")
+    assert got == ("gpu_count",
+                   "4 GPUs in all, more than tenant t's limit of 3 GPUs on all clusters together")
     both = M.never_all_clusters(2.0, {"A100-80G": 163840, "H100-80G": 163840},
                                 [("project t/p", None, {"A100-80G": 81920, "H100-80G": 0})])
     assert both is not None and both[0] == "gpu_memory_mib"
-    assert both[1].startswith("160 GiB of A100-80G GPU memory in all, more than project t/p's limit of 80 GiB")
+    assert both[1].startswith(
+        "160 GiB of A100-80G GPU memory in all, more than project t/p's limit of 80 GiB")
     assert both[1].endswith("(and over the limit of every other class it may use: H100-80G)")
 
 
@@ -394,4 +396,5 @@ def test_a_trial_says_never_only_for_what_no_usage_could_change() -> None:
     over = t.probe(_job(4), "t", t.free)  # at the limit, all of it held elsewhere: waits
     assert not over.never and over.all_clusters
     never = t.probe(_job(6), "t", t.free)
-    assert never.never and "can never run there: asks 6 GPUs in all, more than project t/p's limit" in never.reason
+    assert never.never
+    assert "can never run there: asks 6 GPUs in all, more than project t/p's limit" in never.reason
