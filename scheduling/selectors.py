@@ -500,6 +500,9 @@ class CycleInputs:
     quota_times: dict[tuple[str, int], str] | None = None
     """When each quota row last changed, read with the snapshot when floating jobs are queued
     (``placement.quota_times``): the stamp a refusal records is the one its verdict read."""
+    held_out: tuple[E.Job, ...] = ()
+    """Pending jobs ``all_clusters.hold`` kept from the engine (waiting or rejected on a quota
+    across all clusters): a floating one it rejects is refused with its fingerprint."""
 
     @classmethod
     def empty(cls) -> CycleInputs:

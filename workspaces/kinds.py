@@ -87,12 +87,23 @@ def clean_shape(data: Mapping[str, Any]) -> None:
 
 
 def kind_check(kind: WorkloadKind, *, project: Project, cluster: Cluster, row: Any) -> None:
-    """Refuse a run that could never fit within a limit (and, with ``check_shape``, a bad
-    shape or a slice larger than every card)."""
+    """Refuse a run that could never fit within a limit, per cluster or across all clusters
+    (and, with ``check_shape``, a bad shape or a slice larger than every card)."""
     if kind.check_shape:
         clean_shape({f: getattr(row, f) for f in SHAPE_FIELDS})
         _refuse_if_no_card_fits(cluster, row)
-    refuse_if_never_within_limits(project=project, cluster=cluster, groups=kind.groups(row))
+    refuse_if_never_within_limits(project=project, cluster=cluster, groups=kind.groups(row),
+                                  preemptible=_preemptible(kind.job_options(row)))
+
+
+def _preemptible(options: Mapping[str, Any]) -> bool:
+    """Whether a run with these ``job_submit`` options is preemptible (its default: a batch job)."""
+    from scheduling.models import PriorityClass
+
+    given = options.get("preemptible")
+    if given is None:
+        return bool(options.get("priority_class", PriorityClass.NORMAL) == PriorityClass.BATCH)
+    return bool(given)
 
 
 def _refuse_if_no_card_fits(cluster: Cluster, row: Any) -> None:

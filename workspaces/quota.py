@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import Sum
+from django.db.models import Q, Sum
 
 from scheduling import engine as E
 from scheduling.engine.queueing import RESOURCE_NAMES, TreeState, format_amount, job_ask
@@ -23,9 +23,10 @@ _FIELDS = ("gpu_count", "gpu_memory_mib", "cpu_millicores", "ram_mib")
 
 
 def refuse_if_never_within_limits(*, project: Project, cluster: Cluster,
-                                  groups: list[dict[str, Any]]) -> None:
+                                  groups: list[dict[str, Any]], preemptible: bool = True) -> None:
     """ValidationError (keyed by the request field) when the groups ask more than a limit on
-    the project's path (project, tenant or cluster quota) — it could never start."""
+    the project's path (project, tenant or cluster quota), or more than a quota across all
+    clusters allows (``refuse_if_never_within_all_clusters``) — it could never start."""
     egroups = tuple(
         E.PodGroup(
             name=g["name"],
@@ -33,15 +34,18 @@ def refuse_if_never_within_limits(*, project: Project, cluster: Cluster,
                            gpu_memory_mib=g.get("gpu_memory_mib", 0),
                            gpu_cores_percent=g.get("gpu_cores_percent", 0),
                            exclusive=g.get("exclusive", False),
-                           cpu_millicores=g.get("cpu_millicores", 0), ram_mib=g.get("ram_mib", 0)),
+                           cpu_millicores=g.get("cpu_millicores", 0), ram_mib=g.get("ram_mib", 0),
+                           gpu_models=frozenset(g.get("gpu_models") or ())),
             replicas=g.get("replicas", 1),
         )
         for g in groups
     )
     queue = queue_name(project.tenant.name, project.name)
-    mems = GpuDevice.objects.filter(node__cluster=cluster, node__present=True).values_list(
-        "memory_mib", flat=True)
-    ask = job_ask(E.Job(name="new", groups=egroups, queue=queue), min(mems, default=0))
+    devices = list(GpuDevice.objects.filter(node__cluster=cluster, node__present=True).values_list(
+        "model", "memory_mib"))
+    job = E.Job(name="new", groups=egroups, queue=queue, preemptible=preemptible)
+    ask = job_ask(job, min((m for _, m in devices), default=0))
+    refuse_if_never_within_all_clusters(project=project, job=job, devices=devices)
     tree = TreeState(queue_tree(cluster))
     over = tree.never_within_limit(queue, ask)
     if over is None:
@@ -53,6 +57,56 @@ def refuse_if_never_within_limits(*, project: Project, cluster: Cluster,
         f"This asks {format_amount(r, ask[r])} {RESOURCE_NAMES[r]} in all, more than "
         f"{tree.label(n)}'s {RESOURCE_NAMES[r]} limit of {format_amount(r, limit)}: it could never start."
     ]})
+
+
+def refuse_if_never_within_all_clusters(*, project: Project, job: E.Job,
+                                        devices: list[tuple[str, int]]) -> None:
+    """ValidationError (keyed by the request field) when ``job`` could never start under a
+    quota across all clusters of its project or tenant, by the rules the cycle rejects it by
+    (``scheduling.services.all_clusters``): its GPUs above a GPU limit across all clusters; for
+    every GPU model class of ``devices`` (the cluster's cards: (model, MiB)) it may use, its GPU
+    memory above the class's limit across all clusters; a non-preemptible job, more GPUs than a
+    level's per-cluster guarantee + its guarantee across all clusters (a level guaranteeing
+    nothing across all clusters restricts nothing here, as in the cycle). One query when the
+    tenant has no such quota."""
+    from scheduling.engine.multicluster import job_gpus, job_memory, never_all_clusters, usable_classes
+    from scheduling.engine.placement import model_family
+    from scheduling.selectors import all_cluster_limits
+    from scheduling.services.all_clusters import owners
+    from tenants.models import Quota, QuotaScope
+
+    limits = all_cluster_limits([project.tenant_id])
+    if not limits:
+        return
+    ids = (project.pk, project.tenant_id)
+    ask = job_gpus(job)
+    cards: dict[str, tuple[int, frozenset[str]]] = {}
+    floors: dict[str, int] = {}
+    for model, mib in devices:
+        cls = model_family(model)
+        big, names = cards.get(cls, (0, frozenset()))
+        cards[cls] = (max(big, mib), names | {model})
+        floors[cls] = min(floors.get(cls, mib), mib)
+    memory = {cls: job_memory(job, floors[cls]) for cls in usable_classes(job, cards)}
+    never = never_all_clusters(ask, memory, owners(limits, ids, job.queue))
+    if never is not None:
+        raise ValidationError({never[0]: [f"This asks {never[1]}: it could never start."]})
+    guaranteed = [(level, key, total) for level, key, total in (
+        ("project", project.pk, limits.project_guarantee.get(project.pk)),
+        ("tenant", project.tenant_id, limits.tenant_guarantee.get(project.tenant_id))) if total]
+    if job.preemptible or not guaranteed or ask <= 0:
+        return
+    bases = dict(Quota.objects.filter(
+        Q(scope=QuotaScope.PROJECT, project_id=project.pk)
+        | Q(scope=QuotaScope.TENANT, tenant_id=project.tenant_id)).values_list("scope", "gpus_guaranteed"))
+    for level, _, total in guaranteed:
+        base = float(bases.get(QuotaScope.PROJECT if level == "project" else QuotaScope.TENANT) or 0)
+        if total is not None and ask > base + total + 1e-9:
+            who = f"project {job.queue}" if level == "project" else f"tenant {project.tenant.name}"
+            raise ValidationError({"gpu_count": [
+                f"This non-preemptible job asks {ask:g} GPUs, more than {who}'s GPU guarantee can ever "
+                f"cover ({base:g} per cluster + {total:g} on all clusters together): it could never "
+                f"start. Mark it preemptible to borrow idle GPUs, or ask for a larger guarantee."]})
 
 
 def refuse_if_over_storage(*, project: Project, extra_gib: int, field: str,

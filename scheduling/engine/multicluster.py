@@ -18,7 +18,8 @@ Rules, in order (:func:`rank`):
    Over the project's, the tenant's or the cluster's own GPU limit on a cluster counts as
    waiting there; a job asking more than one of those limits can never run there. Over a
    quota across all clusters (the GPU limit; the GPU memory limit of every GPU model class
-   it may use there) it waits everywhere and is not bound.
+   it may use there) it waits everywhere and is not bound; asking more than such a limit
+   itself (:func:`never_all_clusters`), it can never run there.
 3. *Tie-break*: data locality (the job's preferred labels the cluster has), then the
    larger free share, then the name (so the choice is deterministic).
 
@@ -205,6 +206,55 @@ def job_memory(job: Job, card_mib: int) -> int:
     return total
 
 
+def class_floors(nodes: Iterable[Node]) -> dict[str, int]:
+    """GPU model class → its smallest card's MiB on these nodes (what a whole card of the class
+    holds at the least: the "can never run" rule counts no more than that)."""
+    out: dict[str, int] = {}
+    for node in nodes:
+        for g in node.gpus:
+            cls = model_family(g.model)
+            out[cls] = min(out.get(cls, g.memory_mib), g.memory_mib)
+    return out
+
+
+AllClusterOwner = tuple[str, float | None, Mapping[str, int]]
+"""(who, e.g. "project acme/vision" or "tenant acme"; its GPU limit across all clusters or
+None; its GPU memory limits across all clusters, MiB per GPU model class)."""
+
+
+def never_all_clusters(ask: float, memory: Mapping[str, int],
+                       owners: Sequence[AllClusterOwner]) -> tuple[str, str] | None:
+    """Rule (can never run under a quota across all clusters): (the request field, what it asks
+    beyond which limit) when the job could never start whatever the other clusters hold — its
+    GPUs above its project's or tenant's GPU limit across all clusters, or, for every GPU model
+    class it may use (``memory``: class → the MiB it would hold there, on the class's smallest
+    cards), its GPU memory above that class's limit. A class with room, or no class known
+    (``memory`` empty), refuses nothing. None when it could start some day."""
+    for who, lim, _ in owners:
+        if lim is not None and ask > lim + 1e-9:
+            return "gpu_count", (f"{_gpus(ask)} in all, more than {who}'s limit of {_gpus(lim)} "
+                                 f"on all clusters together")
+    if ask <= 0 or not memory:
+        return None
+    over: dict[str, str] = {}
+    for cls, mib in sorted(memory.items()):
+        for who, _, mems in owners:
+            cap = mems.get(cls)
+            if cap is not None and mib > cap:
+                over[cls] = (f"{_gib(mib)} of {cls} GPU memory in all, more than {who}'s limit of "
+                             f"{_gib(cap)} of {cls} GPU memory on all clusters together")
+                break
+    if len(over) < len(memory):
+        return None
+    first, *rest = sorted(over)
+    also = f" (and over the limit of every other class it may use: {', '.join(rest)})" if rest else ""
+    return "gpu_memory_mib", over[first] + also
+
+
+def _gpus(n: float) -> str:
+    return f"{n:g} GPU" if n == 1 else f"{n:g} GPUs"
+
+
 def usable_classes(job: Job, cards: Mapping[str, tuple[int, frozenset[str]]]) -> list[str]:
     """The GPU model classes whose cards every GPU pod group of the job allows."""
     gpu_groups = [g.template for g in job.groups if g.template.containers]
@@ -304,6 +354,7 @@ class ClusterTrial:
     free: float = -1.0
     """Free GPUs (cards' free compute share on schedulable nodes); computed when not given."""
     _cards: dict[str, tuple[int, frozenset[str]]] | None = field(default=None, repr=False)
+    _floors: dict[str, int] | None = field(default=None, repr=False)
 
     _ends: list[tuple[float, float]] | None = field(default=None, init=False, repr=False, compare=False)
     """``running_ends(running)``, sorted once per trial on first use (running jobs do not change
@@ -328,10 +379,29 @@ class ClusterTrial:
                 return f"over {who} GPU limit there ({self.usage.get(key, 0.0):g} of {lim:g} in use)", False
         return None
 
+    def never_all_clusters(self, job: Job, tenant: str) -> str:
+        """What the job asks beyond a quota across all clusters it could never start within
+        here (:func:`never_all_clusters`, the classes of this cluster it may use), "" if none."""
+        owners = [(f"project {job.queue}", self.all_limits.get(job.queue),
+                   self.memory_limits.get(job.queue, {})),
+                  (f"tenant {tenant}", self.all_limits.get(tenant), self.memory_limits.get(tenant, {}))]
+        if all(lim is None and not mems for _, lim, mems in owners):
+            return ""
+        memory: dict[str, int] = {}
+        if any(mems for _, _, mems in owners):
+            if self._floors is None:
+                self._floors = class_floors(ns.static.node for ns in self.placer.state.nodes.values())
+            if self._cards is None:
+                self._cards = card_classes(ns.static.node for ns in self.placer.state.nodes.values())
+            memory = {cls: job_memory(job, self._floors[cls]) for cls in usable_classes(job, self._cards)}
+        never = never_all_clusters(job_gpus(job), memory, owners)
+        return never[1] if never else ""
+
     def over_all_clusters(self, job: Job, tenant: str) -> str:
         """Why the job would cross its project's or tenant's GPU limit across all clusters
         (issue 16; the usage is every cluster's, the same in each trial), "" if within. The
-        cycle holds such a job waiting likewise, never rejects it."""
+        cycle holds such a job waiting likewise (one asking more than the limit itself:
+        :meth:`never_all_clusters`)."""
         ask = job_gpus(job)
         for key, who in ((job.queue, "your project's"), (tenant, "your tenant's")):
             lim = self.all_limits.get(key)
@@ -391,6 +461,9 @@ class ClusterTrial:
 
     def probe(self, job: Job, tenant: str, free: float) -> Probe:
         name = self.view.name
+        beyond = self.never_all_clusters(job, tenant)
+        if beyond:  # the cluster's cycle would reject it (over a quota across all clusters)
+            return Probe(name, WAITS, reason=f"can never run there: asks {beyond}", never=True)
         everywhere = self.over_all_clusters(job, tenant)
         if everywhere:
             return Probe(name, WAITS, reason=everywhere, all_clusters=True)

@@ -10,8 +10,10 @@ the admission re-checks, under the per-tenant lock, non-preemptible admissions a
 preemptions that rely on a part (``guarantee_refusal``) against what every cluster holds now.
 
 Two places, as for the GPU limit before: the snapshot (``hold``: jobs that would cross a quota
-across all clusters wait, said why, and are not offered to the engine; cards of a class over
-its memory limit are closed to a job that may use others) and the admission, under the
+across all clusters wait, said why, and are not offered to the engine; one asking more than
+such a limit itself — GPUs, or the memory of every class it may use here — is rejected as a job
+over a per-cluster limit is, ``never_here``; cards of a class over its memory limit are closed
+to a job that may use others) and the admission, under the
 per-tenant advisory lock (``admissible``: counted again with the other clusters' committed
 admissions). The engine is unchanged.
 """
@@ -23,12 +25,15 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 
 from scheduling import engine as E
-from scheduling.engine.cycle import JobStatus
+from scheduling.engine.cycle import JobStatus, Kind
 from scheduling.engine.guarantees import EPS, Holding, Owner, claim_held
 from scheduling.engine.multicluster import (
+    AllClusterOwner,
     card_classes,
+    class_floors,
     job_gpus,
     job_memory,
+    never_all_clusters,
     placement_memory,
     usable_classes,
     without_models,
@@ -252,15 +257,29 @@ def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
     in_use = use.as_in_use()
     cid = inputs.cluster.pk if inputs.cluster is not None else 0
     cards = card_classes(inputs.snapshot.nodes) if (limits.project_memory or limits.tenant_memory) else {}
+    floors = class_floors(inputs.snapshot.nodes) if cards else {}
     keep: list[E.Job] = []
     held = Held([], {})
+    changed = False  # some job's cards closed (not always with a reason to reopen them)
     for job in inputs.pending:
         row = inputs.jobs[job.name]
         ask = job_gpus(job)
+        never = never_here(limits, (row.project_id, row.tenant_id), job, ask, cards, floors)
+        if never:
+            # It could never start, whatever the other clusters hold: rejected as a job over a
+            # per-cluster limit is (a floating one goes back to the global queue, this cluster
+            # refused: ``cycle._apply``).
+            held.statuses.append(JobStatus(
+                job=job.name, queue=job.queue, kind=Kind.OVER_LIMIT,
+                decision=E.Reject(job=job.name, reason=f"The job asks {never[1]}: it can never start")))
+            continue
         reason = selectors.over_all_clusters(limits, in_use, row.project_id, row.tenant_id, ask)
         if not reason and cards and ask > 0 and (row.project_id in limits.project_memory
                                                  or row.tenant_id in limits.tenant_memory):
-            job, reason, closed = _close_classes(job, cards, limits, use, (row.project_id, row.tenant_id))
+            was = job
+            job, reason, closed = _close_classes(job, cards, limits, use, (row.project_id, row.tenant_id),
+                                                 floors)
+            changed = changed or job is not was
             if closed:
                 held.closed[job.name] = closed
         if reason:
@@ -277,16 +296,45 @@ def hold(inputs: selectors.CycleInputs, limits: selectors.AllClusterLimits,
         keep.append(job)
     if g is not None and inputs.cluster is not None:
         inputs = dataclasses.replace(inputs, tree=with_parts(inputs.tree, g, cid, use))
-    if not held.statuses and not held.closed:
+    if not held.statuses and not held.closed and not changed:
         return inputs, held
-    return dataclasses.replace(inputs, pending=keep), held
+    kept = {j.name for j in keep}
+    return dataclasses.replace(inputs, pending=keep,
+                               held_out=tuple(j for j in inputs.pending if j.name not in kept)), held
+
+
+def owners(limits: selectors.AllClusterLimits, ids: tuple[int, int], queue: str) -> list[AllClusterOwner]:
+    """The project's and the tenant's quotas across all clusters as ``never_all_clusters``
+    reads them, named ("project acme/vision", "tenant acme": a queue is ``tenant/project``)."""
+    pid, tid = ids
+    return [(f"project {queue}", limits.project.get(pid), limits.project_memory.get(pid, {})),
+            (f"tenant {queue.split('/', 1)[0]}", limits.tenant.get(tid), limits.tenant_memory.get(tid, {}))]
+
+
+def never_here(limits: selectors.AllClusterLimits, ids: tuple[int, int], job: E.Job, ask: float,
+               cards: Mapping[str, tuple[int, frozenset[str]]], floors: Mapping[str, int],
+               ) -> tuple[str, str] | None:
+    """(request field, what it asks beyond which limit) when ``job`` could never start under a
+    quota across all clusters of its project or tenant, the GPU model classes it may use being
+    those of ``cards`` (this cluster's; ``floors``: their smallest cards) — the engine's rule,
+    ``multicluster.never_all_clusters``. None otherwise (also with no quota concerned)."""
+    pid, tid = ids
+    if not (pid in limits.project or tid in limits.tenant or pid in limits.project_memory
+            or tid in limits.tenant_memory):
+        return None
+    memory: dict[str, int] = {}
+    if cards and (pid in limits.project_memory or tid in limits.tenant_memory):
+        memory = {cls: job_memory(job, floors.get(cls, cards[cls][0])) for cls in usable_classes(job, cards)}
+    return never_all_clusters(ask, memory, owners(limits, ids, job.queue))
 
 
 def _close_classes(job: E.Job, cards: dict[str, tuple[int, frozenset[str]]],
                    limits: selectors.AllClusterLimits, use: selectors.AllClusterUse,
-                   ids: tuple[int, int]) -> tuple[E.Job, str, str]:
+                   ids: tuple[int, int], floors: Mapping[str, int]) -> tuple[E.Job, str, str]:
     """(the job, why it waits, why some classes are closed to it): every class it may use here
-    over a memory limit → it waits; some → their cards are excluded for this cycle."""
+    over a memory limit → it waits; some → their cards are excluded for this cycle. A class
+    whose limit the job asks more than itself stays closed with no reason to reopen it (should
+    the engine reject the job on the other classes' cards, the rejection stands)."""
     usable = usable_classes(job, cards)
     over = {cls: selectors.over_class_memory(limits, use, ids[0], ids[1],
                                               {cls: job_memory(job, cards[cls][0])})
@@ -294,10 +342,14 @@ def _close_classes(job: E.Job, cards: dict[str, tuple[int, frozenset[str]]],
     over = {cls: why for cls, why in over.items() if why}
     if not over:
         return job, "", ""
-    first = over[min(over)]
+    who, ask = owners(limits, ids, job.queue), job_gpus(job)
+    for_now = {cls: why for cls, why in over.items()
+               if not never_all_clusters(ask, {cls: job_memory(job, floors.get(cls, cards[cls][0]))}, who)}
+    first = over[min(for_now or over)]
     if len(over) == len(usable):
         return job, first, ""
-    return without_models(job, frozenset(m for cls in over for m in cards[cls][1])), "", first
+    return (without_models(job, frozenset(m for cls in over for m in cards[cls][1])), "",
+            for_now[min(for_now)] if for_now else "")
 
 
 def reopen(statuses: Iterable[JobStatus], closed: dict[str, str]) -> list[JobStatus]:

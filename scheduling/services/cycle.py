@@ -322,7 +322,7 @@ def _refusal_fp(inputs: selectors.CycleInputs, status: JobStatus, job: Job, memo
     assert inputs.cluster is not None
     if not memo:
         memo["capacity"] = M.capacity_key(inputs.snapshot.nodes, inputs.cluster.placement_policy)
-        memo["pending"] = {j.name: j for j in inputs.pending}
+        memo["pending"] = {j.name: j for j in (*inputs.pending, *inputs.held_out)}
         # Read with the snapshot (``_decide``): a quota changed since is not the one judged.
         times = inputs.quota_times
         memo["times"] = times if times is not None else quota_times([inputs.cluster.pk])

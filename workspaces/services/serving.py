@@ -463,7 +463,8 @@ def _refuse_min_beyond_limits(svc: ModelService) -> None:
 
     groups = [{**g, "replicas": svc.min_replicas} for g in _groups(svc)]
     try:
-        refuse_if_never_within_limits(project=svc.project, cluster=svc.cluster, groups=groups)
+        refuse_if_never_within_limits(project=svc.project, cluster=svc.cluster, groups=groups,
+                                      preemptible=svc.preemptible)
     except ValidationError as exc:
         why = " ".join(m for msgs in exc.message_dict.values() for m in msgs)
         raise ValidationError({"min_replicas": [f"{svc.min_replicas} replicas: {why}"]}) from exc

@@ -109,7 +109,9 @@ def test_a_floating_job_over_a_class_memory_limit_waits_with_the_class_named(
     assert floating.cluster is None and floating.state == JobState.QUEUED  # bound nowhere
     assert ("cluster east: over your project's A100-80G GPU memory limit across all clusters: "
             "320 GiB of 320 GiB in use") in floating.reason
-    assert "cluster west: over your project's GH200-96G GPU memory limit" in floating.reason
+    # A limit of 0 on west's only class: it can never run there (but east may open up).
+    assert ("cluster west: can never run there: asks 96 GiB of GH200-96G GPU memory in all, more than "
+            "project acme/acme-p1's limit of 0 GiB of GH200-96G GPU memory") in floating.reason
     # Room on one class: it goes there.
     _quota(world, world.a.project, gpu_memory_mib_limits_all_clusters={A100: 4 * CARD, "GH200-96G": 98304})
     placement.placement_run()

@@ -331,9 +331,15 @@ def test_a_class_over_its_memory_limit_closes_its_cards_and_names_the_class() ->
     assert probe.reason == ("over your project's A100 GPU memory limit across all clusters: "
                             "120 GiB of 160 GiB in use")
     # The tenant's limit counts too, under the tenant's name.
-    trial = _mixed_trial({"t": {"A100": 0, "H100": 0}}, {})
+    trial = _mixed_trial({"t": {"A100": 160 * 1024, "H100": 160 * 1024}},
+                         {("t", "A100"): 120 * 1024, ("t", "H100"): 120 * 1024})
     probe = trial.probe(job, "t", trial.free)
     assert probe.outcome == M.WAITS and "your tenant's A100 GPU memory limit" in probe.reason
+    # A limit below what it asks on every class: it can never run there.
+    trial = _mixed_trial({"t": {"A100": 0, "H100": 0}}, {})
+    probe = trial.probe(job, "t", trial.free)
+    assert probe.never and "can never run there: asks 160 GiB of A100 GPU memory in all, more than " \
+        "tenant t's limit of 0 GiB of A100 GPU memory" in probe.reason
 
 
 def test_placing_counts_memory_for_the_next_job_in_the_step() -> None:
@@ -351,3 +357,44 @@ def test_placing_counts_memory_for_the_next_job_in_the_step() -> None:
     probe = trial.probe(second, "t", trial.free)
     assert probe.outcome == M.FITS_NOW
     assert set(M.placement_memory(probe.placement)) == {"A100", "H100"} - {cls}
+
+
+# --- can never run under a quota across all clusters ------------------------------------------
+
+_OWNERS: list[M.AllClusterOwner] = [("project t/p", 8.0, {"A100-80G": 163840}), ("tenant t", None, {})]
+
+
+@pytest.mark.parametrize(("ask", "memory", "expected"), [
+    (8.0, {}, None),  # exactly at the GPU limit
+    (8.5, {}, "gpu_count"),
+    (2.0, {"A100-80G": 163840}, None),  # exactly at the class limit
+    (3.0, {"A100-80G": 245760}, "gpu_memory_mib"),  # its only usable class is over
+    (3.0, {"A100-80G": 245760, "GH200-96G": 294912}, None),  # another class has no limit
+    (1.0, {}, None),  # no class known: nothing refused on memory
+])
+def test_never_all_clusters(ask: float, memory: dict[str, int], expected: str | None) -> None:
+    got = M.never_all_clusters(ask, memory, _OWNERS)
+    assert (got[0] if got else None) == expected
+
+
+def test_never_all_clusters_names_the_quota_and_the_lower_level() -> None:
+    got = M.never_all_clusters(4.0, {}, [("project t/p", 8.0, {}), ("tenant t", 3.0, {})])
+    assert got == ("gpu_count",
+                   "4 GPUs in all, more than tenant t's limit of 3 GPUs on all clusters together")
+    both = M.never_all_clusters(2.0, {"A100-80G": 163840, "H100-80G": 163840},
+                                [("project t/p", None, {"A100-80G": 81920, "H100-80G": 0})])
+    assert both is not None and both[0] == "gpu_memory_mib"
+    assert both[1].startswith(
+        "160 GiB of A100-80G GPU memory in all, more than project t/p's limit of 80 GiB")
+    assert both[1].endswith("(and over the limit of every other class it may use: H100-80G)")
+
+
+def test_a_trial_says_never_only_for_what_no_usage_could_change() -> None:
+    t = _trial("east", node("n0", 4), node("n1", 4))
+    t.all_limits = {"t/p": 4.0}
+    t.all_usage = {"t/p": 4.0}
+    over = t.probe(_job(4), "t", t.free)  # at the limit, all of it held elsewhere: waits
+    assert not over.never and over.all_clusters
+    never = t.probe(_job(6), "t", t.free)
+    assert never.never
+    assert "can never run there: asks 6 GPUs in all, more than project t/p's limit" in never.reason
