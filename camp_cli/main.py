@@ -384,7 +384,7 @@ def why(ctx: click.Context, job: str) -> None:
 @click.argument("job")
 @click.pass_context
 def stop(ctx: click.Context, job: str) -> None:
-    """Stop a training job or dev environment (an environment keeps its volume)."""
+    """Stop a training job or dev environment (an environment keeps its volume), or cancel a job."""
     api = _api(ctx)
     path, obj = _find(api, job)
     if path == "jobs":

@@ -52,6 +52,7 @@ from ..models import (
     Node,
     PodGroup,
     SchedulingDecision,
+    redact,
 )
 from .common import _record_all, _send_after_commit, request_cycle, session_try_lock
 from .cycle import _consistent_read, _update_from_values, cycle_lock, engine_policy
@@ -230,7 +231,7 @@ def _avoided(choice: dict[str, Any], now: dt.datetime) -> dict[str, str]:
         with contextlib.suppress(ValueError, TypeError, IndexError):
             at, msg = entry[0], entry[1]
             if (now - dt.datetime.fromisoformat(at)).total_seconds() < AVOID_SECONDS:
-                out[name] = f"its pods could not be created there: {msg}"[:340]
+                out[name] = redact(f"its pods could not be created there: {msg}", 340)  # users read it
     return out
 
 

@@ -823,7 +823,8 @@ def test_a_job_back_from_a_failed_dispatch_says_each_cluster_once_and_reads_back
     choice = {"prefer": {"region": "eu-east"}}
     job = submit(world, "failing-over", choice=choice, gpu_count=1)
     place_and_cycle(east, west)
-    Cluster.objects.filter(pk=east.pk).update(backend="kubernetes", api_server="https://127.0.0.1:9")
+    # A user and password in the server's URL show up in the client's error text.
+    Cluster.objects.filter(pk=east.pk).update(backend="kubernetes", api_server="https://camp:s3cret@127.0.0.1:9")
     assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
     multicluster.placement_run()
     job.refresh_from_db()
@@ -837,6 +838,9 @@ def test_a_job_back_from_a_failed_dispatch_says_each_cluster_once_and_reads_back
     assert setback["cluster"] == "east" and setback["kind"] == "dispatch-failed"
     assert setback["failures"] == 1 and "127.0.0.1:9" in setback["reason"] and setback["at"]
     assert "fp" not in str(data["cluster_setbacks"])
+    raw = Job.objects.get(pk=job.pk).cluster_choice["failed"]["east"][1]
+    assert "s3cret" in raw, raw  # the client's text as recorded (never shown)
+    assert "s3cret" not in str(data) and "[redacted]@127.0.0.1:9" in setback["reason"]
     # A copy of the job, posted with what was read back, is accepted.
     copy = {"name": "failing-over-2", "project": data["project"], "cluster": None,
             "cluster_choice": data["cluster_choice"], "groups": [gpu_group(gpu_count=1)]}
@@ -902,3 +906,56 @@ def test_no_cluster_may_be_named_any_and_any_means_floating(world: Any, two: tup
         response = client.post("/api/v1/jobs/", body, format="json")
         assert response.status_code == 201, response.content
         assert response.json()["cluster"] is None and response.json()["floating"] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_camp_shows_a_floating_plain_job(world: Any, two: tuple[Cluster, Cluster], live_server: Any,
+                                         tmp_path: Any) -> None:
+    """Review findings (rv 5, 9): ``camp why`` said "No training job or environment" of a
+    ``kind: Job`` submitted with ``--cluster any``, ``camp ls`` left it out, and ``--cluster
+    ANY`` was taken as a cluster's name."""
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    from tenants import services as tenant_services
+
+    _, token = tenant_services.token_create(actor=world.a.member, name="cli")
+    env = {**os.environ, "CAMP_URL": live_server.url, "CAMP_TOKEN": token,
+           "CAMP_CONFIG": str(tmp_path / "config.json")}
+
+    def camp(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "camp_cli", *args], env=env, cwd=settings.BASE_DIR,
+                              capture_output=True, text=True, timeout=60)
+
+    east, west = two
+    path = tmp_path / "job.yaml"
+    path.write_text(f"kind: Job\nname: floater\nproject: {world.a.tenant.name}/{world.a.project.name}\n"
+                    "groups: [{name: worker, gpu_count: 1}]\n")
+    done = camp("submit", "-f", str(path), "--cluster", "ANY")
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = Job.objects.get(name="floater")
+    assert job.floating and job.cluster_id is None
+    Job.objects.filter(pk=job.pk).update(cluster_choice={"prefer": {"region": "eu-east"}})
+    multicluster.placement_run()  # bound to east (its locality); east's cycle has not run
+    services.cluster_update(actor=world.admin, cluster=west, enabled=False, verify=False)
+    multicluster.placement_run()
+    for ref in ("floater", f"job/{job.pk}"):
+        why = camp("why", ref)
+        assert why.returncode == 0, why.stdout + why.stderr
+        assert why.stdout.splitlines()[0] == "floater: queued"
+        assert "why: Placed on cluster east (fits now)" in why.stdout
+        assert "clusters: Placed on cluster east (fits now); cluster west: disabled" in why.stdout
+    listed = camp("ls")
+    assert listed.returncode == 0, listed.stderr
+    [row] = [line for line in listed.stdout.splitlines() if "floater" in line]
+    assert row.split()[:3] == ["job", str(job.pk), "floater"] and "queued" in row
+    assert "Placed on cluster east" in row
+    logs = camp("logs", "floater")
+    assert logs.returncode == 1 and "is a job" in logs.stderr
+    missing = camp("why", "nowhere")
+    assert missing.returncode == 1 and "No training job, environment or job nowhere" in missing.stderr
+    stopped = camp("stop", "floater")
+    assert stopped.returncode == 0 and stopped.stdout.strip() == "floater: cancelled", stopped.stdout
