@@ -7,15 +7,24 @@ import scheduling.models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0013_r4multi_one_pool'),
+        ("scheduling", "0013_r4multi_one_pool"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='cluster',
-            name='name',
-            field=models.CharField(max_length=63, unique=True, validators=[django.core.validators.RegexValidator('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$', "Use lowercase letters, digits and '-' (a DNS label, at most 63 characters)."), scheduling.models.not_reserved_cluster_name]),
+            model_name="cluster",
+            name="name",
+            field=models.CharField(
+                max_length=63,
+                unique=True,
+                validators=[
+                    django.core.validators.RegexValidator(
+                        "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+                        "Use lowercase letters, digits and '-' (a DNS label, at most 63 characters).",
+                    ),
+                    scheduling.models.not_reserved_cluster_name,
+                ],
+            ),
         ),
     ]
