@@ -142,7 +142,7 @@ def cluster_option(value: str | None) -> dict[str, Any] | None:
     if not value:
         raise click.BadParameter("any, a cluster name, names a,b, or labels key=value,...",
                                  param_hint="--cluster")
-    if value == "any":
+    if value.casefold() == "any":  # any case: no cluster may be named "any"
         return {"cluster": None, "cluster_choice": {}}
     parts = [p.strip() for p in value.split(",") if p.strip()]
     if all("=" in p for p in parts):
@@ -226,9 +226,18 @@ def _submit_one(api: Api, kind: str, body: dict[str, Any]) -> None:
     click.echo(f"training job {t['name']} (#{t['id']}) {t['state']}{where}")
 
 
+WORKLOAD_JOB_KINDS = frozenset({"pytorch", "deepspeed", "mpi", "tensorflow", "jupyter", "vscode", "ssh",
+                                "service"})
+"""``Job.kind`` of the runs of training jobs, environments and model services: ``camp ls``
+lists those workloads, not their runs; the other jobs (``kind: Job`` documents) are listed
+as jobs."""
+
+
 def _row(kind: str, x: dict[str, Any]) -> list[str]:
     run = x.get("run") or {}
     why = run.get("reason") or x.get("blocked_reason") or x.get("stop_reason") or ""
+    if kind == "job":
+        why = x.get("why_across_clusters") or x.get("reason") or ""
     if x.get("cull_warning"):
         why = x["cull_warning"]
     return [kind, str(x["id"]), x["name"], f"{x['tenant']}/{_project_name(x)}", x["state"], why[:70]]
@@ -241,10 +250,12 @@ def _project_name(x: dict[str, Any]) -> str:
 @cli.command(name="ls")
 @click.pass_context
 def ls(ctx: click.Context) -> None:
-    """List your projects' training jobs and dev environments."""
+    """List your projects' training jobs, dev environments and jobs (``kind: Job`` documents;
+    a floating one's WHY names each cluster)."""
     api = _api(ctx)
     rows = [_row("training", t) for t in api.items("training-jobs/")]
     rows += [_row("env", e) for e in api.items("environments/")]
+    rows += [_row("job", j) for j in api.items("jobs/") if j.get("kind") not in WORKLOAD_JOB_KINDS]
     header = ["KIND", "ID", "NAME", "PROJECT", "STATE", "WHY"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
@@ -252,8 +263,9 @@ def ls(ctx: click.Context) -> None:
 
 
 def _find(api: Api, ref: str) -> tuple[str, dict[str, Any]]:
-    """A training job or environment by id (``12``, ``env/12``) or by name."""
-    kinds = [("training-jobs", "training"), ("environments", "env")]
+    """A training job, environment or job by id (``12``, ``env/12``, ``job/33``) or by name
+    (looked for in that order)."""
+    kinds = [("training-jobs", "training"), ("environments", "env"), ("jobs", "job")]
     if "/" in ref:
         prefix, ref = ref.split("/", 1)
         kinds = [k for k in kinds if k[1] == prefix or k[0] == prefix] or kinds
@@ -263,12 +275,15 @@ def _find(api: Api, ref: str) -> tuple[str, dict[str, Any]]:
                 return path, api.call("GET", f"{path}/{ref}/")
             except click.ClickException:
                 continue
-        found = api.items(f"{path}/", name=ref)
+        if path == "jobs":  # the jobs API searches names (?search=); keep the exact ones
+            found = [j for j in api.items(f"{path}/", search=ref) if j.get("name") == ref]
+        else:
+            found = api.items(f"{path}/", name=ref)
         if len(found) > 1:
             raise click.ClickException(f"{ref} names several {label}s; use its id (camp ls).")
         if found:
             return path, found[0]
-    raise click.ClickException(f"No training job or environment {ref} (see camp ls).")
+    raise click.ClickException(f"No training job, environment or job {ref} (see camp ls).")
 
 
 def _events(lines: Any) -> Any:
@@ -329,6 +344,9 @@ def logs(ctx: click.Context, job: str, tail: int | None, pod: str, follow: bool,
     """Print the logs of a job's (or environment's) pods; -f follows them."""
     api = _api(ctx)
     path, obj = _find(api, job)
+    if path == "jobs":
+        raise click.ClickException(f"{obj['name']} is a job: its logs are read in its cluster "
+                                   "(camp logs reads training jobs' and environments').")
     if follow:
         _follow(api, path, obj, 50 if tail is None else tail, pod, seconds)
         return
@@ -348,7 +366,8 @@ def why(ctx: click.Context, job: str) -> None:
     """Why a job waits, its place in the queue and what would let it start."""
     api = _api(ctx)
     path, obj = _find(api, job)
-    w = api.call("GET", f"{path}/{obj['id']}/why/")
+    # A job's own record says why (a training job or environment has a why/ of its own).
+    w = obj if path == "jobs" else api.call("GET", f"{path}/{obj['id']}/why/")
     click.echo(f"{obj['name']}: {w['state']}")
     if w.get("reason"):
         click.echo(f"why: {w['reason']}")
@@ -365,9 +384,13 @@ def why(ctx: click.Context, job: str) -> None:
 @click.argument("job")
 @click.pass_context
 def stop(ctx: click.Context, job: str) -> None:
-    """Stop a training job or dev environment (an environment keeps its volume)."""
+    """Stop a training job or dev environment (an environment keeps its volume), or cancel a job."""
     api = _api(ctx)
     path, obj = _find(api, job)
+    if path == "jobs":
+        done = api.call("POST", f"jobs/{obj['id']}/cancel/")
+        click.echo(f"{done['name']}: {done['state']}")
+        return
     done = api.call("POST", f"{path}/{obj['id']}/stop/")
     click.echo(f"{done['name']}: {done['state']} ({done.get('stop_reason') or 'stopping'})")
 
@@ -381,6 +404,8 @@ def rm(ctx: click.Context, job: str, yes: bool) -> None:
     environment (with its home volume)."""
     api = _api(ctx)
     path, obj = _find(api, job)
+    if path == "jobs":
+        raise click.ClickException(f"{obj['name']} is a job: jobs are kept (camp stop cancels it).")
     if path == "environments" and not yes:
         click.confirm(f"Delete environment {obj['name']} and its home volume?", abort=True)
     api.call("DELETE", f"{path}/{obj['id']}/")

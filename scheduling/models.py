@@ -8,6 +8,8 @@ slice away cannot both commit (DESIGN.md §2, step 4).
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -31,8 +33,27 @@ class PlacementPolicy(models.TextChoices):
     SPREAD_BINPACK = "spread-binpack", "Spread over nodes, binpack cards"
 
 
+RESERVED_CLUSTER_NAME = "any"
+"""Not a cluster's name: the CLI's ``--cluster any`` and the API's ``"cluster": "any"`` mean no
+one cluster (a floating job), in any case."""
+
+
+def is_any_cluster(value: object) -> bool:
+    return isinstance(value, str) and value.strip().casefold() == RESERVED_CLUSTER_NAME
+
+
+def not_reserved_cluster_name(value: str) -> None:
+    from django.core.exceptions import ValidationError
+
+    if is_any_cluster(value):
+        raise ValidationError('"any" cannot name a cluster: Camp reads --cluster any (and "cluster": '
+                              '"any") as "no one cluster, place it where it starts soonest".',
+                              code="reserved")
+
+
 class Cluster(models.Model):
-    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=63, unique=True,
+                            validators=[slug_validator, not_reserved_cluster_name])
     display_name = models.CharField(max_length=200, blank=True)
     enabled = models.BooleanField(default=True)
     backend = models.CharField(max_length=16, choices=Backend.choices, default=Backend.SIMULATED)
@@ -363,16 +384,46 @@ class Job(models.Model):
 
     @property
     def why_across_clusters(self) -> str:
-        """A floating job's why, cluster by cluster: its own cluster's answer (once placed)
-        and why not the others (e.g. "cluster east: no GPU free; cluster west: the image has
-        no arm64 variant")."""
+        """A floating job's why, each cluster named once: its own cluster's answer (once
+        placed) and why not the others (e.g. "cluster east: no GPU free; cluster west: the
+        image has no arm64 variant"). The note on the others is refreshed by each placement
+        step while the job waits bound (services/placement.py ``_kept``)."""
         if not self.floating:
             return ""
         cluster = self.cluster
         if cluster is None:
             return self.reason
-        own = f"cluster {cluster.name}: {self.reason}" if self.reason else f"cluster {cluster.name}"
+        if self.reason_kind == "placed":  # "Placed on cluster X (…)": it names the cluster itself
+            own = self.reason
+        else:
+            own = f"cluster {cluster.name}: {self.reason}" if self.reason else f"cluster {cluster.name}"
         return f"{own}; {self.placement_note}" if self.placement_note else own
+
+    @property
+    def user_cluster_choice(self) -> dict[str, object]:
+        """``cluster_choice`` as the user gave it (clusters, labels, prefer): without the
+        placement's bookkeeping kept beside it (``failed``, ``refused``)."""
+        return {k: v for k, v in (self.cluster_choice or {}).items() if k in CHOICE_KEYS}
+
+    @property
+    def cluster_setbacks(self) -> list[dict[str, object]]:
+        """The clusters a floating job was sent back from, oldest first: ``dispatch-failed``
+        (its pods could not be created there: that cluster is avoided for a while) or
+        ``refused`` (that cluster's cycle found it can never run there), with when, how many
+        failures there and a short reason (credentials in a client's error text redacted; no
+        fingerprints)."""
+        choice = self.cluster_choice or {}
+        out: list[dict[str, object]] = []
+        for name, entry in (choice.get("failed") or {}).items():
+            if isinstance(entry, list | tuple) and len(entry) >= 2:
+                count = entry[2] if len(entry) > 2 and isinstance(entry[2], int) else 1
+                out.append({"cluster": str(name), "kind": "dispatch-failed", "at": str(entry[0]),
+                            "reason": redact(str(entry[1])), "failures": count})
+        for name, entry in (choice.get("refused") or {}).items():
+            why, at = (entry.get("why", ""), entry.get("at")) if isinstance(entry, dict) else (entry, None)
+            out.append({"cluster": str(name), "kind": "refused", "at": str(at) if at else None,
+                        "reason": redact(str(why)), "failures": 0})
+        return sorted(out, key=lambda x: str(x["at"] or ""))
 
     @property
     def placed_cluster(self) -> Cluster:
@@ -388,6 +439,27 @@ class Job(models.Model):
         if self.cluster_id is None:
             raise ValueError(f"job {self.pk} is in the global queue: it has no cluster yet")
         return self.cluster_id
+
+
+CHOICE_KEYS = ("clusters", "labels", "prefer")
+"""A floating job's choice as users give it (``Job.cluster_choice`` keeps bookkeeping beside)."""
+
+_SECRETS = (
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 [redacted]"),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+(?::[^/\s@]*)?@"), r"\1[redacted]@"),
+    (re.compile(r"(?i)\b(token|password|passwd|secret|api[_-]?key|authorization)([\"']?\s*[:=]\s*[\"']?)"
+                r"[^\s,;\"'&]+"), r"\1\2[redacted]"),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), "[redacted]"),  # a JWT
+    (re.compile(r"\bcamp_[A-Za-z0-9_-]{8,}"), "[redacted]"),  # a Camp API token
+)
+
+
+def redact(text: str, limit: int = 200) -> str:
+    """An error text fit to show a cluster's user: bearer/basic credentials, a URL's user and
+    password, ``token=…``-like pairs, JWTs and Camp tokens replaced; at most ``limit`` chars."""
+    for pattern, repl in _SECRETS:
+        text = pattern.sub(repl, text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 class PodGroup(models.Model):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tenants.api.serializers import VisiblePKField, resolved_once
 from tenants.models import Project, Tenant
 
 from ..models import (
+    CHOICE_KEYS,
     Allocation,
     Backend,
     Cluster,
@@ -20,6 +22,7 @@ from ..models import (
     PodGroup,
     PriorityClass,
     SchedulingDecision,
+    is_any_cluster,
 )
 
 
@@ -263,7 +266,30 @@ class VisibleClusterField(serializers.SlugRelatedField[Cluster]):
         return restrict(Cluster.objects.filter(enabled=True), request.user if request else None)
 
     def to_internal_value(self, data: Any) -> Any:
+        if self.allow_null and is_any_cluster(data):
+            return None  # "any" (in any case): no one cluster, as the CLI's --cluster any
         return resolved_once(self, data, super().to_internal_value)
+
+
+class ClusterChoiceField(serializers.JSONField):
+    """A floating job's choice: read back as the user gave it (``Job.user_cluster_choice``),
+    without the placement's bookkeeping (that is ``cluster_setbacks``)."""
+
+    def to_representation(self, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        return {k: v for k, v in value.items() if k in CHOICE_KEYS}
+
+
+class ClusterSetbackSerializer(serializers.Serializer[Any]):
+    cluster = serializers.CharField()
+    kind = serializers.ChoiceField(
+        choices=["dispatch-failed", "refused"],
+        help_text="dispatch-failed: its pods could not be created there (that cluster is "
+                  "avoided for a while); refused: that cluster's cycle found it can never run there.")
+    at = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField(help_text="Short; credentials in the error text are redacted.")
+    failures = serializers.IntegerField(help_text="Failed dispatches there (0 for a refusal).")
 
 
 class JobSerializer(serializers.ModelSerializer[Job]):
@@ -272,12 +298,17 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         slug_field="name", queryset=Cluster.objects.all(), required=False, allow_null=True,
         help_text="The one cluster to run on. Leave it out (or null) for a floating job: Camp "
                   "places it on the cluster where it starts soonest among those "
-                  "``cluster_choice`` allows (null while it waits in the global queue).")
-    cluster_choice = serializers.JSONField(
+                  '``cluster_choice`` allows (null while it waits in the global queue). "any" '
+                  "(in any case) is taken as null: no cluster may be named any.")
+    cluster_choice = ClusterChoiceField(
         required=False, default=dict,
         help_text='Floating jobs only: {"clusters": ["a", "b"]} and/or {"labels": {"region": '
                   '"eu-west"}} (all must match) and {"prefer": {...}} (data locality, a '
-                  "tie-break); empty: any cluster the project may use.")
+                  "tie-break); empty: any cluster the project may use. Read back as given, so "
+                  "it can be posted again.")
+    cluster_setbacks = serializers.SerializerMethodField(
+        help_text="Floating jobs: the clusters it was sent back from (its pods could not be "
+                  "created there, or that cluster found it can never run there), oldest first.")
     why_across_clusters = serializers.CharField(
         read_only=True, help_text="Floating jobs: why it waits, cluster by cluster (its own "
                                   "cluster's answer once placed, and why not the others).")
@@ -291,7 +322,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
 
     class Meta:
         model = Job
-        fields = ["id", "name", "tenant", "project", "cluster", "floating", "cluster_choice", "owner",
+        fields = ["id", "name", "tenant", "project", "cluster", "floating", "cluster_choice",
+                  "cluster_setbacks", "owner",
                   "kind", "priority_class",
                   "priority", "preemptible", "checkpoint_capable", "gang", "mixed_gpu_models", "affinity",
                   "duration_seconds",
@@ -304,6 +336,10 @@ class JobSerializer(serializers.ModelSerializer[Job]):
                             "submitted_at", "admitted_at", "started_at", "finished_at"]
         validators: list[Any] = []
         list_serializer_class = JobListSerializer
+
+    @extend_schema_field(ClusterSetbackSerializer(many=True))
+    def get_cluster_setbacks(self, job: Job) -> list[dict[str, Any]]:
+        return job.cluster_setbacks
 
     def get_last_decision(self, job: Job) -> dict[str, Any] | None:
         latest = getattr(job, "latest_decisions", None)  # prefetched by the list (one query)

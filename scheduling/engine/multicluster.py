@@ -735,9 +735,26 @@ class Pending:
     refused: Mapping[str, str] = field(default_factory=dict)
 
 
+def _stays(decided: Choice, cur: str, here: Probe | None) -> tuple[str, str]:
+    """What a job that stays bound to ``cur`` is told this step: its own cluster's answer
+    (``here``'s start, else why ``cur`` was passed over) and why not each other cluster, each
+    named once (the chosen one, when it is another cluster no better than ``cur``, too)."""
+    others = [(n, why) for n, why in decided.others if n != cur]
+    if decided.cluster is not None and decided.cluster != cur and decided.probe is not None:
+        others.append((decided.cluster, decided.probe.text()))
+    if decided.cluster == cur and decided.probe is not None:
+        own = decided.probe.text()
+    elif here is not None:
+        own = here.text()
+    else:
+        own = next((why for n, why in decided.others if n == cur), "")
+    return own, "; ".join(f"cluster {n}: {why}" for n, why in sorted(others))
+
+
 def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
          bind: Callable[[Pending, str, Choice], bool],
-         unplaced: Callable[[Pending, Choice], None] | None = None) -> None:
+         unplaced: Callable[[Pending, Choice], None] | None = None,
+         kept: Callable[[Pending, str, str], None] | None = None) -> None:
     """One placement step over the global queue's head, in ``order`` (:func:`global_order`).
 
     For each job: :func:`choose` over the trials; a job bound to a cluster and still queued
@@ -749,7 +766,10 @@ def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
     ``bind(p, cluster, choice)`` binds or moves the job (the service: one conditional UPDATE
     under the cycle locks; the bench: its in-memory queues); False when it could not (a lock
     was busy): nothing is taken then. ``unplaced(p, choice)``: a job not bound that no cluster
-    takes now (``choice.never``: none ever could). The caller undoes the trials afterwards."""
+    takes now (``choice.never``: none ever could). ``kept(p, own, others)``: a bound job that
+    stays where it is, with its cluster's answer now and why not each other cluster now
+    (``_stays``), so what it says is refreshed each step. The caller undoes the trials
+    afterwards."""
     by_name = {t.view.name: t for t in trials}
     for p in order:
         cur = by_name.get(p.bound or "") if p.bound is not None else None
@@ -762,20 +782,27 @@ def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
         if target is None or decided.probe is None:
             if cur is not None:
                 cur.queued_gpus += own  # bound, nothing better: its cluster's cycle decides
+                if kept is not None:
+                    kept(p, *_stays(decided, cur.view.name, None))
             elif unplaced is not None:
                 unplaced(p, decided)
             continue
         probe = decided.probe
+        here: Probe | None = None
         if cur is not None and cur is not target and not cur.view.closed_reason:
             here = cur.probe(p.jobs[cur.view.name], p.tenant, cur.free)
             if here.outcome <= probe.outcome:
                 target, probe = cur, here
         if target is cur:
             target.take(p.jobs[target.view.name], p.tenant, probe)
+            if kept is not None:
+                kept(p, *_stays(decided, cur.view.name, here))
         elif bind(p, target.view.name, decided):
             target.take(p.jobs[target.view.name], p.tenant, probe)
         elif cur is not None:
             cur.queued_gpus += own
+            if kept is not None:
+                kept(p, *_stays(decided, cur.view.name, here))
 
 
 def global_order(jobs: Sequence[tuple[Job, str]], usage: Mapping[str, float]) -> list[tuple[Job, str]]:

@@ -23,6 +23,7 @@ from ..models import (
     Backend,
     Cluster,
     Job,
+    not_reserved_cluster_name,
 )
 from .common import SCHEDULER, _require, enqueue_on_commit
 
@@ -34,6 +35,10 @@ CLUSTER_FIELDS = ("name", "display_name", "enabled", "backend", "api_server", "p
 
 
 def _validate_cluster(cluster: Cluster) -> None:
+    try:
+        not_reserved_cluster_name(cluster.name)
+    except ValidationError as exc:
+        raise ValidationError({"name": exc.messages}) from exc
     if cluster.backend == Backend.SIMULATED:
         try:
             nodes, _ = parse_inventory(cluster.inventory)

@@ -42,7 +42,18 @@ from tenants.audit import audit_batch, audit_record
 from tenants.models import Quota, QuotaScope
 
 from .. import selectors
-from ..models import Cluster, DecisionKind, GpuDevice, Job, JobState, Node, PodGroup, SchedulingDecision
+from ..models import (
+    CHOICE_KEYS,
+    Cluster,
+    DecisionKind,
+    GpuDevice,
+    Job,
+    JobState,
+    Node,
+    PodGroup,
+    SchedulingDecision,
+    redact,
+)
 from .common import _record_all, _send_after_commit, request_cycle, session_try_lock
 from .cycle import _consistent_read, _update_from_values, cycle_lock, engine_policy
 
@@ -220,7 +231,7 @@ def _avoided(choice: dict[str, Any], now: dt.datetime) -> dict[str, str]:
         with contextlib.suppress(ValueError, TypeError, IndexError):
             at, msg = entry[0], entry[1]
             if (now - dt.datetime.fromisoformat(at)).total_seconds() < AVOID_SECONDS:
-                out[name] = f"its pods could not be created there: {msg}"[:340]
+                out[name] = redact(f"its pods could not be created there: {msg}", 340)  # users read it
     return out
 
 
@@ -381,18 +392,41 @@ def _place_batch(jobs: list[Job], clusters: list[Cluster], trials: list[_Trial],
     with _step_writes(clusters, jobs):
         M.step(heads, [tr.trial for tr in trials],
                bind=lambda p, name, decided: _bind_placed(p, clusters_by_name[name], decided, summary),
-               unplaced=lambda p, decided: _unplaced(p, decided, summary))
+               unplaced=lambda p, decided: _unplaced(p, decided, summary),
+               kept=lambda p, own, others: _kept(p.key, own, others))
         for job in missing:
-            _wait(job, _nowhere_reason(job, trials, wall), summary)
+            parts = _nowhere_parts(job, trials)
+            if job.cluster is not None:  # bound, and no open cluster sees it: what each says now
+                mine = job.cluster.name
+                _kept(job, next((why for n, why in parts if n == mine), ""),
+                      "; ".join(f"cluster {n}: {why}" for n, why in parts if n != mine))
+                continue
+            text = "; ".join(f"cluster {n}: {why}" for n, why in parts)
+            _wait(job, f"Waiting for a cluster — {text}" if parts else "Waiting for a cluster — none exists",
+                  summary)
 
 
-def _nowhere_reason(job: Job, trials: list[_Trial], wall: dt.datetime) -> str:
+def _nowhere_parts(job: Job, trials: list[_Trial]) -> list[tuple[str, str]]:
+    """Why no open cluster sees the job: each cluster's name and why not."""
     choice = M.ClusterChoice.of(job.cluster_choice)
-    parts = []
-    for tr in trials:
-        why = M.excluded(choice, M.JobNeeds(), tr.trial.view) or "closed"
-        parts.append(f"cluster {tr.cluster.name}: {why}")
-    return ("Waiting for a cluster — " + "; ".join(parts)) if parts else "Waiting for a cluster — none exists"
+    return [(tr.cluster.name, M.excluded(choice, M.JobNeeds(), tr.trial.view) or "closed") for tr in trials]
+
+
+def _kept(job: object, own: str, others: str) -> None:
+    """A bound job that stays on its cluster this step: its ``placement_note`` (why not each
+    other cluster) and, while its reason is still the placement's own ("Placed on cluster X
+    (…)", not its cluster's cycle's yet), that reason are refreshed — written with the batch
+    (``_StepWrites.flush``), only when they changed."""
+    assert isinstance(job, Job) and job.cluster is not None
+    step = _STEP.get()
+    if step is None:
+        return
+    reason = job.reason
+    if job.reason_kind == "placed" and own:
+        reason = f"Placed on cluster {job.cluster.name} ({own})"[:500]
+    note = others[:500]
+    if reason != job.reason or note != job.placement_note:
+        step.kept.append((job.pk, job.cluster.pk, reason, note))
 
 
 def _pending(job: Job, ejob: E.Job, trials: list[_Trial], wall: dt.datetime,
@@ -409,7 +443,8 @@ def _bind_placed(p: M.Pending, cluster: Cluster, decided: M.Choice, summary: Pla
     job = p.key
     assert isinstance(job, Job) and decided.probe is not None
     was = job.cluster_id
-    if not _bind(job, cluster, decided.reason(), decided.probe.text(), decided.others_text()):
+    head = f"Placed on cluster {cluster.name} ({decided.probe.text()})"
+    if not _bind(job, cluster, head, decided.probe.text(), decided.others_text()):
         return False
     (summary.moved if was is not None else summary.placed).append(job.pk)
     return True
@@ -449,6 +484,9 @@ class _StepWrites:
     binds: list[Job] = field(default_factory=list)
     decisions: list[SchedulingDecision] = field(default_factory=list)
     waits: list[Job] = field(default_factory=list)
+    kept: list[tuple[int, int, str, str]] = field(default_factory=list)
+    """Bound jobs staying where they are whose texts changed (``_kept``): (job id, its cluster
+    id as read, the reason if still the placement's own, the new note)."""
 
     def claim(self, jobs: list[Job]) -> None:
         """Lock the rows of the batch's unbound jobs; those another transaction holds now (a
@@ -489,7 +527,28 @@ class _StepWrites:
                              for j in self.binds], where=("state", JobState.QUEUED.value))
         _update_from_values(Job, _WAIT_COLUMNS, [(j.pk, j.reason, j.reason_kind, j.placement_note, None, None)
                                                  for j in self.waits], where=("state", JobState.QUEUED.value))
+        self._flush_kept()
         _record_all(self.decisions)
+
+    def _flush_kept(self) -> None:
+        """The refreshed texts of bound jobs that stay (``_kept``), in two statements: their rows
+        are locked first, skipping any another transaction holds (their cluster's cycle is
+        writing them: it says its own why; the next step refreshes the note), and only those
+        still queued on the cluster read are written; a reason only while the placement's
+        own (``reason_kind`` "placed"), never over what the cycle wrote since."""
+        if not self.kept:
+            return
+        rows = Job.objects.filter(pk__in=[k[0] for k in self.kept], state=JobState.QUEUED)
+        if connection.vendor == "postgresql":
+            rows = rows.select_for_update(no_key=True, skip_locked=True)
+        now = {pk: (cid, kind, reason) for pk, cid, kind, reason in
+               rows.values_list("pk", "cluster_id", "reason_kind", "reason")}
+        out = []
+        for pk, cid, reason, note in self.kept:
+            if pk in now and now[pk][0] == cid:
+                out.append((pk, reason if now[pk][1] == "placed" else now[pk][2], note))
+        _update_from_values(Job, [("reason", "varchar"), ("placement_note", "varchar")], out,
+                            where=("state", JobState.QUEUED.value))
 
 
 _WAIT_COLUMNS = [("reason", "varchar"), ("reason_kind", "varchar"), ("placement_note", "varchar"),
@@ -527,6 +586,8 @@ def _step_writes(clusters: list[Cluster], jobs: list[Job]) -> Iterator[None]:
 def _bind(job: Job, cluster: Cluster, reason: str, short: str, note: str = "") -> bool:
     """Bind (or move) a queued floating job to ``cluster`` under the cycle locks concerned;
     False when a lock is busy or the job changed meanwhile (the next step tries again).
+    ``reason``: its own cluster's answer ("Placed on cluster X (fits now)"); ``note``: why not
+    each other cluster (``placement_note``); its ``placed`` decision records both.
     Inside a placement step (``_step_writes``) in the step's transaction, else in its own."""
     old = job.cluster_id
     step = _STEP.get()
@@ -566,7 +627,8 @@ def _bind_write(job: Job, cluster: Cluster, reason: str, short: str, note: str,
                             updated_at=timezone.now()):
             return False
         job.cluster = cluster
-    decision = SchedulingDecision(job=job, cluster=cluster, kind=DecisionKind.PLACED, reason=reason[:500],
+    said = f"{reason}; {note}" if note else reason
+    decision = SchedulingDecision(job=job, cluster=cluster, kind=DecisionKind.PLACED, reason=said[:500],
                                   created_at=timezone.now())
     if step is not None:
         step.decisions.append(decision)
@@ -702,7 +764,6 @@ def cluster_unplace_queued(*, cluster_id: int, reason: str) -> list[int]:
 
 # --- submit-time checks ------------------------------------------------------------------------
 
-CHOICE_KEYS = ("clusters", "labels", "prefer")
 
 
 def _label_map(value: Any, field_name: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from registry.models import Image
-from scheduling.models import Cluster, PriorityClass
+from scheduling.models import Cluster, PriorityClass, is_any_cluster
 from tenants.api.serializers import VisiblePKField
 from tenants.models import Project, Tenant
 
@@ -39,6 +39,11 @@ class ClusterNameField(serializers.SlugRelatedField):  # type: ignore[type-arg]
 
         request = self.context.get("request")
         return restrict(Cluster.objects.filter(enabled=True), request.user if request else None)
+
+    def to_internal_value(self, data: Any) -> Any:
+        if self.allow_null and is_any_cluster(data):
+            return None  # "any" (in any case): a floating workload, as the CLI's --cluster any
+        return super().to_internal_value(data)
 
 
 class RunSerializer(serializers.Serializer[Any]):

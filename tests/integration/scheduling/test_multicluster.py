@@ -194,7 +194,7 @@ def test_an_unreachable_cluster_takes_no_new_work_and_gives_back_its_queued_jobs
     for j in (queued, fresh):
         j.refresh_from_db()
         assert j.cluster_id != east.pk
-    assert "cluster east: unreachable" in fresh.reason or fresh.cluster_id is None
+    assert "cluster east: unreachable" in fresh.why_across_clusters
     pinned_running = Job.objects.filter(cluster=west, name__startswith="fill-west").count()
     assert pinned_running == 2  # running jobs stay where they are
     # The cluster page says so.
@@ -781,3 +781,181 @@ def test_a_step_does_not_wait_for_a_job_another_transaction_holds(
             cursor.execute("SET lock_timeout = 0")
     summary = multicluster.placement_run()
     assert summary is not None and summary.placed == [held.pk]
+
+
+def test_why_across_clusters_names_each_cluster_once_and_follows_a_disabled_cluster(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding (rv 4): a bound job's why said "cluster east: Placed on cluster east
+    (fits now); cluster west: fits now; cluster west: fits now", and still "fits now" for
+    west once west was disabled (its note was written at bind time only)."""
+    east, west = two
+    job = submit(world, "bound-here", choice={"prefer": {"region": "eu-east"}}, gpu_count=1)
+    multicluster.placement_run()  # bound to east; east's cycle has not run: still queued
+    job.refresh_from_db()
+    assert job.cluster == east and job.state == JobState.QUEUED
+    client = client_for(world.a.member)
+    why = client.get(f"/api/v1/jobs/{job.pk}/").json()["why_across_clusters"]
+    assert why == "Placed on cluster east (fits now); cluster west: fits now"
+    assert SchedulingDecision.objects.get(job=job, kind="placed").reason == why  # history: both
+    services.cluster_update(actor=world.admin, cluster=west, enabled=False, verify=False)
+    multicluster.placement_run()
+    why = client.get(f"/api/v1/jobs/{job.pk}/").json()["why_across_clusters"]
+    assert why == "Placed on cluster east (fits now); cluster west: disabled"
+    # The job's page says it once too (its reason, then the other clusters).
+    page = client_for(world.a.member).get(f"/scheduling/jobs/{job.pk}/").content.decode()
+    assert page.count("cluster west: disabled") == 1 and "fits now; cluster west" not in page
+    # East fills up meanwhile (work pinned there, admitted by its cycle): the next step says so.
+    services.cluster_update(actor=world.admin, cluster=west, enabled=True, verify=False)
+    fill(world, west)
+    multicluster.placement_run()
+    job.refresh_from_db()
+    assert job.cluster == east
+    assert job.placement_note.startswith("cluster west: ") and "fits now" not in job.placement_note
+    assert job.why_across_clusters.count("cluster west") == 1
+
+
+def test_a_job_back_from_a_failed_dispatch_says_each_cluster_once_and_reads_back_its_choice(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review findings (rv 4, 6): after a failed dispatch the why said the failure twice, and
+    the API's ``cluster_choice`` read back the placement's bookkeeping (``failed``, with the
+    API server's error text) which could not be posted again (400 Unknown key(s))."""
+    east, west = two
+    choice = {"prefer": {"region": "eu-east"}}
+    job = submit(world, "failing-over", choice=choice, gpu_count=1)
+    place_and_cycle(east, west)
+    # A user and password in the server's URL show up in the client's error text.
+    Cluster.objects.filter(pk=east.pk).update(backend="kubernetes", api_server="https://camp:s3cret@127.0.0.1:9")
+    assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
+    multicluster.placement_run()
+    job.refresh_from_db()
+    assert job.cluster == west and job.state == JobState.QUEUED
+    client = client_for(world.a.member)
+    data = client.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert data["why_across_clusters"].count("cluster east") == 1, data["why_across_clusters"]
+    assert data["why_across_clusters"].startswith("Placed on cluster west (")
+    assert data["cluster_choice"] == choice  # as given: no "failed"
+    [setback] = data["cluster_setbacks"]
+    assert setback["cluster"] == "east" and setback["kind"] == "dispatch-failed"
+    assert setback["failures"] == 1 and "127.0.0.1:9" in setback["reason"] and setback["at"]
+    assert "fp" not in str(data["cluster_setbacks"])
+    raw = Job.objects.get(pk=job.pk).cluster_choice["failed"]["east"][1]
+    assert "s3cret" in raw, raw  # the client's text as recorded (never shown)
+    assert "s3cret" not in str(data) and "[redacted]@127.0.0.1:9" in setback["reason"]
+    # A copy of the job, posted with what was read back, is accepted.
+    copy = {"name": "failing-over-2", "project": data["project"], "cluster": None,
+            "cluster_choice": data["cluster_choice"], "groups": [gpu_group(gpu_count=1)]}
+    response = client.post("/api/v1/jobs/", copy, format="json")
+    assert response.status_code == 201, response.content
+    # The bookkeeping the placement reads is still kept with the job.
+    assert multicluster.dispatch_failures(Job.objects.get(pk=job.pk).cluster_choice, "east") == 1
+
+
+def test_a_refusal_reads_back_as_a_setback_without_its_fingerprint(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, west = two
+    job = submit(world, "refused", gpu_count=1)
+    multicluster.placement_run()
+    job.refresh_from_db()
+    where = job.cluster
+    assert where is not None
+    assert multicluster.job_unplace(job_id=job.pk, reason="no node fits it there",
+                                    refused="no node has 9 GPUs", refused_fp=("f" * 20, "never-fits"))
+    data = client_for(world.a.member).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert data["cluster_choice"] == {}
+    [setback] = data["cluster_setbacks"]
+    assert setback == {"cluster": where.name, "kind": "refused", "reason": "no node has 9 GPUs",
+                       "failures": 0, "at": setback["at"]} and setback["at"]
+    assert "f" * 20 not in str(data)
+
+
+def test_error_texts_shown_to_users_carry_no_credentials() -> None:
+    from scheduling.models import redact
+
+    for text, secret in (
+            ("Post https://camp:s3cret-pw@10.0.0.1:6443/api/v1/pods: x509", "s3cret-pw"),
+            ("401 Unauthorized: Authorization: Bearer abcDEF123.456-xyz", "abcDEF123.456-xyz"),
+            ("request failed: token=deadbeefcafe0123 rejected", "deadbeefcafe0123"),
+            ("eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW0ifQ.c2lnbmF0dXJl was refused",
+             "eyJzdWIiOiJzeXN0ZW0ifQ"),
+            ("the key camp_AbCdEf0123456789xyz leaked", "camp_AbCdEf0123456789xyz")):
+        shown = redact(text)
+        assert secret not in shown and "[redacted]" in shown, shown
+    assert redact("Kubernetes API unreachable at https://10.0.0.1:6443 (refused)") == (
+        "Kubernetes API unreachable at https://10.0.0.1:6443 (refused)")
+    assert len(redact("x" * 1000)) == 200
+
+
+def test_no_cluster_may_be_named_any_and_any_means_floating(world: Any, two: tuple[Cluster, Cluster]) -> None:
+    """Review finding (rv 9): "any" means "no one cluster" to the CLI; a cluster named so
+    could not be pinned. It is refused as a name; the API reads "any" (any case) as null."""
+    admin = client_for(world.admin)
+    response = admin.post("/api/v1/clusters/", {"name": "any", "backend": "simulated", "inventory": EAST},
+                          format="json")
+    assert response.status_code == 400 and "any" in str(response.json()["name"]), response.content
+    with pytest.raises(ValidationError) as err:
+        services.cluster_create(actor=world.admin, name="any", backend="simulated", inventory=EAST)
+    assert "name" in err.value.message_dict
+    east, _ = two
+    with pytest.raises(ValidationError) as err:
+        services.cluster_update(actor=world.admin, cluster=east, name="any", verify=False)
+    assert "name" in err.value.message_dict
+    client = client_for(world.a.member)
+    for i, word in enumerate(("any", "ANY", "Any")):
+        body = {"name": f"api-any-{i}", "project": world.a.project.pk, "groups": [gpu_group()],
+                "cluster": word}
+        response = client.post("/api/v1/jobs/", body, format="json")
+        assert response.status_code == 201, response.content
+        assert response.json()["cluster"] is None and response.json()["floating"] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_camp_shows_a_floating_plain_job(world: Any, two: tuple[Cluster, Cluster], live_server: Any,
+                                         tmp_path: Any) -> None:
+    """Review findings (rv 5, 9): ``camp why`` said "No training job or environment" of a
+    ``kind: Job`` submitted with ``--cluster any``, ``camp ls`` left it out, and ``--cluster
+    ANY`` was taken as a cluster's name."""
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    from tenants import services as tenant_services
+
+    _, token = tenant_services.token_create(actor=world.a.member, name="cli")
+    env = {**os.environ, "CAMP_URL": live_server.url, "CAMP_TOKEN": token,
+           "CAMP_CONFIG": str(tmp_path / "config.json")}
+
+    def camp(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "camp_cli", *args], env=env, cwd=settings.BASE_DIR,
+                              capture_output=True, text=True, timeout=60)
+
+    east, west = two
+    path = tmp_path / "job.yaml"
+    path.write_text(f"kind: Job\nname: floater\nproject: {world.a.tenant.name}/{world.a.project.name}\n"
+                    "groups: [{name: worker, gpu_count: 1}]\n")
+    done = camp("submit", "-f", str(path), "--cluster", "ANY")
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = Job.objects.get(name="floater")
+    assert job.floating and job.cluster_id is None
+    Job.objects.filter(pk=job.pk).update(cluster_choice={"prefer": {"region": "eu-east"}})
+    multicluster.placement_run()  # bound to east (its locality); east's cycle has not run
+    services.cluster_update(actor=world.admin, cluster=west, enabled=False, verify=False)
+    multicluster.placement_run()
+    for ref in ("floater", f"job/{job.pk}"):
+        why = camp("why", ref)
+        assert why.returncode == 0, why.stdout + why.stderr
+        assert why.stdout.splitlines()[0] == "floater: queued"
+        assert "why: Placed on cluster east (fits now)" in why.stdout
+        assert "clusters: Placed on cluster east (fits now); cluster west: disabled" in why.stdout
+    listed = camp("ls")
+    assert listed.returncode == 0, listed.stderr
+    [row] = [line for line in listed.stdout.splitlines() if "floater" in line]
+    assert row.split()[:3] == ["job", str(job.pk), "floater"] and "queued" in row
+    assert "Placed on cluster east" in row
+    logs = camp("logs", "floater")
+    assert logs.returncode == 1 and "is a job" in logs.stderr
+    missing = camp("why", "nowhere")
+    assert missing.returncode == 1 and "No training job, environment or job nowhere" in missing.stderr
+    stopped = camp("stop", "floater")
+    assert stopped.returncode == 0 and stopped.stdout.strip() == "floater: cancelled", stopped.stdout

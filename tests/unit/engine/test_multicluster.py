@@ -224,6 +224,29 @@ def test_step_moves_a_bound_job_only_for_a_strictly_better_start() -> None:
     assert binds == []  # waiting on both: it stays where it is
 
 
+def test_step_tells_a_job_that_stays_bound_what_each_cluster_says_now_once() -> None:
+    """Review finding (rv 4): a bound job's note was its bind-time one ("cluster b: fits now"
+    after b closed). ``kept`` gives its own cluster's answer and each other cluster's, once."""
+    a = _trial("a", node("a0", 4))
+    b = _trial("b", node("b0", 4))
+    kept: list[tuple[object, str, str]] = []
+
+    def run(*trials: M.ClusterTrial) -> None:
+        kept.clear()
+        M.step([_pending("j", 4, trials, bound="a")], list(trials), bind=_recorder([]),
+               kept=lambda p, own, others: kept.append((p.key, own, others)))
+        for t in trials:
+            t.undo()
+
+    run(a, b)  # fits now on both: it stays on a (no move for an equal start); b is named once
+    assert kept == [("j", "fits now", "cluster b: fits now")]
+    run(a, replace(b, view=replace(b.view, closed_reason="disabled")))
+    assert kept == [("j", "fits now", "cluster b: disabled")]
+    run(replace(a, view=replace(a.view, closed_reason="disabled")),
+        replace(b, view=replace(b.view, closed_reason="disabled")))
+    assert kept == [("j", "disabled", "cluster b: disabled")]  # nowhere better: its own says why
+
+
 def test_global_order_priority_then_share_then_submission() -> None:
     hi = replace(_job(1, priority=100), name="hi", queue="t/busy", submit_time=5.0)
     busy = replace(_job(1), name="busy", queue="t/busy", submit_time=1.0)
