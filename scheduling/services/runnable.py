@@ -84,7 +84,8 @@ def refuse_gpu_models_nowhere(
             raise ValidationError(
                 {
                     f"groups[{i}].gpu_models": [
-                        f"None of the clusters this job may use has a GPU of model {', '.join(sorted(wanted))} "
+                        "None of the clusters this job may use has a GPU of model "
+                        f"{', '.join(sorted(wanted))} "
                         f"(they have {', '.join(sorted(have)) or 'no GPUs'})."
                     ]
                 }

@@ -70,15 +70,17 @@ def test_the_jobs_api_refuses_a_pinned_job_its_cluster_can_never_run(
 def test_a_label_or_set_choice_without_the_gpu_model_is_refused(
         world: Any, two: tuple[Cluster, Cluster]) -> None:
     api = client_for(world.a.member)
-    west = api.post("/api/v1/jobs/", _job(world, "h100-west", cluster_choice={"labels": {"region": "us-west"}},
+    us_west = {"labels": {"region": "us-west"}}
+    west = api.post("/api/v1/jobs/", _job(world, "h100-west", cluster_choice=us_west,
                                           group={"gpu_models": ["H100-80G"]}), format="json")
     assert west.status_code == 400, west.content
-    assert "None of the clusters this job may use has a GPU of model H100-80G (they have GH200-96G)" in " ".join(
-        west.json()["groups[0].gpu_models"])
+    assert "None of the clusters this job may use has a GPU of model H100-80G (they have GH200-96G)" \
+        in " ".join(west.json()["groups[0].gpu_models"])
     anywhere = api.post("/api/v1/jobs/", _job(world, "h100-any", group={"gpu_models": ["H100-80G"]}),
                         format="json")
     assert anywhere.status_code == 400 and "groups[0].gpu_models" in anywhere.json()
-    a100_set = api.post("/api/v1/jobs/", _job(world, "a100-set", cluster_choice={"clusters": ["east", "west"]},
+    both = {"clusters": ["east", "west"]}
+    a100_set = api.post("/api/v1/jobs/", _job(world, "a100-set", cluster_choice=both,
                                               group={"gpu_models": ["A100-80G"]}), format="json")
     assert a100_set.status_code == 201, a100_set.content
     # A pod group without GPUs is not held to the models it lists.
@@ -97,7 +99,8 @@ def test_a_cluster_with_no_node_synced_yet_refuses_nothing(world: Any, two: tupl
     pinned = api.post("/api/v1/jobs/", _job(world, "pinned-fresh", cluster="fresh",
                                             group={"image": X86, "gpu_models": ["H100-80G"]}), format="json")
     assert pinned.status_code == 201, pinned.content
-    by_label = api.post("/api/v1/jobs/", _job(world, "label-fresh", cluster_choice={"labels": {"region": "us-west"}},
+    us_west = {"labels": {"region": "us-west"}}
+    by_label = api.post("/api/v1/jobs/", _job(world, "label-fresh", cluster_choice=us_west,
                                               group={"gpu_models": ["H100-80G"]}), format="json")
     assert by_label.status_code == 201, by_label.content
 
