@@ -9,7 +9,11 @@ turns it on) it acts as the demo's own users, through the same services as the c
   culler (the demo projects' workspace policy stops idle notebooks after 5 minutes);
 - keeps training jobs coming (``training_submit``, workers × a preset), more of them in a
   burst every few minutes; a mix of batch (preemptible, checkpointing), normal and high
-  priority, so high-priority work preempts batch work when the cluster is full;
+  priority, so high-priority work preempts batch work when the cluster is full. Two in
+  five name no cluster (one pool across clusters): for any cluster, or by a label of the
+  second simulated cluster (its region or architecture), with a plain GPU
+  shape (no GPU model) and an image whose catalog record allows that cluster's nodes, so the
+  placement step keeps both clusters busy, not only the first;
 - deletes its own finished workloads beyond the newest ``KEEP`` of each kind (with their
   runs), so the demo database stays bounded; after ``DEMO_LOAD_MAX_HOURS`` it pauses itself.
 
@@ -42,6 +46,9 @@ KEEP_RUNS = 200  # finished demo runs (scheduling jobs) kept for the job list
 NOTEBOOKS = 6  # notebooks kept open
 TRAININGS = 5  # training jobs running or waiting, outside a burst
 BURST = 12  # ... and during one
+# Of every 5 training jobs (by launch number), the 2nd names no cluster (any cluster) and the 4th
+# a label of the second simulated cluster (its labels in turn): placed by the global queue.
+FLOAT_ANY, FLOAT_LABEL = 1, 3
 # Self-throttle: with this many runs admitted over a minute ago and still not started, the
 # worker is behind (a busy laptop); the tick then only prunes, so the backlog cannot grow.
 BACKLOG = 4
@@ -106,11 +113,13 @@ def tick(*, now: dt.datetime | None = None, seed: int | None = None) -> dict[str
                      after={"paused": True, "reason": f"ran {settings.DEMO_LOAD_MAX_HOURS} h"})
         return {"paused": True}
     rng = random.Random(seed if seed is not None else now.timestamp())
-    cluster = Cluster.objects.filter(enabled=True, backend="simulated").order_by("pk").first()
+    clusters = list(Cluster.objects.filter(enabled=True, backend="simulated").order_by("pk")[:2])
+    cluster = clusters[0] if clusters else None
     people = _people()
     if cluster is None or not people:
         return {"idle": True}
-    done: dict[str, Any] = {"notebooks": 0, "trainings": 0, "stopped": 0, "pruned": 0, "refused": 0}
+    done: dict[str, Any] = {"notebooks": 0, "trainings": 0, "floating": 0, "stopped": 0, "pruned": 0,
+                            "refused": 0}
     counter = row.launched
 
     def name(kind: str) -> str:
@@ -155,22 +164,40 @@ def tick(*, now: dt.datetime | None = None, seed: int | None = None) -> dict[str
                 pass
     target = BURST if _in_burst(now, row.started_at) else TRAININGS
     waiting_or_running = TrainingJob.objects.filter(name__startswith=PREFIX, job__state__in=ACTIVE).count()
-    image = Image.objects.filter(scope="platform", variant="training", enabled=True).order_by("pk").first()
+    images = list(Image.objects.filter(scope="platform", variant="training", enabled=True).order_by("pk"))
+    image = images[0] if images else None
+    other = clusters[1] if len(clusters) > 1 else None
+    # The floating ones' image: one the catalog does not tie to the first cluster's architecture
+    # (recorded for the second cluster's too, or not recorded: unrestricted).
+    other_arch = f"linux/{(other.labels or {}).get('arch', 'amd64')}" if other is not None else ""
+    anywhere = next((i for i in images if not i.architectures or other_arch in i.architectures), None)
     for _ in range(min(4, target - waiting_or_running)):
         user, project = rng.choice(people)
         presets = [p for p in offered_presets(user, [project.pk]) if p.gpu_count]
         priority = rng.choices(["batch", "normal", "high"], weights=[6, 3, 2])[0]
+        workers = rng.choice([1, 1, 2, 2, 3])
+        where: dict[str, Any] = {"cluster": cluster, "image": image,
+                                 "profile": rng.choice(presets) if presets else None}
+        job_name = name("train")
+        if other is not None and anywhere is not None and counter % 5 in (FLOAT_ANY, FLOAT_LABEL):
+            labels = sorted((other.labels or {}).items())
+            label = labels[counter // 5 % len(labels)] if labels and counter % 5 == FLOAT_LABEL else None
+            where = {"cluster": None, "image": anywhere, "profile": None,
+                     "cluster_choice": {"labels": dict([label])} if label else {},
+                     "gpu_count": rng.choice([1, 2, 4]), "cpu_millicores": 4000, "ram_mib": 16384}
+            # preemptible (it borrows idle GPUs beyond its guarantee) wherever it lands
+            priority = "normal" if priority == "high" else priority
         try:
             ws.training_submit(
-                actor=user, project=project, cluster=cluster, name=name("train"),
-                framework="pytorch", image=image,
-                image_reference="" if image else "pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
-                workers=rng.choice([1, 1, 2, 2, 3]), profile=rng.choice(presets) if presets else None,
-                command=["torchrun", "train.py"], priority_class=priority,
+                actor=user, project=project, name=job_name, framework="pytorch",
+                image_reference="" if where["image"] else "pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
+                workers=workers, command=["torchrun", "train.py"], priority_class=priority,
                 preemptible=priority != "high",
                 checkpoint_dir="/ckpt" if priority == "batch" else "",
-                duration_seconds=rng.randint(60, 300))
+                duration_seconds=rng.randint(60, 300), **where)
             done["trainings"] += 1
+            if where["cluster"] is None:
+                done["floating"] += 1
         except (ValidationError, PermissionDenied) as exc:
             done["refused"] += 1
             logger.info("demo load: training refused: %s", exc)

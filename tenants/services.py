@@ -291,7 +291,8 @@ def _validate_quota_tree(quota: Quota) -> None:
                 "Only tenant and project quotas have a limit across all clusters."]
         elif glim < quota.gpus_guaranteed:
             errors["gpus_limit_all_clusters"] = [
-                f"Below the GPUs guaranteed ({quota.gpus_guaranteed})."]
+                f"Below the per-cluster GPU guarantee ({_num(quota.gpus_guaranteed)}): at least that, "
+                f"or lower gpus_guaranteed first."]
     for r in RESOURCES:
         g, lim = getattr(quota, f"{r}_guaranteed"), getattr(quota, f"{r}_limit")
         if lim is not None and g > lim:
@@ -349,6 +350,11 @@ def _validate_quota_tree(quota: Quota) -> None:
         raise ValidationError(errors)
 
 
+def _num(value: Any) -> str:
+    """A GPU count as people write it: 24, 2.5 (not 24.00)."""
+    return f"{Decimal(str(value)).normalize():f}"
+
+
 def _validate_all_cluster_guarantee(quota: Quota, parent_totals: dict[str, Any] | None,
                                     siblings: models.QuerySet[Quota],
                                     children: models.QuerySet[Quota] | None,
@@ -372,8 +378,17 @@ def _validate_all_cluster_guarantee(quota: Quota, parent_totals: dict[str, Any] 
     if glim is not None and quota.gpus_guaranteed + g > glim:
         # The per-cluster guarantee and this cluster's part (up to all of it) are guaranteed
         # together on one cluster: more than the limit across all clusters could never be held.
-        errors[field] = [f"With the per-cluster GPU guarantee ({quota.gpus_guaranteed}), above the "
-                         f"GPU limit across all clusters ({glim}): at most {glim - quota.gpus_guaranteed}."]
+        per, room = _num(quota.gpus_guaranteed), glim - quota.gpus_guaranteed
+        if room < 0:  # the limit is below the per-cluster guarantee itself: no value fits
+            errors[field] = [f"The GPU limit across all clusters ({_num(glim)}) is below the per-cluster "
+                             f"GPU guarantee ({per}), so no guarantee across all clusters fits: raise "
+                             f"gpus_limit_all_clusters to at least {_num(quota.gpus_guaranteed + g)} "
+                             f"({per} per cluster + {_num(g)} across all clusters) first, or lower "
+                             f"gpus_guaranteed."]
+        else:
+            errors[field] = [f"With the per-cluster GPU guarantee ({per}), above the GPU limit across "
+                             f"all clusters ({_num(glim)}): at most {_num(room)}, or raise "
+                             f"gpus_limit_all_clusters first."]
         return
     if parent_totals is None and quota.scope == QuotaScope.PROJECT and g > 0:
         # No tenant quota: the tenant guarantees nothing across all clusters (else a tenant

@@ -83,11 +83,16 @@ def _job_build(
     mixed_gpu_models: bool = False,
     affinity: str = "none",
     choice_context: Any = None,
+    refuse_unrunnable: bool = True,
 ) -> tuple[Job, list[PodGroup]]:
     """A validated, unsaved job and its pod groups (the rules of a submit, without writes).
 
     ``cluster`` None makes a floating job: it waits in the global queue until the placement
-    step (services/placement.py) binds it to one of the clusters ``cluster_choice`` allows."""
+    step (services/placement.py) binds it to one of the clusters ``cluster_choice`` allows.
+    A pinned job whose image or GPU models no node of its cluster has is refused
+    (``runnable.refuse_never_runs_on``), as a floating one is (``clean_choice``), unless
+    ``refuse_unrunnable`` is False: a later run of a workload accepted before (its cycle then
+    rejects it with its reason, rather than failing the autoscaler or a retry)."""
     if priority_class not in PRIORITY_VALUES:
         raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PRIORITY_VALUES)}."]})
     if preemptible is None:
@@ -119,6 +124,10 @@ def _job_build(
         raise ValidationError({"groups": ["Pod group names must be distinct."]})
     if sum(g.replicas for g in rows) > 256:
         raise ValidationError({"groups": ["At most 256 pods per job."]})
+    if cluster is not None and refuse_unrunnable:
+        from .runnable import refuse_never_runs_on
+
+        refuse_never_runs_on(cluster, groups, project, choice_context)
     try:
         job.full_clean(exclude=["owner", "tenant", "project", "cluster"], validate_constraints=False)
     except ValidationError as exc:
@@ -152,6 +161,7 @@ def job_submit(
     duration_seconds: int | None = None,
     mixed_gpu_models: bool = False,
     affinity: str = "none",
+    refuse_unrunnable: bool = True,
 ) -> Job:
     """Queue a job (state QUEUED) and ask for a scheduling cycle after commit (requests
     coalesce per cluster: ``request_cycle``); a floating job (no ``cluster``) asks for a
@@ -165,7 +175,7 @@ def job_submit(
         groups=groups, kind=kind,
         priority_class=priority_class, preemptible=preemptible,
         checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds,
-        mixed_gpu_models=mixed_gpu_models, affinity=affinity)
+        mixed_gpu_models=mixed_gpu_models, affinity=affinity, refuse_unrunnable=refuse_unrunnable)
     with audit_batch():
         try:
             with transaction.atomic():

@@ -784,6 +784,14 @@ class ChoiceContext:
     _enabled: dict[str, Cluster] | None = None
     _views: dict[int, M.ClusterView] | None = None
     _arches: dict[tuple[int, str], frozenset[str] | None] = field(default_factory=dict)
+    _synced: set[int] | None = None
+
+    def synced(self) -> set[int]:
+        """Ids of the clusters with a node synced (one query): a cluster with none refuses nothing."""
+        if self._synced is None:
+            nodes = Node.objects.filter(present=True)
+            self._synced = set(nodes.values_list("cluster_id", flat=True).distinct())
+        return self._synced
 
     def enabled(self) -> dict[str, Cluster]:
         if self._enabled is None:
@@ -848,6 +856,9 @@ def clean_choice(value: Any, groups: list[dict[str, Any]], project: Any,
             raise ValidationError({f"groups[{i}].image": [
                 f"The image is built for {', '.join(sorted('linux/' + a for a in need))}; "
                 f"the clusters this job may use have {', '.join('linux/' + a for a in have)} nodes only."]})
+    from .runnable import refuse_gpu_models_nowhere
+
+    refuse_gpu_models_nowhere(groups, [cid for cid, v in views.items() if v in allowed], ctx)
     out: dict[str, Any] = {}
     if names:
         out["clusters"] = sorted(set(names))

@@ -351,3 +351,41 @@ def test_a_project_guarantee_across_all_clusters_without_a_tenant_quota_is_refus
                            values={"gpus_guaranteed": Decimal(0), GG: Decimal(1000)})
     assert "guarantees 0 GPUs across all clusters" in exc.value.message_dict[GG][0]
     assert not Quota.objects.filter(project=world.a.project).exists()
+
+
+def test_a_limit_across_clusters_below_the_per_cluster_guarantee_says_what_to_raise(world: Any) -> None:
+    """Review rv finding 10: the guarantee's error read "at most -4.00" when the limit across all
+    clusters was below the per-cluster guarantee itself; now it names the conflict and the field
+    to raise first (API and console form alike)."""
+    east = scheduling_services.cluster_create(actor=world.admin, name="east", backend="simulated",
+                                              inventory=EAST)
+    services.quota_set(actor=world.admin, scope="cluster", cluster=east,
+                       values={"gpus_guaranteed": Decimal(8)})
+    admin = client_for(world.admin)
+    tenant_q = admin.post("/api/v1/quotas/", {**BODY, "scope": "tenant", "tenant": world.a.tenant.pk,
+                                              "gpus_guaranteed": "6"}, format="json")
+    assert tenant_q.status_code == 201, tenant_q.content
+    bad = admin.patch(f"/api/v1/quotas/{tenant_q.json()['id']}/",
+                      {"gpus_limit_all_clusters": "4", GG: "2"}, format="json")
+    assert bad.status_code == 400, bad.content
+    errors = bad.json()
+    assert set(errors) == {GG, "gpus_limit_all_clusters"}
+    assert errors[GG] == [
+        "The GPU limit across all clusters (4) is below the per-cluster GPU guarantee (6), so no guarantee "
+        "across all clusters fits: raise gpus_limit_all_clusters to at least 8 (6 per cluster + 2 across "
+        "all clusters) first, or lower gpus_guaranteed."]
+    assert errors["gpus_limit_all_clusters"] == [
+        "Below the per-cluster GPU guarantee (6): at least that, or lower gpus_guaranteed first."]
+    # Room left but too little: the bound is a positive number, with the way out.
+    low = admin.patch(f"/api/v1/quotas/{tenant_q.json()['id']}/",
+                      {"gpus_limit_all_clusters": "7", GG: "2"}, format="json")
+    assert low.status_code == 400 and set(low.json()) == {GG}
+    assert "at most 1, or raise gpus_limit_all_clusters first" in low.json()[GG][0]
+    # The console form of a project quota shows the same on the field.
+    page = login(world.a.owner).post("/t/acme/p/acme-p1/quota/", {
+        **FORM, "gpus_guaranteed": "3", "gpus_limit_all_clusters": "2", GG: "1"})
+    assert page.status_code == 200
+    form_errors = page.context["form"].errors
+    assert "raise gpus_limit_all_clusters to at least 4" in form_errors[GG][0]
+    assert not any("at most -" in m for m in form_errors[GG])
+    assert not Quota.objects.filter(project=world.a.project).exists()

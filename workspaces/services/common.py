@@ -158,6 +158,21 @@ _HOME_CLAIM = re.compile(r"ws-(\d+)-home")
 _CHECKPOINT_CLAIM = re.compile(r"tr-(\d+)-ckpt")
 
 
+def refuse_unrunnable(*, cluster: Cluster | None, groups: list[dict[str, Any]], project: Project,
+                      fields: dict[str, str]) -> None:
+    """A workload pinned to ``cluster`` whose image or GPU models none of its nodes has is refused
+    at create/start (``scheduling.services.runnable``), its errors on the workload's own fields:
+    ``fields`` maps ``groups[i].image`` / ``groups[i].gpu_models`` to them (unmapped: as is)."""
+    if cluster is None:
+        return
+    from scheduling.services.runnable import refuse_never_runs_on
+
+    try:
+        refuse_never_runs_on(cluster, groups, project)
+    except ValidationError as exc:
+        raise ValidationError({fields.get(k, k): v for k, v in exc.message_dict.items()}) from exc
+
+
 def _clean_data_volume(actor: User, project: Project, name: str) -> None:
     """A data volume is a PVC of the project's namespace that the submitter may use: a data
     set, one of the project's checkpoint volumes, or the submitter's own home volume, never
@@ -207,10 +222,13 @@ def _submit_run(
     groups: list[dict[str, Any]],
     **job: Any,
 ) -> Job:
-    """One run = one scheduling Job; its name errors are the workload's name errors."""
+    """One run = one scheduling Job; its name errors are the workload's name errors. Whether
+    its pinned cluster could ever run it was checked when the workload was created or started
+    (``refuse_unrunnable``); a later run (a retry, an autoscaled replica) is not refused here."""
     try:
         return scheduling.job_submit(
-            actor=actor, project=project, cluster=cluster, name=name, kind=kind, groups=groups, **job
+            actor=actor, project=project, cluster=cluster, name=name, kind=kind, groups=groups,
+            refuse_unrunnable=False, **job
         )
     except ValidationError as exc:
         errors = dict(getattr(exc, "message_dict", {"__all__": exc.messages}))

@@ -42,6 +42,7 @@ from .common import (
     _resolve_image,
     _save,
     enqueue_on_commit,
+    refuse_unrunnable,
 )
 from .policies import _check_profile
 
@@ -71,6 +72,12 @@ def _env_job_options(env: DevEnvironment) -> dict[str, Any]:
     lifetime = policy.max_lifetime_hours * 3600 if policy.max_lifetime_hours else ENV_DURATION_SECONDS
     return {"priority_class": PriorityClass.NORMAL, "preemptible": False,
             "duration_seconds": min(lifetime, ENV_DURATION_SECONDS)}
+
+
+def _refuse_unrunnable(env: DevEnvironment) -> None:
+    """An image with no variant for its cluster's nodes, or a preset's GPU model none of them has."""
+    refuse_unrunnable(cluster=env.cluster, groups=[_env_group(env)], project=env.project, fields={
+        "groups[0].image": "image" if env.image_id else "image_reference", "groups[0].gpu_models": "profile"})
 
 
 ENVIRONMENT_KIND = register_kind(WorkloadKind(
@@ -157,6 +164,7 @@ def environment_launch(
         raise ValidationError({"ssh_public_keys": [
             "An SSH environment needs a public key: add one to your SSH keys (or give one here)."]})
     kind_check(ENVIRONMENT_KIND, project=project, cluster=cluster, row=row)
+    _refuse_unrunnable(row)
     refuse_if_over_storage(project=project, extra_gib=row.home_gib, field="home_gib")
     token = _issue_link(row)
     _save(row, "This project already has an environment with this name.")
@@ -208,6 +216,7 @@ def environment_start(*, actor: User, env: DevEnvironment) -> DevEnvironment:
         raise ValidationError({"state": [f"The environment is already {env.state}."]})
     _clean_cluster(env.cluster, actor)
     kind_check(ENVIRONMENT_KIND, project=env.project, cluster=env.cluster, row=env)
+    _refuse_unrunnable(env)
     _retire_access(env)  # a new run is opened with a new link (saved by _start_run)
     _start_run(actor, env)
     _audit("environment.started", env, actor=actor, after={"run": env.runs})

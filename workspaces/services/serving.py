@@ -48,7 +48,14 @@ from tenants.models import Project, User
 from ..kinds import WorkloadKind, kind_audit, kind_check, kind_run, register_kind
 from ..models import AutoscaleMetric, ModelService, ModelSourceKind, Profile, ServiceReplica, ServiceStatus
 from ..serving_load import DEFAULT_PROFILE, LoadReading, read_load, recommend
-from .common import _clean_cluster, _clean_env, _clean_shape, _resolve_image, enqueue_on_commit
+from .common import (
+    _clean_cluster,
+    _clean_env,
+    _clean_shape,
+    _resolve_image,
+    enqueue_on_commit,
+    refuse_unrunnable,
+)
 from .policies import _check_profile
 
 logger = logging.getLogger(__name__)
@@ -373,6 +380,17 @@ def _clean_companions(svc: ModelService) -> None:
     svc.companions = [_clean_companion(svc, i, c, taken) for i, c in enumerate(raw)]
 
 
+def _refuse_unrunnable(svc: ModelService) -> None:
+    """An image (the server's or a companion's) with no variant for the cluster's nodes, or GPU
+    models none of them has: a 400 on ``image``/``companions[i].image``/``gpu_models``."""
+    fields = {"groups[0].image": "image" if svc.image_id else "image_reference",
+              "groups[0].gpu_models": "gpu_models"}
+    for i in range(len(svc.companions or [])):
+        fields[f"groups[{i + 1}].image"] = f"companions[{i}].image"
+        fields[f"groups[{i + 1}].gpu_models"] = "gpu_models"
+    refuse_unrunnable(cluster=svc.cluster, groups=_groups(svc), project=svc.project, fields=fields)
+
+
 def _refuse_companions_never_fit(svc: ModelService) -> None:
     """Each companion's slice must fit a card of the cluster, and a replica's pods together one
     node (they are placed on one node): otherwise a 400 naming the companion field, never a
@@ -500,6 +518,7 @@ def model_service_create(*, actor: User, project: Project, cluster: Cluster, nam
         variant_label="inference server")
     _clean(svc)
     kind_check(SERVICE_KIND, project=project, cluster=cluster, row=svc)
+    _refuse_unrunnable(svc)
     _refuse_companions_never_fit(svc)
     _refuse_min_beyond_limits(svc)
     svc.desired_replicas = min(max(svc.min_replicas, 1), svc.max_replicas)
@@ -578,6 +597,7 @@ def model_service_update(*, actor: User, service: ModelService, image: Image | N
     changed = any(getattr(svc, f) != old[f] for f in REVISION_FIELDS)
     if changed:
         kind_check(SERVICE_KIND, project=svc.project, cluster=svc.cluster, row=svc)
+        _refuse_unrunnable(svc)
         _refuse_companions_never_fit(svc)
         svc.revision += 1
     svc.desired_replicas = min(max(svc.desired_replicas, svc.min_replicas), svc.max_replicas)

@@ -48,6 +48,7 @@ from .common import (
     _resolve_image,
     _save,
     enqueue_on_commit,
+    refuse_unrunnable,
 )
 from .policies import _check_profile
 
@@ -458,6 +459,8 @@ def _clean_where(actor: User, t: TrainingJob, choice: Any) -> None:
             raise ValidationError({"cluster_choice": [
                 "Name one cluster or give a cluster choice (clusters, labels), not both."]})
         t.cluster_choice = {}
+        refuse_unrunnable(cluster=t.cluster, groups=_training_groups(t), project=t.project,
+                          fields=_group_fields(t))
         return
     # A PVC lives on one cluster (a data set's is not even known to Camp), and a checkpoint
     # volume must be found by every later run (requeues, retries): refuse rather than let a
@@ -479,12 +482,19 @@ def _clean_where(actor: User, t: TrainingJob, choice: Any) -> None:
                 f"No enabled cluster named {', '.join(hidden)}."]})
     from scheduling.services.placement import clean_choice
 
-    image_field = "image" if t.image is not None else "image_reference"
+    fields = _group_fields(t)
     try:
         t.cluster_choice = clean_choice(choice, _training_groups(t), t.project)
     except ValidationError as exc:
-        raise ValidationError({image_field if k.startswith("groups[") else k: v
-                               for k, v in exc.message_dict.items()}) from exc
+        raise ValidationError({fields.get(k, k): v for k, v in exc.message_dict.items()}) from exc
+
+
+def _group_fields(t: TrainingJob) -> dict[str, str]:
+    """A run's pod-group error keys (``groups[i].image``, ``groups[i].gpu_models``) → the training
+    job's fields (the launcher shares the workers' image)."""
+    image_field = "image" if t.image is not None else "image_reference"
+    return {f"groups[{i}].{k}": image_field if k == "image" else "gpu_models"
+            for i in range(2) for k in ("image", "gpu_models")}
 
 
 def _candidates(t: TrainingJob) -> list[Cluster]:

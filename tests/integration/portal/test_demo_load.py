@@ -118,3 +118,46 @@ def test_it_holds_back_while_the_worker_is_behind(world: Any, demo_world: Any) -
     assert started.count() >= demo.BACKLOG
     assert demo.tick(now=now, seed=2)["throttled"] is True
     assert DevEnvironment.objects.count() + TrainingJob.objects.count() == before
+
+
+WEST = """
+start_delay_seconds: 0
+default_duration_seconds: 300
+nodes:
+  - name: gh200-{i}
+    count: 2
+    cpu_cores: 72
+    ram_gib: 480
+    labels: {kubernetes.io/arch: arm64}
+    gpus: {model: GH200-96G, count: 4, memory_mib: 98304}
+"""
+
+
+def test_a_share_of_its_trainings_floats_and_keeps_the_second_cluster_busy(
+        world: Any, demo_world: Any) -> None:
+    """Review rv finding 7: every demo training was pinned to the first simulated cluster, so the
+    ARM cluster idled once the seeded floating jobs ended. Now some name no cluster (any, or a
+    label of the second cluster's) and the placement step puts some of them there."""
+    from scheduling import services as scheduling
+    from scheduling.services import placement
+
+    west = scheduling.cluster_create(actor=world.admin, name="sim-west", backend="simulated", inventory=WEST,
+                                     labels={"region": "us-west", "arch": "arm64"})
+    scheduling.inventory_sync(cluster=west)
+    start = timezone.now()
+    floated = 0
+    for i in range(10):
+        floated += demo.tick(now=start + dt.timedelta(seconds=15 * i), seed=i)["floating"]
+        placement.placement_run()
+        for c in (demo_world, west):
+            advance(c, rounds=1)
+    trainings = TrainingJob.objects.filter(name__startswith="demo-")
+    floating = trainings.filter(cluster__isnull=True)
+    assert floated == floating.count() > 0 and trainings.filter(cluster=demo_world).exists()
+    assert {tuple(t.cluster_choice.get("labels", {}).items()) for t in floating} & {
+        (("region", "us-west"),), (("arch", "arm64"),)}  # some by the second cluster's labels
+    # Their runs went to both clusters, and some run on the ARM one.
+    runs = Job.objects.filter(name__startswith="demo-train", floating=True)
+    assert runs.filter(cluster=west, state__in=["starting", "running"]).exists()
+    assert not runs.filter(state="rejected").exists()
+    assert Job.objects.filter(name__startswith="demo-", cluster=demo_world).exists()

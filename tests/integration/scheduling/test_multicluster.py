@@ -410,13 +410,13 @@ def test_another_tenants_catalog_never_restricts_my_jobs(world: Any, two: tuple[
                             cluster_choice={"clusters": ["east"]}, name="theirs",
                             groups=[gpu_group(gpu_count=1, image=ref)])
     assert "linux/arm64" in str(err.value.message_dict["groups[0].image"])
-    theirs = services.job_submit(actor=world.b.member, project=world.b.project, cluster=east,
-                                 name="theirs-pinned", groups=[gpu_group(gpu_count=1, image=ref)])
-    services.cycle_run(cluster=east)
-    theirs.refresh_from_db()
-    assert theirs.state == JobState.REJECTED
-    assert "architecture" in theirs.reason
-    assert "linux/arm64" in theirs.reason and "linux/amd64" in theirs.reason
+    # Pinned too (review rv finding 8: accepted, then rejected by the cycle), at submit.
+    with pytest.raises(ValidationError) as err:
+        services.job_submit(actor=world.b.member, project=world.b.project, cluster=east,
+                            name="theirs-pinned", groups=[gpu_group(gpu_count=1, image=ref)])
+    msg = str(err.value.message_dict["groups[0].image"])
+    assert "linux/arm64" in msg and "cluster east has linux/amd64 nodes only" in msg
+    assert not Job.objects.filter(name="theirs-pinned").exists()
 
 
 @pytest.mark.django_db(transaction=True)

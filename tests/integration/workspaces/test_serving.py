@@ -277,8 +277,12 @@ def test_three_models_share_one_80gb_card_as_20_30_30_gb_slices(world: Any) -> N
 
 
 def test_a_rejected_replica_blocks_the_autoscaler_until_a_person_acts(world: Any) -> None:
-    cluster = _cluster(world, ONE_NODE)
+    # A model this cluster has none of is refused at create once its nodes are known; created
+    # before its first inventory sync (nothing refused then), the replica is rejected by the cycle.
+    cluster = scheduling.cluster_create(actor=world.admin, name="sim", backend="simulated",
+                                        inventory=ONE_NODE)
     svc = _service(world, cluster, gpu_models=["H100-80G"], max_replicas=2)  # this cluster has none
+    scheduling.inventory_sync(cluster=cluster)
     advance(cluster)
     (first,) = svc.replicas.select_related("job")
     assert first.job.state == JobState.REJECTED
