@@ -84,6 +84,8 @@ def test_an_unreachable_cluster_admits_and_preempts_nothing_and_its_pinned_job_s
     assert "s3cret" not in seen["reason"] and "abc123" not in seen["reason"]  # no secrets to users
     assert "Cluster east is unreachable since" in _page(world, urgent)
     assert "takes no new work" in dispatch_free_why(urgent)
+    page = client_for(world.admin).get("/scheduling/clusters/").content.decode()
+    assert "its cycle admits and preempts nothing" in page and "jobs pinned here wait" in page
     # Back: its next cycle preempts for the urgent job, as it would have.
     _api_server_back(east)
     services.cycle_run(cluster=east)
@@ -176,6 +178,7 @@ def test_disabling_a_cluster_sends_its_floating_jobs_back_and_says_why_its_pinne
     assert seen["state"] == "queued" and seen["reason_kind"] == "cluster"
     assert seen["reason"].startswith("Cluster west is disabled; it takes no new work")
     assert "Cluster west is disabled" in _page(world, pinned)
+    assert "Disabled: it takes no new work" in admin.get("/scheduling/clusters/").content.decode()
     assert SchedulingDecision.objects.filter(job=pinned, kind="waiting",
                                              reason__startswith="Cluster west is disabled").exists()
     # The global queue: the only cluster it may use is closed, so it waits there, saying so.
