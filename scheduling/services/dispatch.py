@@ -233,10 +233,9 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
     if job.state != JobState.STARTING:
         return "skipped"
     cluster = job.placed_cluster
-    if cluster.unreachable_since is not None:
-        # Admitted just before its cluster stopped answering: no pods to try; requeued
-        # without counting the attempt (it waits there, or goes elsewhere if it floats).
-        return "requeued" if _dispatch_unreachable(job_id, "") else "aborted"
+    # Tried even if its cluster was marked unreachable since the job's admission: after a
+    # short outage the retries (job_dispatch's backoff) create its pods and keep those that
+    # were created before it; only the last failure decides (below).
     backend = backend_for(cluster)
     ns, objs, pods = job_specs(job, cluster)
     try:
@@ -252,6 +251,8 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
             return "running"
         if exc.retryable and not final_attempt:
             raise
+        # Admitted just before its cluster stopped answering: requeued without counting the
+        # attempt (it waits there, or a floating one goes elsewhere).
         down = exc.unreachable or Cluster.objects.filter(
             pk=cluster.pk, unreachable_since__isnull=False).exists()
         for spec in pods:
