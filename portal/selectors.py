@@ -552,6 +552,8 @@ def estimate_start(job: Job, *, now: dt.datetime | None = None) -> StartEstimate
         return StartEstimate(None, "Waits for its project's quota, not for free GPUs.")
     if job.reason_kind in ("never-fits", "unknown-queue", "over-guarantee"):
         return StartEstimate(None, "Cannot start as it is.")
+    if job.reason_kind == "cluster":  # its cluster is disabled or does not answer
+        return StartEstimate(None, "Not while its cluster takes no new work; see why above.")
     if job.cluster is None:  # a floating job in the global queue: its reason names each cluster
         return StartEstimate(None, "No cluster chosen yet; see why above, cluster by cluster.")
     timeline = capacity_timeline(job.cluster)

@@ -27,13 +27,17 @@ _OPTS = {"acks_late": True, "reject_on_worker_lost": True}
 def cluster_cycle(cluster_id: int) -> dict[str, int] | str:
     """One scheduling cycle of one cluster (another worker's cycle → try again shortly)."""
     services.cycle_request_taken(cluster_id)
-    cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
-        return "disabled"
+        return "gone"
+    # A disabled or unreachable cluster's cycle admits nothing; it sends its queued floating
+    # jobs back to the global queue and says why its pinned ones wait (``closed_hold``).
     summary = services.cycle_run(cluster=cluster)
     if summary is None:
         services.request_cycle(cluster_id, countdown=1)
         return "busy"
+    if summary.closed:
+        return "disabled" if summary.closed.endswith("disabled") else "unreachable"
     if summary.admitted:
         # Jobs behind the heads that were tried may fit now: go again until nothing is admitted.
         services.request_cycle(cluster_id)

@@ -191,6 +191,8 @@ _HINTS = {
     "never-fits": "It can never run as asked: no node is large enough. Ask for less per pod.",
     "over-limit": "It asks more than a quota limit allows: ask for less or ask an admin for more.",
     "unknown-queue": "Its project has no queue on this cluster.",
+    "cluster": "Its cluster takes no new work now (disabled, or its API server does not answer); "
+               "it starts there once the cluster is enabled or answers again.",
 }
 
 

@@ -27,10 +27,13 @@ LABEL_REPLICA = "camp.io/replica"
 class BackendError(Exception):
     """A cluster call failed for good (after retries); ``message`` is for users."""
 
-    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False,
+                 unreachable: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        self.unreachable = unreachable
+        """The cluster did not answer (connection refused, timeout, TLS): not the job's fault."""
 
 
 class ResourceVersionExpired(BackendError):  # noqa: N818 (it is the Kubernetes name: 410 Gone)

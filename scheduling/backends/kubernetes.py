@@ -319,13 +319,13 @@ class KubernetesBackend:
                     self.sleep(self.backoff * 2 ** attempt)
                     continue
                 raise BackendError(_describe(exc), status=exc.status,
-                                   retryable=exc.status in RETRYABLE) from exc
+                                   retryable=exc.status in RETRYABLE, unreachable=not exc.status) from exc
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if attempt < self.retries:
                     self.sleep(self.backoff * 2 ** attempt)
                     continue
                 raise BackendError(f"Kubernetes API unreachable at {self.api.configuration.host} "
-                                   f"({_reason(exc)})", retryable=True) from exc
+                                   f"({_reason(exc)})", retryable=True, unreachable=True) from exc
         raise AssertionError("unreachable")
 
     def probe(self, *, timeout: float = 3.0) -> None:
@@ -337,10 +337,11 @@ class KubernetesBackend:
         except ApiException as exc:
             if exc.status in (401, 403):
                 return  # it answered; what the credentials may do is checked elsewhere
-            raise BackendError(_describe(exc), status=exc.status, retryable=True) from exc
+            raise BackendError(_describe(exc), status=exc.status, retryable=True,
+                               unreachable=not exc.status) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise BackendError(f"Kubernetes API unreachable at {self.api.configuration.host} "
-                               f"({_reason(exc)})", retryable=True) from exc
+                               f"({_reason(exc)})", retryable=True, unreachable=True) from exc
 
     # -- inventory ---------------------------------------------------------------------------
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -25,7 +27,7 @@ from ..models import (
     Job,
     not_reserved_cluster_name,
 )
-from .common import SCHEDULER, _require, enqueue_on_commit
+from .common import SCHEDULER, _require, enqueue_on_commit, request_cycle
 
 CLUSTER_FIELDS = ("name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
                   "namespace_prefix", "placement_policy", "labels")
@@ -145,6 +147,12 @@ def cluster_update(*, actor: User, cluster: Cluster, credentials: dict[str, str]
                  after=_cluster_snapshot(cluster))
     if cluster.enabled:
         _after_commit_inventory(cluster.pk)
+    if before.get("enabled") and not cluster.enabled:
+        # It takes no new work: its queued floating jobs go back to the global queue, its
+        # pinned ones say why they wait (its running jobs stay).
+        cluster_close_queued(cluster_id=cluster.pk)
+    elif cluster.enabled and not before.get("enabled"):
+        _reopened(cluster.pk)
     return cluster
 
 
@@ -223,6 +231,8 @@ def cluster_reachability_record(*, cluster_id: int, error: str | None) -> None:
             audit_record(actor=None, actor_username=SCHEDULER, action="cluster.reachable",
                          target=cluster, before={"failures": cluster.failures},
                          after={"unreachable_seconds": round(down_for)})
+            if cluster.unreachable_since is not None:
+                _reopened(cluster_id)  # its next cycle admits again and rewrites the reasons
             return
         failures = cluster.failures + 1
         wait = min(2 ** failures, MAX_RETRY_SECONDS)
@@ -233,12 +243,79 @@ def cluster_reachability_record(*, cluster_id: int, error: str | None) -> None:
             audit_record(actor=None, actor_username=SCHEDULER, action="cluster.unreachable",
                          target=cluster, after={"error": error[:500]})
         # It takes no new work: its queued floating jobs go back to the global queue (those
-        # running stay; a job never runs in two clusters).
-        from .placement import cluster_unplace_queued  # placement reaches the cycle and jobs
-
-        cluster_unplace_queued(cluster_id=cluster_id, reason=f"cluster {cluster.name} is unreachable")
+        # running stay; a job never runs in two clusters), its pinned ones say why they wait.
+        cluster_close_queued(cluster_id=cluster_id)
 
 
 def cluster_due(cluster: Cluster, now: dt.datetime | None = None) -> bool:
     """Whether the periodic ticks may talk to the cluster now (not backing off)."""
     return cluster.retry_at is None or cluster.retry_at <= (now or timezone.now())
+
+
+# --- a cluster that takes no new work (disabled or unreachable) ------------------------------
+
+_URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^/\s@]*@", re.IGNORECASE)
+_SECRET_PARAMS = re.compile(
+    r"\b(token|access_token|password|passwd|secret|api[_-]?key|sig|signature)=[^&\s]+", re.IGNORECASE)
+_BEARER = re.compile(r"\b(bearer)\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+
+
+def public_error(text: str, limit: int = 200) -> str:
+    """A cluster's error as every user may read it in a job's reason: no user or password
+    in URLs, no token or secret query parameters, no Authorization values; one line."""
+    text = " ".join((text or "").split())
+    text = _URL_CREDENTIALS.sub(r"\1", text)
+    text = _SECRET_PARAMS.sub(r"\1=…", text)
+    text = _BEARER.sub(r"\1 …", text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+@dataclass(frozen=True)
+class ClosedWhy:
+    """Why a cluster takes no new work: ``floating`` for its queued floating jobs sent back to
+    the global queue ("cluster west is unreachable"), ``pinned`` the reason its pinned jobs
+    wait with (kind ``cluster``)."""
+
+    floating: str
+    pinned: str
+
+
+def cluster_closed_why(cluster: Cluster) -> ClosedWhy | None:
+    """None while the cluster is enabled and answers."""
+    if not cluster.enabled:
+        return ClosedWhy(f"cluster {cluster.name} is disabled",
+                         f"Cluster {cluster.name} is disabled; it takes no new work until an "
+                         "administrator enables it again")
+    if cluster.unreachable_since is not None:
+        since = cluster.unreachable_since.astimezone(dt.UTC).strftime("%H:%M UTC")
+        error = public_error(cluster.last_error)
+        last = f" (last error: {error})" if error else ""
+        return ClosedWhy(f"cluster {cluster.name} is unreachable",
+                         f"Cluster {cluster.name} is unreachable since {since}{last}; it takes "
+                         "no new work until it answers again")
+    return None
+
+
+def cluster_close_queued(*, cluster_id: int) -> list[int]:
+    """A cluster that takes no new work (disabled or unreachable): its queued floating jobs go
+    back to the global queue and its queued pinned jobs wait saying why (``cycle.closed_hold``,
+    which the cluster's cycle also runs while it is closed). Its cycle running now: that
+    cycle is asked again, and it does this then. The ids of the jobs sent back."""
+    from .cycle import closed_hold, cycle_lock  # the cycle imports this module's callers
+
+    with cycle_lock(cluster_id) as got:
+        if not got:
+            request_cycle(cluster_id, countdown=1)
+            return []
+        cluster = Cluster.objects.get(pk=cluster_id)
+        why = cluster_closed_why(cluster)
+        return closed_hold(cluster, why).unplaced if why else []
+
+
+def _reopened(cluster_id: int) -> None:
+    """Enabled again or answering again: its next cycle admits and rewrites its pinned jobs'
+    reasons; the global queue is offered it again."""
+    from .placement import request_placement
+
+    request_cycle(cluster_id)
+    request_placement()

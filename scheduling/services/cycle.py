@@ -40,6 +40,7 @@ from ..models import (
     SchedulingDecision,
 )
 from . import all_clusters
+from .clusters import ClosedWhy, cluster_closed_why
 from .common import (
     _ALL_CLUSTERS_LOCK_CLASS,
     _CYCLE_LOCK_CLASS,
@@ -105,6 +106,10 @@ class CycleSummary:
     preempting: list[int] = field(default_factory=list)
     victims: list[int] = field(default_factory=list)
     conflicts: list[int] = field(default_factory=list)
+    unplaced: list[int] = field(default_factory=list)
+    """Floating jobs sent back to the global queue by a closed cluster's cycle (``closed_hold``)."""
+    closed: str = ""
+    """Why the cluster took no new work this cycle ("cluster west is unreachable"), or ""."""
 
 
 def engine_policy(name: str) -> E.Policy | None:
@@ -132,13 +137,46 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
     with cycle_lock(cluster.pk) as got:
         if not got:
             return None
-        inputs, statuses = _decide(cluster, now)
-        summary = _persist(cluster, inputs, statuses)
+        why = _closed(cluster)
+        if why is not None:
+            summary = closed_hold(cluster, why)
+        else:
+            inputs, statuses = _decide(cluster, now)
+            summary = _persist(cluster, inputs, statuses)
     signals.cycle_finished.send_robust(
         sender=Cluster, cluster_id=cluster.pk, seconds=time.perf_counter() - started,
         admitted=len(summary.admitted), waiting=len(summary.waiting),
         rejected=len(summary.rejected), preempting=len(summary.preempting),
     )
+    return summary
+
+
+def _closed(cluster: Cluster) -> ClosedWhy | None:
+    """Whether the cluster takes no new work (disabled, or its API server does not answer),
+    read now under its cycle lock (the caller's row may be older)."""
+    row = Cluster.objects.filter(pk=cluster.pk).only(
+        "name", "enabled", "unreachable_since", "last_error").first()
+    return cluster_closed_why(row) if row is not None else None
+
+
+def closed_hold(cluster: Cluster, why: ClosedWhy) -> CycleSummary:
+    """The cycle of a cluster that takes no new work (the caller holds its cycle lock): it
+    admits, preempts and rejects nothing (it could not create or delete pods, and a disabled
+    one is out of service); its queued floating jobs go back to the global queue, its
+    queued pinned jobs wait with ``why.pinned`` (kind ``cluster``, one history row when the
+    reason changes). The next cycle after it is enabled or answers again decides as usual."""
+    from .placement import job_unplace  # placement imports this module
+
+    summary = CycleSummary(closed=why.floating)
+    with transaction.atomic(), audit_batch():
+        for pk in Job.objects.filter(cluster_id=cluster.pk, floating=True, state=JobState.QUEUED
+                                     ).order_by("pk").values_list("pk", flat=True):
+            if job_unplace(job_id=pk, reason=why.floating, locked=True, from_cluster=cluster.pk):
+                summary.unplaced.append(pk)
+        pinned = list(Job.objects.filter(cluster_id=cluster.pk, floating=False, state=JobState.QUEUED)
+                      .only("pk", "cluster_id", "reason", "reason_kind", "queue_position", "queue_length"))
+        _wait_all([_WaitRow(j, why.pinned, "cluster", None, None) for j in pinned])
+        summary.waiting = [j.pk for j in pinned]
     return summary
 
 

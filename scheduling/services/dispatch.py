@@ -233,6 +233,9 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
     if job.state != JobState.STARTING:
         return "skipped"
     cluster = job.placed_cluster
+    # Tried even if its cluster was marked unreachable since the job's admission: after a
+    # short outage the retries (job_dispatch's backoff) create its pods and keep those that
+    # were created before it; only the last failure decides (below).
     backend = backend_for(cluster)
     ns, objs, pods = job_specs(job, cluster)
     try:
@@ -248,11 +251,21 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
             return "running"
         if exc.retryable and not final_attempt:
             raise
+        # Admitted just before its cluster stopped answering: requeued without counting the
+        # attempt (it waits there, or a floating one goes elsewhere).
+        down = exc.unreachable or Cluster.objects.filter(
+            pk=cluster.pk, unreachable_since__isnull=False).exists()
         for spec in pods:
             with contextlib.suppress(BackendError):
                 backend.delete_pod(spec.namespace, spec.name, grace_seconds=0)
         with contextlib.suppress(BackendError):
             backend.delete_job_objects(objs.namespace, objs.name)
+        if down:
+            # The cluster did not answer: not the job's fault, so not one of its attempts.
+            # (Pods created before it went down are orphans to its reconcile, which deletes
+            # them once it answers.)
+            requeued = _dispatch_unreachable(job_id, str(exc) if exc.unreachable else "")
+            return "requeued" if requeued else "aborted"
         return "failed" if _dispatch_failed(job_id, str(exc)) else "aborted"
     with transaction.atomic():
         current = Job.objects.select_for_update(no_key=True).only("state").get(pk=job_id)
@@ -307,6 +320,47 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
                             avoid=message, locked=True)
                 return True
         request_cycle(job.cluster_id, countdown=2)
+    return True
+
+
+def _dispatch_unreachable(job_id: int, error: str) -> bool:
+    """The job's cluster does not answer (``error``: what the dispatch got, to record on the
+    cluster; "" when it is already marked unreachable): release and requeue the job without
+    counting the attempt; a floating job goes back to the global queue (the cluster is not
+    avoided as after a failure of its own: it is closed to every job until it answers). The
+    cluster is marked unreachable (``cluster_reachability_record``): it takes no new work,
+    and its reconcile reopens it. False if the job had already left STARTING."""
+    from .clusters import cluster_closed_why, cluster_reachability_record
+
+    cluster_id = Job.objects.filter(pk=job_id).values_list("cluster_id", flat=True).first()
+    if cluster_id is None:
+        return False
+    if error:
+        cluster_reachability_record(cluster_id=cluster_id, error=error)
+    with transaction.atomic():
+        job = _locked_job(job_id)
+        if job.state != JobState.STARTING or job.cluster_id != cluster_id:
+            return False
+        cluster = Cluster.objects.get(pk=cluster_id)
+        why = cluster_closed_why(cluster)
+        _release(job)
+        job.state = JobState.QUEUED
+        job.attempts = max(0, job.attempts - 1)
+        job.started_at = None
+        waits = why.pinned if why else f"Cluster {cluster.name} does not answer"
+        job.reason = f"{waits}; its pods were not created, requeued (this attempt is not counted)"[:500]
+        job.reason_kind = "cluster"
+        job.save(update_fields=["state", "attempts", "started_at", "reason", "reason_kind", "updated_at"])
+        _record(job, DecisionKind.REQUEUED, job.reason)
+        _audit_job("job.requeued", job, after={"reason": job.reason, "attempt_counted": False})
+        if job.floating:
+            from .placement import job_unplace
+
+            # STARTING → the global queue in this transaction: no cycle reads it queued here.
+            back = why.floating if why else f"cluster {cluster.name} does not answer"
+            job_unplace(job_id=job.pk, reason=back, locked=True)
+            return True
+        request_cycle(cluster_id, countdown=2)
     return True
 
 

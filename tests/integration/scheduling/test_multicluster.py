@@ -80,6 +80,12 @@ def place_and_cycle(*clusters: Cluster) -> multicluster.PlacementSummary:
     return summary
 
 
+def refuse_pods(cluster: Cluster) -> None:
+    """The cluster answers but refuses every pod Camp creates (the simulated backend's 422:
+    the nodes Camp placed them on are no longer in its inventory)."""
+    Cluster.objects.filter(pk=cluster.pk).update(inventory=cluster.inventory.replace("name: ", "name: gone-"))
+
+
 def fill(world: Any, cluster: Cluster, gpus: int = 8) -> None:
     """Pinned jobs that take the cluster's GPUs (4 per node)."""
     for i in range(gpus // 4):
@@ -157,8 +163,9 @@ def test_a_dispatch_failure_sends_the_job_to_the_other_cluster(
     place_and_cycle(east, west)
     job.refresh_from_db()
     assert job.cluster == east and job.state == JobState.STARTING  # locality breaks the tie
-    # East's API server is gone (a real connection refused, no stand-in): its pods cannot be created.
-    Cluster.objects.filter(pk=east.pk).update(backend="kubernetes", api_server="https://127.0.0.1:9")
+    # East answers but refuses its pods (422: its nodes are gone from the cluster). (An API
+    # server that does not answer at all is no failure of the job: test_cluster_health.py.)
+    refuse_pods(east)
     assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
     job.refresh_from_db()
     assert job.cluster_id is None and job.state == JobState.QUEUED  # back in the global queue
@@ -279,7 +286,7 @@ def test_camp_submit_cluster_option(world: Any, two: tuple[Cluster, Cluster], li
         job = Job.objects.get(name=name)
         assert job.floating and job.cluster_id is None and job.cluster_choice == choice
     pinned = camp("j-west", "west")
-    assert pinned.returncode == 0 and Job.objects.get(name="j-west").cluster.name == "west"
+    assert pinned.returncode == 0 and Job.objects.filter(name="j-west", cluster__name="west").exists()
     bad = camp("j-mars", "region=mars")
     assert bad.returncode == 1 and "jobs[0].cluster_choice.labels" in bad.stdout + bad.stderr
 
@@ -527,16 +534,18 @@ def test_dispatch_attempts_count_per_cluster(world: Any, two: tuple[Cluster, Clu
     place_and_cycle(east, west)
     job.refresh_from_db()
     assert job.cluster == east and job.state == JobState.STARTING
-    # Its earlier attempts were elsewhere (west's failures); east's API server is gone.
+    # Its earlier attempts were elsewhere (west's failures); east refuses its pods.
     Job.objects.filter(pk=job.pk).update(attempts=services.MAX_ATTEMPTS)
-    Cluster.objects.filter(pk=east.pk).update(backend="kubernetes", api_server="https://127.0.0.1:9")
+    refuse_pods(east)
     assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
     job.refresh_from_db()
     assert job.state == JobState.QUEUED and job.cluster_id is None  # its first failure on east
     assert multicluster.dispatch_failures(job.cluster_choice, "east") == 1
     # East failing it MAX_ATTEMPTS times fails it for good.
     for n in range(2, services.MAX_ATTEMPTS + 1):
-        Job.objects.filter(pk=job.pk).update(cluster=east, state=JobState.STARTING)
+        Job.objects.filter(pk=job.pk).update(cluster=east)  # bound there again, and admitted
+        services.cycle_run(cluster=east)
+        assert Job.objects.get(pk=job.pk).state == JobState.STARTING
         assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
         job.refresh_from_db()
         assert job.state == (JobState.FAILED if n == services.MAX_ATTEMPTS else JobState.QUEUED)
