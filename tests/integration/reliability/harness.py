@@ -255,7 +255,12 @@ def camp_stack(*, tick_seconds: int = 2) -> Iterator[Stack]:
         worker.start()
         stack.callback(worker.kill)
         camp = Stack(pg=pg, redis=redis, web=web, worker=worker, env=env, root=root)
-        stack.callback(lambda: [s.kill() for s in camp.extra])
+
+        def kill_extra() -> None:
+            for service in camp.extra:
+                service.kill()
+
+        stack.callback(kill_extra)
         yield camp
 
 
