@@ -4,6 +4,8 @@ import os
 
 from celery import Celery
 
+from . import kombu_redis_close  # noqa: F401  a Redis reconnect must not end the worker
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "camp.settings")
 
 app = Celery("camp")
