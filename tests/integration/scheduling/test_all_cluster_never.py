@@ -289,7 +289,8 @@ def test_a_lowered_class_memory_limit_rejects_only_what_no_usable_class_could_ho
     anywhere.refresh_from_db()
     assert anywhere.state == JobState.QUEUED and anywhere.cluster is not None
     assert anywhere.cluster.name == "west"
-    assert "cluster east: can never run there: asks 160 GiB of A100-80G GPU memory" in anywhere.why_across_clusters
+    why = anywhere.why_across_clusters
+    assert "cluster east: can never run there: asks 160 GiB of A100-80G GPU memory" in why
 
 
 def test_a_lowered_guarantee_rejects_a_bound_non_preemptible_floating_job(
