@@ -832,8 +832,9 @@ def test_a_job_back_from_a_failed_dispatch_says_each_cluster_once_and_reads_back
     choice = {"prefer": {"region": "eu-east"}}
     job = submit(world, "failing-over", choice=choice, gpu_count=1)
     place_and_cycle(east, west)
-    # A user and password in the server's URL show up in the client's error text.
-    Cluster.objects.filter(pk=east.pk).update(backend="kubernetes", api_server="https://camp:s3cret@127.0.0.1:9")
+    # East answers but refuses the pods (an API server that does not answer is no failure of
+    # the job: test_cluster_health.py; the redaction of a server's error text: the redact test below).
+    refuse_pods(east)
     assert services.job_dispatch(job_id=job.pk, final_attempt=True) == "failed"
     multicluster.placement_run()
     job.refresh_from_db()
@@ -845,11 +846,8 @@ def test_a_job_back_from_a_failed_dispatch_says_each_cluster_once_and_reads_back
     assert data["cluster_choice"] == choice  # as given: no "failed"
     [setback] = data["cluster_setbacks"]
     assert setback["cluster"] == "east" and setback["kind"] == "dispatch-failed"
-    assert setback["failures"] == 1 and "127.0.0.1:9" in setback["reason"] and setback["at"]
+    assert setback["failures"] == 1 and setback["reason"] and setback["at"]
     assert "fp" not in str(data["cluster_setbacks"])
-    raw = Job.objects.get(pk=job.pk).cluster_choice["failed"]["east"][1]
-    assert "s3cret" in raw, raw  # the client's text as recorded (never shown)
-    assert "s3cret" not in str(data) and "[redacted]@127.0.0.1:9" in setback["reason"]
     # A copy of the job, posted with what was read back, is accepted.
     copy = {"name": "failing-over-2", "project": data["project"], "cluster": None,
             "cluster_choice": data["cluster_choice"], "groups": [gpu_group(gpu_count=1)]}
