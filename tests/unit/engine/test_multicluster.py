@@ -466,3 +466,14 @@ def test_a_trial_says_never_only_for_what_no_usage_could_change() -> None:
     never = t.probe(_job(6), "t", t.free)
     assert never.never
     assert "can never run there: asks 6 GPUs in all, more than project t/p's limit" in never.reason
+
+
+def test_a_mixed_models_job_refused_on_the_classes_left_open_waits_rather_than_never() -> None:
+    # 6 cards, 4 of each class here; A100 over its limit now (120 of 160 GiB held elsewhere):
+    # on the H100 cards alone it cannot fit, but 4 H100 + 2 A100 could once A100 memory frees.
+    trial = _mixed_trial({"t/p": {"A100": 160 * 1024}}, {("t/p", "A100"): 120 * 1024})
+    one_model = Job("one", (PodGroup("w", pod("w", gpu_count=1), replicas=6),), queue="t/p")
+    mixed = replace(one_model, name="mixed", mixed_gpu_models=True)
+    probe = trial.probe(mixed, "t", trial.free)
+    assert probe.outcome == M.WAITS and not probe.never
+    assert trial.probe(one_model, "t", trial.free).never  # 6 cards of one model: none has 6
