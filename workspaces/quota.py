@@ -88,7 +88,7 @@ def refuse_if_never_within_all_clusters(*, project: Project, job: E.Job,
         cards[cls] = (max(big, mib), names | {model})
         floors[cls] = min(floors.get(cls, mib), mib)
     memory = {cls: job_memory(job, floors[cls]) for cls in usable_classes(job, cards)}
-    never = never_all_clusters(ask, memory, owners(limits, ids, job.queue))
+    never = never_all_clusters(ask, memory, owners(limits, ids, job.queue), job.mixed_gpu_models)
     if never is not None:
         raise ValidationError({never[0]: [f"This asks {never[1]}: it could never start."]})
     guaranteed = [(level, key, total) for level, key, total in (

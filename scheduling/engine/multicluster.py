@@ -195,13 +195,17 @@ def card_classes(nodes: Iterable[Node]) -> dict[str, tuple[int, frozenset[str]]]
 
 
 def job_memory(job: Job, card_mib: int) -> int:
-    """GPU memory (MiB) the job would hold on cards of ``card_mib`` MiB: a slice its memory (or
-    its share of the card), a whole card all of it."""
+    """GPU memory (MiB) the job would hold on shareable cards of ``card_mib`` MiB, as the engine
+    charges it (``engine.state.align_demand``): a whole card (or an exclusive one) all of it, a
+    slice its memory — the larger of its MiB and its share of the card, rounded up — so a slice
+    asking only compute holds none. On an exclusive-only card a slice holds the whole card and
+    on a templated one its template, so this is a lower bound there (the admission re-check
+    counts what the placement holds: ``placement_memory``)."""
     total = 0
     for g in job.groups:
         for c in g.template.containers:
-            per = card_mib if c.whole_cards else (
-                c.gpu_memory_mib or (c.gpu_memory_percent * card_mib // 100) or card_mib)
+            per = card_mib if c.whole_cards else max(
+                c.gpu_memory_mib, math.ceil(c.gpu_memory_percent * card_mib / 100))
             total += g.replicas * c.gpu_count * per
     return total
 
@@ -223,19 +227,24 @@ None; its GPU memory limits across all clusters, MiB per GPU model class)."""
 
 
 def never_all_clusters(ask: float, memory: Mapping[str, int],
-                       owners: Sequence[AllClusterOwner]) -> tuple[str, str] | None:
+                       owners: Sequence[AllClusterOwner], mixed: bool = False) -> tuple[str, str] | None:
     """Rule (can never run under a quota across all clusters): (the request field, what it asks
     beyond which limit) when the job could never start whatever the other clusters hold — its
     GPUs above its project's or tenant's GPU limit across all clusters, or, for every GPU model
     class it may use (``memory``: class → the MiB it would hold there, on the class's smallest
-    cards), its GPU memory above that class's limit. A class with room, or no class known
-    (``memory`` empty), refuses nothing. None when it could start some day."""
+    cards, ``job_memory``), its GPU memory above that class's limit. A class with room, or no
+    class known (``memory`` empty), refuses nothing. ``mixed``: the job may spread over several
+    classes (``mixed_gpu_models``), so it is over only when even its least memory on one class
+    is above the sum of the classes' limits (each the lower of its project's and its tenant's;
+    a class with none refuses nothing). None when it could start some day."""
     for who, lim, _ in owners:
         if lim is not None and ask > lim + 1e-9:
             return "gpu_count", (f"{_gpus(ask)} in all, more than {who}'s limit of {_gpus(lim)} "
                                  f"on all clusters together")
     if ask <= 0 or not memory:
         return None
+    if mixed:
+        return _never_mixed(memory, owners)
     over: dict[str, str] = {}
     for cls, mib in sorted(memory.items()):
         for who, _, mems in owners:
@@ -249,6 +258,23 @@ def never_all_clusters(ask: float, memory: Mapping[str, int],
     first, *rest = sorted(over)
     also = f" (and over the limit of every other class it may use: {', '.join(rest)})" if rest else ""
     return "gpu_memory_mib", over[first] + also
+
+
+def _never_mixed(memory: Mapping[str, int], owners: Sequence[AllClusterOwner]) -> tuple[str, str] | None:
+    """``never_all_clusters`` for a job that may spread over the classes of ``memory``."""
+    caps: dict[str, int] = {}
+    for cls in memory:
+        lims = [mems[cls] for _, _, mems in owners if cls in mems]
+        if not lims:
+            return None  # a class with no memory limit: room for the whole job some day
+        caps[cls] = min(lims)
+    least, total = min(memory.values()), sum(caps.values())
+    if least <= total:
+        return None
+    classes = ", ".join(sorted(memory))
+    return "gpu_memory_mib", (f"{_gib(least)} of GPU memory in all, more than the GPU memory limits "
+                              f"on all clusters together of every GPU model class it may use "
+                              f"({classes}: {_gib(total)} in all)")
 
 
 def _gpus(n: float) -> str:
@@ -394,7 +420,7 @@ class ClusterTrial:
             if self._cards is None:
                 self._cards = card_classes(ns.static.node for ns in self.placer.state.nodes.values())
             memory = {cls: job_memory(job, self._floors[cls]) for cls in usable_classes(job, self._cards)}
-        never = never_all_clusters(job_gpus(job), memory, owners)
+        never = never_all_clusters(job_gpus(job), memory, owners, job.mixed_gpu_models)
         return never[1] if never else ""
 
     def over_all_clusters(self, job: Job, tenant: str) -> str:
@@ -485,6 +511,10 @@ class ClusterTrial:
             for pp in d.placement.pods:
                 self.placer.state.unreserve(pp)
             return Probe(name, FITS_NOW, placement=d.placement.pods)
+        if isinstance(d, Reject) and closed and job.mixed_gpu_models:
+            # Refused on the other classes' cards only: a job that may mix models could use
+            # them beside the classes now over a memory limit, once those have room again.
+            return Probe(name, WAITS, reason=_short(d.reason), all_clusters=True)
         if isinstance(d, Reject):
             return Probe(name, WAITS, reason=f"can never run there: {d.reason}", never=True)
         pre = preemption_probe(job, self.running, free)

@@ -325,7 +325,7 @@ def never_here(limits: selectors.AllClusterLimits, ids: tuple[int, int], job: E.
     memory: dict[str, int] = {}
     if cards and (pid in limits.project_memory or tid in limits.tenant_memory):
         memory = {cls: job_memory(job, floors.get(cls, cards[cls][0])) for cls in usable_classes(job, cards)}
-    return never_all_clusters(ask, memory, owners(limits, ids, job.queue))
+    return never_all_clusters(ask, memory, owners(limits, ids, job.queue), job.mixed_gpu_models)
 
 
 def _close_classes(job: E.Job, cards: dict[str, tuple[int, frozenset[str]]],
@@ -334,7 +334,10 @@ def _close_classes(job: E.Job, cards: dict[str, tuple[int, frozenset[str]]],
     """(the job, why it waits, why some classes are closed to it): every class it may use here
     over a memory limit → it waits; some → their cards are excluded for this cycle. A class
     whose limit the job asks more than itself stays closed with no reason to reopen it (should
-    the engine reject the job on the other classes' cards, the rejection stands)."""
+    the engine reject the job on the other classes' cards, the rejection stands) — except for a
+    job that may mix GPU models, which could use that class beside the others. Each class is
+    counted with the whole job on it, so a mixed job waits while every class alone is over,
+    though it might fit split over them (the admission re-check counts the placement itself)."""
     usable = usable_classes(job, cards)
     over = {cls: selectors.over_class_memory(limits, use, ids[0], ids[1],
                                               {cls: job_memory(job, cards[cls][0])})
@@ -343,8 +346,10 @@ def _close_classes(job: E.Job, cards: dict[str, tuple[int, frozenset[str]]],
     if not over:
         return job, "", ""
     who, ask = owners(limits, ids, job.queue), job_gpus(job)
+    # A job that may mix models could still use a class it alone would be over on, beside others.
     for_now = {cls: why for cls, why in over.items()
-               if not never_all_clusters(ask, {cls: job_memory(job, floors.get(cls, cards[cls][0]))}, who)}
+               if job.mixed_gpu_models
+               or not never_all_clusters(ask, {cls: job_memory(job, floors.get(cls, cards[cls][0]))}, who)}
     first = over[min(for_now or over)]
     if len(over) == len(usable):
         return job, first, ""

@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 
 from scheduling import services
-from scheduling.models import Cluster, DecisionKind, Job, JobState, SchedulingDecision
+from scheduling.models import Cluster, DecisionKind, GpuSlice, Job, JobState, SchedulingDecision
 from scheduling.services import placement
 from tenants import services as tenant_services
 from tenants.models import AuditEvent
@@ -312,3 +312,88 @@ def test_a_lowered_guarantee_rejects_a_bound_non_preemptible_floating_job(
     placement.placement_run()
     assert "can never run there: asks 6 GPUs, more than your project's GPU guarantee for " \
         "non-preemptible work (0 per cluster + 4 across all clusters)" in _rejected(job).reason
+
+
+# --- what a job holds: slices asking only compute, jobs that may mix GPU models -----------------
+
+
+def test_slices_asking_only_compute_hold_no_memory_so_a_class_memory_limit_passes_them(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    # Review rv2 finding 1: such slices were counted as whole cards (2 × 80 GiB) and refused.
+    east, _ = two
+    _project(world, gpu_memory_mib_limits_all_clusters={A100: CARD})
+    cores = _post(world, "cores", 2, 1, cluster="east", gpu_cores_percent=50)
+    assert cores.status_code == 201, cores.content
+    services.cycle_run(cluster=east)
+    job = Job.objects.get(pk=cores.json()["run"]["id"])
+    assert job.state == JobState.STARTING, (job.state, job.reason)
+    held = GpuSlice.objects.filter(allocation__job=job).values_list("memory_mib", "cores_percent")
+    assert sorted(held) == [(0, 50), (0, 50)]
+    # Slices asking memory still count it: 2 × 48 GiB is over the class's 80 GiB.
+    mem = _post(world, "mem", 2, 1, cluster="east", gpu_memory_mib=49152, gpu_cores_percent=25)
+    assert mem.status_code == 400
+    assert mem.json() == {"gpu_memory_mib": [
+        f"This asks 96 GiB of A100-80G GPU memory in all, more than {_who(world)}'s limit of 80 GiB "
+        f"of A100-80G GPU memory on all clusters together: it could never start."]}
+
+
+def test_queued_compute_only_slices_are_admitted_after_a_class_memory_limit_is_set(
+        world: Any, two: tuple[Cluster, Cluster]) -> None:
+    east, _ = two
+    cores = _job(world, "cores", east, 1, gpu_cores_percent=50, replicas=2)
+    mem = _job(world, "mem", east, 1, gpu_memory_mib=49152, gpu_cores_percent=25, replicas=2)
+    _project(world, gpu_memory_mib_limits_all_clusters={A100: CARD})
+    services.cycle_run(cluster=east)
+    cores.refresh_from_db()
+    assert cores.state == JobState.STARTING, (cores.state, cores.reason)
+    assert _rejected(mem).reason.startswith("The job asks 96 GiB of A100-80G GPU memory in all")
+
+
+MIX = """
+start_delay_seconds: 0
+default_duration_seconds: 3600
+nodes:
+  - name: mix-a100-{i}
+    count: 1
+    cpu_cores: 64
+    ram_gib: 512
+    labels: {kubernetes.io/arch: amd64}
+    gpus: {model: A100-80G, count: 4, memory_mib: 81920}
+  - name: mix-gh200-{i}
+    count: 1
+    cpu_cores: 64
+    ram_gib: 512
+    labels: {kubernetes.io/arch: amd64}
+    gpus: {model: GH200-96G, count: 4, memory_mib: 98304}
+"""
+
+
+def test_a_job_that_may_mix_models_is_rejected_only_beyond_the_classes_limits_together(world: Any) -> None:
+    # Review rv2 finding 2: 4 whole cards with mixed_gpu_models may go 2 A100 (160 GiB) + 2 GH200
+    # (192 GiB): within limits of 160 + 192 GiB though over each alone. It waits (the wait gate
+    # counts the whole job on each class), pinned and floating; never rejected as "never".
+    mix = services.cluster_create(actor=world.admin, name="mix", backend="simulated", inventory=MIX)
+    services.inventory_sync(cluster=mix)
+
+    def submit(name: str, cluster: Cluster | None) -> Job:
+        return services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster, name=name,
+                                   groups=[gpu_group(gpu_count=1, replicas=4)], preemptible=True,
+                                   mixed_gpu_models=True)
+
+    pinned, floating = submit("pinned", mix), submit("floating", None)
+    _project(world, gpu_memory_mib_limits_all_clusters={A100: 2 * CARD, "GH200-96G": 2 * 98304})
+    services.cycle_run(cluster=mix)
+    placement.placement_run()
+    for job in (pinned, floating):
+        job.refresh_from_db()
+        assert job.state == JobState.QUEUED, (job.name, job.state, job.reason)
+        assert "can never" not in job.reason and "can never" not in job.why_across_clusters
+    assert pinned.reason.startswith("Over your project's A100-80G GPU memory limit across all clusters")
+    # Lowered to 80 + 96 GiB: 4 cards hold 320 GiB at the least, more than 176 GiB: never.
+    _project(world, gpu_memory_mib_limits_all_clusters={A100: CARD, "GH200-96G": 98304})
+    services.cycle_run(cluster=mix)
+    placement.placement_run()
+    msg = ("320 GiB of GPU memory in all, more than the GPU memory limits on all clusters together of "
+           "every GPU model class it may use (A100-80G, GH200-96G: 176 GiB in all)")
+    assert _rejected(pinned).reason == f"The job asks {msg}: it can never start"
+    assert msg in _rejected(floating).reason

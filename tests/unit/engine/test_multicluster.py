@@ -340,6 +340,24 @@ def test_job_memory_whole_cards_and_slices() -> None:
     assert M.job_memory(sliced, 81920) == 3 * 10240
 
 
+def test_job_memory_counts_what_the_engine_holds_on_a_shareable_card() -> None:
+    """A slice asking only compute holds no memory (the engine's alignment), a share of the card
+    is rounded up, an exclusive slice takes the card: the same as the placement holds."""
+    def one(**kw: int | bool) -> Job:
+        return Job("s", (PodGroup("w", pod("w", gpu_count=1, **kw), replicas=2),), queue="t/p")  # type: ignore[arg-type]
+
+    cores_only, share = one(gpu_cores_percent=50), one(gpu_memory_percent=33, gpu_cores_percent=10)
+    exclusive = one(gpu_memory_mib=1024, exclusive=True)
+    assert M.job_memory(cores_only, 81920) == 0
+    assert M.job_memory(share, 81920) == 2 * math.ceil(33 * 81920 / 100)
+    assert M.job_memory(exclusive, 81920) == 2 * 81920
+    state = ClusterState(cluster(node("n0", 4, model="A100", memory_mib=81920)))
+    for job in (cores_only, share, exclusive):
+        d = Placer(state, default_policy(None)).place_job(job, reserve=False)
+        assert isinstance(d, Admit)
+        assert sum(M.placement_memory(d.placement.pods).values()) == M.job_memory(job, 81920)
+
+
 def test_a_class_over_its_memory_limit_closes_its_cards_and_names_the_class() -> None:
     limits = {"t/p": {"A100": 160 * 1024}}
     # 120 GiB of A100 memory held on all clusters: 2 more A100 cards (160 GiB) would cross it.
@@ -400,6 +418,33 @@ def test_never_all_clusters(ask: float, memory: dict[str, int], expected: str | 
     assert (got[0] if got else None) == expected
 
 
+_FOUR = {"A100-80G": 327680, "GH200-96G": 393216}  # 4 cards on A100 (320 GiB) or on GH200 (384 GiB)
+
+
+@pytest.mark.parametrize(("limits", "mixed", "kept_on_one"), [
+    # over 160 GiB and 192 GiB on each class alone, within them split 2 + 2
+    ({"A100-80G": 163840, "GH200-96G": 196608}, None, "gpu_memory_mib"),
+    ({"A100-80G": 81920, "GH200-96G": 98304}, "gpu_memory_mib", "gpu_memory_mib"),  # 176 GiB in all
+    ({"A100-80G": 0}, None, None),  # GH200 has no limit
+])
+def test_never_all_clusters_lets_a_mixed_models_job_spread(
+        limits: dict[str, int], mixed: str | None, kept_on_one: str | None) -> None:
+    owners: list[M.AllClusterOwner] = [("project t/p", None, limits), ("tenant t", None, {})]
+    got = M.never_all_clusters(4.0, _FOUR, owners, mixed=True)
+    assert (got[0] if got else None) == mixed
+    alone = M.never_all_clusters(4.0, _FOUR, owners)  # the same job kept on one model
+    assert (alone[0] if alone else None) == kept_on_one
+
+
+def test_never_all_clusters_for_a_mixed_job_sums_the_lower_level_per_class() -> None:
+    owners: list[M.AllClusterOwner] = [("project t/p", None, {"A100-80G": 163840, "GH200-96G": 196608}),
+                                       ("tenant t", None, {"A100-80G": 81920})]
+    got = M.never_all_clusters(4.0, _FOUR, owners, mixed=True)
+    assert got == ("gpu_memory_mib", "320 GiB of GPU memory in all, more than the GPU memory limits on "
+                   "all clusters together of every GPU model class it may use (A100-80G, GH200-96G: "
+                   "272 GiB in all)")
+
+
 def test_never_all_clusters_names_the_quota_and_the_lower_level() -> None:
     got = M.never_all_clusters(4.0, {}, [("project t/p", 8.0, {}), ("tenant t", 3.0, {})])
     assert got == ("gpu_count",
@@ -421,3 +466,14 @@ def test_a_trial_says_never_only_for_what_no_usage_could_change() -> None:
     never = t.probe(_job(6), "t", t.free)
     assert never.never
     assert "can never run there: asks 6 GPUs in all, more than project t/p's limit" in never.reason
+
+
+def test_a_mixed_models_job_refused_on_the_classes_left_open_waits_rather_than_never() -> None:
+    # 6 cards, 4 of each class here; A100 over its limit now (120 of 160 GiB held elsewhere):
+    # on the H100 cards alone it cannot fit, but 4 H100 + 2 A100 could once A100 memory frees.
+    trial = _mixed_trial({"t/p": {"A100": 160 * 1024}}, {("t/p", "A100"): 120 * 1024})
+    one_model = Job("one", (PodGroup("w", pod("w", gpu_count=1), replicas=6),), queue="t/p")
+    mixed = replace(one_model, name="mixed", mixed_gpu_models=True)
+    probe = trial.probe(mixed, "t", trial.free)
+    assert probe.outcome == M.WAITS and not probe.never
+    assert trial.probe(one_model, "t", trial.free).never  # 6 cards of one model: none has 6
