@@ -1,15 +1,30 @@
-"""kmock (PyPI) serving the Kubernetes API over real HTTP, in a thread with its own loop."""
+"""kmock (PyPI) serving the Kubernetes API over real HTTP, in a thread with its own loop.
+
+Everything that touches the emulator's store (``k.objects``) runs on the emulator's own event
+loop under its own ``asyncio.Lock``, as kmock's request handling does. kmock keeps no
+thread-safety of its own: a thread that deleted a POSTed Binding between kmock's storing it
+(``_handle``) and reading it back (``_serve_create``) made kmock answer 500 (``assert obj is not
+None``), and under CPU load often enough to exhaust Camp's retries and fail the dispatch."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import kmock
+from kmock._internal.rendering import Response
+
+T = TypeVar("T")
+
+_PODS = kmock.resource("", "v1", "pods")
+_BINDINGS = kmock.resource("", "v1", "bindings")
+_NODES = kmock.resource("", "v1", "nodes")
+# id(emulator) → its event loop, so that the test thread's store access runs there.
+_LOOPS: dict[int, asyncio.AbstractEventLoop] = {}
 
 
 @contextmanager
@@ -20,10 +35,17 @@ def kmock_server() -> Iterator[Any]:
     def run() -> None:
         async def main() -> None:
             async with kmock.KubernetesEmulator() as k, kmock.Server(k):
+                # The apiserver applies a Binding to its pod within the request (pods/binding).
+                k[kmock.action.CREATE, _BINDINGS] << (lambda request: _bind(k, request))
+                hami = asyncio.create_task(_hami_answers(k))
+                _LOOPS[id(k)] = asyncio.get_running_loop()
                 state["k"] = k
-                state["loop"] = asyncio.get_running_loop()
-                while not stop.is_set():
-                    await asyncio.sleep(0.02)
+                try:
+                    while not stop.is_set():
+                        await asyncio.sleep(0.02)
+                finally:
+                    _LOOPS.pop(id(k), None)
+                    hami.cancel()
 
         asyncio.run(main())
 
@@ -34,80 +56,119 @@ def kmock_server() -> Iterator[Any]:
         assert time.monotonic() < deadline, "kmock did not start"
         time.sleep(0.02)
     try:
-        with hami_answers(state["k"]):
-            yield state["k"]
+        yield state["k"]
     finally:
         stop.set()
         thread.join(timeout=5)
 
 
-def seed(k: Any, resource: tuple[str, str, str], namespace: str | None, name: str,
-         obj: dict[str, Any]) -> None:
+def _in_store(k: Any, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on the emulator's loop holding its lock (directly if there is no loop to
+    go to, or if already on it)."""
+    loop = _LOOPS.get(id(k))
+    try:
+        on_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_loop = False
+    if loop is None or on_loop:
+        return fn()
+
+    async def locked() -> T:
+        async with k._lock:
+            return fn()
+
+    return asyncio.run_coroutine_threadsafe(locked(), loop).result(timeout=30)
+
+
+def seed(
+    k: Any, resource: tuple[str, str, str], namespace: str | None, name: str, obj: dict[str, Any]
+) -> None:
     """Put an object straight into the emulator's store (no HTTP)."""
-    k.objects[(kmock.resource(*resource), namespace, name)] = obj
+
+    def put() -> None:
+        k.objects[(kmock.resource(*resource), namespace, name)] = obj
+
+    _in_store(k, put)
 
 
 def stored(k: Any, plural: str, namespace: str | None, name: str) -> dict[str, Any]:
     group, version = ("", "v1")
-    return dict(k.objects[(kmock.resource(group, version, plural), namespace, name)].raw)
+    return _in_store(
+        k, lambda: dict(k.objects[(kmock.resource(group, version, plural), namespace, name)].raw)
+    )
 
 
-@contextmanager
-def hami_answers(k: Any) -> Iterator[None]:
+def _status(code: int, reason: str = "", message: str = "") -> Response:
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "code": code,
+        "status": "Success" if code < 400 else "Failure",
+    }
+    if reason:
+        body.update(reason=reason, message=message)
+    return Response(status=code, payload=body)
+
+
+async def _bind(k: Any, request: Any) -> Response:
+    """POST .../bindings as the apiserver answers it (pkg/registry/core/pod/storage BindingREST):
+    the pod gets the target's nodeName, 404 without the pod, 409 if it is already bound; the
+    Binding itself is not kept (kmock stored it before this reaction: drop it)."""
+    meta = request.data.get("metadata") or {}
+    namespace, name = request.namespace or meta.get("namespace"), meta.get("name")
+    target = (request.data.get("target") or {}).get("name", "")
+    async with k._lock:
+        if (_BINDINGS, namespace, name) in k.objects:
+            del k.objects[(_BINDINGS, namespace, name)]
+        key = (_PODS, namespace, name)
+        if key not in k.objects or k.objects[key].deleted:
+            return _status(404, "NotFound", f'pods "{name}" not found')
+        pod = dict(k.objects[key].raw)
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound:
+            return _status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": '
+                f'pod {name} is already assigned to node "{bound}"',
+            )
+        pod["spec"] = {**pod.get("spec", {}), "nodeName": target}
+        k.objects[key] = pod
+    return _status(201)
+
+
+async def _hami_answers(k: Any) -> None:
     """Answer HAMi's bind handshake for kmock's pods as the device plugin would (bind-phase
     allocating → success), straight in the emulator's store. The real handshake, with the
     node lock and the device checks, is tested on the real apiserver (tests/integration/
     realkube); kmock tests only need the answer to check what Camp creates."""
-    stop = threading.Event()
-    pods = kmock.resource("", "v1", "pods")
-
-    bindings = kmock.resource("", "v1", "bindings")
-
-    def run() -> None:
-        while not stop.is_set():
-            # kmock stores a POSTed Binding as an object; the apiserver would set the pod's
-            # nodeName from it (pods/binding). Do that, once per Binding.
-            for key in [key for key in list(k.objects) if key[0] == bindings]:
-                try:
-                    target = dict(k.objects[key].raw).get("target") or {}
-                    pod = dict(k.objects[(pods, key[1], key[2])].raw)
-                except (KeyError, AttributeError, ValueError):
+    while True:
+        async with k._lock:
+            for key in [key for key in k.objects if key[0] == _PODS]:
+                if k.objects[key].deleted:
                     continue
-                del k.objects[key]
-                pod["spec"] = {**pod.get("spec", {}), "nodeName": target.get("name", "")}
-                seed(k, ("", "v1", "pods"), key[1], key[2], pod)
-            for key in [key for key in list(k.objects) if key[0] == pods]:
-                try:
-                    raw = dict(k.objects[key].raw)
-                except (KeyError, AttributeError, ValueError):
-                    continue
+                raw = dict(k.objects[key].raw)
                 ann = (raw.get("metadata") or {}).get("annotations") or {}
                 # As HAMi's GetPendingPod: only a pod already bound to its node is answered.
                 if ann.get("hami.io/bind-phase") == "allocating" and (raw.get("spec") or {}).get("nodeName"):
-                    raw["metadata"] = {**raw["metadata"],
-                                       "annotations": {**ann, "hami.io/bind-phase": "success"}}
-                    seed(k, ("", "v1", "pods"), key[1], key[2], raw)
+                    raw["metadata"] = {
+                        **raw["metadata"],
+                        "annotations": {**ann, "hami.io/bind-phase": "success"},
+                    }
+                    k.objects[key] = raw
                     _release_lock(k, ann.get("hami.io/vgpu-node", ""), f",{key[1]},{key[2]}")
-            stop.wait(0.05)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
+        await asyncio.sleep(0.05)
 
 
 def _release_lock(k: Any, node: str, owner: str) -> None:
     """HAMi's ReleaseNodeLock after a successful allocation: the node lock goes if ours."""
-    key = (kmock.resource("", "v1", "nodes"), None, node)
-    try:
-        raw = dict(k.objects[key].raw)
-    except (KeyError, AttributeError, ValueError):
+    key = (_NODES, None, node)
+    if key not in k.objects or k.objects[key].deleted:
         return
+    raw = dict(k.objects[key].raw)
     ann = dict((raw.get("metadata") or {}).get("annotations") or {})
     if ann.get("hami.io/mutex.lock", "").endswith(owner):
         del ann["hami.io/mutex.lock"]
         raw["metadata"] = {**raw["metadata"], "annotations": ann}
-        seed(k, ("", "v1", "nodes"), None, node, raw)
+        k.objects[key] = raw
