@@ -275,8 +275,11 @@ def _find(api: Api, ref: str) -> tuple[str, dict[str, Any]]:
                 return path, api.call("GET", f"{path}/{ref}/")
             except click.ClickException:
                 continue
-        if path == "jobs":  # the jobs API searches names (?search=); keep the exact ones
-            found = [j for j in api.items(f"{path}/", search=ref) if j.get("name") == ref]
+        if path == "jobs":  # the jobs API searches names (?search=); keep the exact ones, and
+            # only plain jobs, as ``ls`` lists them: the job behind a training job or environment
+            # (kept when that is deleted) is reached through it, or as ``job/<id>``
+            found = [j for j in api.items(f"{path}/", search=ref)
+                     if j.get("name") == ref and j.get("kind") not in WORKLOAD_JOB_KINDS]
         else:
             found = api.items(f"{path}/", name=ref)
         if len(found) > 1:

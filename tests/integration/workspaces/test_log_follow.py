@@ -199,7 +199,7 @@ def test_cli_follows_and_removes(world: Any, sim_cluster: Any, asgi_server: str)
         "running",
     )
     proc = _camp(asgi_server, token, "rm", "train")
-    assert proc.returncode == 1 and "No training job or environment train" in proc.stderr
+    assert proc.returncode == 1 and "No training job, environment or job train" in proc.stderr
 
 
 def test_delete_api_permissions_and_dependants(world: Any, sim_cluster: Any) -> None:
