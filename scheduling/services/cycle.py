@@ -137,11 +137,14 @@ def cycle_run(*, cluster: Cluster, now: float | None = None) -> CycleSummary | N
     with cycle_lock(cluster.pk) as got:
         if not got:
             return None
-        why = _closed(cluster)
+        # Nothing queued: an idle tick (a closed cluster has nothing to hold back either), so
+        # its state is read only when there is work to judge.
+        queued = Job.objects.filter(cluster=cluster, state=JobState.QUEUED).exists()
+        why = _closed(cluster) if queued else None
         if why is not None:
             summary = closed_hold(cluster, why)
         else:
-            inputs, statuses = _decide(cluster, now)
+            inputs, statuses = _decide(cluster, now, queued=queued)
             summary = _persist(cluster, inputs, statuses)
     signals.cycle_finished.send_robust(
         sender=Cluster, cluster_id=cluster.pk, seconds=time.perf_counter() - started,
@@ -180,10 +183,14 @@ def closed_hold(cluster: Cluster, why: ClosedWhy) -> CycleSummary:
     return summary
 
 
-def _decide(cluster: Cluster, now: float | None) -> tuple[selectors.CycleInputs, list[JobStatus]]:
+def _decide(cluster: Cluster, now: float | None, queued: bool | None = None,
+            ) -> tuple[selectors.CycleInputs, list[JobStatus]]:
     """The snapshot (one consistent read) and the engine's decisions (no transaction open).
-    Nothing queued: nothing to decide, and no snapshot to read (an idle tick is one query)."""
-    if not Job.objects.filter(cluster=cluster, state=JobState.QUEUED).exists():
+    Nothing queued (``queued``: already known by the caller): nothing to decide, and no
+    snapshot to read (an idle tick is one query)."""
+    if queued is None:
+        queued = Job.objects.filter(cluster=cluster, state=JobState.QUEUED).exists()
+    if not queued:
         return selectors.CycleInputs.empty(), []
     with _gc_paused(), _consistent_read():
         limits = selectors.all_cluster_limits()
