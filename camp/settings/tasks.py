@@ -13,13 +13,20 @@ from .database import REDIS_URL
 
 _queue_dir = BASE_DIR / "var" / "celery"
 
+# channels_redis waits for a live page's messages with BZPOPMIN, which Redis answers after
+# ``brpop_timeout`` (5 s) when nothing came; redis-py 8 reads with a 5-s socket timeout by
+# default, so an idle wait raced it and lost under load ("Timeout reading from …"), which
+# ended the page's WebSocket consumer: the page stopped updating. The read must outlast the
+# block; a dead connection still times out (after 15 s).
+CHANNEL_LAYER_SOCKET_TIMEOUT_S = 15
+
 if REDIS_URL:
     CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}]},
         }
     }
 else:

@@ -11,6 +11,7 @@ import dj_database_url
 from camp.env import env_int, env_str
 
 from . import *  # noqa: F403
+from .tasks import CHANNEL_LAYER_SOCKET_TIMEOUT_S
 
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/camp")
 # Each test run owns its database, Celery queue and cache keys, so concurrent runs on one
@@ -32,7 +33,8 @@ CELERY_TASK_DEFAULT_QUEUE = f"camp-test-{TEST_RUN_ID}"
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # as production's (camp/settings/tasks.py): the read outlasts channels_redis's 5-s block
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}]},
     }
 }
 

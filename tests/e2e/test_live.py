@@ -43,6 +43,12 @@ def asgi_server(transactional_db: Any) -> Iterator[str]:
             return {row[0] for row in cursor.fetchall()}
 
     before = backends()
+    # One channel layer per server: channels_redis lets one event loop receive at a time, and
+    # a consumer of the last test's server (its loop gone) may still count as receiving on
+    # the process-wide layer. Production runs one server, one loop, one layer.
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
     server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
