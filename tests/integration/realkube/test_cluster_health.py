@@ -44,7 +44,7 @@ def test_an_apiserver_outage_requeues_without_an_attempt_and_holds_new_work(worl
         assert seen["state"] == "queued" and seen["attempts"] == 0, seen
         assert seen["reason"].startswith("Cluster real is unreachable since"), seen["reason"]
         assert "not counted" in seen["reason"]
-        assert tasks.cluster_reconcile(real.pk) == "error"  # the reconcile's probe fails too
+        assert tasks.cluster_reconcile(real.pk) == "unreachable"  # the reconcile's probe fails too
         second = _pinned(world, real, "submitted-during")
         for _ in range(3):
             assert tasks.cluster_cycle(real.pk) == "unreachable"  # admits nothing
