@@ -351,7 +351,10 @@ class KubernetesBackend:
             left = self.budget.timeouts()
             limit = min(timeout, left[0]), min(timeout, left[1])
         try:
-            k8s.VersionApi(self.api).get_code(_request_timeout=limit)
+            # Read, not deserialised: that it answered is all the probe asks.
+            answer = k8s.VersionApi(self.api).get_code(_request_timeout=limit, _preload_content=False)
+            answer.read()
+            answer.release_conn()
         except ApiException as exc:
             if exc.status in (401, 403):
                 return  # it answered; what the credentials may do is checked elsewhere
