@@ -245,11 +245,13 @@ def periodic_request_taken(kind: str, cluster_id: int) -> None:
     cache.delete(f"camp:periodic:{kind}:{cluster_id}")
 
 
-def cluster_periodic(kind: str, cluster_id: int, run: Callable[[Cluster], T]) -> T | str:
+def cluster_periodic(kind: str, cluster_id: int, run: Callable[[Cluster], T], *,
+                     enabled_only: bool = True) -> T | str:
     """The one gate of every periodic task that calls a cluster: ``run(cluster)`` if the
     cluster may be called now, within its time; else why not.
 
-    Rules: a disabled cluster is not called ("disabled"); one backing off after a failure is
+    Rules: a disabled cluster is not called ("disabled"; ``enabled_only=False`` for what its
+    running jobs still need, e.g. their checkpoints); one backing off after a failure is
     not called before its ``retry_at`` ("backing-off"); once due, an unreachable cluster is
     probed by one run at a time (the others skip it, "backing-off") and stays skipped until it
     answers. A Kubernetes cluster is probed first (``GET /version``, ``CAMP_KUBE_PROBE_SECONDS``,
@@ -266,8 +268,8 @@ def cluster_periodic(kind: str, cluster_id: int, run: Callable[[Cluster], T]) ->
 
     probing = ""
     try:
-        cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
-        if cluster is None:
+        cluster = Cluster.objects.filter(pk=cluster_id).first()
+        if cluster is None or (enabled_only and not cluster.enabled):
             return "disabled"
         if not cluster_due(cluster):
             return "backing-off"

@@ -64,7 +64,8 @@ def test_a_dead_cluster_is_probed_once_by_whichever_task_comes_first_then_skippe
         assert connections[0] == 2
 
 
-def test_a_server_that_hangs_after_the_probe_costs_one_call_within_the_budget(world: Any, settings: Any) -> None:
+def test_a_server_that_hangs_after_the_probe_costs_one_call_within_the_budget(
+        world: Any, settings: Any) -> None:
     """``/version`` answers (an API server whose etcd hangs): the run makes one call, with its read
     timeout capped by the cluster's budget, and no retry."""
     settings.CAMP_CLUSTER_RUN_SECONDS = 2
@@ -93,6 +94,38 @@ def test_a_run_stops_when_its_time_for_the_cluster_is_spent_without_marking_it_u
         cluster.refresh_from_db()
         assert cluster.unreachable_since is None and cluster.failures == 0
         assert wtasks.services_sweep() == 1  # the next round goes on
+
+
+def test_the_checkpoint_scan_of_a_running_training_job_probes_a_hung_cluster_once(
+        world: Any, kube: Any) -> None:
+    """``workspaces_tick`` reads each running training job's rank-0 log for checkpoints every
+    30 s: the periodic log fetch goes through the same gate (it once waited 5 × 30 s a pod)."""
+    from registry.models import Image
+    from workspaces import services as workloads
+
+    from .steps import wait_running
+
+    kube.node("gpu-a", devices=hami_devices(2))
+    real = kube.register(world)
+    t = workloads.training_submit(
+        actor=world.a.member, project=world.a.project, cluster=real, name="ckpt", framework="pytorch",
+        image=Image.objects.get(name="pytorch-training"), workers=2, gpu_count=1, gpu_memory_mib=10000,
+        gpu_cores_percent=20, cpu_millicores=1000, ram_mib=1024, checkpoint_dir="/ckpt")
+    assert t.job is not None
+    services.cycle_run(cluster=real)
+    assert services.job_dispatch(job_id=t.job.pk) == "created"
+    wait_running(real, t.job)
+    assert wtasks.training_sync(t.pk) == "running"  # read through the gate while it answers
+    with hung_api_server() as (hung_url, connections):
+        Cluster.objects.filter(pk=real.pk).update(api_server=hung_url)  # the server hangs
+        assert wtasks.training_sync(t.pk) == "running"
+        assert connections[0] == 1  # the probe: no log read, no retry
+        real.refresh_from_db()
+        assert real.unreachable_since is not None and real.failures == 1
+        for _ in range(3):
+            assert wtasks.training_sync(t.pk) == "running"
+        assert connections[0] == 1  # skipped while it backs off
+        Cluster.objects.filter(pk=real.pk).update(api_server=kube.server.host)
 
 
 def _play_beat() -> None:
