@@ -154,3 +154,13 @@ WORKSPACES_STORAGE_CLASS = env_str("WORKSPACES_STORAGE_CLASS", "")
 WORKSPACES_IDLE_MINUTES = env_int("WORKSPACES_IDLE_MINUTES", 60)
 # An environment's open link works once, within this many seconds of being issued.
 WORKSPACES_LINK_TTL_SECONDS = env_int("WORKSPACES_LINK_TTL_SECONDS", 300)
+
+# A periodic tick that waited in the queue longer than its own period is stale: the next one is
+# already on its way and does the same work on fresher state. The worker drops it on receipt
+# (Celery's ``expires``) instead of running a backlog, so a worker that fell behind (the demo's
+# single SQLite-backed worker, a worker restarted after an outage) catches up at once rather than
+# staying minutes behind for good. Tasks queued by services (cycle and placement requests,
+# dispatches) carry no expiry: each of them is work, not a tick.
+for _entry in CELERY_BEAT_SCHEDULE.values():
+    _period = float(_entry["schedule"])  # type: ignore[arg-type]
+    _entry.setdefault("options", {"expires": max(_period, 1.0)})
