@@ -155,12 +155,19 @@ WORKSPACES_IDLE_MINUTES = env_int("WORKSPACES_IDLE_MINUTES", 60)
 # An environment's open link works once, within this many seconds of being issued.
 WORKSPACES_LINK_TTL_SECONDS = env_int("WORKSPACES_LINK_TTL_SECONDS", 300)
 
-# A periodic tick that waited in the queue longer than its own period is stale: the next one is
-# already on its way and does the same work on fresher state. The worker drops it on receipt
+# A periodic tick that waited in the queue much longer than its own period is stale: later ones
+# are already on their way and do the same work on fresher state. The worker drops it on receipt
 # (Celery's ``expires``) instead of running a backlog, so a worker that fell behind (the demo's
-# single SQLite-backed worker, a worker restarted after an outage) catches up at once rather than
-# staying minutes behind for good. Tasks queued by services (cycle and placement requests,
-# dispatches) carry no expiry: each of them is work, not a tick.
+# SQLite-backed worker, a worker restarted after an outage) catches up at once rather than
+# staying minutes behind for good. Two periods (at least TICK_EXPIRY_MIN_SECONDS) keep a tick
+# running under an ordinary lag: only a queue that is far behind drops them. Tasks queued by
+# services (cycle and placement requests, dispatches) carry no expiry: each is work, not a tick.
+TICK_EXPIRY_MIN_SECONDS = 30.0
+
+
+def tick_expiry(period: float) -> float:
+    return max(2 * period, TICK_EXPIRY_MIN_SECONDS)
+
+
 for _entry in CELERY_BEAT_SCHEDULE.values():
-    _period = float(_entry["schedule"])  # type: ignore[arg-type]
-    _entry.setdefault("options", {"expires": max(_period, 1.0)})
+    _entry.setdefault("options", {"expires": tick_expiry(float(_entry["schedule"]))})  # type: ignore[arg-type]
