@@ -25,6 +25,7 @@ from ..models import (
     PodGroup,
     PriorityClass,
     SchedulingDecision,
+    preemptible_default,
 )
 from .common import (
     SCHEDULER,
@@ -93,7 +94,7 @@ def _job_build(
     if priority_class not in PRIORITY_VALUES:
         raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PRIORITY_VALUES)}."]})
     if preemptible is None:
-        preemptible = priority_class == PriorityClass.BATCH
+        preemptible = preemptible_default(priority_class)
     if preemptible and priority_class in NON_PREEMPTIBLE_CLASSES:
         raise ValidationError({"preemptible": [f"{priority_class} jobs are never preemptible."]})
     job = Job(
