@@ -252,10 +252,12 @@ def cluster_periodic(kind: str, cluster_id: int, run: Callable[[Cluster], T], *,
 
     Rules: a disabled cluster is not called ("disabled"; ``enabled_only=False`` for what its
     running jobs still need, e.g. their checkpoints); one backing off after a failure is
-    not called before its ``retry_at`` ("backing-off"); once due, an unreachable cluster is
-    probed by one run at a time (the others skip it, "backing-off") and stays skipped until it
-    answers. A Kubernetes cluster is probed first (``GET /version``, ``CAMP_KUBE_PROBE_SECONDS``,
-    no retries), then ``run`` calls it with one attempt per call and at most
+    not called before its ``retry_at`` ("backing-off") and stays skipped until a probe finds
+    it answering. A Kubernetes cluster is probed first (``GET /version``,
+    ``CAMP_KUBE_PROBE_SECONDS``, no retries) by one run at a time: a run that finds another
+    probing it skips this round ("busy": a healthy cluster answers in milliseconds, a dead
+    one is being found out, so its failure costs one probe, not one per task); then ``run``
+    calls it with one attempt per call and at most
     ``CAMP_CLUSTER_RUN_SECONDS`` in all (``CallBudget``: every ``backend_for`` inside is bound
     to it). A probe or call that gets no answer, or a 5xx/429, is a reachability failure
     (``cluster_reachability_record``: backoff, the cluster takes no new work) — "unreachable";
@@ -266,7 +268,6 @@ def cluster_periodic(kind: str, cluster_id: int, run: Callable[[Cluster], T], *,
     from ..backends import backend_for, budgeted
     from ..backends.base import BackendError, BudgetSpent, CallBudget
 
-    probing = ""
     try:
         cluster = Cluster.objects.filter(pk=cluster_id).first()
         if cluster is None or (enabled_only and not cluster.enabled):
@@ -274,18 +275,19 @@ def cluster_periodic(kind: str, cluster_id: int, run: Callable[[Cluster], T], *,
         if not cluster_due(cluster):
             return "backing-off"
         down = cluster.unreachable_since is not None or cluster.failures > 0
-        if down:
-            probing = f"camp:cluster-probing:{cluster_id}"
-            if not cache.add(probing, 1, timeout=_run_seconds() + 5):
-                probing = ""
-                return "backing-off"  # another run is probing it now
         connect, read = PERIODIC_TIMEOUT_SECONDS
         budget = CallBudget(deadline=_clock() + _run_seconds(), connect=connect, read=read,
                             retries=0, clock=_clock)
         try:
             with budgeted(cluster_id, budget):
                 if cluster.backend == Backend.KUBERNETES:
-                    backend_for(cluster).probe()  # type: ignore[attr-defined]
+                    probing = f"camp:cluster-probing:{cluster_id}"
+                    if not cache.add(probing, 1, timeout=_run_seconds() + 5):
+                        return "busy"  # another run is probing it now
+                    try:
+                        backend_for(cluster).probe()  # type: ignore[attr-defined]
+                    finally:
+                        cache.delete(probing)
                 result: T | str = run(cluster)
         except BudgetSpent as exc:
             logger.warning("cluster %s: %s stopped: %s", cluster.name, kind, exc)
@@ -300,8 +302,6 @@ def cluster_periodic(kind: str, cluster_id: int, run: Callable[[Cluster], T], *,
             cluster_reachability_record(cluster_id=cluster_id, error=None)
         return result
     finally:
-        if probing:
-            cache.delete(probing)
         periodic_request_taken(kind, cluster_id)
 
 

@@ -64,6 +64,37 @@ def test_a_dead_cluster_is_probed_once_by_whichever_task_comes_first_then_skippe
         assert connections[0] == 2
 
 
+def test_while_one_task_probes_a_hung_cluster_the_others_skip_it(world: Any) -> None:
+    """Fresh (never seen failing) and met by every periodic task at once, as at a tick: one
+    probe, not one per task."""
+    import threading
+
+    from django.db import connection
+
+    with hung_api_server() as (hung_url, connections):
+        hung = _dead(world, "hung", hung_url)
+        outcome: list[Any] = []
+
+        def reconcile() -> None:
+            try:
+                outcome.append(tasks.cluster_reconcile(hung.pk))
+            finally:
+                connection.close()
+
+        first = threading.Thread(target=reconcile)
+        first.start()
+        deadline = time.monotonic() + 60
+        while connections[0] == 0:  # its probe is on the wire (the probe lock is held before)
+            assert time.monotonic() < deadline and first.is_alive(), "the probe never came"
+            time.sleep(0.01)
+        for kind in ("inventory", "services-sweep"):
+            # "busy" while the probe runs; "backing-off" if it has already failed (load).
+            assert PERIODIC[kind](hung.pk) in ("busy", "backing-off"), kind
+        first.join(timeout=60)
+        assert outcome == ["unreachable"]
+        assert connections[0] == 1
+
+
 def test_a_server_that_hangs_after_the_probe_costs_one_call_within_the_budget(
         world: Any, settings: Any) -> None:
     """``/version`` answers (an API server whose etcd hangs): the run makes one call, with its read
