@@ -63,8 +63,15 @@ def delete_objects(cluster_id: int, namespace: str, objects: list[list[str] | tu
 @shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
 def services_autoscale() -> dict[str, int]:
     """Beat (``SERVING_AUTOSCALE_SECONDS``): one autoscaler step per model service
-    (workspaces/services/serving.py): load → desired replicas → replica jobs added or removed."""
-    return services.model_services_autoscale()
+    (workspaces/services/serving.py): load → desired replicas → replica jobs added or removed.
+    One step at a time: a step slowed by a Prometheus that does not answer (each read waits
+    for its timeout) makes the next beats skip, never run beside it on every worker."""
+    if not scheduling.periodic_request("services-autoscale", 0):
+        return {"skipped": 1}
+    try:
+        return services.model_services_autoscale()
+    finally:
+        scheduling.periodic_request_taken("services-autoscale", 0)
 
 
 @shared_task(**_OPTS)

@@ -159,6 +159,16 @@ def test_the_checkpoint_scan_of_a_running_training_job_probes_a_hung_cluster_onc
         Cluster.objects.filter(pk=real.pk).update(api_server=kube.server.host)
 
 
+def test_autoscale_steps_do_not_pile_up_behind_a_slow_one(world: Any) -> None:
+    """The autoscaler reads each model service's load from its cluster's Prometheus (10 s
+    timeout a read): while one step runs (here: its request is held, as a running step holds
+    it), the beat's next ones skip instead of running beside it on every worker."""
+    assert services.periodic_request("services-autoscale", 0)  # a step is running
+    assert wtasks.services_autoscale() == {"skipped": 1}
+    services.periodic_request_taken("services-autoscale", 0)  # it ended
+    assert wtasks.services_autoscale() == {"services": 0, "failed": 0, "gone": 0}
+
+
 def _play_beat() -> None:
     """What ``celery beat`` sends (camp/settings/tasks.py), every tick here rather than at each
     task's own period: the worst case for the dead clusters."""
@@ -166,6 +176,7 @@ def _play_beat() -> None:
     tasks.inventory_tick.delay()
     tasks.utilization_tick.delay()
     wtasks.services_sweep.delay()
+    wtasks.services_autoscale.delay()
     wtasks.workspaces_tick.delay()
 
 
