@@ -238,7 +238,8 @@ def periodic_request(kind: str, cluster_id: int) -> bool:
     cluster and kind, so a slow cluster never piles its runs up in the queue; the key is
     dropped when the run ends (``cluster_periodic``) or expires (a run lost with a killed
     worker holds back the next one this long at most)."""
-    return bool(cache.add(f"camp:periodic:{kind}:{cluster_id}", 1, timeout=RECONCILE_REQUEST_SECONDS))
+    timeout = max(RECONCILE_REQUEST_SECONDS, 2 * _run_seconds())  # outlives a run in its budget
+    return bool(cache.add(f"camp:periodic:{kind}:{cluster_id}", 1, timeout=timeout))
 
 
 def periodic_request_taken(kind: str, cluster_id: int) -> None:
