@@ -22,7 +22,6 @@ from django.utils import timezone
 from scheduling import engine as E
 from scheduling.engine import multicluster as M
 from scheduling.engine.cycle import CycleConfig, CycleResult, JobStatus, run_cycle
-from scheduling.engine.multicluster import gpus_of, placement_memory
 from tenants.audit import audit_batch
 
 from .. import selectors, signals
@@ -39,6 +38,7 @@ from ..models import (
     SchedulingDecision,
 )
 from . import all_clusters
+from . import write_policy as policy
 from .clusters import ClosedWhy, cluster_closed_why
 from .common import (
     _ALL_CLUSTERS_LOCK_CLASS,
@@ -306,7 +306,7 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     for status in statuses:
         row, d = inputs.jobs[status.job], status.decision
         if isinstance(d, (E.Admit, E.Preempt)):
-            blocked = _outside_pools(inputs, row.tenant_id, d.placement)
+            blocked = policy.outside_pools(inputs.pools, row.tenant_id, d.placement)
             if blocked:
                 waits.append(_WaitRow(row, blocked, "capacity", None, None))
                 continue
@@ -322,10 +322,10 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
             admits.append((job, d.placement, status))
         elif isinstance(d, E.Preempt):
             preemptions.append((job, d))
-        elif isinstance(d, E.Reject) and job.floating and inputs.cluster is not None:
-            # A floating job this cluster can never run goes back to the global queue with
-            # this cluster refused, instead of being rejected: another cluster may run it (the
-            # placement step rejects it once none can). Under this cycle's lock.
+        elif isinstance(d, E.Reject) and policy.reject_or_unplace(
+                floating=job.floating, cycle_of_a_cluster=inputs.cluster is not None) == "unplace":
+            # Under this cycle's lock.
+            assert inputs.cluster is not None
             from .placement import job_unplace  # placement imports this module
 
             if job_unplace(job_id=job.pk, reason=f"cluster {inputs.cluster.name} cannot run it: {d.reason}",
@@ -417,16 +417,8 @@ def _lock_rows(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
 
 
 def _outside_pools(inputs: selectors.CycleInputs, tenant_id: int, placement: E.Placement) -> str:
-    """Backstop for dedicated pools: GPU pods are kept out by their model lists (see
-    ``selectors.pool_model``); a pod without GPUs has no such list, so a placement that
-    puts one on a pool closed to the job's tenant is not persisted: the job waits, for the
-    reason returned (empty when the placement is allowed)."""
-    forbidden = inputs.pools.forbidden_nodes(tenant_id)
-    bad = sorted({pp.node for pp in placement.pods if pp.node in forbidden})
-    if not bad:
-        return ""
-    pools = sorted({inputs.pools.node_pool[n] for n in bad})
-    return f"{selectors.OUTSIDE_POOLS} ({', '.join(pools)})"
+    """Step 1 of the write's policy (``write_policy.outside_pools``) on this cycle's inputs."""
+    return policy.outside_pools(inputs.pools, tenant_id, placement)
 
 
 @dataclass(frozen=True, slots=True)
@@ -569,25 +561,7 @@ def _guaranteed_preemptions(admits: list[tuple[Job, E.Placement, JobStatus]],
     book = selectors.guarantee_book(limits)
     if book is None:
         return preemptions, []
-    keep: list[tuple[Job, E.Preempt]] = []
-    refused: list[tuple[Job, str]] = []
-    for job, d in preemptions:
-        victims = [jobs[int(v)] for v in d.victims if int(v) in jobs]
-        reclaim = any(v.priority >= job.priority for v in victims)
-        n = gpus_of(d.placement.pods)
-        reason = all_clusters.guarantee_refusal(
-            limits, use, book, job.cluster_id or 0, (job.project_id, job.tenant_id), n,
-            nonpreemptible=not job.preemptible, reclaim=reclaim,
-            job_id=job.pk) if reclaim or not job.preemptible else ""
-        if reason:
-            refused.append((job, reason[:1].upper() + reason[1:]))
-            continue
-        # Counted for the next ones in this cycle too.
-        book.admitted(job.pk)  # a preemptor preempting again: its old ask goes
-        book.add_ask(job.pk, job.project_id, job.tenant_id, job.cluster_id or 0, n,
-                     nonpreemptible=not job.preemptible, reclaim=reclaim)
-        keep.append((job, d))
-    return keep, refused
+    return policy.guaranteed_preemptions(preemptions, jobs, limits, use, book)
 
 
 def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
@@ -608,31 +582,7 @@ def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
         return accepted, []
     _lock_all_clusters(limits.tenant_ids)
     use = selectors.all_cluster_use(limits.tenant_ids)
-    in_use = use.as_in_use()
-    book = selectors.guarantee_book(limits)
-    keep: list[tuple[Job, E.Placement, JobStatus]] = []
-    over: list[tuple[Job, str, str]] = []
-    for job, placement, status in accepted:
-        n = gpus_of(placement.pods)
-        kind = "quota"
-        reason = all_clusters.admissible((job.project_id, job.tenant_id), placement.pods, n, limits, use,
-                                         in_use)
-        if not reason and book is not None and not job.preemptible:
-            kind = "guarantee"
-            reason = all_clusters.guarantee_refusal(
-                limits, use, book, job.cluster_id or 0, (job.project_id, job.tenant_id), n,
-                nonpreemptible=True, reclaim=False, job_id=job.pk)
-        if reason:
-            over.append((job, reason[:1].upper() + reason[1:], kind))
-            continue
-        in_use[0][job.project_id] += n
-        in_use[1][job.tenant_id] += n
-        use.add(job.project_id, job.tenant_id, n, placement_memory(placement.pods),
-                job.cluster_id or 0, not job.preemptible)
-        if book is not None:  # a preemptor admitted: held now, its ask no longer counted
-            book.admitted(job.pk)
-        keep.append((job, placement, status))
-    return keep, over
+    return policy.within_all_clusters(accepted, limits, use, selectors.guarantee_book(limits))
 
 
 def _gpu_delta(inputs: selectors.CycleInputs, placement: E.Placement) -> dict[int, list[int]]:
