@@ -1080,6 +1080,9 @@ def _describe(exc: ApiException) -> str:
         if "CERTIFICATE_VERIFY_FAILED" in text:
             return "The API server's TLS certificate could not be verified (wrong or missing CA certificate)"
         return f"Kubernetes API unreachable ({text.splitlines()[0][:200] if text else 'no answer'})"
+    if exc.status == 401:  # e.g. a `kubectl create token` token past its --duration
+        return ("Kubernetes API answered 401 Unauthorized: the cluster's token is wrong or has "
+                "expired; register a new one (the cluster's credentials, docs/DEPLOY.md)")
     try:
         message = json.loads(exc.body or "{}").get("message", "")
     except (ValueError, AttributeError):

@@ -64,7 +64,7 @@ def kubeconfig() -> Iterator[Path]:
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
-    server = KubeApiserver.start(prefix="camp-helm-kube-")
+    server = KubeApiserver.start(prefix="camp-helm-kube-", agent=False)
     try:
         yield server.kubeconfig
     finally:
