@@ -3,7 +3,10 @@
 The apiserver is ``../shared/tools/kube-apiserver`` (upstream Kubernetes v1.24.0) with etcd
 from Debian, started by ``../shared/tools/start-kube-apiserver.sh`` on free loopback ports in
 a fresh directory and stopped through its PID files (DESIGN.md §6). Everything Camp does to
-the cluster goes over HTTPS to that server through the official client.
+the cluster goes over HTTPS to that server through the official client, with a token of the
+camp-agent chart's ServiceAccount (``KubeApiserver.install_agent``): exactly the chart's
+rights, never the admin's ``system:masters`` token, which only the stand-ins and the tests'
+own checks use.
 
 What no process here can be, and so is stood in for (each written from the real component's
 sources and saying which):
