@@ -152,3 +152,17 @@ def test_registration_names_what_the_workloads_role_lacks(world: Any, kube: Any)
                                              annotations=original.metadata.annotations)
         rbac.create_cluster_role(original)
     assert register().status_code == 201
+
+
+def test_an_expired_token_is_named_as_such(world: Any, kube: Any) -> None:
+    """A `kubectl create token` token past its --duration: the API server answers 401, and
+    what Camp records (a dispatch's or reconcile's reason) says what to do."""
+    from scheduling.backends.base import BackendError
+    from scheduling.backends.kubernetes import KubernetesBackend
+
+    cfg = k8s.Configuration()
+    cfg.host = kube.server.host
+    cfg.api_key = {"authorization": "Bearer " + kube.server.agent_token[:-4] + "AAAA"}  # not valid
+    cfg.ssl_ca_cert = str(kube.server.base / "run" / "pki" / "ca.crt")
+    with pytest.raises(BackendError, match="token is wrong or has expired; register a new one"):
+        KubernetesBackend(k8s.ApiClient(cfg), retries=0).list_nodes()
