@@ -42,6 +42,7 @@ def real_node() -> Iterator[RealNode]:
 class CampNode:
     node: RealNode
     cluster: Any
+    camp_url: str
 
     @property
     def core(self) -> Any:
@@ -61,7 +62,8 @@ def _clean(node: RealNode) -> None:
 
 
 @pytest.fixture
-def camp_node(real_node: RealNode, world: Any) -> Iterator[CampNode]:
+def camp_node(real_node: RealNode, world: Any, live_server: Any, settings: Any,
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[CampNode]:
     from scheduling.models import Cluster
     from tests.conftest import client_for
     from tests.integration.scheduling.test_concurrency import celery_worker
@@ -69,6 +71,9 @@ def camp_node(real_node: RealNode, world: Any) -> Iterator[CampNode]:
     from .processes import camp_watch
 
     _clean(real_node)
+    # the portal the Ingresses' auth hook names (the worker writes them: its environment too)
+    monkeypatch.setenv("CAMP_URL", live_server.url)
+    settings.CAMP_URL = live_server.url
     creds = real_node.credentials  # type: ignore[attr-defined]
     with celery_worker():
         r = client_for(world.admin).post("/api/v1/clusters/", {
@@ -77,4 +82,4 @@ def camp_node(real_node: RealNode, world: Any) -> Iterator[CampNode]:
         assert r.status_code == 201, r.content
         cluster = Cluster.objects.get(name="node")
         with camp_watch("node", seconds=int(os.environ.get("CAMP_REALNODE_WATCH_SECONDS", "900"))):
-            yield CampNode(real_node, cluster)
+            yield CampNode(real_node, cluster, live_server.url)

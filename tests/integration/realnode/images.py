@@ -43,7 +43,8 @@ def build_images(node_tools: Path, log: Path | None = None) -> tuple[str, dict[s
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent run waits for this build, then reuses it
         if not all(t.exists() for t in tars.values()):
             with open(log or out.with_suffix(".log"), "w") as fh:
-                subprocess.run(["bash", str(RECIPE / "build.sh")], check=True, stdout=fh, stderr=subprocess.STDOUT,
+                subprocess.run(["bash", str(RECIPE / "build.sh")], check=True, stdout=fh,
+                               stderr=subprocess.STDOUT,
                                env={**os.environ, "OUT": str(out), "KEY": key, "MKIMAGE": str(mkimage)},
                                timeout=3600)
     return key, tars

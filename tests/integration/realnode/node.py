@@ -49,8 +49,9 @@ def unavailable_reason() -> str | None:
         return "the real node's kubelet v1.24 runs on cgroup v1 and this machine has no v1 memory controller"
     missing = [b for b in HOST_BINARIES if shutil.which(b) is None]
     if missing or not Path("/usr/lib/cni/bridge").exists():
-        return (f"missing {' '.join(missing) or 'CNI plugins'}: tools/test-deps.sh installs containerd, runc, "
-                "containernetworking-plugins, iptables, conntrack, debootstrap (make test does, as root)")
+        return (f"missing {' '.join(missing) or 'CNI plugins'}: tools/test-deps.sh installs containerd, "
+                "runc, containernetworking-plugins, iptables, conntrack, debootstrap "
+                "(make test does, as root)")
     return None
 
 
@@ -82,7 +83,8 @@ class RealNode:
             (base / "bin" / c).symlink_to(NODE_TOOLS / "hyperkube")
         env = {**os.environ, "BASE": str(base), "KUBECTL": str(kubectl), "API_PORT": str(free_port()),
                "ETCD_PORT": str(free_port()), "ETCD_PEER_PORT": str(free_port()),
-               "KCM_PORT": str(free_port()), "PROXY_HEALTHZ_PORT": str(free_port()), "K8S_BIN": str(base / "bin"),
+               "KCM_PORT": str(free_port()), "PROXY_HEALTHZ_PORT": str(free_port()),
+               "K8S_BIN": str(base / "bin"),
                # the image store outlives the run: imported once per machine (stamps per tar)
                "CTRD_ROOT": str(images.CACHE / "containerd-root"), "KEEP_STATE": "1"}
         node = cls(base=base, env=env, kubeconfig=base / "run" / "kubeconfig", node_name="10.244.0.1",
@@ -162,15 +164,19 @@ class RealNode:
 
     _pv_seq: int = 0
 
-    def add_volumes(self, count: int, gib: int = 10) -> None:
+    def add_volumes(self, count: int, gib: int = 10, *, mode: int = 0o777) -> list[Path]:
         """``local`` PVs on this node (no StorageClass, as Camp's claims name none), so the
         real PV binder binds Camp's home and checkpoint claims; a ``local`` volume honours the
-        pod's ``fsGroup`` like a real disk (a ``hostPath`` one would not)."""
+        pod's ``fsGroup`` like a real disk (a ``hostPath`` one would not). ``mode`` 0o777 is
+        what local-path-provisioner makes; 0o755 (root's) is a fresh ext4 disk's root."""
+        paths = []
         for _ in range(count):
             RealNode._pv_seq += 1
             i = RealNode._pv_seq
             path = self.base / "pv" / f"pv{i}"
             path.mkdir(parents=True, exist_ok=True)
+            path.chmod(mode)
+            paths.append(path)
             body = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"camp-test-pv{i}"},
                     "spec": {"capacity": {"storage": f"{gib}Gi"},
                              "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
@@ -184,6 +190,7 @@ class RealNode:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
+        return paths
 
     # --- faults -------------------------------------------------------------------------------
 
