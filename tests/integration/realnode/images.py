@@ -21,7 +21,8 @@ NAMES = ("jupyter", "train", "serve")
 
 def recipe_key(mkimage: Path) -> str:
     h = hashlib.sha256()
-    for f in sorted([*RECIPE.glob("*.sh"), *RECIPE.glob("*.py"), mkimage]):
+    # (a fixed order: the tools folder may be reached through a symlink, so no path sorting)
+    for f in [mkimage, *sorted([*RECIPE.glob("*.sh"), *RECIPE.glob("*.py")], key=lambda p: p.name)]:
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:12]
 
