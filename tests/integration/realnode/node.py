@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -197,12 +198,39 @@ class RealNode:
     def pid(self, component: str) -> int:
         return int(self.pidfile(component).read_text())
 
+    def restart(self, component: str) -> None:
+        """Stop ``component`` (SIGTERM, its PID file's process) and start it again with the
+        same command line, log and PID file, as systemd would restart it."""
+        pid = self.pid(component)
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        exe = os.readlink(f"/proc/{pid}/exe")
+        os.kill(pid, signal.SIGTERM)
+        wait(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _state(pid), f"{component} to stop",
+             timeout=60)
+        log = open(self.run_dir() / "logs" / f"{component}.log", "ab")  # noqa: SIM115 — the child owns it
+        proc = subprocess.Popen([a.decode() for a in argv], executable=exe, stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pidfile(component).write_text(str(proc.pid))
+
+    def freeze(self, component: str) -> None:
+        os.kill(self.pid(component), signal.SIGSTOP)
+
+    def thaw(self, component: str) -> None:
+        os.kill(self.pid(component), signal.SIGCONT)
+
     def node_ready(self) -> str:
         node = self.core.read_node(self.node_name)
         for c in node.status.conditions or []:
             if c.type == "Ready":
                 return str(c.status)
         return "Unknown"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "X"
 
 
 def wait(check: Any, what: str, timeout: float = 120.0) -> Any:
