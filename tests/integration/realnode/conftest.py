@@ -19,7 +19,7 @@ import pytest
 
 from tests.integration.deploy.tools import install_tools
 
-from .node import AGENT_NAMESPACE, RealNode, unavailable_reason
+from .node import AGENT_NAMESPACE, RealNode, unavailable_reason, wait
 
 SYSTEM_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", AGENT_NAMESPACE}
 
@@ -64,7 +64,7 @@ def _clean(node: RealNode) -> None:
 @pytest.fixture
 def camp_node(real_node: RealNode, world: Any, live_server: Any, settings: Any,
               monkeypatch: pytest.MonkeyPatch) -> Iterator[CampNode]:
-    from scheduling.models import Cluster
+    from scheduling.models import Cluster, Node
     from tests.conftest import client_for
     from tests.integration.scheduling.test_concurrency import celery_worker
 
@@ -81,5 +81,9 @@ def camp_node(real_node: RealNode, world: Any, live_server: Any, settings: Any,
             "token": creds["token"], "ca_cert": creds["ca_cert"]}, format="json")
         assert r.status_code == 201, r.content
         cluster = Cluster.objects.get(name="node")
+        # registration queues the inventory sync; a job submitted before it lands sees no node
+        # and is refused for good ("no node can ever fit"), so wait for the node, as a user
+        # would see it on the cluster's page
+        wait(lambda: Node.objects.filter(cluster=cluster, ready=True).exists(), "the inventory")
         with camp_watch("node", seconds=int(os.environ.get("CAMP_REALNODE_WATCH_SECONDS", "900"))):
             yield CampNode(real_node, cluster, live_server.url)
