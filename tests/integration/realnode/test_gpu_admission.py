@@ -60,20 +60,37 @@ def test_a_gpu_pod_is_admitted_by_the_real_kubelet_through_hamis_allocate(camp_n
         assert r.status_code == 200, r.content
 
         # The plugin refuses (as HAMi does when the annotation names a card it lacks): the
-        # real kubelet fails the pod at admission and Camp does not sit in "creating pods".
+        # real kubelet fails the pod at admission (its event outlives the pod Camp deletes).
         plugin.refuse = True
         refused = _submit(world, "gpu-refused")
-
-        def failed_at_admission() -> Any:
-            p = _pod(node.core, refused)
-            return p is not None and p.status.phase == "Failed" and p.status.reason
-        wait(failed_at_admission, "the kubelet to refuse the pod", timeout=180)
-        pod = _pod(node.core, refused)
-        assert pod.status.reason == "UnexpectedAdmissionError", pod.status
-        assert pod.metadata.annotations[BIND_PHASE] == "failed"
-        wait(lambda: Job.objects.get(pk=refused).state != JobState.STARTING
-             or "UnexpectedAdmissionError" in Job.objects.get(pk=refused).reason,
-             "Camp to see the refusal", timeout=120)
-        job = Job.objects.get(pk=refused)
-        assert "admission" in job.reason.lower() or "Allocate" in job.reason, job.reason
+        wait(lambda: _admission_refused(node, world, camp_node.cluster, refused),
+             "the kubelet to refuse the pod",
+             timeout=180)
         assert not plugin.errors, plugin.errors
+
+
+def _admission_refused(node: Any, world: Any, cluster: Any, job_id: int) -> bool:
+    from scheduling.selectors import project_namespace_name
+
+    ns = project_namespace_name(cluster=cluster, project=world.a.project)
+    events = node.core.list_namespaced_event(ns).items
+    return any(e.reason == "UnexpectedAdmissionError" and f"-{job_id}-" in e.involved_object.name
+               for e in events)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 27 finding 5 (the 'dispatch' helper): on main a pod the "
+                                       "kubelet refused at admission reads 'was lost (deleted or evicted)'")
+def test_camp_says_the_kubelet_refused_the_gpus(camp_node: Any, world: Any) -> None:
+    node = camp_node.node
+    with HamiNodePlugin(node.core, node.node_name, cards=2, sharers=10) as plugin:
+        wait_advertised(node.core, node.node_name, 20)
+        from scheduling import services
+
+        services.inventory_sync(cluster=camp_node.cluster)
+        plugin.refuse = True
+        refused = _submit(world, "gpu-refused")
+        wait(lambda: _admission_refused(node, world, camp_node.cluster, refused),
+             "the kubelet to refuse the pod",
+             timeout=180)
+        wait(lambda: "admission" in Job.objects.get(pk=refused).reason.lower(),
+             "Camp to say the kubelet refused the GPUs", timeout=120)
