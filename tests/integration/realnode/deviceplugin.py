@@ -24,6 +24,7 @@ the protobuf runtime for eight small messages; grpcio carries raw bytes with our
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from kubernetes.client.rest import ApiException
 
 from tests.integration.realkube.harness import (
     BIND_PHASE,
@@ -207,8 +209,12 @@ class HamiNodePlugin:
         return allocate_response(envs)
 
     def _answer(self, pod: Any, phase: str) -> None:
-        self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
-                                       {"metadata": {"annotations": {BIND_PHASE: phase}}})
+        try:
+            self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
+                                           {"metadata": {"annotations": {BIND_PHASE: phase}}})
+        except ApiException as exc:
+            if exc.status != 404:  # the pod was deleted meanwhile: HAMi logs it and goes on
+                raise
         self._release_lock(pod)
 
     def _release_lock(self, pod: Any | None) -> None:
@@ -219,8 +225,10 @@ class HamiNodePlugin:
             return
         owner = f",{pod.metadata.namespace},{pod.metadata.name}" if pod is not None else None
         if owner is None or "," not in lock or lock.endswith(owner):
-            self.core.patch_node(self.node, {"metadata": {"annotations": {LOCK: None},
-                                                          "resourceVersion": node.metadata.resource_version}})
+            with contextlib.suppress(ApiException):  # 409: the lock moved on (HAMi retries later)
+                body = {"metadata": {"annotations": {LOCK: None},
+                                     "resourceVersion": node.metadata.resource_version}}
+                self.core.patch_node(self.node, body)
 
     # life
     def publish(self) -> None:
