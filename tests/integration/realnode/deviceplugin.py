@@ -132,6 +132,10 @@ def _ident(b: bytes) -> bytes:
 # --- the plugin ---------------------------------------------------------------------------------
 
 
+class Refused(Exception):
+    """Allocate's error answer (HAMi returns an error; the kubelet fails the pod's admission)."""
+
+
 class HamiNodePlugin:
     """Serve on ``PLUGIN_DIR/<name>.sock``, register with the kubelet, publish HAMi's node
     annotations. ``refuse`` = True makes ``Allocate`` answer as HAMi does when the devices in
@@ -161,8 +165,11 @@ class HamiNodePlugin:
 
     def _allocate(self, request: bytes, context: Any) -> bytes:
         try:
-            return self.allocate(allocate_request_ids(request), context)
-        except Exception as exc:  # noqa: BLE001 — recorded for the test, then the kubelet's error
+            return self.allocate(allocate_request_ids(request))
+        except Refused as exc:  # HAMi's answer: an error to the kubelet, which fails the pod
+            context.abort(grpc.StatusCode.UNKNOWN, str(exc))
+            raise
+        except Exception as exc:  # noqa: BLE001 — a bug of ours: recorded for the test
             self.errors.append(repr(exc))
             context.abort(grpc.StatusCode.UNKNOWN, str(exc))
             raise
@@ -178,11 +185,11 @@ class HamiNodePlugin:
                 return p
         return None
 
-    def allocate(self, requests: list[list[str]], context: Any) -> bytes:
+    def allocate(self, requests: list[list[str]]) -> bytes:
         pod = self._pending_pod()
         if pod is None:
             self._release_lock(None)
-            context.abort(grpc.StatusCode.UNKNOWN, "no pending pod on this node (HAMi GetPendingPod)")
+            raise Refused("no pending pod on this node (HAMi GetPendingPod)")
         ann = pod.metadata.annotations or {}
         known = {d["id"] for d in self.devices}
         # "uuid,NVIDIA,mem,cores:" per device, ";" between containers (HAMi EncodePodDevices)
@@ -195,7 +202,7 @@ class HamiNodePlugin:
             uuids = [d[0] for d in want]
             if self.refuse or len(want) != len(ids) or not all(u in known for u in uuids):
                 self._answer(pod, "failed")
-                context.abort(grpc.StatusCode.UNKNOWN, "device number not matched or device not on this node")
+                raise Refused("device number not matched or device not on this node")
             # what HAMi's getAllocateResponse sets for HAMi-core (visible cards, memory limits)
             envs.append({"NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
                          **{f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{d[2]}m"
