@@ -29,6 +29,17 @@ packages=(
   "prometheus        /usr/bin/prometheus"            # the utilisation feed's test scrapes a real one
   "etcd-server       /usr/bin/etcd"                  # the real kube-apiserver in ../shared/tools needs etcd
   "xmlsec1           /usr/bin/xmlsec1"               # SAML signatures (pysaml2 calls the xmlsec1 binary)
+  # The real-node tier (tests/integration/realnode: ../shared/tools/node runs a real kubelet):
+  "containerd        /usr/bin/containerd"            # the node's container runtime (CRI)
+  "runc              /usr/sbin/runc"                 # containerd's OCI runtime
+  "containernetworking-plugins /usr/lib/cni/bridge"  # the node's pod network (bridge, host-local, loopback)
+  "iptables          /usr/sbin/iptables"             # kube-proxy's Service rules, the bridge's FORWARD rules
+  "conntrack         /usr/sbin/conntrack"            # kube-proxy clears stale UDP flows with it
+  "openssl           /usr/bin/openssl"               # the apiserver's CA and certificates
+  "curl              /usr/bin/curl"                  # start-node.sh's health checks
+  "iproute2          /usr/sbin/ip"                   # the node's bridge
+  "debootstrap       /usr/sbin/debootstrap"          # builds the tier's images (Debian root filesystems)
+  "nginx-light       /usr/sbin/nginx"                # ingress-nginx's external auth, played by nginx's auth_request
 )
 
 missing=()

@@ -132,6 +132,11 @@ def _environment_specs(env: DevEnvironment, objs: JobObjects,
         volumes.append({"name": "ssh-keys", "configMap": {"name": f"{env.service_name}-ssh",
                                                           "defaultMode": 0o644}})
         mounts.append({"name": "ssh-keys", "mountPath": "/etc/camp-ssh", "readOnly": True})
+    # Ready (and the environment running) only once the server answers: Jupyter's /api
+    # (its version, served without a login), the port for the others.
+    probe: dict[str, Any] = ({"httpGet": {"path": f"{path}api", "port": port["name"]}}
+                             if env.kind == EnvKind.JUPYTER else {"tcpSocket": {"port": port["name"]}})
+    probe.update({"periodSeconds": 3, "failureThreshold": 3})
     if env.kind != EnvKind.SSH:
         extra.append(ExtraObject(_ingress(env.service_name, path, env.service_name, auth_id=env.pk),
                                  owned=False))
@@ -146,7 +151,7 @@ def _environment_specs(env: DevEnvironment, objs: JobObjects,
             p, labels={**p.labels, LABEL_WORKSPACE: str(env.pk)},
             env={**p.env, "CAMP_WORKLOAD": env.kind, "CAMP_BASE_URL": path},
             command=p.command or command, ports=(port,), volumes=tuple(volumes),
-            volume_mounts=tuple(mounts), image_pull_secrets=secrets))
+            volume_mounts=tuple(mounts), image_pull_secrets=secrets, readiness_probe=probe))
     return dataclasses.replace(objs, extra=tuple(extra)), out
 
 

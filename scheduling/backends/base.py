@@ -191,6 +191,9 @@ class PodStatus:
     ready: bool = False
     """The pod's Ready condition (its readiness probe passes): a model service's replica
     takes requests, and counts for a rollout, only then."""
+    probed: bool = False
+    """The pod declares a readiness probe: its job is running only once the pod is Ready
+    (a notebook whose server does not answer yet is still starting)."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,13 @@ class ClusterBackend(Protocol):
 
     def pod_logs(self, namespace: str, name: str, *, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of the pod's main container ("" if it is gone)."""
+        ...
+
+    def pod_http_get(self, namespace: str, name: str, port: int, path: str, *,
+                     timeout: float = 5.0) -> bytes | None:
+        """GET ``path`` from the pod's ``port`` through the API server's pod proxy (what
+        ``kubectl get --raw /api/v1/namespaces/NS/pods/NAME:PORT/proxy/PATH`` does); the
+        body of a 200 answer, None when the pod does not answer (or not with 200)."""
         ...
 
     def delete_object(self, namespace: str, kind: str, name: str) -> None:

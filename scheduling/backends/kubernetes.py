@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import urllib3
 import yaml
@@ -977,6 +978,24 @@ class KubernetesBackend:
                           tail_lines=tail_lines, timestamps=True, ok=(400, 404))
         return str(text or "")
 
+    def pod_http_get(self, namespace: str, name: str, port: int, path: str, *,
+                     timeout: float = 5.0) -> bytes | None:
+        # (built by hand: the generated connect_get_namespaced_pod_proxy_with_path quotes the
+        # path's slashes, which the API server then forwards as %2F)
+        where, _, query = path.partition("?")
+        resource = (f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}:{int(port)}"
+                    f"/proxy/{quote(where.lstrip('/'), safe='/')}" + (f"?{query}" if query else ""))
+        try:
+            resp = self.api.call_api(resource, "GET", auth_settings=["BearerToken"], _preload_content=False,
+                                     _request_timeout=timeout, _return_http_data_only=True)
+        except ApiException:
+            return None  # 503 (pod not listening yet), 404 (gone), 403: not answering
+        except (urllib3.exceptions.HTTPError, OSError):
+            return None
+        if resp.status != 200:
+            return None
+        return bytes(resp.data)
+
     # Streams read with this socket timeout, then reconnect from the last line's time: a
     # stopped follower (its client went away) ends within this long even on a silent pod.
     FOLLOW_READ_SECONDS = 15.0
@@ -1090,9 +1109,10 @@ def _pod_status(p: Any) -> PodStatus:
     message = (p.status.message if p.status else None) or ""
     conditions = (p.status.conditions if p.status else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    probed = any(c.readiness_probe is not None for c in ((p.spec.containers if p.spec else None) or []))
     return PodStatus(name=meta.name, namespace=meta.namespace or "", phase=phase,
                      labels=dict(meta.labels or {}), message=message,
-                     deleting=bool(meta.deletion_timestamp), ready=ready)
+                     deleting=bool(meta.deletion_timestamp), ready=ready, probed=probed)
 
 
 def _describe(exc: ApiException) -> str:
@@ -1134,6 +1154,7 @@ REQUIRED_ACCESS: dict[str, tuple[Access, ...]] = {
         *((v, "", "pods", "") for v in ("create", "patch", "delete")),
         ("create", "", "pods/binding", ""),
         ("get", "", "pods/log", ""),
+        ("get", "", "pods/proxy", ""),  # a notebook server's own activity (workspaces/services/culling.py)
         *((v, "", "resourcequotas", "") for v in ("create", "patch")),
         *((v, "", "configmaps", "") for v in ("get", "create", "patch", "delete")),
         *((v, "", "services", "") for v in ("create", "delete")),

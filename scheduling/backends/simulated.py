@@ -191,6 +191,10 @@ class SimulatedBackend:
             return ""
         return "\n".join(synthetic_logs(pod, timezone.now())[-tail_lines:])
 
+    def pod_http_get(self, namespace: str, name: str, port: int, path: str, *,
+                     timeout: float = 5.0) -> bytes | None:
+        return None  # simulated pods run no server
+
     def delete_object(self, namespace: str, kind: str, name: str) -> None:
         return None  # extra objects are implicit in the simulation
 

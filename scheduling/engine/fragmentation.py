@@ -126,6 +126,12 @@ def compile_profile(static: NodeStatic, profile: WorkloadProfile) -> CompiledPro
     return CompiledProfile(tuple(vectors), tuple(shapes))
 
 
+def _share(free: float, capacity: float, used: float) -> float:
+    if capacity <= 0:
+        return 0.0 if used else 1.0
+    return min(1.0, max(0.0, free) / capacity)
+
+
 def fragmentation(
     static: NodeStatic,
     compiled: CompiledProfile,
@@ -160,9 +166,9 @@ def fragmentation(
         mem_free[i] = mf
         cores_free[i] = cf
         usable[i] = True
-        free[i] = memory_weight * min(1.0, max(0, mf) / gs.memory_capacity_mib) + (1.0 - memory_weight) * min(
-            1.0, max(0, cf) / gs.cores_capacity
-        )
+        # (a card of unknown size — nvidia.com/gpu without GFD's memory label — is free or not)
+        free[i] = memory_weight * _share(mf, gs.memory_capacity_mib, mem_used[i]) + (
+            1.0 - memory_weight) * _share(cf, gs.cores_capacity, cores_used[i])
     total = sum(free)
     if total <= 0.0:
         return 0.0, 0.0

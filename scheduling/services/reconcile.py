@@ -182,7 +182,9 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
             enqueue("job_dispatch", job_id)
             result.redispatched.append(job_id)
         return
-    if job.state == JobState.STARTING and all(ph in ("Running", "Succeeded") for ph in phases):
+    # Running means serving: a pod with a readiness probe counts once it is Ready (kubelet).
+    if job.state == JobState.STARTING and all(
+            p.phase == "Succeeded" or (p.phase == "Running" and (p.ready or not p.probed)) for p in present):
         with transaction.atomic():
             fresh = Job.objects.select_related("tenant", "project").get(pk=job_id)
             if transition(fresh, "start", reason="Running", said="All pods are running"):

@@ -3,24 +3,93 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import logging
 
 from django.db import transaction
 from django.utils import timezone
 
 from scheduling import services as scheduling
+from scheduling.backends import backend_for
+from scheduling.backends.base import BackendError
 from scheduling.models import (
     JobState,
 )
 
 from ..models import (
     DevEnvironment,
+    EnvKind,
     WorkspacePolicy,
 )
-from ..selectors import policy_for
+from ..pods import SERVER
+from ..selectors import environment_path, policy_for
 from .access import ACCESS_FIELDS, _retire_access
 from .common import CULLER, _audit
 
+log = logging.getLogger(__name__)
+
 # --- idle culling ---------------------------------------------------------------------------
+
+
+def _jupyter_time(value: object) -> dt.datetime | None:
+    try:
+        t = dt.datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def jupyter_activity(env: DevEnvironment, *, now: dt.datetime) -> dt.datetime | None:
+    """When the notebook server itself last saw activity, read as JupyterHub's idle culler
+    reads a single-user server: ``/api/status`` ``last_activity`` (Jupyter's own clock of
+    API and kernel traffic, which ``/api/status`` itself does not move) and every kernel of
+    ``/api/kernels`` (asked with ``no_track_activity``, so reading is no activity): a kernel
+    whose ``execution_state`` is ``busy`` is active *now* (a long computation with the
+    browser closed), otherwise its ``last_activity`` counts. Read
+    through the API server's pod proxy; None when the server does not answer (the request-
+    based activity then stands alone)."""
+    job = env.job
+    if env.kind != EnvKind.JUPYTER or job is None or job.placed_cluster is None:
+        return None
+    alloc = job.allocations.order_by("group_id", "replica").first()
+    if alloc is None:
+        return None
+    backend = backend_for(job.placed_cluster)
+    ns = scheduling.namespace_spec(job, job.placed_cluster).name
+    port = int(str(SERVER[EnvKind.JUPYTER]["port"]))
+    base = environment_path(env)
+    seen: list[dt.datetime] = []
+    try:
+        status = backend.pod_http_get(ns, alloc.pod_name, port, f"{base}api/status")
+        kernels = backend.pod_http_get(ns, alloc.pod_name, port, f"{base}api/kernels?no_track_activity=1")
+    except BackendError as exc:
+        log.info("environment %s: Jupyter activity not readable (%s)", env.pk, exc)
+        return None
+    try:
+        if status is not None:
+            t = _jupyter_time(json.loads(status).get("last_activity"))
+            if t is not None:
+                seen.append(t)
+        for k in json.loads(kernels) if kernels is not None else []:
+            if k.get("execution_state") == "busy":
+                seen.append(now)
+            t = _jupyter_time(k.get("last_activity"))
+            if t is not None:
+                seen.append(t)
+    except (ValueError, AttributeError, TypeError):
+        return None  # not Jupyter's API: no activity to read
+    return max(seen, default=None)
+
+
+def _refresh_activity(env: DevEnvironment, now: dt.datetime) -> bool:
+    """Take Jupyter's own activity into account; True when it moved the idle clock."""
+    seen = jupyter_activity(env, now=now)
+    if seen is None or (env.last_activity_at is not None and seen <= env.last_activity_at):
+        return False
+    seen = min(seen, now)
+    DevEnvironment.objects.filter(pk=env.pk).update(last_activity_at=seen)
+    env.last_activity_at = seen
+    return True
 
 
 def _cull_deadline(env: DevEnvironment, policy: WorkspacePolicy) -> tuple[dt.datetime | None, str]:
@@ -64,6 +133,12 @@ def environments_cull(*, now: dt.datetime | None = None) -> dict[str, list[int]]
         if due is None:
             continue
         warn_from = due - dt.timedelta(minutes=policy.warning_minutes)
+        if now >= warn_from and policy.idle_minutes and _refresh_activity(env, now):
+            # Only environments about to be warned or culled are asked (one or two reads
+            # each, through their cluster's API server), as JupyterHub's culler asks.
+            due, why = _cull_deadline(env, policy)
+            assert due is not None
+            warn_from = due - dt.timedelta(minutes=policy.warning_minutes)
         if now < warn_from:
             if env.cull_warning:
                 DevEnvironment.objects.filter(pk=env.pk).update(cull_warning="", cull_at=None)

@@ -1,0 +1,99 @@
+"""Submit → running on the real node, measured (``bench/realnode_startup.py`` runs it with
+CAMP_BENCH=1; skipped otherwise, so the tier stays short). Notebooks one after another (each
+from its API submit until Camp says running), split at the pod's binding: Camp's part
+(submit → the pod bound: ``PodScheduled``), the node's part (bound → container started,
+kubelet's ``startedAt``) and Jupyter's (→ Ready). Results: bench/results/realnode_startup.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduling.models import Job, JobState
+from scheduling.selectors import project_namespace_name
+from tests.conftest import client_for
+
+from .node import wait
+
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.skipif(os.environ.get("CAMP_BENCH") != "1", reason="a benchmark: CAMP_BENCH=1")]
+
+RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results" / "realnode_startup.json"
+
+
+def _cond(pod: Any, kind: str) -> float:
+    c = next(c for c in pod.status.conditions if c.type == kind)
+    return float(c.last_transition_time.timestamp())
+
+
+def _started(pod: Any) -> float:
+    return float(pod.status.container_statuses[0].state.running.started_at.timestamp())
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p * (len(xs) - 1))))]
+
+
+def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": len(rows)}
+    for k in rows[0]:
+        xs = [r[k] for r in rows]
+        out[k] = {"median": round(statistics.median(xs), 2), "p95": round(_pct(xs, 0.95), 2)}
+    return out
+
+
+def test_submit_to_running_on_the_real_node(camp_node: Any, world: Any) -> None:
+    node = camp_node.node
+    count = int(os.environ.get("CAMP_BENCH_NOTEBOOKS", "20"))
+    node.add_volumes(count + 2)
+    api = client_for(world.a.member)
+    ns = project_namespace_name(cluster=camp_node.cluster, project=world.a.project)
+    load_before = os.getloadavg()
+    rows = []
+    for i in range(count):
+        t0 = time.time()
+        r = api.post("/api/v1/environments/", {
+            "name": f"b{i}", "project": world.a.project.pk, "cluster": "node", "kind": "jupyter",
+            "image_reference": node.image("jupyter"), "gpu_count": 0, "cpu_millicores": 100,
+            "ram_mib": 512, "home_gib": 1}, format="json")
+        assert r.status_code == 201, r.content
+        env_id = r.json()["id"]
+        wait(lambda env_id=env_id: api.get(f"/api/v1/environments/{env_id}/").json()["state"] == "running",
+             f"notebook {i} to run", timeout=300)
+        t_camp = time.time()
+        pod = node.core.list_namespaced_pod(ns, label_selector=f"camp.io/workspace={env_id}").items[0]
+        bound = _cond(pod, "PodScheduled")
+        started = _started(pod)
+        ready = _cond(pod, "Ready")
+        rows.append({"submit_to_bound": bound - t0, "bound_to_started": started - bound,
+                     "started_to_ready": ready - started, "submit_to_camp_running": t_camp - t0})
+        # stop it (keeps the node's CPU for the next one)
+        assert api.post(f"/api/v1/environments/{env_id}/stop/", format="json").status_code in (200, 202)
+
+    # a 2-worker job (busybox: the node's part without an image's own start-up)
+    t0 = time.time()
+    r = api.post("/api/v1/jobs/", {
+        "name": "two", "project": world.a.project.pk, "cluster": "node", "kind": "pytorch",
+        "groups": [{"name": "worker", "replicas": 2, "gpu_count": 0, "cpu_millicores": 100, "ram_mib": 64,
+                    "image": "localhost/busybox:v1", "command": ["sleep", "3600"]}]}, format="json")
+    assert r.status_code == 201, r.content
+    job_id = r.json()["id"]
+    wait(lambda: Job.objects.get(pk=job_id).state == JobState.RUNNING, "the 2-worker job to run", timeout=300)
+    t_camp = time.time()
+    pods = node.core.list_pod_for_all_namespaces(label_selector=f"camp.io/job-id={job_id}").items
+    bound = max(_cond(p, "PodScheduled") for p in pods)
+    started = max(_started(p) for p in pods)
+    job = {"submit_to_bound": round(bound - t0, 2), "bound_to_started": round(started - bound, 2),
+           "submit_to_camp_running": round(t_camp - t0, 2)}
+    result = {"notebooks": _summary(rows), "two_worker_job": job, "loadavg_before": load_before,
+              "loadavg_after": os.getloadavg(), "note": "Kubernetes condition times have 1-s resolution"}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
