@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
+from scheduling import accounting
+from scheduling.engine import accounting as unit
 from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, GpuSlice, Job, JobState
 from tenants.models import RESOURCE_LABELS, Project, Quota, QuotaScope, Tenant
 
@@ -20,15 +22,6 @@ from .models import ClusterSample, UsageSample
 
 if TYPE_CHECKING:
     from scheduling.selectors import AllClusterUse
-
-
-def slice_share(memory_mib: int, cores_percent: int, exclusive: bool, card_memory_mib: int) -> float:
-    """GPU-equivalents of one slice: a whole card is 1; a slice counts the larger of its compute
-    share and its memory share of the card (the engine's quota rule, queueing.grant_gpu_milli)."""
-    if exclusive:
-        return 1.0
-    mem = memory_mib / card_memory_mib if card_memory_mib else 0.0
-    return min(1.0, max(cores_percent / 100, mem))
 
 
 @dataclass
@@ -51,27 +44,32 @@ class Held:
 
 
 def held_by(allocations: QuerySet[Allocation]) -> dict[tuple[int, int, int | None], Held]:
-    """Held resources keyed by (tenant id, project id, owner id) for the given allocations."""
+    """Held resources keyed by (tenant id, project id, owner id) for the given allocations (GPUs
+    in the one GPU unit, ``scheduling.accounting``)."""
     out: dict[tuple[int, int, int | None], Held] = defaultdict(Held)
-    rows = allocations.select_related("job").values_list(
-        "pk", "job__tenant_id", "job__project_id", "job__owner_id", "cpu_millicores", "ram_mib")
-    keys: dict[int, tuple[int, int, int | None]] = {}
-    for pk, tenant_id, project_id, owner_id, cpu, ram in rows:
-        key = (tenant_id, project_id, owner_id)
-        keys[pk] = key
-        out[key].cpu_cores += cpu / 1000
-        out[key].ram_mib += ram
-    slices = GpuSlice.objects.filter(allocation_id__in=keys).values_list(
-        "allocation_id", "memory_mib", "cores_percent", "exclusive", "gpu__memory_mib")
-    for alloc_id, mem, cores, exclusive, card_mem in slices:
-        held = out[keys[alloc_id]]
-        held.gpus += slice_share(mem, cores, exclusive, card_mem)
-        held.gpu_memory_mib += card_mem if exclusive else mem
+    for tenant_id, project_id, owner_id, cpu, ram in (
+            allocations.order_by().values("job__tenant_id", "job__project_id", "job__owner_id")
+            .annotate(cpu=Sum("cpu_millicores"), ram=Sum("ram_mib"))
+            .values_list("job__tenant_id", "job__project_id", "job__owner_id", "cpu", "ram")):
+        held = out[(tenant_id, project_id, owner_id)]
+        held.cpu_cores += (cpu or 0) / 1000
+        held.ram_mib += ram or 0
+    keys = ("allocation__job__tenant_id", "allocation__job__project_id", "allocation__job__owner_id")
+    slices = GpuSlice.objects.filter(allocation__in=allocations)
+    for key, n in accounting.held_gpus(slices, *keys).items():
+        out[key].gpus += n
+    for key, mib in accounting.held_memory_mib(slices, *keys).items():
+        out[key].gpu_memory_mib += mib
     return dict(out)
 
 
-def project_usage(projects: Iterable[int] | None = None) -> dict[int, Held]:
+def project_usage(projects: Iterable[int] | None = None, *,
+                  cluster: Cluster | int | None = None) -> dict[int, Held]:
+    """Held resources per project: on every cluster, or on ``cluster`` only (what that
+    cluster's queue tree and per-cluster quota count)."""
     allocations = Allocation.objects.all()
+    if cluster is not None:
+        allocations = allocations.filter(cluster=cluster)
     if projects is not None:
         allocations = allocations.filter(job__project_id__in=list(projects))
     per: dict[int, Held] = defaultdict(Held)
@@ -228,11 +226,8 @@ def cluster_now(cluster: Cluster, *, wait_window: dt.timedelta = dt.timedelta(ho
     gpus = list(GpuDevice.objects.filter(node__cluster=cluster, node__present=True).values_list(
         "memory_mib", "memory_allocated_mib", "cores_allocated", "sharers", "foreign_memory_mib",
         "foreign_sharers", "foreign_exclusive", "utilization_percent"))
-    share = sum(
-        slice_share(mem, cores, exclusive, card)
-        for mem, cores, exclusive, card in GpuSlice.objects.filter(allocation__cluster=cluster)
-        .values_list("memory_mib", "cores_percent", "exclusive", "gpu__memory_mib")
-    )
+    share = accounting.held_gpus(GpuSlice.objects.filter(allocation__cluster=cluster),
+                                 "allocation__cluster_id").get(cluster.pk, 0.0)
     utils = [u for *_rest, u in gpus if u is not None]
     states = dict.fromkeys(JobState.values, 0)
     for state, n in (Job.objects.filter(cluster=cluster).order_by().values_list("state")
@@ -428,7 +423,7 @@ def queue_tree(cluster: Cluster) -> list[QueueRow]:
     for project_id, state in Job.objects.filter(cluster=cluster, state__in=[
         JobState.QUEUED, JobState.RUNNING, JobState.STARTING]).values_list("project_id", "state"):
         jobs[project_id][0 if state == JobState.QUEUED else 1] += 1
-    usage = project_usage()
+    usage = project_usage(cluster=cluster)  # this cluster's: its quotas apply here (issue 29)
     quotas = {(q.scope, q.tenant_id, q.project_id): q for q in Quota.objects.all()}
     rows: list[QueueRow] = []
     total = Held()
@@ -475,19 +470,13 @@ class StartEstimate:
 
 
 def shape_demand(groups: Iterable[Any], largest_card_mib: int) -> float:
-    """GPU-equivalents asked for by groups of (replicas, gpu_count, exclusive, gpu_memory_mib,
-    gpu_cores_percent): whole cards count 1, slices their larger share of the largest card."""
-    total = 0.0
-    for g in groups:
-        if not g.gpu_count:
-            continue
-        if g.exclusive or (not g.gpu_memory_mib and not g.gpu_cores_percent):
-            per = 1.0
-        else:
-            mem = g.gpu_memory_mib / largest_card_mib if largest_card_mib else 0.0
-            per = min(1.0, max(g.gpu_cores_percent / 100, mem))
-        total += getattr(g, "replicas", 1) * g.gpu_count * per
-    return total
+    """GPUs asked for by groups of (replicas, gpu_count, exclusive, gpu_memory_mib,
+    gpu_cores_percent), in the one GPU unit with MiB taken as a share of the largest card
+    (``engine.accounting.shape_ask_gpus``)."""
+    return sum(unit.shape_ask_gpus(
+        replicas=getattr(g, "replicas", 1), gpu_count=g.gpu_count, exclusive=g.exclusive,
+        memory_mib=g.gpu_memory_mib, memory_percent=getattr(g, "gpu_memory_percent", 0),
+        cores_percent=g.gpu_cores_percent, card_memory_mib=largest_card_mib) for g in groups)
 
 
 def _job_demand(job: Job, largest_card_mib: int) -> float:
@@ -506,21 +495,20 @@ class CapacityTimeline:
 
 
 def capacity_timeline(cluster: Cluster) -> CapacityTimeline:
-    cards = list(GpuDevice.objects.filter(node__cluster=cluster).values_list("memory_mib", "node__present"))
-    shares: dict[int, float] = defaultdict(float)
-    for s_job, mem, cores, exclusive, card in GpuSlice.objects.filter(
-        allocation__cluster=cluster
-    ).values_list("allocation__job_id", "memory_mib", "cores_percent", "exclusive", "gpu__memory_mib"):
-        shares[s_job] += slice_share(mem, cores, exclusive, card)
+    cards = list(GpuDevice.objects.filter(node__cluster=cluster).values_list(
+        "node__present", *accounting.CARD_FREE_COLUMNS))
+    shares = accounting.held_gpus(GpuSlice.objects.filter(allocation__cluster=cluster),
+                                  "allocation__job_id")
     ends = []
     for running in Job.objects.filter(pk__in=list(shares)).only("pk", "started_at", "duration_seconds"):
         if running.started_at is None or not running.duration_seconds:
             continue
         ends.append((running.started_at + dt.timedelta(seconds=running.duration_seconds),
                      shares.get(running.pk, 0.0)))
+    free = sum(accounting.card_free_gpus(*card) for present, *card in cards if present)
     return CapacityTimeline(
-        free=sum(1 for _m, present in cards if present) - round(sum(shares.values()), 3),
-        largest_card_mib=max((m for m, _p in cards), default=0),
+        free=round(free, 3),
+        largest_card_mib=max((c[1] for c in cards), default=0),
         ends=sorted(ends, key=lambda e: e[0]),
     )
 

@@ -449,4 +449,5 @@ class ClusterState:
             requested_cores_percent=d.requested_cores_percent,
             alignment=d.alignment,
             vendor=dev.vendor,
+            card_memory_mib=dev.memory_mib,
         )

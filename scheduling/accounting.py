@@ -1,0 +1,84 @@
+"""The GPU unit on the database side: rows in, the engine's rule applied (issue 29).
+
+The rule itself is :mod:`scheduling.engine.accounting` (what one GPU of a slice counts as).
+Nothing here re-states it in SQL: the database groups slices (or asked shapes) by their shape
+and counts them, and each distinct shape is priced once by the engine's function. A cluster has
+few distinct shapes, so this reads few rows whatever the number of slices.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable
+from typing import Any
+
+from django.db.models import Count, QuerySet, Sum
+
+from .engine import accounting as A
+from .models import GpuDevice, GpuSlice, PodGroup
+
+UNIT_WORDS = A.UNIT_WORDS
+
+_SLICE_SHAPE = ("memory_mib", "cores_percent", "exclusive", "gpu__memory_mib")
+
+
+def held_gpus(slices: QuerySet[GpuSlice], *keys: str) -> dict[Any, float]:
+    """GPUs held by ``slices`` (:func:`engine.accounting.slice_milli`), per value of ``keys``
+    (columns reachable from ``GpuSlice``; one key: plain values, several: tuples). One query."""
+    milli: dict[Hashable, int] = defaultdict(int)
+    for row in (slices.order_by().values(*keys, *_SLICE_SHAPE).annotate(n=Count("id"))
+                .values_list(*keys, *_SLICE_SHAPE, "n")):
+        key = row[0] if len(keys) == 1 else tuple(row[:len(keys)])
+        mem, cores, exclusive, card, n = row[len(keys):]
+        milli[key] += n * A.slice_milli(memory_mib=mem, cores_percent=cores, exclusive=exclusive,
+                                        card_memory_mib=card or 0)
+    return {k: v / A.MILLI for k, v in milli.items()}
+
+
+def held_memory_mib(slices: QuerySet[GpuSlice], *keys: str) -> dict[Any, int]:
+    """GPU memory (MiB) held by ``slices`` per value of ``keys``: a card held whole holds all
+    its memory. One query."""
+    out: dict[Hashable, int] = defaultdict(int)
+    for row in (slices.order_by().values(*keys, "exclusive", "gpu__memory_mib")
+                .annotate(m=Sum("memory_mib"), n=Count("id"))
+                .values_list(*keys, "exclusive", "gpu__memory_mib", "m", "n")):
+        key = row[0] if len(keys) == 1 else tuple(row[:len(keys)])
+        exclusive, card, mib, n = row[len(keys):]
+        out[key] += (card or 0) * n if exclusive and card else int(mib or 0)
+    return dict(out)
+
+
+def asked_gpus(groups: QuerySet[PodGroup], *keys: str) -> dict[Any, float]:
+    """GPUs the pod groups ask before placement (:func:`engine.accounting.shape_ask_gpus`, the
+    lower bound the engine uses), per value of ``keys`` (columns reachable from ``PodGroup``).
+    One query."""
+    out: dict[Hashable, float] = defaultdict(float)
+    shape = ("gpu_count", "exclusive", "gpu_memory_mib", "gpu_cores_percent")
+    for row in (groups.order_by().values(*keys, *shape).annotate(r=Sum("replicas"))
+                .values_list(*keys, *shape, "r")):
+        key = row[0] if len(keys) == 1 else tuple(row[:len(keys)])
+        count, exclusive, mem, cores, replicas = row[len(keys):]
+        out[key] += A.shape_ask_gpus(replicas=int(replicas or 0), gpu_count=count, exclusive=exclusive,
+                                     memory_mib=mem, memory_percent=0, cores_percent=cores)
+    return dict(out)
+
+
+CARD_FREE_COLUMNS = ("memory_mib", "memory_allocated_mib", "cores_allocated", "exclusive_held",
+                     "foreign_memory_mib", "foreign_cores", "foreign_exclusive")
+"""The ``GpuDevice`` columns :func:`card_free_gpus` reads, in its order."""
+
+
+def card_free_gpus(memory_mib: int, memory_allocated_mib: int, cores_allocated: int, exclusive_held: bool,
+                   foreign_memory_mib: int = 0, foreign_cores: int = 0, foreign_exclusive: bool = False
+                   ) -> float:
+    """What is free on one card, in the one GPU unit (:func:`engine.accounting.card_free_milli`):
+    what Camp's slices and pods Camp did not create hold both count."""
+    return A.card_free_milli(
+        memory_mib=memory_mib, memory_used_mib=memory_allocated_mib + foreign_memory_mib,
+        cores_used_percent=cores_allocated + foreign_cores,
+        held_whole=exclusive_held or foreign_exclusive) / A.MILLI
+
+
+def device_free_gpus(g: GpuDevice) -> float:
+    """:func:`card_free_gpus` of a loaded card."""
+    return card_free_gpus(*(getattr(g, c) for c in CARD_FREE_COLUMNS))
