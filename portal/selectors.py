@@ -56,9 +56,8 @@ def held_by(allocations: QuerySet[Allocation]) -> dict[tuple[int, int, int | Non
         held.ram_mib += ram or 0
     keys = ("allocation__job__tenant_id", "allocation__job__project_id", "allocation__job__owner_id")
     slices = GpuSlice.objects.filter(allocation__in=allocations)
-    for key, n in accounting.held_gpus(slices, *keys).items():
+    for key, (n, mib) in accounting.held(slices, *keys).items():
         out[key].gpus += n
-    for key, mib in accounting.held_memory_mib(slices, *keys).items():
         out[key].gpu_memory_mib += mib
     return dict(out)
 

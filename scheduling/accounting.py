@@ -22,30 +22,26 @@ UNIT_WORDS = A.UNIT_WORDS
 _SLICE_SHAPE = ("memory_mib", "cores_percent", "exclusive", "gpu__memory_mib")
 
 
-def held_gpus(slices: QuerySet[GpuSlice], *keys: str) -> dict[Any, float]:
-    """GPUs held by ``slices`` (:func:`engine.accounting.slice_milli`), per value of ``keys``
-    (columns reachable from ``GpuSlice``; one key: plain values, several: tuples). One query."""
+def held(slices: QuerySet[GpuSlice], *keys: str) -> dict[Any, tuple[float, int]]:
+    """(GPUs, GPU memory MiB) held by ``slices`` per value of ``keys`` (columns reachable from
+    ``GpuSlice``; one key: plain values, several: tuples). GPUs in the one unit
+    (:func:`engine.accounting.slice_milli`); a card held whole holds all its memory. One query,
+    grouped by slice shape."""
     milli: dict[Hashable, int] = defaultdict(int)
+    mib: dict[Hashable, int] = defaultdict(int)
     for row in (slices.order_by().values(*keys, *_SLICE_SHAPE).annotate(n=Count("id"))
                 .values_list(*keys, *_SLICE_SHAPE, "n")):
         key = row[0] if len(keys) == 1 else tuple(row[:len(keys)])
         mem, cores, exclusive, card, n = row[len(keys):]
         milli[key] += n * A.slice_milli(memory_mib=mem, cores_percent=cores, exclusive=exclusive,
                                         card_memory_mib=card or 0)
-    return {k: v / A.MILLI for k, v in milli.items()}
+        mib[key] += n * (card if exclusive and card else mem)
+    return {k: (v / A.MILLI, mib[k]) for k, v in milli.items()}
 
 
-def held_memory_mib(slices: QuerySet[GpuSlice], *keys: str) -> dict[Any, int]:
-    """GPU memory (MiB) held by ``slices`` per value of ``keys``: a card held whole holds all
-    its memory. One query."""
-    out: dict[Hashable, int] = defaultdict(int)
-    for row in (slices.order_by().values(*keys, "exclusive", "gpu__memory_mib")
-                .annotate(m=Sum("memory_mib"), n=Count("id"))
-                .values_list(*keys, "exclusive", "gpu__memory_mib", "m", "n")):
-        key = row[0] if len(keys) == 1 else tuple(row[:len(keys)])
-        exclusive, card, mib, n = row[len(keys):]
-        out[key] += (card or 0) * n if exclusive and card else int(mib or 0)
-    return dict(out)
+def held_gpus(slices: QuerySet[GpuSlice], *keys: str) -> dict[Any, float]:
+    """GPUs of :func:`held`."""
+    return {k: v[0] for k, v in held(slices, *keys).items()}
 
 
 def asked_gpus(groups: QuerySet[PodGroup], *keys: str) -> dict[Any, float]:

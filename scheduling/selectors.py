@@ -685,8 +685,8 @@ class AllClusterUse:
 
 def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
     """Per project, cluster, preemptibility and GPU model, GPUs (the one GPU unit,
-    ``scheduling.accounting.held_gpus``) and MiB held: two grouped reads."""
-    from .accounting import held_gpus, held_memory_mib
+    ``scheduling.accounting.held``) and MiB held: one grouped read."""
+    from .accounting import held
     from .engine.placement import model_family
 
     use = AllClusterUse()
@@ -695,10 +695,8 @@ def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
     cols = ("allocation__job__project_id", "allocation__job__tenant_id", "gpu__model",
             "allocation__cluster_id", "allocation__job__preemptible")
     slices = GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
-    mib = held_memory_mib(slices, *cols)
-    for (pid, tid, model, cid, preemptible), n in held_gpus(slices, *cols).items():
-        use.add(pid, tid, n, {model_family(model): mib.get((pid, tid, model, cid, preemptible), 0)},
-                cid, not preemptible)
+    for (pid, tid, model, cid, preemptible), (n, mib) in held(slices, *cols).items():
+        use.add(pid, tid, n, {model_family(model): mib}, cid, not preemptible)
     return use
 
 

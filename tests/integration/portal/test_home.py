@@ -132,8 +132,9 @@ def test_class_memory_limits_cost_one_usage_aggregate_for_all_projects(world: An
         with CaptureQueriesContext(connection) as q:
             page = c.get("/").content.decode()
         assert f"{cls}: " in page and "GPU memory left across all clusters" in page
+        # The usage across all clusters (``all_cluster_use``): the one grouped read by GPU model.
         return sum(1 for x in q.captured_queries if "gpuslice" in x["sql"].lower()
-                   and "group by" in x["sql"].lower() and "memory_mib" in x["sql"].lower())
+                   and "group by" in x["sql"].lower() and '"scheduling_gpudevice"."model"' in x["sql"])
 
     for p in (world.a.project, world.a.other_project):
         tenant_services.quota_set(actor=world.admin, scope="project", project=p,
