@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, Job, JobState, Node
@@ -96,24 +96,24 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
 
 
 def quota_left(user: Any) -> list[dict[str, Any]]:
-    """GPU quota bars for each project the user may see (one query per table: the projects, the
-    project and tenant quotas together, the allocations, the slices, and one usage aggregate
-    across all clusters when a quota there needs it)."""
+    """GPU quota bars for each project the user may see, and what is left as the scheduler
+    checks it (``selectors.projects_left``: per cluster, the project's and tenant's limits
+    there; across all clusters, those limits). Fixed queries: the projects, the quotas, the
+    clusters, the allocations, grouped slice reads."""
     projects = list(restrict(Project.objects.select_related("tenant"), user)[:ROWS])
     usage = selectors.project_usage([p.pk for p in projects])
     inputs = selectors.quota_left_inputs(projects)
+    clusters = list(restrict(Cluster.objects.filter(enabled=True), user).order_by("name"))
+    lefts = selectors.projects_left(projects, clusters, inputs)
     out = []
     for p in projects:
         q = inputs.project.get(p.pk)
-        bars = selectors.quota_bars(q, usage.get(p.pk, selectors.Held()))
-        gpu = bars[0]
-        left = (gpu.limit if gpu.limit is not None else gpu.guaranteed) - gpu.used
-        # The usage counts every cluster: the limit across all clusters (issue 16) applies to it.
-        everywhere = None if q is None or q.gpus_limit_all_clusters is None else round(
-            max(0.0, float(q.gpus_limit_all_clusters) - gpu.used), 2)
-        out.append({"project": p, "bars": bars[:1], "left": round(max(0.0, left), 2),
-                    "guaranteed_left": round(max(0.0, gpu.guaranteed - gpu.used), 2),
-                    "all_clusters_left": everywhere,
+        bars = selectors.quota_bars(q, usage.get(p.pk, selectors.Held()), "on all clusters")
+        pl = lefts[p.pk]
+        out.append({"project": p, "bars": bars[:1], "left": pl.left, "where": pl.best,
+                    "per_cluster": pl.clusters if len(pl.clusters) > 1 else [],
+                    "guaranteed_left": pl.guaranteed_left,
+                    "all_clusters_left": pl.all_clusters_left,
                     "guaranteed_all_clusters": selectors.guaranteed_left_lines(p, inputs),
                     "class_limits": _class_left(q, inputs.use)})
     return out
@@ -130,15 +130,42 @@ def _class_left(q: Quota | None, use: AllClusterUse) -> list[str]:
 
 
 def can_start_now(user: Any) -> list[dict[str, Any]]:
-    """Per cluster: the presets that could start at once, e.g. "3× ¼ A100"."""
+    """Per cluster: the presets this user could start at once — what fits on the free cards,
+    bounded by what the quota of the user's best project there still allows
+    (``selectors.projects_left``) — and, when the quota bounds it, why."""
+    from scheduling.engine import accounting as unit
     from workspaces.presets import offered_presets, preset_cards
 
     clusters = list(restrict(Cluster.objects.filter(enabled=True), user))
-    cards = preset_cards(offered_presets(user), clusters, user)
+    offered = offered_presets(user)
+    cards = preset_cards(offered, clusters, user)
+    projects = list(restrict(Project.objects.select_related("tenant"), user))
+    lefts = selectors.projects_left(projects, clusters)
+    largest = dict(GpuDevice.objects.order_by().values_list("model").annotate(m=Max("memory_mib")))
     out = []
     for i, c in enumerate(clusters):
-        free = [(card.title, card.free_now[i][1]) for card in cards if card.free_now[i][1]]
-        out.append({"cluster": c, "free": free})
+        here = [pl.clusters[i] for pl in lefts.values()]
+        room = max(here, key=lambda cl: (cl.left is None, cl.left or 0.0), default=None)
+        free: list[tuple[str, int]] = []
+        bounded: list[str] = []
+        for card in cards:
+            n = card.free_now[i][1]
+            if not n:
+                continue
+            p = card.profile
+            ask = unit.shape_ask_gpus(
+                replicas=1, gpu_count=p.gpu_count, exclusive=p.exclusive, memory_mib=p.gpu_memory_mib,
+                memory_percent=0, cores_percent=p.gpu_cores_percent,
+                card_memory_mib=largest.get(p.gpu_model) or max(largest.values(), default=0))
+            allowed = n
+            if room is not None and room.left is not None and ask > 0:
+                allowed = min(n, int((room.left + 1e-9) // ask))
+            if allowed < n:
+                bounded.append(f"{card.title}: {n} fit on the free cards, your quota allows {allowed} "
+                               f"({room.why if room else ''})")
+            if allowed:
+                free.append((card.title, allowed))
+        out.append({"cluster": c, "free": free, "bounded": bounded})
     return out
 
 

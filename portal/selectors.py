@@ -86,8 +86,16 @@ class QuotaBar:
     used: float
     guaranteed: float
     limit: float | None
+    where: str = ""
+    """Where ``used`` was counted ("on all clusters", "on east"): per-cluster quotas apply on
+    each cluster, so a total over clusters is said to be one."""
     borrowed: float = field(init=False)
     scale: float = field(init=False)
+
+    @property
+    def unit(self) -> str:
+        """The GPU unit in words, under each GPU bar (empty for other resources)."""
+        return unit.UNIT_WORDS if self.resource == "gpus" else ""
 
     def __post_init__(self) -> None:
         self.borrowed = max(0.0, self.used - self.guaranteed)
@@ -111,13 +119,14 @@ def _num(value: Decimal | int | None) -> float | None:
     return None if value is None else float(value)
 
 
-def quota_bars(quota: Quota | None, held: Held) -> list[QuotaBar]:
+def quota_bars(quota: Quota | None, held: Held, where: str = "") -> list[QuotaBar]:
     bars = []
     for resource, attr in (("gpus", "gpus"), ("gpu_memory_mib", "gpu_memory_mib"),
                            ("cpu_cores", "cpu_cores"), ("ram_mib", "ram_mib")):
         g = _num(getattr(quota, f"{resource}_guaranteed")) if quota else 0.0
         lim = _num(getattr(quota, f"{resource}_limit")) if quota else None
-        bars.append(QuotaBar(resource, RESOURCE_LABELS[resource], round(held.get(attr), 2), g or 0.0, lim))
+        bars.append(QuotaBar(resource, RESOURCE_LABELS[resource], round(held.get(attr), 2), g or 0.0, lim,
+                             where))
     return bars
 
 
@@ -130,8 +139,9 @@ def tenant_quota_bars(tenant: Tenant) -> tuple[list[QuotaBar], dict[int, list[Qu
         total.add(held)
     quotas = {q.project_id: q for q in Quota.objects.filter(scope=QuotaScope.PROJECT, tenant=tenant)}
     tenant_quota = Quota.objects.filter(scope=QuotaScope.TENANT, tenant=tenant).first()
-    per_project = {p.pk: quota_bars(quotas.get(p.pk), usage.get(p.pk, Held())) for p in projects}
-    return quota_bars(tenant_quota, total), per_project
+    where = "on all clusters"  # the quotas apply per cluster: the bar says the total is one
+    per_project = {p.pk: quota_bars(quotas.get(p.pk), usage.get(p.pk, Held()), where) for p in projects}
+    return quota_bars(tenant_quota, total, where), per_project
 
 
 # --- quota left across all clusters (issue 16) -----------------------------------------
@@ -197,6 +207,100 @@ def guaranteed_left_lines(project: Project, inputs: QuotaLeftInputs) -> list[str
         used = inputs.use.guarantee_used(level, key, base, total, inputs.asks)
         left = round(max(0.0, total - used), 2)
         out.append(f"{prefix}{left:g} of {total:g} GPUs guaranteed across all clusters left")
+    return out
+
+
+@dataclass
+class ClusterLeft:
+    """What a project may still start on one cluster under its per-cluster quotas (its own
+    and its tenant's, which apply on each cluster) and the limits across all clusters: the
+    scheduler's check, in the one GPU unit."""
+
+    cluster: Cluster
+    used: float
+    """The project's GPUs on this cluster."""
+    left: float | None
+    """GPUs it may still start here (None: no limit anywhere on its path)."""
+    guaranteed_left: float
+    """Its per-cluster guarantee not yet used here."""
+    why: str
+    """Which limit bounds ``left`` (empty when none does)."""
+
+
+@dataclass
+class ProjectLeft:
+    project: Project
+    quota: Quota | None
+    used: float
+    """GPUs on every cluster together."""
+    clusters: list[ClusterLeft]
+    all_clusters_left: float | None
+
+    @property
+    def best(self) -> ClusterLeft | None:
+        """The cluster where most is left."""
+        return max(self.clusters, key=lambda c: (c.left is None, c.left or 0.0), default=None)
+
+    @property
+    def left(self) -> float | None:
+        best = self.best
+        if best is None:
+            return self.all_clusters_left
+        return best.left
+
+    @property
+    def guaranteed_left(self) -> float:
+        return max((c.guaranteed_left for c in self.clusters), default=0.0)
+
+
+def projects_left(projects: list[Project], clusters: list[Cluster],
+                  inputs: QuotaLeftInputs | None = None) -> dict[int, ProjectLeft]:
+    """Quota left per project and cluster, as the scheduler checks it: the project's and its
+    tenant's per-cluster GPU limits against what each holds on that cluster, and the GPU limits
+    across all clusters against what each holds everywhere. The one "quota left" every page
+    reads (home, launch forms, free now). One grouped read of the slices, whatever the number
+    of projects and clusters."""
+    inputs = inputs or quota_left_inputs(projects)
+    tids = sorted({p.tenant_id for p in projects})
+    per: dict[tuple[str, int, int], float] = defaultdict(float)
+    everywhere: dict[tuple[str, int], float] = defaultdict(float)
+    if projects:
+        for (pid, tid, cid), n in accounting.held_gpus(
+                GpuSlice.objects.filter(allocation__job__tenant_id__in=tids), "allocation__job__project_id",
+                "allocation__job__tenant_id", "allocation__cluster_id").items():
+            for key in (("project", pid), ("tenant", tid)):
+                per[(*key, cid)] += n
+                everywhere[key] += n
+
+    def lim(q: Quota | None, field: str) -> float | None:
+        v = getattr(q, field) if q is not None else None
+        return None if v is None else float(v)
+
+    out: dict[int, ProjectLeft] = {}
+    for p in projects:
+        pq, tq = inputs.project.get(p.pk), inputs.tenant.get(p.tenant_id)
+        bounds_all = [(f"{who} limit across all clusters ({v:g} GPUs, {everywhere[key]:.2f} in use)",
+                       v - everywhere[key])
+                      for who, q, key in (("the project's", pq, ("project", p.pk)),
+                                          (f"tenant {p.tenant.name}'s", tq, ("tenant", p.tenant_id)))
+                      if (v := lim(q, "gpus_limit_all_clusters")) is not None]
+        all_left = round(max(0.0, min(b for _w, b in bounds_all)), 2) if bounds_all else None
+        rows = []
+        for c in clusters:
+            bounds = list(bounds_all)
+            for who, q, key in (("the project's", pq, ("project", p.pk)),
+                                (f"tenant {p.tenant.name}'s", tq, ("tenant", p.tenant_id))):
+                v = lim(q, "gpus_limit")
+                if v is not None:
+                    here = per[(*key, c.pk)]
+                    bounds.append((f"{who} limit on {c.name} ({v:g} GPUs, {here:.2f} in use there)",
+                                   v - here))
+            why, left = min(bounds, key=lambda b: b[1]) if bounds else ("", None)
+            g = lim(pq, "gpus_guaranteed") or 0.0
+            used = per[("project", p.pk, c.pk)]
+            rows.append(ClusterLeft(c, round(used, 2), None if left is None else round(max(0.0, left), 2),
+                                    round(max(0.0, g - used), 2), why))
+        out[p.pk] = ProjectLeft(p, pq, round(everywhere[("project", p.pk)], 2), rows, all_left)
     return out
 
 
@@ -430,7 +534,8 @@ def queue_tree(cluster: Cluster) -> list[QueueRow]:
         total.add(held)
     cluster_quota = Quota.objects.filter(scope=QuotaScope.CLUSTER, cluster=cluster).first()
     all_jobs = [sum(v[0] for v in jobs.values()), sum(v[1] for v in jobs.values())]
-    rows.append(QueueRow("cluster", cluster.name, 0, quota_bars(cluster_quota, total),
+    here = f"on {cluster.name}"
+    rows.append(QueueRow("cluster", cluster.name, 0, quota_bars(cluster_quota, total, here),
                          _fair(cluster_quota, total), *all_jobs))
     for tenant in Tenant.objects.prefetch_related("projects").order_by("name"):
         projects = list(tenant.projects.all())
@@ -439,11 +544,12 @@ def queue_tree(cluster: Cluster) -> list[QueueRow]:
             t_held.add(usage.get(p.pk, Held()))
         tq = quotas.get((QuotaScope.TENANT, tenant.pk, None))
         t_jobs = [sum(jobs[p.pk][0] for p in projects), sum(jobs[p.pk][1] for p in projects)]
-        rows.append(QueueRow("tenant", tenant.name, 1, quota_bars(tq, t_held), _fair(tq, t_held), *t_jobs))
+        rows.append(QueueRow("tenant", tenant.name, 1, quota_bars(tq, t_held, here), _fair(tq, t_held),
+                             *t_jobs))
         for p in projects:
             pq = quotas.get((QuotaScope.PROJECT, tenant.pk, p.pk))
             held = usage.get(p.pk, Held())
-            rows.append(QueueRow("project", f"{tenant.name}/{p.name}", 2, quota_bars(pq, held),
+            rows.append(QueueRow("project", f"{tenant.name}/{p.name}", 2, quota_bars(pq, held, here),
                                  _fair(pq, held), *jobs[p.pk]))
     return rows
 
