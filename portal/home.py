@@ -215,7 +215,8 @@ def admin_view() -> list[dict[str, Any]]:
             "nodes_down": nodes["down"],
             "gpus_sick": sick,
             "queued": queued,
-            "running": state.jobs_by_state.get(JobState.RUNNING, 0),
+            # Jobs holding GPUs (starting, running, being preempted): what "allocated" counts.
+            "running": sum(state.jobs_by_state.get(s, 0) for s in ACTIVE_STATES),
             "longest_wait": (now - oldest) if oldest else None,
             "healthy": not nodes["down"] and not sick,
         })
@@ -235,14 +236,22 @@ def home(user: Any) -> dict[str, Any]:
     scope = scope_of(user)
     owned = list(Tenant.objects.filter(pk__in=scope.owner_tenants)) if scope.owner_tenants else []
     return {
+        "unit_words": selectors.unit.UNIT_WORDS,
         "workloads": my_workloads(user),
         "quota_left": quota_left(user),
         "start_now": can_start_now(user),
         "owner": [owner_view(t) for t in owned[:3]],
         "admin": admin_view() if scope.platform_admin else [],
+        "guarantee_warnings": _guarantee_warnings() if scope.platform_admin else [],
         "global_queue": global_queue() if scope.platform_admin else None,
         "demo_load": _demo_load() if scope.platform_admin else None,
     }
+
+
+def _guarantee_warnings() -> list[str]:
+    from scheduling.accounting import guarantee_warnings
+
+    return guarantee_warnings()
 
 
 def _demo_load() -> Any:

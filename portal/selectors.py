@@ -469,6 +469,9 @@ class CardView:
     slices: list[SliceView]
     free_mib: int
     free_cores: int
+    free_gpus: float = 0.0
+    """What is free on the card in the one GPU unit (``scheduling.accounting.card_free_gpus``):
+    the smaller of its free memory share and free compute share."""
 
 
 def gpu_map(cluster: Cluster) -> list[dict[str, Any]]:
@@ -497,8 +500,9 @@ def gpu_map(cluster: Cluster) -> list[dict[str, Any]]:
                 index=g.index, model=g.model, memory_mib=g.memory_mib, healthy=g.healthy,
                 quarantined=g.quarantined, utilization_percent=g.utilization_percent,
                 slices=slices_by_gpu.get(g.pk, []),
-                free_mib=max(0, g.memory_mib - g.memory_allocated_mib),
-                free_cores=max(0, 100 - g.cores_allocated),
+                free_mib=max(0, g.memory_mib - g.memory_allocated_mib - g.foreign_memory_mib),
+                free_cores=max(0, 100 - g.cores_allocated - g.foreign_cores),
+                free_gpus=round(accounting.device_free_gpus(g), 2),
             )
             for g in node.gpus.all()
         ]

@@ -155,7 +155,8 @@ def gpu_map(request: HttpRequest, cluster_name: str) -> HttpResponse:
     """A card-level map of every node: slices, owners, health."""
     _platform_admin(request)
     cluster = get_object_or_404(Cluster, name=cluster_name)
-    return render(request, "portal/gpu_map.html", {"cluster": cluster, "nodes": selectors.gpu_map(cluster)})
+    return render(request, "portal/gpu_map.html", {"cluster": cluster, "nodes": selectors.gpu_map(cluster),
+                                                   "unit_words": selectors.unit.UNIT_WORDS})
 
 
 @login_required

@@ -78,3 +78,43 @@ def card_free_gpus(memory_mib: int, memory_allocated_mib: int, cores_allocated: 
 def device_free_gpus(g: GpuDevice) -> float:
     """:func:`card_free_gpus` of a loaded card."""
     return card_free_gpus(*(getattr(g, c) for c in CARD_FREE_COLUMNS))
+
+
+def guarantee_warnings(tenant_id: int | None = None) -> list[str]:
+    """The guarantees the enabled clusters cannot honour (``engine.accounting.unhonourable_guarantees``),
+    from the quotas and each cluster's usable cards (present, healthy, not quarantined: each
+    one GPU); only those naming ``tenant_id``'s tenant when given (the cluster-wide ones too).
+    Three queries."""
+    from django.db.models import Q
+
+    from tenants.models import Quota, QuotaScope
+
+    from .models import Cluster
+
+    cards: dict[str, float] = {name: 0.0 for name in Cluster.objects.filter(enabled=True)
+                               .values_list("name", flat=True)}
+    for name, n in (GpuDevice.objects.filter(node__cluster__enabled=True, node__present=True,
+                                             healthy=True, quarantined=False)
+                    .order_by().values("node__cluster__name").annotate(n=Count("id"))
+                    .values_list("node__cluster__name", "n")):
+        cards[name] = float(n)
+    tenants: dict[str, tuple[float, float]] = {}
+    projects: dict[str, tuple[str, float, float]] = {}
+    rows = (Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT])
+            .filter(Q(gpus_guaranteed__gt=0) | Q(gpus_guaranteed_all_clusters__gt=0))
+            .values_list("scope", "tenant__name", "project__name", "gpus_guaranteed",
+                         "gpus_guaranteed_all_clusters"))
+    for scope, tname, pname, g, a in rows:
+        if scope == QuotaScope.TENANT:
+            tenants[tname] = (float(g or 0), float(a or 0))
+        else:
+            projects[f"{tname}/{pname}"] = (tname, float(g or 0), float(a or 0))
+    for tname, _g, _a in projects.values():
+        tenants.setdefault(tname, (0.0, 0.0))
+    lines = A.unhonourable_guarantees(clusters=cards, tenants=tenants, projects=projects)
+    if tenant_id is None:
+        return lines
+    from tenants.models import Tenant
+
+    name = Tenant.objects.filter(pk=tenant_id).values_list("name", flat=True).first()
+    return [line for line in lines if not line.startswith("Tenant ") or line.startswith(f"Tenant {name}'s")]

@@ -140,3 +140,38 @@ def shape_ask_gpus(*, replicas: int, gpu_count: int, exclusive: bool, memory_mib
 def gpus(milli: float) -> float:
     """Milli-GPUs as the GPUs a page shows (two decimals)."""
     return round(milli / MILLI, 2)
+
+
+def unhonourable_guarantees(*, clusters: Mapping[str, float], tenants: Mapping[str, tuple[float, float]],
+                            projects: Mapping[str, tuple[str, float, float]]) -> list[str]:
+    """Rule (guarantees the clusters can honour): every GPU guarantee must be coverable at once
+    by the cards, in this unit. ``clusters``: cluster → GPUs it has; ``tenants``: tenant →
+    (GPUs guaranteed on each cluster, GPUs guaranteed across all clusters); ``projects``:
+    "tenant/project" → (tenant, per cluster, across all clusters). A per-cluster guarantee
+    applies on every cluster, so it is checked against each cluster: the tenants' together
+    against its GPUs, the projects' of a tenant against their tenant's (the scheduler checks a
+    project's share inside its tenant's). A guarantee across all clusters comes on top of
+    the per-cluster ones: all together against every cluster's GPUs. One sentence per breach,
+    naming the figures."""
+    out: list[str] = []
+    per_cluster = sum(g for g, _a in tenants.values())
+    for name, n in sorted(clusters.items()):
+        if per_cluster > n + 1e-9:
+            out.append(f"Cluster {name} has {n:g} GPUs; the tenants' guarantees there add up to "
+                       f"{per_cluster:g} GPUs (each tenant's per-cluster guarantee applies on every "
+                       f"cluster).")
+    for tname, (g, a) in sorted(tenants.items()):
+        mine = [(pg, pa) for t, pg, pa in projects.values() if t == tname]
+        if sum(pg for pg, _ in mine) > g + 1e-9:
+            out.append(f"Tenant {tname}'s projects are guaranteed {sum(pg for pg, _ in mine):g} GPUs per "
+                       f"cluster together, more than the tenant's {g:g}.")
+        if a and sum(pa for _, pa in mine) > a + 1e-9:
+            out.append(f"Tenant {tname}'s projects are guaranteed {sum(pa for _, pa in mine):g} GPUs across "
+                       f"all clusters together, more than the tenant's {a:g}.")
+    total = sum(clusters.values())
+    across = per_cluster * len(clusters) + sum(a for _g, a in tenants.values())
+    if clusters and across > total + 1e-9 and any(a for _g, a in tenants.values()):
+        out.append(f"All clusters together have {total:g} GPUs; the guarantees add up to {across:g} "
+                   f"(per-cluster guarantees on each of {len(clusters)} clusters plus those across all "
+                   f"clusters).")
+    return out
