@@ -56,7 +56,7 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
     """The user's notebooks, training jobs and model services that run or wait (newest first),
     among those the user may still see (an owner removed from a project no longer sees them)."""
     from workspaces.models import DevEnvironment, ModelService, ServiceStatus, TrainingJob
-    from workspaces.selectors import with_ready_now
+    from workspaces.selectors import page_reason, with_ready_now
 
     live = list(ACTIVE_STATES) + [JobState.QUEUED]
     rows: list[WorkloadRow] = []
@@ -67,7 +67,8 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
             "notebook", e.name, f"/workspaces/environments/{e.pk}/", str(e.project), e.state,
             e.job.get_state_display() if e.job else e.state, _gpu_words(
                 e.gpu_count, e.gpu_memory_mib, e.gpu_cores_percent, e.exclusive, e.gpu_models),
-            e.job.started_at if e.job else None, e.job.reason if e.job and e.state == "queued" else "", e))
+            e.job.started_at if e.job else None,
+            page_reason(e.job) if e.job and e.state == "queued" else "", e))
     trainings = (restrict(TrainingJob.objects.filter(owner=user), user)
                  .filter(Q(job__state__in=live) | Q(job__isnull=True, failed_dependency=False))
                  .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
