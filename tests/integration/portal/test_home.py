@@ -67,7 +67,7 @@ def test_member_home_shows_own_work_quota_and_free_now(world: Any, busy: Any) ->
     assert "slice of a GPU (20 GB, 25 %)" in page
     assert "Open<span" in page and "Stop<span" in page and "Logs<span" in page
     assert "GPU quota left" in page and "acme/acme-p1" in page
-    assert "¼ A100 · 20 GB" in page and "free)" in page  # what can start now
+    assert "¼ A100 · 20 GB" in page and "you can start)" in page  # what can start now
     assert "theirs" not in page  # another tenant's job
     assert "Tenant acme" not in page and "Clusters</h2>" not in page  # not an owner, not an admin
 
