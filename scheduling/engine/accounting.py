@@ -81,8 +81,10 @@ def card_free_milli(*, memory_mib: int, memory_used_mib: int, cores_used_percent
                     held_whole: bool = False) -> int:
     """Rule (free on a card, in the same unit): what is left of a card is the smaller of its
     free compute share and its free memory share — the most one more slice could count there
-    (:func:`slice_milli`). A card held whole has none. So the held and the free of a card never
-    add up to more than one GPU, and free memory and free compute are never mixed in one figure."""
+    (:func:`slice_milli`). A card held whole has none. Free memory and free compute are never
+    mixed in one figure. Note: slices led by different resources on one card (one by compute,
+    one by memory) count more together than the card's busiest resource, so a card's held and
+    free may add up to more than one GPU; the free figure is what one more slice could take."""
     if held_whole:
         return 0
     cores_free = max(0, 100 - cores_used_percent) * MILLI // 100
