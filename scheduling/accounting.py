@@ -116,5 +116,5 @@ def guarantee_warnings(tenant_id: int | None = None) -> list[str]:
         return lines
     from tenants.models import Tenant
 
-    name = Tenant.objects.filter(pk=tenant_id).values_list("name", flat=True).first()
+    name = Tenant.objects.filter(pk=tenant_id).values_list("name", flat=True).first() or ""
     return [line for line in lines if not line.startswith("Tenant ") or line.startswith(f"Tenant {name}'s")]

@@ -837,12 +837,12 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
     victims = Job.objects.filter(preempted_by=OuterRef("pk"), state=JobState.PREEMPTING)
     preemptors = Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, reason_kind="preempting",
                                     cluster__isnull=False)
-    rows = list(preemptors.annotate(waits=Exists(victims),
+    prows = list(preemptors.annotate(waits=Exists(victims),
                                     reclaims=Exists(victims.filter(priority__gte=OuterRef("priority"))))
                 .order_by().values_list("pk", "project_id", "tenant_id", "cluster_id", "preemptible",
                                         "waits", "reclaims"))
-    asked = asked_gpus(PodGroup.objects.filter(job__in=[r[0] for r in rows]), "job_id") if rows else {}
-    for pk, pid, tid, cid, preemptible, waits, reclaims in rows:
+    asked = asked_gpus(PodGroup.objects.filter(job__in=[r[0] for r in prows]), "job_id") if prows else {}
+    for pk, pid, tid, cid, preemptible, waits, reclaims in prows:
         # Victims gone: whether it reclaimed is no longer known; counted as if (the safe side).
         book.add_ask(pk, pid, tid, cid, asked.get(pk, 0.0), nonpreemptible=not preemptible,
                      evicting=bool(waits), reclaim=bool(reclaims) or not waits)
