@@ -253,6 +253,12 @@ class ProjectLeft:
         return max((c.guaranteed_left for c in self.clusters), default=0.0)
 
 
+def AllClusterUseEmpty() -> AllClusterUse:  # noqa: N802 (a constructor)
+    from scheduling.selectors import AllClusterUse
+
+    return AllClusterUse()
+
+
 def projects_left(projects: list[Project], clusters: list[Cluster],
                   inputs: QuotaLeftInputs | None = None) -> dict[int, ProjectLeft]:
     """Quota left per project and cluster, as the scheduler checks it: the project's and its
@@ -260,8 +266,15 @@ def projects_left(projects: list[Project], clusters: list[Cluster],
     across all clusters against what each holds everywhere. The one "quota left" every page
     reads (home, launch forms, free now). One grouped read of the slices, whatever the number
     of projects and clusters."""
-    inputs = inputs or quota_left_inputs(projects)
     tids = sorted({p.tenant_id for p in projects})
+    if inputs is None:  # the quotas only (no usage aggregate by GPU model: not read here)
+        inputs = QuotaLeftInputs({}, {}, AllClusterUseEmpty())
+        for row in Quota.objects.filter(Q(scope=QuotaScope.PROJECT, project__in=projects)
+                                        | Q(scope=QuotaScope.TENANT, tenant_id__in=tids)):
+            if row.scope == QuotaScope.PROJECT and row.project_id is not None:
+                inputs.project[row.project_id] = row
+            elif row.scope == QuotaScope.TENANT and row.tenant_id is not None:
+                inputs.tenant[row.tenant_id] = row
     per: dict[tuple[str, int, int], float] = defaultdict(float)
     everywhere: dict[tuple[str, int], float] = defaultdict(float)
     if projects:
