@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, Job, JobState, Node
@@ -56,7 +56,7 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
     """The user's notebooks, training jobs and model services that run or wait (newest first),
     among those the user may still see (an owner removed from a project no longer sees them)."""
     from workspaces.models import DevEnvironment, ModelService, ServiceStatus, TrainingJob
-    from workspaces.selectors import with_ready_now
+    from workspaces.selectors import page_reason, with_ready_now
 
     live = list(ACTIVE_STATES) + [JobState.QUEUED]
     rows: list[WorkloadRow] = []
@@ -67,7 +67,8 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
             "notebook", e.name, f"/workspaces/environments/{e.pk}/", str(e.project), e.state,
             e.job.get_state_display() if e.job else e.state, _gpu_words(
                 e.gpu_count, e.gpu_memory_mib, e.gpu_cores_percent, e.exclusive, e.gpu_models),
-            e.job.started_at if e.job else None, e.job.reason if e.job and e.state == "queued" else "", e))
+            e.job.started_at if e.job else None,
+            page_reason(e.job) if e.job and e.state == "queued" else "", e))
     trainings = (restrict(TrainingJob.objects.filter(owner=user), user)
                  .filter(Q(job__state__in=live) | Q(job__isnull=True, failed_dependency=False))
                  .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
@@ -96,24 +97,24 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
 
 
 def quota_left(user: Any) -> list[dict[str, Any]]:
-    """GPU quota bars for each project the user may see (one query per table: the projects, the
-    project and tenant quotas together, the allocations, the slices, and one usage aggregate
-    across all clusters when a quota there needs it)."""
+    """GPU quota bars for each project the user may see, and what is left as the scheduler
+    checks it (``selectors.projects_left``: per cluster, the project's and tenant's limits
+    there; across all clusters, those limits). Fixed queries: the projects, the quotas, the
+    clusters, the allocations, grouped slice reads."""
     projects = list(restrict(Project.objects.select_related("tenant"), user)[:ROWS])
     usage = selectors.project_usage([p.pk for p in projects])
     inputs = selectors.quota_left_inputs(projects)
+    clusters = list(restrict(Cluster.objects.filter(enabled=True), user).order_by("name"))
+    lefts = selectors.projects_left(projects, clusters, inputs)
     out = []
     for p in projects:
         q = inputs.project.get(p.pk)
-        bars = selectors.quota_bars(q, usage.get(p.pk, selectors.Held()))
-        gpu = bars[0]
-        left = (gpu.limit if gpu.limit is not None else gpu.guaranteed) - gpu.used
-        # The usage counts every cluster: the limit across all clusters (issue 16) applies to it.
-        everywhere = None if q is None or q.gpus_limit_all_clusters is None else round(
-            max(0.0, float(q.gpus_limit_all_clusters) - gpu.used), 2)
-        out.append({"project": p, "bars": bars[:1], "left": round(max(0.0, left), 2),
-                    "guaranteed_left": round(max(0.0, gpu.guaranteed - gpu.used), 2),
-                    "all_clusters_left": everywhere,
+        bars = selectors.quota_bars(q, usage.get(p.pk, selectors.Held()), "on all clusters")
+        pl = lefts[p.pk]
+        out.append({"project": p, "bars": bars[:1], "left": pl.left, "where": pl.best,
+                    "per_cluster": pl.clusters if len(pl.clusters) > 1 else [],
+                    "guaranteed_left": pl.guaranteed_left,
+                    "all_clusters_left": pl.all_clusters_left,
                     "guaranteed_all_clusters": selectors.guaranteed_left_lines(p, inputs),
                     "class_limits": _class_left(q, inputs.use)})
     return out
@@ -130,15 +131,42 @@ def _class_left(q: Quota | None, use: AllClusterUse) -> list[str]:
 
 
 def can_start_now(user: Any) -> list[dict[str, Any]]:
-    """Per cluster: the presets that could start at once, e.g. "3× ¼ A100"."""
+    """Per cluster: the presets this user could start at once — what fits on the free cards,
+    bounded by what the quota of the user's best project there still allows
+    (``selectors.projects_left``) — and, when the quota bounds it, why."""
+    from scheduling.engine import accounting as unit
     from workspaces.presets import offered_presets, preset_cards
 
     clusters = list(restrict(Cluster.objects.filter(enabled=True), user))
-    cards = preset_cards(offered_presets(user), clusters, user)
+    offered = offered_presets(user)
+    cards = preset_cards(offered, clusters, user)
+    projects = list(restrict(Project.objects.select_related("tenant"), user))
+    lefts = selectors.projects_left(projects, clusters)
+    largest = dict(GpuDevice.objects.order_by().values_list("model").annotate(m=Max("memory_mib")))
     out = []
     for i, c in enumerate(clusters):
-        free = [(card.title, card.free_now[i][1]) for card in cards if card.free_now[i][1]]
-        out.append({"cluster": c, "free": free})
+        here = [pl.clusters[i] for pl in lefts.values()]
+        room = max(here, key=lambda cl: (cl.left is None, cl.left or 0.0), default=None)
+        free: list[tuple[str, int]] = []
+        bounded: list[str] = []
+        for card in cards:
+            n = card.free_now[i][1]
+            if not n:
+                continue
+            p = card.profile
+            ask = unit.shape_ask_gpus(
+                replicas=1, gpu_count=p.gpu_count, exclusive=p.exclusive, memory_mib=p.gpu_memory_mib,
+                memory_percent=0, cores_percent=p.gpu_cores_percent,
+                card_memory_mib=largest.get(p.gpu_model) or max(largest.values(), default=0))
+            allowed = n
+            if room is not None and room.left is not None and ask > 0:
+                allowed = min(n, int((room.left + 1e-9) // ask))
+            if allowed < n:
+                bounded.append(f"{card.title}: {n} fit on the free cards, your quota allows {allowed} "
+                               f"({room.why if room else ''})")
+            if allowed:
+                free.append((card.title, allowed))
+        out.append({"cluster": c, "free": free, "bounded": bounded})
     return out
 
 
@@ -188,7 +216,8 @@ def admin_view() -> list[dict[str, Any]]:
             "nodes_down": nodes["down"],
             "gpus_sick": sick,
             "queued": queued,
-            "running": state.jobs_by_state.get(JobState.RUNNING, 0),
+            # Jobs holding GPUs (starting, running, being preempted): what "allocated" counts.
+            "running": sum(state.jobs_by_state.get(s, 0) for s in ACTIVE_STATES),
             "longest_wait": (now - oldest) if oldest else None,
             "healthy": not nodes["down"] and not sick,
         })
@@ -208,14 +237,22 @@ def home(user: Any) -> dict[str, Any]:
     scope = scope_of(user)
     owned = list(Tenant.objects.filter(pk__in=scope.owner_tenants)) if scope.owner_tenants else []
     return {
+        "unit_words": selectors.unit.UNIT_WORDS,
         "workloads": my_workloads(user),
         "quota_left": quota_left(user),
         "start_now": can_start_now(user),
         "owner": [owner_view(t) for t in owned[:3]],
         "admin": admin_view() if scope.platform_admin else [],
+        "guarantee_warnings": _guarantee_warnings() if scope.platform_admin else [],
         "global_queue": global_queue() if scope.platform_admin else None,
         "demo_load": _demo_load() if scope.platform_admin else None,
     }
+
+
+def _guarantee_warnings() -> list[str]:
+    from scheduling.accounting import guarantee_warnings
+
+    return guarantee_warnings()
 
 
 def _demo_load() -> Any:

@@ -28,11 +28,13 @@ def project_group(project_id: int) -> str:
 
 
 def job_payload(job: Any) -> dict[str, Any]:
+    from workspaces.selectors import page_reason
+
     return {
         "id": job.pk,
         "state": job.state,
         "state_display": job.get_state_display(),
-        "reason": job.reason,
+        "reason": page_reason(job),  # as the pages show it (no advice the page cannot follow)
         "queue_position": job.queue_position,
         "queue_length": job.queue_length,
     }
@@ -119,7 +121,7 @@ def push_jobs(job_ids: list[int], service_ids: list[int] | tuple[int, ...] = ())
     if layer is None:
         return 0
     jobs = list(Job.objects.filter(pk__in=job_ids).only(
-        "pk", "project_id", "state", "reason", "queue_position", "queue_length"))
+        "pk", "project_id", "state", "reason", "kind", "queue_position", "queue_length"))
     svc_ids = set(service_ids)
     if jobs:
         svc_ids.update(ServiceReplica.objects.filter(job_id__in=[j.pk for j in jobs])

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
+from scheduling import accounting
+from scheduling.engine import accounting as unit
 from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, GpuSlice, Job, JobState
 from tenants.models import RESOURCE_LABELS, Project, Quota, QuotaScope, Tenant
 
@@ -20,15 +22,6 @@ from .models import ClusterSample, UsageSample
 
 if TYPE_CHECKING:
     from scheduling.selectors import AllClusterUse
-
-
-def slice_share(memory_mib: int, cores_percent: int, exclusive: bool, card_memory_mib: int) -> float:
-    """GPU-equivalents of one slice: a whole card is 1; a slice counts the larger of its compute
-    share and its memory share of the card (the engine's quota rule, queueing.grant_gpu_milli)."""
-    if exclusive:
-        return 1.0
-    mem = memory_mib / card_memory_mib if card_memory_mib else 0.0
-    return min(1.0, max(cores_percent / 100, mem))
 
 
 @dataclass
@@ -51,27 +44,31 @@ class Held:
 
 
 def held_by(allocations: QuerySet[Allocation]) -> dict[tuple[int, int, int | None], Held]:
-    """Held resources keyed by (tenant id, project id, owner id) for the given allocations."""
+    """Held resources keyed by (tenant id, project id, owner id) for the given allocations (GPUs
+    in the one GPU unit, ``scheduling.accounting``)."""
     out: dict[tuple[int, int, int | None], Held] = defaultdict(Held)
-    rows = allocations.select_related("job").values_list(
-        "pk", "job__tenant_id", "job__project_id", "job__owner_id", "cpu_millicores", "ram_mib")
-    keys: dict[int, tuple[int, int, int | None]] = {}
-    for pk, tenant_id, project_id, owner_id, cpu, ram in rows:
-        key = (tenant_id, project_id, owner_id)
-        keys[pk] = key
-        out[key].cpu_cores += cpu / 1000
-        out[key].ram_mib += ram
-    slices = GpuSlice.objects.filter(allocation_id__in=keys).values_list(
-        "allocation_id", "memory_mib", "cores_percent", "exclusive", "gpu__memory_mib")
-    for alloc_id, mem, cores, exclusive, card_mem in slices:
-        held = out[keys[alloc_id]]
-        held.gpus += slice_share(mem, cores, exclusive, card_mem)
-        held.gpu_memory_mib += card_mem if exclusive else mem
+    for tenant_id, project_id, owner_id, cpu, ram in (
+            allocations.order_by().values("job__tenant_id", "job__project_id", "job__owner_id")
+            .annotate(cpu=Sum("cpu_millicores"), ram=Sum("ram_mib"))
+            .values_list("job__tenant_id", "job__project_id", "job__owner_id", "cpu", "ram")):
+        held = out[(tenant_id, project_id, owner_id)]
+        held.cpu_cores += (cpu or 0) / 1000
+        held.ram_mib += ram or 0
+    keys = ("allocation__job__tenant_id", "allocation__job__project_id", "allocation__job__owner_id")
+    slices = GpuSlice.objects.filter(allocation__in=allocations)
+    for key, (n, mib) in accounting.held(slices, *keys).items():
+        out[key].gpus += n
+        out[key].gpu_memory_mib += mib
     return dict(out)
 
 
-def project_usage(projects: Iterable[int] | None = None) -> dict[int, Held]:
+def project_usage(projects: Iterable[int] | None = None, *,
+                  cluster: Cluster | int | None = None) -> dict[int, Held]:
+    """Held resources per project: on every cluster, or on ``cluster`` only (what that
+    cluster's queue tree and per-cluster quota count)."""
     allocations = Allocation.objects.all()
+    if cluster is not None:
+        allocations = allocations.filter(cluster=cluster)
     if projects is not None:
         allocations = allocations.filter(job__project_id__in=list(projects))
     per: dict[int, Held] = defaultdict(Held)
@@ -89,8 +86,16 @@ class QuotaBar:
     used: float
     guaranteed: float
     limit: float | None
+    where: str = ""
+    """Where ``used`` was counted ("on all clusters", "on east"): per-cluster quotas apply on
+    each cluster, so a total over clusters is said to be one."""
     borrowed: float = field(init=False)
     scale: float = field(init=False)
+
+    @property
+    def unit(self) -> str:
+        """The GPU unit in words, under each GPU bar (empty for other resources)."""
+        return unit.UNIT_WORDS if self.resource == "gpus" else ""
 
     def __post_init__(self) -> None:
         self.borrowed = max(0.0, self.used - self.guaranteed)
@@ -114,13 +119,14 @@ def _num(value: Decimal | int | None) -> float | None:
     return None if value is None else float(value)
 
 
-def quota_bars(quota: Quota | None, held: Held) -> list[QuotaBar]:
+def quota_bars(quota: Quota | None, held: Held, where: str = "") -> list[QuotaBar]:
     bars = []
     for resource, attr in (("gpus", "gpus"), ("gpu_memory_mib", "gpu_memory_mib"),
                            ("cpu_cores", "cpu_cores"), ("ram_mib", "ram_mib")):
         g = _num(getattr(quota, f"{resource}_guaranteed")) if quota else 0.0
         lim = _num(getattr(quota, f"{resource}_limit")) if quota else None
-        bars.append(QuotaBar(resource, RESOURCE_LABELS[resource], round(held.get(attr), 2), g or 0.0, lim))
+        bars.append(QuotaBar(resource, RESOURCE_LABELS[resource], round(held.get(attr), 2), g or 0.0, lim,
+                             where))
     return bars
 
 
@@ -133,8 +139,9 @@ def tenant_quota_bars(tenant: Tenant) -> tuple[list[QuotaBar], dict[int, list[Qu
         total.add(held)
     quotas = {q.project_id: q for q in Quota.objects.filter(scope=QuotaScope.PROJECT, tenant=tenant)}
     tenant_quota = Quota.objects.filter(scope=QuotaScope.TENANT, tenant=tenant).first()
-    per_project = {p.pk: quota_bars(quotas.get(p.pk), usage.get(p.pk, Held())) for p in projects}
-    return quota_bars(tenant_quota, total), per_project
+    where = "on all clusters"  # the quotas apply per cluster: the bar says the total is one
+    per_project = {p.pk: quota_bars(quotas.get(p.pk), usage.get(p.pk, Held()), where) for p in projects}
+    return quota_bars(tenant_quota, total, where), per_project
 
 
 # --- quota left across all clusters (issue 16) -----------------------------------------
@@ -203,6 +210,113 @@ def guaranteed_left_lines(project: Project, inputs: QuotaLeftInputs) -> list[str
     return out
 
 
+@dataclass
+class ClusterLeft:
+    """What a project may still start on one cluster under its per-cluster quotas (its own
+    and its tenant's, which apply on each cluster) and the limits across all clusters: the
+    scheduler's check, in the one GPU unit."""
+
+    cluster: Cluster
+    used: float
+    """The project's GPUs on this cluster."""
+    left: float | None
+    """GPUs it may still start here (None: no limit anywhere on its path)."""
+    guaranteed_left: float
+    """Its per-cluster guarantee not yet used here."""
+    why: str
+    """Which limit bounds ``left`` (empty when none does)."""
+
+
+@dataclass
+class ProjectLeft:
+    project: Project
+    quota: Quota | None
+    used: float
+    """GPUs on every cluster together."""
+    clusters: list[ClusterLeft]
+    all_clusters_left: float | None
+
+    @property
+    def best(self) -> ClusterLeft | None:
+        """The cluster where most is left."""
+        return max(self.clusters, key=lambda c: (c.left is None, c.left or 0.0), default=None)
+
+    @property
+    def left(self) -> float | None:
+        best = self.best
+        if best is None:
+            return self.all_clusters_left
+        return best.left
+
+    @property
+    def guaranteed_left(self) -> float:
+        return max((c.guaranteed_left for c in self.clusters), default=0.0)
+
+
+def AllClusterUseEmpty() -> AllClusterUse:  # noqa: N802 (a constructor)
+    from scheduling.selectors import AllClusterUse
+
+    return AllClusterUse()
+
+
+def projects_left(projects: list[Project], clusters: list[Cluster],
+                  inputs: QuotaLeftInputs | None = None) -> dict[int, ProjectLeft]:
+    """Quota left per project and cluster, as the scheduler checks it: the project's and its
+    tenant's per-cluster GPU limits against what each holds on that cluster, and the GPU limits
+    across all clusters against what each holds everywhere. The one "quota left" every page
+    reads (home, launch forms, free now). One grouped read of the slices, whatever the number
+    of projects and clusters."""
+    tids = sorted({p.tenant_id for p in projects})
+    if inputs is None:  # the quotas only (no usage aggregate by GPU model: not read here)
+        inputs = QuotaLeftInputs({}, {}, AllClusterUseEmpty())
+        for row in Quota.objects.filter(Q(scope=QuotaScope.PROJECT, project__in=projects)
+                                        | Q(scope=QuotaScope.TENANT, tenant_id__in=tids)):
+            if row.scope == QuotaScope.PROJECT and row.project_id is not None:
+                inputs.project[row.project_id] = row
+            elif row.scope == QuotaScope.TENANT and row.tenant_id is not None:
+                inputs.tenant[row.tenant_id] = row
+    per: dict[tuple[str, int, int], float] = defaultdict(float)
+    everywhere: dict[tuple[str, int], float] = defaultdict(float)
+    if projects:
+        for (pid, tid, cid), n in accounting.held_gpus(
+                GpuSlice.objects.filter(allocation__job__tenant_id__in=tids), "allocation__job__project_id",
+                "allocation__job__tenant_id", "allocation__cluster_id").items():
+            for key in (("project", pid), ("tenant", tid)):
+                per[(*key, cid)] += n
+                everywhere[key] += n
+
+    def lim(q: Quota | None, field: str) -> float | None:
+        v = getattr(q, field) if q is not None else None
+        return None if v is None else float(v)
+
+    out: dict[int, ProjectLeft] = {}
+    for p in projects:
+        pq, tq = inputs.project.get(p.pk), inputs.tenant.get(p.tenant_id)
+        bounds_all = [(f"{who} limit across all clusters ({v:g} GPUs, {everywhere[key]:.2f} in use)",
+                       v - everywhere[key])
+                      for who, q, key in (("the project's", pq, ("project", p.pk)),
+                                          (f"tenant {p.tenant.name}'s", tq, ("tenant", p.tenant_id)))
+                      if (v := lim(q, "gpus_limit_all_clusters")) is not None]
+        all_left = round(max(0.0, min(b for _w, b in bounds_all)), 2) if bounds_all else None
+        rows = []
+        for c in clusters:
+            bounds = list(bounds_all)
+            for who, q, key in (("the project's", pq, ("project", p.pk)),
+                                (f"tenant {p.tenant.name}'s", tq, ("tenant", p.tenant_id))):
+                v = lim(q, "gpus_limit")
+                if v is not None:
+                    here = per[(*key, c.pk)]
+                    bounds.append((f"{who} limit on {c.name} ({v:g} GPUs, {here:.2f} in use there)",
+                                   v - here))
+            why, left = min(bounds, key=lambda b: b[1]) if bounds else ("", None)
+            g = lim(pq, "gpus_guaranteed") or 0.0
+            used = per[("project", p.pk, c.pk)]
+            rows.append(ClusterLeft(c, round(used, 2), None if left is None else round(max(0.0, left), 2),
+                                    round(max(0.0, g - used), 2), why))
+        out[p.pk] = ProjectLeft(p, pq, round(everywhere[("project", p.pk)], 2), rows, all_left)
+    return out
+
+
 # --- cluster state ---------------------------------------------------------------------
 
 
@@ -228,11 +342,8 @@ def cluster_now(cluster: Cluster, *, wait_window: dt.timedelta = dt.timedelta(ho
     gpus = list(GpuDevice.objects.filter(node__cluster=cluster, node__present=True).values_list(
         "memory_mib", "memory_allocated_mib", "cores_allocated", "sharers", "foreign_memory_mib",
         "foreign_sharers", "foreign_exclusive", "utilization_percent"))
-    share = sum(
-        slice_share(mem, cores, exclusive, card)
-        for mem, cores, exclusive, card in GpuSlice.objects.filter(allocation__cluster=cluster)
-        .values_list("memory_mib", "cores_percent", "exclusive", "gpu__memory_mib")
-    )
+    share = accounting.held_gpus(GpuSlice.objects.filter(allocation__cluster=cluster),
+                                 "allocation__cluster_id").get(cluster.pk, 0.0)
     utils = [u for *_rest, u in gpus if u is not None]
     states = dict.fromkeys(JobState.values, 0)
     for state, n in (Job.objects.filter(cluster=cluster).order_by().values_list("state")
@@ -371,6 +482,9 @@ class CardView:
     slices: list[SliceView]
     free_mib: int
     free_cores: int
+    free_gpus: float = 0.0
+    """What is free on the card in the one GPU unit (``scheduling.accounting.card_free_gpus``):
+    the smaller of its free memory share and free compute share."""
 
 
 def gpu_map(cluster: Cluster) -> list[dict[str, Any]]:
@@ -399,8 +513,9 @@ def gpu_map(cluster: Cluster) -> list[dict[str, Any]]:
                 index=g.index, model=g.model, memory_mib=g.memory_mib, healthy=g.healthy,
                 quarantined=g.quarantined, utilization_percent=g.utilization_percent,
                 slices=slices_by_gpu.get(g.pk, []),
-                free_mib=max(0, g.memory_mib - g.memory_allocated_mib),
-                free_cores=max(0, 100 - g.cores_allocated),
+                free_mib=max(0, g.memory_mib - g.memory_allocated_mib - g.foreign_memory_mib),
+                free_cores=max(0, 100 - g.cores_allocated - g.foreign_cores),
+                free_gpus=round(accounting.device_free_gpus(g), 2),
             )
             for g in node.gpus.all()
         ]
@@ -428,7 +543,7 @@ def queue_tree(cluster: Cluster) -> list[QueueRow]:
     for project_id, state in Job.objects.filter(cluster=cluster, state__in=[
         JobState.QUEUED, JobState.RUNNING, JobState.STARTING]).values_list("project_id", "state"):
         jobs[project_id][0 if state == JobState.QUEUED else 1] += 1
-    usage = project_usage()
+    usage = project_usage(cluster=cluster)  # this cluster's: its quotas apply here (issue 29)
     quotas = {(q.scope, q.tenant_id, q.project_id): q for q in Quota.objects.all()}
     rows: list[QueueRow] = []
     total = Held()
@@ -436,7 +551,8 @@ def queue_tree(cluster: Cluster) -> list[QueueRow]:
         total.add(held)
     cluster_quota = Quota.objects.filter(scope=QuotaScope.CLUSTER, cluster=cluster).first()
     all_jobs = [sum(v[0] for v in jobs.values()), sum(v[1] for v in jobs.values())]
-    rows.append(QueueRow("cluster", cluster.name, 0, quota_bars(cluster_quota, total),
+    here = f"on {cluster.name}"
+    rows.append(QueueRow("cluster", cluster.name, 0, quota_bars(cluster_quota, total, here),
                          _fair(cluster_quota, total), *all_jobs))
     for tenant in Tenant.objects.prefetch_related("projects").order_by("name"):
         projects = list(tenant.projects.all())
@@ -445,11 +561,12 @@ def queue_tree(cluster: Cluster) -> list[QueueRow]:
             t_held.add(usage.get(p.pk, Held()))
         tq = quotas.get((QuotaScope.TENANT, tenant.pk, None))
         t_jobs = [sum(jobs[p.pk][0] for p in projects), sum(jobs[p.pk][1] for p in projects)]
-        rows.append(QueueRow("tenant", tenant.name, 1, quota_bars(tq, t_held), _fair(tq, t_held), *t_jobs))
+        rows.append(QueueRow("tenant", tenant.name, 1, quota_bars(tq, t_held, here), _fair(tq, t_held),
+                             *t_jobs))
         for p in projects:
             pq = quotas.get((QuotaScope.PROJECT, tenant.pk, p.pk))
             held = usage.get(p.pk, Held())
-            rows.append(QueueRow("project", f"{tenant.name}/{p.name}", 2, quota_bars(pq, held),
+            rows.append(QueueRow("project", f"{tenant.name}/{p.name}", 2, quota_bars(pq, held, here),
                                  _fair(pq, held), *jobs[p.pk]))
     return rows
 
@@ -475,19 +592,13 @@ class StartEstimate:
 
 
 def shape_demand(groups: Iterable[Any], largest_card_mib: int) -> float:
-    """GPU-equivalents asked for by groups of (replicas, gpu_count, exclusive, gpu_memory_mib,
-    gpu_cores_percent): whole cards count 1, slices their larger share of the largest card."""
-    total = 0.0
-    for g in groups:
-        if not g.gpu_count:
-            continue
-        if g.exclusive or (not g.gpu_memory_mib and not g.gpu_cores_percent):
-            per = 1.0
-        else:
-            mem = g.gpu_memory_mib / largest_card_mib if largest_card_mib else 0.0
-            per = min(1.0, max(g.gpu_cores_percent / 100, mem))
-        total += getattr(g, "replicas", 1) * g.gpu_count * per
-    return total
+    """GPUs asked for by groups of (replicas, gpu_count, exclusive, gpu_memory_mib,
+    gpu_cores_percent), in the one GPU unit with MiB taken as a share of the largest card
+    (``engine.accounting.shape_ask_gpus``)."""
+    return sum(unit.shape_ask_gpus(
+        replicas=getattr(g, "replicas", 1), gpu_count=g.gpu_count, exclusive=g.exclusive,
+        memory_mib=g.gpu_memory_mib, memory_percent=getattr(g, "gpu_memory_percent", 0),
+        cores_percent=g.gpu_cores_percent, card_memory_mib=largest_card_mib) for g in groups)
 
 
 def _job_demand(job: Job, largest_card_mib: int) -> float:
@@ -506,21 +617,20 @@ class CapacityTimeline:
 
 
 def capacity_timeline(cluster: Cluster) -> CapacityTimeline:
-    cards = list(GpuDevice.objects.filter(node__cluster=cluster).values_list("memory_mib", "node__present"))
-    shares: dict[int, float] = defaultdict(float)
-    for s_job, mem, cores, exclusive, card in GpuSlice.objects.filter(
-        allocation__cluster=cluster
-    ).values_list("allocation__job_id", "memory_mib", "cores_percent", "exclusive", "gpu__memory_mib"):
-        shares[s_job] += slice_share(mem, cores, exclusive, card)
+    cards = list(GpuDevice.objects.filter(node__cluster=cluster).values_list(
+        "node__present", *accounting.CARD_FREE_COLUMNS))
+    shares = accounting.held_gpus(GpuSlice.objects.filter(allocation__cluster=cluster),
+                                  "allocation__job_id")
     ends = []
     for running in Job.objects.filter(pk__in=list(shares)).only("pk", "started_at", "duration_seconds"):
         if running.started_at is None or not running.duration_seconds:
             continue
         ends.append((running.started_at + dt.timedelta(seconds=running.duration_seconds),
                      shares.get(running.pk, 0.0)))
+    free = sum(accounting.card_free_gpus(*card) for present, *card in cards if present)
     return CapacityTimeline(
-        free=sum(1 for _m, present in cards if present) - round(sum(shares.values()), 3),
-        largest_card_mib=max((m for m, _p in cards), default=0),
+        free=round(free, 3),
+        largest_card_mib=max((c[1] for c in cards), default=0),
         ends=sorted(ends, key=lambda e: e[0]),
     )
 

@@ -155,7 +155,8 @@ def gpu_map(request: HttpRequest, cluster_name: str) -> HttpResponse:
     """A card-level map of every node: slices, owners, health."""
     _platform_admin(request)
     cluster = get_object_or_404(Cluster, name=cluster_name)
-    return render(request, "portal/gpu_map.html", {"cluster": cluster, "nodes": selectors.gpu_map(cluster)})
+    return render(request, "portal/gpu_map.html", {"cluster": cluster, "nodes": selectors.gpu_map(cluster),
+                                                   "unit_words": selectors.unit.UNIT_WORDS})
 
 
 @login_required
@@ -163,7 +164,8 @@ def queues(request: HttpRequest, cluster_name: str) -> HttpResponse:
     """The queue tree with quotas, usage, borrowing and fair-share state."""
     _platform_admin(request)
     cluster = get_object_or_404(Cluster, name=cluster_name)
-    return render(request, "portal/queues.html", {"cluster": cluster, "rows": selectors.queue_tree(cluster)})
+    return render(request, "portal/queues.html", {"cluster": cluster, "rows": selectors.queue_tree(cluster),
+                                                  "unit_words": selectors.unit.UNIT_WORDS})
 
 
 @login_required

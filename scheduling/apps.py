@@ -10,9 +10,11 @@ class SchedulingConfig(AppConfig):
             register_all_cluster_held,
             register_cluster_model,
             register_gpu_model_classes,
+            register_guarantee_warnings,
         )
 
         from .access import register_rules
+        from .accounting import guarantee_warnings
         from .models import Cluster
         from .selectors import all_cluster_held, gpu_model_classes
 
@@ -20,3 +22,4 @@ class SchedulingConfig(AppConfig):
         register_cluster_model(Cluster)  # what cluster quotas attach to (tenants.Quota.cluster)
         register_gpu_model_classes(gpu_model_classes)  # quota memory limits per GPU class
         register_all_cluster_held(all_cluster_held)  # the quota pages' usage across clusters
+        register_guarantee_warnings(guarantee_warnings)  # flagged where set (issue 29)

@@ -269,7 +269,7 @@ def _cluster_part(cluster: Cluster) -> tuple[tuple[E.Node, ...], dict[str, int],
         for (gpk, _, index, uuid, model, vendor, memory_mib, numa, healthy, gquar, sharing, templates,
              max_sharers, util, util_at, mem_alloc, cores_alloc, sharers, excl, f_mem, f_cores, f_sharers,
              f_excl) in by_node.get(pk, ()):
-            gpu_by_id[gpk] = (name, index, uuid, model, vendor)
+            gpu_by_id[gpk] = (name, index, uuid, model, vendor, memory_mib)
             gpus[(name, index)] = GpuRow(gpk, mem_alloc, cores_alloc, sharers, excl, memory_mib, max_sharers,
                                          f_mem, f_cores, f_sharers, f_excl)
             fresh = util if util is not None and util_at is not None and now - util_at <= max_age else None
@@ -320,11 +320,11 @@ def _running_part(cluster: Cluster, nodes: dict[str, int], gpu_by_id: dict[int, 
         pool = access.node_pool.get(node, "")
         grants = []
         for _, gpu_id, memory_mib, cores, exclusive, container in slices.get(pk, ()):
-            _, index, uuid, model, vendor = gpu_by_id[gpu_id]
+            _, index, uuid, model, vendor, card_mib = gpu_by_id[gpu_id]
             grants.append(E.GpuGrant(
                 index=index, uuid=uuid, gpu_model=pool_model(model, pool) if pool else model,
                 gpu_memory_mib=memory_mib, gpu_cores_percent=cores, exclusive=exclusive,
-                container=container, vendor=vendor))
+                container=container, vendor=vendor, card_memory_mib=card_mib))
         eallocs.append(E.Allocation(
             job=str(job_id),
             placement=E.PodPlacement(pod=pod_key(job_id, group, replica), node=node, gpus=tuple(grants),
@@ -632,8 +632,8 @@ def all_cluster_limits(tenant_ids: Collection[int] | None = None) -> AllClusterL
 
 @dataclass
 class AllClusterUse:
-    """What tenants' jobs hold on every cluster, from one aggregate over ``GpuSlice``: GPUs
-    (``multicluster.gpus_of``'s rule) per project and per tenant, on all clusters together and
+    """What tenants' jobs hold on every cluster, from grouped reads of ``GpuSlice``: GPUs
+    (the one GPU unit, ``engine.accounting``) per project and per tenant, on all clusters together and
     per cluster (all jobs, and non-preemptible jobs: the guarantee's split,
     ``guarantee_parts``), and GPU memory (MiB) per GPU model class."""
 
@@ -684,51 +684,38 @@ class AllClusterUse:
 
 
 def all_cluster_use(tenant_ids: Collection[int]) -> AllClusterUse:
-    """One aggregate: per project, cluster, preemptibility and GPU model, GPUs and MiB held."""
-    from django.db.models import Case, ExpressionWrapper, Sum, Value, When
-
+    """Per project, cluster, preemptibility and GPU model, GPUs (the one GPU unit,
+    ``scheduling.accounting.held``) and MiB held: one grouped read."""
+    from .accounting import held
     from .engine.placement import model_family
 
     use = AllClusterUse()
     if not tenant_ids:
         return use
-    share = Case(
-        When(Q(exclusive=True) | Q(cores_percent=0), then=Value(1.0)),
-        default=ExpressionWrapper(Cast("cores_percent", FloatField()) / Value(100.0),
-                                  output_field=FloatField()),
-        output_field=FloatField())
     cols = ("allocation__job__project_id", "allocation__job__tenant_id", "gpu__model",
             "allocation__cluster_id", "allocation__job__preemptible")
-    for pid, tid, model, cid, preemptible, n, mib in (
-            GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
-            .values(*cols).annotate(n=Sum(share), mib=Sum("memory_mib")).order_by()
-            .values_list(*cols, "n", "mib")):
-        use.add(pid, tid, float(n or 0), {model_family(model): int(mib or 0)}, cid, not preemptible)
+    slices = GpuSlice.objects.filter(allocation__job__tenant_id__in=list(tenant_ids))
+    for (pid, tid, model, cid, preemptible), (n, mib) in held(slices, *cols).items():
+        use.add(pid, tid, n, {model_family(model): mib}, cid, not preemptible)
     return use
 
 
 def preemptor_asks(tenant_ids: Collection[int]) -> dict[tuple[str, int, int], float]:
-    """One aggregate: ("project"|"tenant", id, cluster id) → GPUs the tenants' queued
+    """One grouped read: ("project"|"tenant", id, cluster id) → GPUs the tenants' queued
     preemptors (waiting for their victims) ask there (``guarantee_book``'s ``preempting``,
-    without its per-job detail), for the pages that show what is left of a guarantee."""
-    from django.db.models import Case, ExpressionWrapper, F, Sum, Value, When
+    without its per-job detail; ``scheduling.accounting.asked_gpus``), for the pages that show
+    what is left of a guarantee."""
+    from .accounting import asked_gpus
 
     out: dict[tuple[str, int, int], float] = defaultdict(float)
     if not tenant_ids:
         return out
-    share = Case(When(Q(exclusive=True) | Q(gpu_cores_percent=0), then=Value(1.0)),
-                 default=ExpressionWrapper(Cast("gpu_cores_percent", FloatField()) / Value(100.0),
-                                           output_field=FloatField()),
-                 output_field=FloatField())
-    for pid, tid, cid, n in (
+    for (pid, tid, cid), n in asked_gpus(
             PodGroup.objects.filter(job__tenant_id__in=list(tenant_ids), job__state=JobState.QUEUED,
-                                    job__reason_kind="preempting", job__cluster__isnull=False)
-            .values("job__project_id", "job__tenant_id", "job__cluster_id")
-            .annotate(n=Sum(ExpressionWrapper(F("replicas") * F("gpu_count") * share,
-                                              output_field=FloatField())))
-            .order_by().values_list("job__project_id", "job__tenant_id", "job__cluster_id", "n")):
+                                    job__reason_kind="preempting", job__cluster__isnull=False),
+            "job__project_id", "job__tenant_id", "job__cluster_id").items():
         for lv, k in (("project", pid), ("tenant", tid)):
-            out[(lv, k, cid)] += float(n or 0)
+            out[(lv, k, cid)] += n
     return out
 
 
@@ -822,7 +809,9 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
     queries over the tenants concerned. ``names``: the queue names too (the cycle's tree)."""
     if not (limits.project_guarantee or limits.tenant_guarantee):
         return None
-    from django.db.models import Case, Exists, ExpressionWrapper, F, OuterRef, Sum, Value, When
+    from django.db.models import Exists, OuterRef
+
+    from .accounting import asked_gpus
 
     tids = sorted(set(limits.tenant_guarantee) | {limits._project_tenants[p]
                                                   for p in limits.project_guarantee})
@@ -845,23 +834,17 @@ def guarantee_book(limits: AllClusterLimits, names: bool = False) -> GuaranteeBo
             book.limit[("project", pid) if scope == QuotaScope.PROJECT else ("tenant", tid)] = float(lim)
     for pid, tid in Project.objects.filter(tenant_id__in=tids).order_by("pk").values_list("pk", "tenant_id"):
         book.projects_of[tid].append(pid)
-    ask = Case(When(Q(groups__exclusive=True) | Q(groups__gpu_cores_percent=0), then=Value(1.0)),
-               default=ExpressionWrapper(Cast("groups__gpu_cores_percent", FloatField()) / Value(100.0),
-                                         output_field=FloatField()),
-               output_field=FloatField())
     victims = Job.objects.filter(preempted_by=OuterRef("pk"), state=JobState.PREEMPTING)
-    for pk, pid, tid, cid, preemptible, waits, reclaims, n in (
-            Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, reason_kind="preempting",
-                               cluster__isnull=False)
-            .values("pk", "project_id", "tenant_id", "cluster_id", "preemptible")
-            .annotate(waits=Exists(victims),
-                      reclaims=Exists(victims.filter(priority__gte=OuterRef("priority"))),
-                      n=Sum(ExpressionWrapper(F("groups__replicas") * F("groups__gpu_count") * ask,
-                                              output_field=FloatField())))
-            .order_by().values_list("pk", "project_id", "tenant_id", "cluster_id", "preemptible",
-                                    "waits", "reclaims", "n")):
+    preemptors = Job.objects.filter(tenant_id__in=tids, state=JobState.QUEUED, reason_kind="preempting",
+                                    cluster__isnull=False)
+    prows = list(preemptors.annotate(waits=Exists(victims),
+                                    reclaims=Exists(victims.filter(priority__gte=OuterRef("priority"))))
+                .order_by().values_list("pk", "project_id", "tenant_id", "cluster_id", "preemptible",
+                                        "waits", "reclaims"))
+    asked = asked_gpus(PodGroup.objects.filter(job__in=[r[0] for r in prows]), "job_id") if prows else {}
+    for pk, pid, tid, cid, preemptible, waits, reclaims in prows:
         # Victims gone: whether it reclaimed is no longer known; counted as if (the safe side).
-        book.add_ask(pk, pid, tid, cid, float(n or 0), nonpreemptible=not preemptible,
+        book.add_ask(pk, pid, tid, cid, asked.get(pk, 0.0), nonpreemptible=not preemptible,
                      evicting=bool(waits), reclaim=bool(reclaims) or not waits)
     # The heads: a job waiting on a quota (a per-cluster or all-cluster limit, a memory limit)
     # or on dedicated pools, or queued on an unreachable cluster, may wait long: the remainder

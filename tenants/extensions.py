@@ -78,3 +78,16 @@ def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
     if not _all_cluster_held:
         return {"gpus": 0.0, "memory": {}, "split": {}}
     return _all_cluster_held[0](tenant_id, project_id)
+
+
+_guarantee_warnings: list[Callable[[int | None], list[str]]] = []
+
+
+def register_guarantee_warnings(provider: Callable[[int | None], list[str]]) -> None:
+    """``provider(tenant_id or None)`` → the GPU guarantees the clusters cannot honour, in
+    sentences (those concerning the tenant, or all)."""
+    _guarantee_warnings[:] = [provider]
+
+
+def guarantee_warnings(tenant_id: int | None = None) -> list[str]:
+    return _guarantee_warnings[0](tenant_id) if _guarantee_warnings else []

@@ -242,8 +242,14 @@ def _quota_edit(
             apply_service_errors(form, exc)
         else:
             messages.success(request, "Quota saved.")
+            # Guarantees the clusters cannot honour, flagged where they are set (issue 29).
+            for line in extensions.guarantee_warnings(target["tenant"].pk if "tenant" in target else None):
+                messages.warning(request, f"This guarantee cannot be honoured: {line}")
             return back
-    return render(request, "console/quota_form.html", {"form": form, "title": title})
+    return render(request, "console/quota_form.html", {
+        "form": form, "title": title,
+        "guarantee_warnings": extensions.guarantee_warnings(
+            target["tenant"].pk if "tenant" in target else None)})
 
 
 @login_required

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,20 +203,59 @@ _HINTS = {
 }
 
 
+_PREEMPTIBLE_ADVICE = re.compile(r"[;,]? ?[mM]ark it preemptible to borrow idle [A-Za-z ]+?(?=, or |$)")
+"""The advice the scheduler's guarantee reasons end with (``engine.cycle._over_guarantee``,
+``services.all_clusters``); a test holds them to this pattern."""
+
+NEVER_PREEMPTIBLE_KINDS = frozenset(EnvKind.values)
+"""Job kinds whose launch form has no "preemptible" option: notebooks (VS Code, SSH) always run
+non-preemptible (``services.environments``)."""
+
+
+def page_reason(job: Job) -> str:
+    """The job's waiting reason as a page shows it: no action the page cannot do (issue 29).
+    A notebook cannot be marked preemptible, so that advice becomes what its user can do."""
+    reason = job.reason
+    if job.kind in NEVER_PREEMPTIBLE_KINDS and _PREEMPTIBLE_ADVICE.search(reason):
+        reason = _PREEMPTIBLE_ADVICE.sub("", reason).replace("; , or ", "; ").rstrip("; ,")
+        reason = reason.replace("), or ask for a larger guarantee", ")")
+        reason += ("; a notebook always runs non-preemptible: stop another of the project's "
+                   "non-preemptible workloads, or ask a tenant owner for a larger guarantee")
+    return reason
+
+
+def reason_as_of(job: Job) -> tuple[Any, bool]:
+    """(When the job's waiting reason was computed, whether it is stale). A queued job's reason
+    is recomputed by each cycle of its cluster: as of its cluster's last cycle; stale when that
+    cycle is older than ``SCHEDULER_REASON_STALE_SECONDS`` or the cluster takes no new work (its
+    cycle does not run). A job with no cluster yet: as of its last change."""
+    from django.utils import timezone
+
+    if job.state != "queued":
+        return None, False
+    cluster = job.cluster if job.cluster_id else None
+    at = cluster.last_cycle_at if cluster is not None else job.updated_at
+    limit = getattr(settings, "SCHEDULER_REASON_STALE_SECONDS", 300)
+    stale = at is None or (timezone.now() - at).total_seconds() > limit or (
+        cluster is not None and (not cluster.enabled or cluster.unreachable_since is not None))
+    return at, stale
+
+
 def job_why(job: Job | None) -> dict[str, Any]:
     """Why a job waits, where it stands in its queue and what would let it start."""
     if job is None:
         return {"state": "waiting", "reason": "Not submitted yet (waiting for its dependencies).",
                 "queue_position": None, "queue_length": None, "hint": ""}
     hint = _HINTS.get(job.reason_kind, "") if job.state == "queued" else ""
-    reason = job.reason
+    reason = page_reason(job)
+    as_of, stale = reason_as_of(job)
     if job.floating and job.cluster_id is None and job.state == "queued":
         hint = ("It waits in the global queue: Camp places it on the cluster where it starts "
                 "soonest among those it may use.")
         reason = reason or "Not placed on a cluster yet (the next placement step chooses one)."
     return {"job": job.pk, "state": job.state, "reason": reason, "reason_kind": job.reason_kind,
             "queue_position": job.queue_position, "queue_length": job.queue_length, "hint": hint,
-            "why_across_clusters": job.why_across_clusters}
+            "why_across_clusters": job.why_across_clusters, "as_of": as_of, "stale": stale}
 
 
 # --- model services (workspaces/services/serving.py) ----------------------------------------------------

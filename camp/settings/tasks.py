@@ -71,6 +71,8 @@ CELERY_BEAT_SCHEDULE.update({
 # be before the scheduler ignores it (scheduling/selectors.py).
 SCHEDULER_UTILIZATION_SECONDS = env_int("SCHEDULER_UTILIZATION_SECONDS", 30)
 SCHEDULER_UTILIZATION_MAX_AGE_SECONDS = env_int("SCHEDULER_UTILIZATION_MAX_AGE_SECONDS", 120)
+# How old a waiting reason may be (its cluster's last cycle) before pages mark it stale (issue 29).
+SCHEDULER_REASON_STALE_SECONDS = env_int("SCHEDULER_REASON_STALE_SECONDS", 300)
 CELERY_BEAT_SCHEDULE["utilization-tick"] = {
     "task": "scheduling.tasks.utilization_tick", "schedule": float(SCHEDULER_UTILIZATION_SECONDS),
 }

@@ -21,25 +21,24 @@ def quota_remaining(context: dict[str, Any]) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {"rows": []}
+    from scheduling.models import Cluster
+
     projects = list(restrict(Project.objects.select_related("tenant"), user))
-    usage = selectors.project_usage([p.pk for p in projects])
     inputs = selectors.quota_left_inputs(projects)
+    clusters = list(restrict(Cluster.objects.filter(enabled=True), user).order_by("name"))
+    lefts = selectors.projects_left(projects, clusters, inputs)
     rows = []
     for p in projects:
-        held = usage.get(p.pk, selectors.Held())
-        q = inputs.project.get(p.pk)
-        guaranteed = float(q.gpus_guaranteed) if q else 0.0
-        limit = float(q.gpus_limit) if q and q.gpus_limit is not None else None
-        # "In use" counts every cluster; the per-cluster limit applies on each cluster, the
-        # limit across all clusters (issue 16) to this total.
-        everywhere = (float(q.gpus_limit_all_clusters)
-                      if q and q.gpus_limit_all_clusters is not None else None)
+        pl = lefts[p.pk]
+        # The one "quota left" (``selectors.projects_left``): per cluster, the project's and
+        # its tenant's limits there; across all clusters, those limits.
         rows.append({
             "project": p,
-            "used": round(held.gpus, 2),
-            "guaranteed_left": round(max(0.0, guaranteed - held.gpus), 2),
-            "limit_left": None if limit is None else round(max(0.0, limit - held.gpus), 2),
-            "all_clusters_left": None if everywhere is None else round(max(0.0, everywhere - held.gpus), 2),
+            "used": pl.used,
+            "guaranteed_left": pl.guaranteed_left,
+            "limit_left": pl.left,
+            "where": pl.best if len(pl.clusters) > 1 else None,
+            "all_clusters_left": pl.all_clusters_left,
             # What a non-preemptible run may still count on: the guarantee across all clusters.
             "guaranteed_all_clusters": selectors.guaranteed_left_lines(p, inputs),
         })

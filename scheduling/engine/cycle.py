@@ -514,8 +514,9 @@ class QueueCycle:
         n, r = v
         return (
             f"Non-preemptible jobs must fit within {tree.label(n)}'s {RESOURCE_NAMES[r]} "
-            f"guarantee ({format_amount(r, tree.np_usage[n][r])} of "
-            f"{format_amount(r, tree.guaranteed[n][r])} held by non-preemptible jobs, job asks "
+            f"guarantee of {format_amount(r, tree.guaranteed[n][r])} (non-preemptible jobs hold "
+            f"{format_amount(r, tree.np_usage[n][r])}"
+            f"{_over_already(tree.np_usage[n][r], tree.guaranteed[n][r])}; job asks "
             f"{format_amount(r, ask[r])}); mark it preemptible to borrow idle {_borrow_what(r)}"
         )
 
@@ -1116,6 +1117,15 @@ _MISSING = "\0missing"
 
 def _first(item: tuple[tuple[int, float, float, str], Job]) -> tuple[int, float, float, str]:
     return item[0]
+
+
+def _over_already(held: int, guaranteed: int) -> str:
+    """Why non-preemptible usage can be above a guarantee, said where it is (issue 29: "27.7 of
+    8 held" read as impossible)."""
+    if held <= guaranteed:
+        return ""
+    return (", more than the guarantee: admitted before it was lowered, or within a guarantee "
+            "across all clusters")
 
 
 def _borrow_what(r: int) -> str:

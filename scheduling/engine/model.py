@@ -289,6 +289,8 @@ class GpuGrant:
     alignment: str = ""
     """Empty when granted as asked, else how the slice was rounded up (template, whole card)."""
     vendor: str = "NVIDIA"
+    card_memory_mib: int = 0
+    """The card's memory (what the slice's memory share is of: ``accounting.slice_milli``)."""
 
 
 @dataclass(frozen=True, slots=True)

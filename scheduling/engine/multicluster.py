@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from scheduling.engine import accounting
 from scheduling.engine.guarantees import nonpreemptible_refusal
 from scheduling.engine.model import Admit, ClusterSnapshot, Job, Node, PodPlacement, Reject
 from scheduling.engine.placement import Placer, model_family
@@ -154,21 +155,13 @@ def _minutes(s: float) -> str:
 
 
 def gpus_of(placement: Iterable[PodPlacement]) -> float:
-    """GPUs held: a whole card 1, a slice its compute share (the bench's and Kueue's GPU count)."""
-    n = 0.0
-    for pp in placement:
-        for g in pp.gpus:
-            n += 1.0 if g.exclusive or not g.gpu_cores_percent else g.gpu_cores_percent / 100
-    return n
+    """GPUs held by placed pods, in the one GPU unit (:func:`accounting.placement_gpus`)."""
+    return accounting.placement_gpus(placement)
 
 
 def job_gpus(job: Job) -> float:
-    """GPUs a job asks for (slices as their compute share)."""
-    n = 0.0
-    for g in job.groups:
-        for c in g.template.containers:
-            n += g.replicas * c.gpu_count * (1.0 if c.whole_cards else (c.gpu_cores_percent or 100) / 100)
-    return n
+    """GPUs a job asks before placement, in the one GPU unit (:func:`accounting.job_ask_gpus`)."""
+    return accounting.job_ask_gpus(job)
 
 
 def running_ends(running: Iterable[RunningJob]) -> list[tuple[float, float]]:
@@ -566,15 +559,19 @@ class ClusterTrial:
 
 
 def free_gpus(placer: Placer) -> float:
-    """Free GPUs of a cluster state: each usable card's free compute share, on schedulable nodes."""
-    total = 0.0
+    """Free GPUs of a cluster state: each usable card's free share (:func:`accounting.card_free_milli`),
+    on schedulable nodes."""
+    total = 0
     for ns in placer.state.nodes.values():
         if not ns.static.node.schedulable:
             continue
         for i, gs in enumerate(ns.static.gpus):
-            if gs.device.healthy and not ns.exclusive[i] and gs.cores_capacity:
-                total += max(0, gs.cores_capacity - ns.cores_used[i]) / gs.cores_capacity
-    return total
+            if gs.device.healthy and gs.cores_capacity:
+                total += accounting.card_free_milli(
+                    memory_mib=gs.memory_capacity_mib, memory_used_mib=ns.mem_used[i],
+                    cores_used_percent=ns.cores_used[i] * 100 // gs.cores_capacity,
+                    held_whole=bool(ns.exclusive[i]))
+    return total / accounting.MILLI
 
 
 def _short(reason: str) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from scheduling.engine import accounting
 from scheduling.engine.guarantees import nonpreemptible_refusal
 from scheduling.engine.model import (
     Allocation,
@@ -339,24 +340,21 @@ class TreeState:
 
 
 def grant_gpu_milli(g: GpuGrant, card_memory_mib: int) -> int:
-    """Rule (GPU share of a slice): a whole card is 1 GPU; a slice counts the larger of its compute
-    share and its memory share of the card."""
-    if g.exclusive:
-        return 1000
-    mem = math.ceil(g.gpu_memory_mib * 1000 / card_memory_mib) if card_memory_mib else 0
-    return min(1000, max(g.gpu_cores_percent * 10, mem))
+    """Milli-GPUs a granted slice counts: the GPU unit, :func:`accounting.slice_milli`."""
+    return accounting.grant_milli(g, card_memory_mib)
 
 
 def placement_usage(
     pods: Iterable[PodPlacement], card_memory: Mapping[str, Sequence[int]]
 ) -> list[int]:
-    """Exact resources held by placed pods (the granted, aligned slices), as a vector."""
+    """Exact resources held by placed pods (the granted, aligned slices), as a vector; GPUs in
+    the unit of :mod:`accounting`."""
     v = [0, 0, 0, 0]
     for pp in pods:
         mems = card_memory.get(pp.node, ())
         for g in pp.gpus:
             cap = mems[g.index] if g.index < len(mems) else 0
-            v[0] += grant_gpu_milli(g, cap)
+            v[0] += accounting.grant_milli(g, cap)
             v[1] += cap if g.exclusive and cap else g.gpu_memory_mib
         v[2] += pp.cpu_millicores
         v[3] += pp.ram_mib
@@ -364,21 +362,16 @@ def placement_usage(
 
 
 def pod_ask(p: PodRequest, smallest_card_mib: int) -> list[int]:
-    """A lower bound of what a pod will be charged before it is placed: whole cards count one GPU
-    and the smallest card's memory; slices count the larger of their compute and memory share."""
-    v = [0, 0, p.cpu_millicores, p.ram_mib]
+    """A lower bound of what a pod will be charged before it is placed: GPUs as
+    :func:`accounting.pod_ask_milli` counts them; whole cards' memory as the smallest card's."""
+    v = [accounting.pod_ask_milli(p), 0, p.cpu_millicores, p.ram_mib]
     for c in p.containers:
         if c.whole_cards:
-            v[0] += 1000 * c.gpu_count
             v[1] += smallest_card_mib * c.gpu_count
             continue
-        mem_pct = c.gpu_memory_percent
         mem = c.gpu_memory_mib
-        if not mem and mem_pct:
-            mem = math.ceil(mem_pct * smallest_card_mib / 100)
-        if not mem_pct and mem and smallest_card_mib:
-            mem_pct = 0  # the card is unknown before placement; the compute share bounds it
-        v[0] += min(1000, max(c.gpu_cores_percent, mem_pct) * 10) * c.gpu_count
+        if not mem and c.gpu_memory_percent:
+            mem = math.ceil(c.gpu_memory_percent * smallest_card_mib / 100)
         v[1] += mem * c.gpu_count
     return v
 

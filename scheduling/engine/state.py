@@ -424,16 +424,6 @@ class ClusterState:
 
     # -- views ---------------------------------------------------------------------------------
 
-    def gpu_totals(self) -> tuple[float, float]:
-        """(allocated GPU share, GPU count) over the cluster; a card's share is its used cores."""
-        used = 0.0
-        total = 0
-        for ns in self.nodes.values():
-            for i, gs in enumerate(ns.static.gpus):
-                total += 1
-                used += min(ns.cores_used[i], gs.cores_capacity) / gs.cores_capacity
-        return used, float(total)
-
     def grant(self, ns: NodeState, container: int, index: int, d: Demand) -> GpuGrant:
         """Describe a slice of card ``index`` on ``ns`` as a :class:`GpuGrant`."""
         dev = ns.static.gpus[index].device
@@ -449,4 +439,5 @@ class ClusterState:
             requested_cores_percent=d.requested_cores_percent,
             alignment=d.alignment,
             vendor=dev.vendor,
+            card_memory_mib=dev.memory_mib,
         )

@@ -317,8 +317,18 @@ def _scan_checkpoints(t: TrainingJob) -> None:
 
 
 def _gpu_share(t: TrainingJob) -> float:
-    per_gpu = t.gpu_cores_percent / 100 if t.gpu_cores_percent else 1.0
-    return t.workers * t.gpu_count * per_gpu
+    """GPUs the run holds, in the one GPU unit (``engine.accounting``), its slices' memory taken
+    as a share of the largest card of its models (its cards are gone once it is preempted)."""
+    from scheduling.engine.accounting import shape_ask_gpus
+    from scheduling.models import GpuDevice
+
+    cards = GpuDevice.objects.all()
+    if t.gpu_models:
+        cards = cards.filter(model__in=list(t.gpu_models))
+    card = max(cards.values_list("memory_mib", flat=True), default=0) if t.gpu_memory_mib else 0
+    return shape_ask_gpus(replicas=t.workers, gpu_count=t.gpu_count, exclusive=t.exclusive,
+                          memory_mib=t.gpu_memory_mib, memory_percent=0,
+                          cores_percent=t.gpu_cores_percent, card_memory_mib=card)
 
 
 def _account(t: TrainingJob) -> None:
@@ -329,6 +339,7 @@ def _account(t: TrainingJob) -> None:
         return
     checkpoints = sorted(t.checkpoints.values_list("written_at", flat=True))
     restarts, lost = 0, 0.0
+    share: float | None = None  # read once, at the first preemption
     jobs = Job.objects.filter(project=t.project, name__in=_run_names(t))
     started: dt.datetime | None = None
     for d in SchedulingDecision.objects.filter(job__in=jobs).order_by("id"):
@@ -336,7 +347,9 @@ def _account(t: TrainingJob) -> None:
             started = d.created_at
         elif d.kind == DecisionKind.PREEMPTED and started is not None:
             since = max([started, *[c for c in checkpoints if started <= c <= d.created_at]])
-            lost += max(0.0, (d.created_at - since).total_seconds()) * _gpu_share(t)
+            if share is None:
+                share = _gpu_share(t)
+            lost += max(0.0, (d.created_at - since).total_seconds()) * share
             started = None
         elif d.kind == DecisionKind.REQUEUED:
             restarts += 1

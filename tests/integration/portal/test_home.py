@@ -67,7 +67,7 @@ def test_member_home_shows_own_work_quota_and_free_now(world: Any, busy: Any) ->
     assert "slice of a GPU (20 GB, 25 %)" in page
     assert "Open<span" in page and "Stop<span" in page and "Logs<span" in page
     assert "GPU quota left" in page and "acme/acme-p1" in page
-    assert "¼ A100 · 20 GB" in page and "free)" in page  # what can start now
+    assert "¼ A100 · 20 GB" in page and "you can start)" in page  # what can start now
     assert "theirs" not in page  # another tenant's job
     assert "Tenant acme" not in page and "Clusters</h2>" not in page  # not an owner, not an admin
 
@@ -132,8 +132,9 @@ def test_class_memory_limits_cost_one_usage_aggregate_for_all_projects(world: An
         with CaptureQueriesContext(connection) as q:
             page = c.get("/").content.decode()
         assert f"{cls}: " in page and "GPU memory left across all clusters" in page
+        # The usage across all clusters (``all_cluster_use``): the one grouped read by GPU model.
         return sum(1 for x in q.captured_queries if "gpuslice" in x["sql"].lower()
-                   and "group by" in x["sql"].lower() and "memory_mib" in x["sql"].lower())
+                   and "group by" in x["sql"].lower() and '"scheduling_gpudevice"."model"' in x["sql"])
 
     for p in (world.a.project, world.a.other_project):
         tenant_services.quota_set(actor=world.admin, scope="project", project=p,

@@ -1,0 +1,184 @@
+"""Issue 29's "what users saw", one regression test each: the figures the pages show are the
+scheduler's, in one GPU unit (``scheduling.engine.accounting``), on two simulated clusters."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from portal import selectors
+from scheduling import services
+from scheduling.engine import accounting
+from scheduling.models import Cluster, Job, JobState
+from scheduling.selectors import all_cluster_use
+from tenants import services as tenant_services
+from tests.integration.scheduling.conftest import gpu_group
+from tests.integration.scheduling.test_multicluster import EAST, WEST
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def two(world: Any) -> tuple[Cluster, Cluster]:
+    east = services.cluster_create(actor=world.admin, name="east", backend="simulated", inventory=EAST)
+    west = services.cluster_create(actor=world.admin, name="west", backend="simulated", inventory=WEST)
+    for c in (east, west):
+        services.inventory_sync(cluster=c)
+    return east, west
+
+
+def _run(world: Any, cluster: Cluster, name: str, **group: Any) -> Job:
+    job = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=cluster, name=name,
+                              groups=[gpu_group(**group)], preemptible=True)
+    services.cycle_run(cluster=cluster)
+    job.refresh_from_db()
+    assert job.state == JobState.STARTING, (job.state, job.reason)
+    return job
+
+
+def _page(user: Any, url: str = "/") -> str:
+    c = Client()
+    c.force_login(user)
+    r = c.get(url)
+    assert r.status_code == 200
+    return r.content.decode()
+
+
+def test_the_queue_tree_of_a_cluster_shows_that_clusters_usage(world: Any, two: Any) -> None:
+    """Saw: the 16-GPU cluster's tree showed the all-cluster figure; both trees the same."""
+    east, west = two
+    _run(world, east, "e", gpu_count=2)
+    _run(world, west, "w", gpu_count=1)
+    rows = {c.name: {r.name: r for r in selectors.queue_tree(c)} for c in (east, west)}
+    name = f"{world.a.tenant.name}/{world.a.project.name}"
+    assert rows["east"][name].bars[0].used == 2.0 and rows["west"][name].bars[0].used == 1.0
+    assert rows["east"]["east"].bars[0].used == 2.0 and rows["west"]["west"].bars[0].used == 1.0
+    # The cluster card and the tree's cluster row say the same.
+    assert selectors.cluster_now(west).gpu_share_allocated == rows["west"]["west"].bars[0].used
+    page = _page(world.admin, reverse("portal:queues", args=["west"]))
+    assert "1.0 used on west" in page and "3.0 used" not in page
+
+
+def test_a_slice_counts_one_figure_for_every_limit(world: Any, two: Any) -> None:
+    """Saw: a 40 GiB / 10 % slice was 0.5 GPU for the per-cluster quota and 0.1 for the limit
+    across all clusters."""
+    east, _ = two
+    _run(world, east, "s", gpu_memory_mib=40960, gpu_cores_percent=10)
+    per_cluster = selectors.project_usage([world.a.project.pk], cluster=east)[world.a.project.pk].gpus
+    across = all_cluster_use([world.a.tenant.pk]).total("project", world.a.project.pk)
+    assert per_cluster == across == 0.5
+    assert accounting.slice_gpus(memory_mib=40960, cores_percent=10, exclusive=False,
+                                 card_memory_mib=81920) == 0.5
+
+
+def test_quota_left_is_per_cluster_as_the_scheduler_checks_it(world: Any, two: Any) -> None:
+    """Saw: "33.17 used · limit 32 · 0 left" while the limit is checked per cluster: the
+    project held its limit on one cluster and nothing on the other."""
+    east, west = two
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal(0), "gpus_limit": Decimal(2)})
+    _run(world, east, "e", gpu_count=2)
+    left = selectors.projects_left([world.a.project], [east, west])[world.a.project.pk]
+    by = {c.cluster.name: c for c in left.clusters}
+    assert by["east"].left == 0.0 and by["west"].left == 2.0 and left.left == 2.0
+    assert "limit on east (2 GPUs, 2.00 in use there)" in by["east"].why
+    # The scheduler agrees: a 1-GPU job waits on east, starts on west.
+    on_east = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="e2",
+                                  groups=[gpu_group(gpu_count=1)], preemptible=True)
+    services.cycle_run(cluster=east)
+    on_east.refresh_from_db()
+    assert on_east.state == JobState.QUEUED and on_east.reason_kind == "quota"
+    home = _page(world.a.member)
+    assert "2.0 GPUs left on west" in home or "2 GPUs left on west" in home, home
+    assert "east: 0.0 GPUs left" in home or "east: 0 GPUs left" in home
+    form = _page(world.a.member, reverse("workspaces:environment-new"))
+    assert "(on west)" in form
+
+
+def test_free_now_says_what_this_user_can_start_and_why(world: Any, two: Any) -> None:
+    """Saw: "Free now: Small notebook (¼ A100) 42 free" beside "0.0 GPUs left"; the notebook
+    launched from that card then queued on a quota rule."""
+    from workspaces import services as ws
+
+    east, west = two
+    Cluster.objects.filter(pk=west.pk).update(enabled=False)  # one cluster: east
+    ws.profile_create(actor=world.admin, name="a100-quarter", display_name="Small notebook (¼ A100)",
+                      gpu_model="A100-80G", gpu_count=1, gpu_memory_mib=20480, gpu_cores_percent=25,
+                      cpu_millicores=1000, ram_mib=2048)
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal(0), "gpus_limit": Decimal(1)})
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.a.other_project,
+                              values={"gpus_guaranteed": Decimal(0), "gpus_limit": Decimal(0)})
+    _run(world, east, "e", gpu_count=1)
+    page = _page(world.a.member)
+    assert "Small notebook (¼ A100) <span class=\"small\">(" not in page
+    assert "nothing you can start right now" in page
+    assert "fit on the free cards, your quota allows 0" in page
+    assert "limit on east (1 GPUs, 1.00 in use there)" in page
+
+
+def test_guarantees_the_clusters_cannot_honour_are_flagged(world: Any, two: Any) -> None:
+    """Saw: guarantees of 64 GPUs on clusters of 8 GPUs, no warning anywhere."""
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed": Decimal(64)})
+    admin_home = _page(world.admin)
+    assert "Guarantee cannot be honoured: Cluster east has 8 GPUs; the tenants&#x27; guarantees" \
+           " there add up to 64 GPUs" in admin_home
+    form = _page(world.admin, reverse("console:tenant-quota", args=[world.a.tenant.name]))
+    assert "Cannot be honoured: Cluster west has 8 GPUs" in form
+    assert "Cannot be honoured" not in _page(world.a.member)
+
+
+def test_the_gpu_map_never_mixes_free_memory_and_free_compute(world: Any, two: Any) -> None:
+    """Saw: "2554 MiB · 75 % free" on one card."""
+    east, _ = two
+    _run(world, east, "s", gpu_memory_mib=40960, gpu_cores_percent=10)
+    page = _page(world.admin, reverse("portal:gpu-map", args=["east"]))
+    assert "free: 0.5 GPU (40960 MiB memory, 90 % compute)" in page
+    assert "free: 1.0 GPU (81920 MiB memory, 100 % compute)" in page
+    assert accounting.UNIT_WORDS.split(";")[0] in page
+
+
+def test_a_notebooks_reason_suggests_nothing_its_page_cannot_do(world: Any, two: Any) -> None:
+    """Saw: a notebook told to "mark it preemptible"; the notebook form has no such option."""
+    from scheduling.engine.cycle import _over_already  # noqa: F401 (the wording's neighbour)
+    from workspaces.selectors import _PREEMPTIBLE_ADVICE, page_reason
+
+    texts = [
+        "Non-preemptible jobs must fit within acme/acme-p1's GPUs guarantee of 8 (non-preemptible "
+        "jobs hold 27.7, more than the guarantee: admitted before it was lowered, or within a "
+        "guarantee across all clusters; job asks 1); mark it preemptible to borrow idle GPUs",
+        "Non-preemptible jobs must fit within acme/acme-p1's GPUs guarantee of 0.5, and the job asks 1; "
+        "mark it preemptible to borrow idle GPUs, or ask for a larger guarantee",
+    ]
+    for text in texts:
+        assert _PREEMPTIBLE_ADVICE.search(text)
+        nb = Job(kind="jupyter", reason=text)
+        assert "preemptible to borrow" not in page_reason(nb) and "a notebook always runs" in page_reason(nb)
+        batch = Job(kind="pytorch", reason=text)
+        assert page_reason(batch) == text  # the training form has the option
+
+
+def test_a_waiting_reason_says_when_it_was_computed_and_when_it_is_stale(world: Any, two: Any) -> None:
+    from workspaces.selectors import job_why
+
+    east, _ = two
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal(0), "gpus_limit": Decimal(1)})
+    _run(world, east, "first", gpu_count=1)
+    job = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="big",
+                              groups=[gpu_group(gpu_count=1)], preemptible=True)
+    services.cycle_run(cluster=east)
+    job = Job.objects.select_related("cluster").get(pk=job.pk)
+    assert job.state == JobState.QUEUED, (job.state, job.reason)
+    why = job_why(job)
+    assert why["as_of"] is not None and not why["stale"]
+    Cluster.objects.filter(pk=east.pk).update(last_cycle_at=timezone.now() - dt.timedelta(hours=1))
+    job = Job.objects.select_related("cluster").get(pk=job.pk)
+    assert job_why(job)["stale"]
