@@ -124,8 +124,11 @@ def test_compose_migrate_then_web_serves_ready(compose_database: str, tmp_path: 
         else:
             pytest.fail("web never answered")
         assert status == 503 and "not applied" in body["checks"]["migrations"]
-        migrate = [f"{venv_bin}/python" if c == "python" else c for c in services["migrate"]["command"]]
-        done = subprocess.run(migrate, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        # sh -c "python manage.py migrate … && python manage.py db_app_role camp_app"
+        migrate = [c.replace("python manage.py", f"{venv_bin}/python manage.py")
+                   for c in services["migrate"]["command"]]
+        done = subprocess.run(migrate, cwd=ROOT, env={**env, "APP_DB_PASSWORD": "compose-app-pw"},
+                              capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         status, body = readyz()
         assert status == 200, body
