@@ -53,7 +53,7 @@ def chain_head() -> Anchor | None:
     if head is None:
         return None
     count = AuditEvent.objects.filter(chain_seq__isnull=False).count()
-    return Anchor(seq=int(head[0]), hash=str(head[1]), count=count, at=timezone.now().isoformat())
+    return Anchor(seq=int(head[0] or 0), hash=str(head[1]), count=count, at=timezone.now().isoformat())
 
 
 def anchor_write(path: str | None = None) -> Anchor | None:
