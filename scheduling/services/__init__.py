@@ -59,7 +59,6 @@ from .common import (
 from .cycle import (
     CONFLICT_REASON,
     CycleSummary,
-    _admit,
     _admit_all,
     _admit_reason,
     _apply,
@@ -289,7 +288,6 @@ __all__ = [
     "_gpu_delta",
     "_fits",
     "_write_admissions",
-    "_admit",
     "_admit_reason",
     "_preempt_all",
     "OBJECT_SWEEP_SECONDS",

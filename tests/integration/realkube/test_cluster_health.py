@@ -53,7 +53,7 @@ def test_an_apiserver_outage_requeues_without_an_attempt_and_holds_new_work(worl
             assert seen["state"] == "queued" and seen["reason_kind"] == "cluster", seen
             assert "it takes no new work until it answers again" in seen["reason"]
             assert "Kubernetes API unreachable" in seen["reason"]
-            assert kube.server.token not in seen["reason"]
+            assert kube.server.agent_token not in seen["reason"]
     finally:
         kube.server.resume()  # same port, token, CA and data
         kube.kubelet.errors.clear()  # what the kubelet stand-in met during the outage
