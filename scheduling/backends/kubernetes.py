@@ -51,6 +51,7 @@ from .base import (
     LABEL_PROJECT_ID,
     MANAGED_BY,
     BackendError,
+    CallBudget,
     ExtraObject,
     GpuInfo,
     JobObjects,
@@ -278,6 +279,9 @@ class KubernetesBackend:
         self.sleep = sleep
         self._owner_uids: dict[tuple[str, str], str] = {}
         self.timeout: float | tuple[float, float] = 30  # seconds, or (connect, read)
+        # A periodic run's time for this cluster (``services.cluster_periodic``): timeouts and
+        # retries from it, capped by its deadline, instead of the ones above.
+        self.budget: CallBudget | None = None
         # ``_call`` retries with backoff itself; urllib3's own silent retries under it would
         # multiply every wait on a dead server (and log a line per attempt).
         pool = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
@@ -313,33 +317,50 @@ class KubernetesBackend:
     # -- retries -----------------------------------------------------------------------------
 
     def _call(self, fn: Callable[..., T], *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> T | None:
-        """Call the API; statuses in ``ok`` return None; 5xx/429/timeouts retry with backoff."""
-        kwargs.setdefault("_request_timeout", self.timeout)
-        for attempt in range(self.retries + 1):
+        """Call the API; statuses in ``ok`` return None; 5xx/429/timeouts retry with backoff.
+        Under a ``budget`` each try's timeouts are what is left of it (``BudgetSpent`` when
+        nothing is), and its retries replace ``retries``."""
+        budget = self.budget
+        retries = self.retries if budget is None else budget.retries
+        for attempt in range(retries + 1):
+            if budget is not None:
+                kwargs["_request_timeout"] = budget.timeouts()
+            else:
+                kwargs.setdefault("_request_timeout", self.timeout)
             try:
                 return fn(*args, **kwargs)
             except ApiException as exc:
                 if exc.status in ok:
                     return None
-                if exc.status in RETRYABLE and attempt < self.retries:
+                if exc.status in RETRYABLE and attempt < retries:
                     self.sleep(self.backoff * 2 ** attempt)
                     continue
                 raise BackendError(_describe(exc), status=exc.status,
                                    retryable=exc.status in RETRYABLE, unreachable=not exc.status) from exc
             except (urllib3.exceptions.HTTPError, OSError) as exc:
-                if attempt < self.retries:
+                if attempt < retries:
                     self.sleep(self.backoff * 2 ** attempt)
                     continue
                 raise BackendError(f"Kubernetes API unreachable at {self.api.configuration.host} "
                                    f"({_reason(exc)})", retryable=True, unreachable=True) from exc
         raise AssertionError("unreachable")
 
-    def probe(self, *, timeout: float = 3.0) -> None:
+    def probe(self, *, timeout: float | None = None) -> None:
         """One quick ``GET /version`` (no retries): BackendError unless the server answers
-        within ``timeout`` seconds. Reconcile probes first, so a dead or hung API server
-        costs a worker seconds, not a request timeout."""
+        within ``timeout`` seconds (``CAMP_KUBE_PROBE_SECONDS``). Periodic runs probe first
+        (``services.cluster_periodic``), so a dead or hung API server costs a worker seconds,
+        not a request timeout."""
+        if timeout is None:
+            timeout = float(getattr(settings, "CAMP_KUBE_PROBE_SECONDS", 3))
+        limit = (timeout, timeout)
+        if self.budget is not None:
+            left = self.budget.timeouts()
+            limit = min(timeout, left[0]), min(timeout, left[1])
         try:
-            k8s.VersionApi(self.api).get_code(_request_timeout=(timeout, timeout))
+            # Read, not deserialised: that it answered is all the probe asks.
+            answer = k8s.VersionApi(self.api).get_code(_request_timeout=limit, _preload_content=False)
+            answer.read()
+            answer.release_conn()
         except ApiException as exc:
             if exc.status in (401, 403):
                 return  # it answered; what the credentials may do is checked elsewhere
