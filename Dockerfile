@@ -39,6 +39,7 @@ COPY . .
 RUN SECRET_KEY=collectstatic-at-build-time-only-not-a-runtime-secret-0123456789 \
     DATABASE_URL=sqlite:////tmp/collectstatic-needs-no-database.sqlite3 \
     python manage.py collectstatic --noinput
+RUN mkdir -p /var/lib/camp-anchor && chown 10001:10001 /var/lib/camp-anchor
 USER 10001:10001
 EXPOSE 8000
 CMD ["uvicorn", "camp.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers"]

@@ -104,6 +104,7 @@ def login(server: str, token: str) -> None:
     Api(server, token).call("GET", "training-jobs/", params={"page_size": 1})
     CONFIG.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(CONFIG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
+    os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)  # an existing file keeps its mode otherwise (0644)
     with os.fdopen(fd, "w") as fh:
         json.dump({"url": server, "token": token}, fh)
     click.echo(f"Saved to {CONFIG}.")

@@ -88,6 +88,8 @@ def _period(request: HttpRequest) -> tuple[dt.datetime, dt.datetime, dict[str, s
                 parsed = parse_date(raw) if len(raw) <= 10 else None
             except ValueError:  # well-formed but impossible, e.g. 2026-13-45
                 parsed = None
+            if parsed is not None and not dt.date(1970, 1, 1) <= parsed < dt.date.max:
+                parsed = None  # the period's end + 1 day must still be a date
             if parsed is None:
                 errors[name] = "Use a date like 2026-01-31."
             elif name == "since":

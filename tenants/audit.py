@@ -58,6 +58,30 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str, sort_keys=True))
 
 
+# Keys whose mapping value is a workload's environment: often secrets (tokens, passwords).
+ENV_KEYS = frozenset({"env"})
+
+
+def env_names_only(value: Any) -> Any:
+    """``value`` with every environment mapping (a key in ENV_KEYS holding a dict) replaced by
+    the sorted list of its names, at any depth. The audit chain is append-only and readable by
+    tenant owners (API, CSV): a value written there could never be purged."""
+    if isinstance(value, dict):
+        return {k: sorted(str(n) for n in v) if k in ENV_KEYS and isinstance(v, dict)
+                else env_names_only(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [env_names_only(v) for v in value]
+    return value
+
+
+def without_values(text: str, values: Iterable[Any]) -> str:
+    """``text`` (an error from a cluster, which may echo what it refused) with every
+    environment value of at least 4 characters replaced by ``[redacted]``."""
+    for value in sorted({str(v) for v in values if len(str(v)) >= 4}, key=len, reverse=True):
+        text = text.replace(value, "[redacted]")
+    return text
+
+
 def _canonical(value: Any) -> Any:
     """Numbers as the database gives them back: jsonb turns 1e16 or 2.0 into integers."""
     if isinstance(value, float) and value.is_integer():
@@ -156,8 +180,8 @@ def audit_record(
         target_type=target._meta.label_lower if target is not None else "",
         target_id=str(target.pk) if target is not None and target.pk is not None else "",
         target_repr=(target_repr if target_repr is not None else str(target or ""))[:255],
-        before=_jsonable(before),
-        after=_jsonable(after),
+        before=_jsonable(env_names_only(before)),
+        after=_jsonable(env_names_only(after)),
         request_id=ctx.request_id,
         client_ip=_normalize_ip(ctx.client_ip),
     )

@@ -8,6 +8,17 @@ from tenants.audit import seal
 
 
 @shared_task(acks_late=True, ignore_result=True)
+def audit_anchor() -> int | None:
+    """Seal, then append the chain's head to the anchor outside the database
+    (tenants/anchor.py); the beat runs it every ``AUDIT_ANCHOR_SECONDS``."""
+    from tenants.anchor import anchor_write
+
+    seal(wait=True)
+    head = anchor_write()
+    return head.seq if head is not None else None
+
+
+@shared_task(acks_late=True, ignore_result=True)
 def audit_seal() -> int:
     """Seal what large writers asked to have sealed (``audit.request_seal``) and what a
     writer's own seal-after-commit missed (it lost the race to a sealer that had already read

@@ -8,6 +8,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON with bounded nesting (camp/parsers.py), forms and multipart as DRF's defaults.
+    "DEFAULT_PARSER_CLASSES": [
+        "camp.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_FILTER_BACKENDS": [
         "camp.filters.CampFilterBackend",
         "rest_framework.filters.OrderingFilter",

@@ -95,7 +95,8 @@ OIDC_CREATE_USER = env_bool("OIDC_CREATE_USER", True)
 
 # --- Throttling (django-axes) ----------------------------------------------------------------
 # Lock a (username, client IP) pair after N failures, and a client IP on its own after
-# LOGIN_FAILURE_LIMIT_PER_IP; a success resets it. Never a username alone: failures from one
+# LOGIN_FAILURE_LIMIT_PER_IP; a success clears only its own account's failures there
+# (CampAxesHandler). Never a username alone: failures from one
 # address must not lock the account's owner out elsewhere. Covers every password login
 # (local and LDAP) and failed OIDC/SAML sign-ins.
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)

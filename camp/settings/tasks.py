@@ -87,6 +87,16 @@ CELERY_BEAT_SCHEDULE["audit-seal"] = {
     "task": "tenants.tasks.audit_seal", "schedule": float(AUDIT_SEAL_SECONDS),
 }
 
+# The chain's head, checkpointed outside the database (tenants/anchor.py): appended to
+# AUDIT_ANCHOR_PATH (an append-only file or volume the database role cannot rewrite), signed
+# with AUDIT_ANCHOR_KEY (a key the database never holds). audit_verify checks against it.
+AUDIT_ANCHOR_PATH = env_str("AUDIT_ANCHOR_PATH", "")
+AUDIT_ANCHOR_KEY = env_str("AUDIT_ANCHOR_KEY", "")
+AUDIT_ANCHOR_SECONDS = env_int("AUDIT_ANCHOR_SECONDS", 300)
+CELERY_BEAT_SCHEDULE["audit-anchor"] = {
+    "task": "tenants.tasks.audit_anchor", "schedule": float(AUDIT_ANCHOR_SECONDS),
+}
+
 # --- Portal (portal/tasks.py): usage samples for charts, showback and /metrics ---------------
 USAGE_SAMPLE_SECONDS = env_int("USAGE_SAMPLE_SECONDS", 60)
 USAGE_RETENTION_DAYS = env_int("USAGE_RETENTION_DAYS", 400)

@@ -18,6 +18,9 @@ DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/camp"
 TEST_RUN_ID = env_str("CAMP_TEST_RUN_ID", str(os.getpid()))
 DATABASES = {"default": parse_database_url(DATABASE_URL)}
 DATABASES["default"]["TEST"] = {"NAME": f"test_camp_{TEST_RUN_ID}"}
+# Only the test suite empties the audit log between tests (Django's flush TRUNCATEs every
+# table); everywhere else the camp_audit_no_truncate trigger refuses it (tenants migration 0010).
+DATABASES["default"]["OPTIONS"] = {"options": "-c camp.audit_allow_truncate=on"}
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/15")
 CACHES = {
     "default": {

@@ -119,6 +119,7 @@ from .jobs import (
     GROUP_FIELDS,
     JOB_FIELDS,
     MAX_BULK_JOBS,
+    SERVICE_JOB_KIND,
     _clean_group,
     _job_build,
     _job_submitted,
@@ -131,6 +132,8 @@ from .jobs import (
     job_submit,
     job_submit_many,
     job_terminate,
+    priority_class_refusal,
+    require_priority_class,
 )
 from .placement import (
     PlacementSummary,
@@ -235,6 +238,9 @@ __all__ = [
     "_clean_group",
     "_job_build",
     "_job_submitted",
+    "SERVICE_JOB_KIND",
+    "priority_class_refusal",
+    "require_priority_class",
     "job_submit",
     "MAX_BULK_JOBS",
     "job_submit_many",

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 
-from tenants.audit import audit_record
+from tenants.audit import audit_record, without_values
 from tenants.models import Project, Quota, QuotaScope
 
 from .. import selectors, signals
@@ -264,7 +264,10 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
             # them once it answers.)
             requeued = _dispatch_unreachable(job_id, str(exc) if exc.unreachable else "")
             return "requeued" if requeued else "aborted"
-        return "failed" if _dispatch_failed(job_id, str(exc)) else "aborted"
+        # A refusal may echo the pod spec: never an env value in a reason, decision or log.
+        message = without_values(str(exc), (v for env in job.groups.values_list("env", flat=True)
+                                            for v in (env or {}).values()))
+        return "failed" if _dispatch_failed(job_id, message) else "aborted"
     with transaction.atomic():
         current = Job.objects.select_for_update(no_key=True).only("state").get(pk=job_id)
         if current.state == JobState.RUNNING:

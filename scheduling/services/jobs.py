@@ -45,6 +45,36 @@ GROUP_FIELDS = ("name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_pe
                 "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env")
 
 
+# --- who may use which priority class -------------------------------------------------------
+
+# The job kind of a model service's replicas: the only kind that may run as ``inference``.
+SERVICE_JOB_KIND = "service"
+# What a direct submit counts as for the rule, whatever kind it names.
+DIRECT_SUBMIT_KIND = ""
+
+
+def priority_class_refusal(actor: User, project: Project, kind: str, priority_class: str) -> str | None:
+    """Why ``actor`` may not run a ``kind`` job of ``project`` at ``priority_class`` (None: may).
+
+    ``inference`` preempts everything and is never preempted: model services only (whoever
+    may create one). ``high``
+    preempts colleagues' ``normal`` work: project admins and above (``change`` on the
+    project, which a project-scoped or read-only token narrows like every other right).
+    ``normal`` and ``batch``: whoever may submit. One rule for every kind, bulk included
+    (``_job_build``), and for a workload's own priority class before it is saved."""
+    if priority_class == PriorityClass.INFERENCE and kind != SERVICE_JOB_KIND:
+        return "inference is for model services only."
+    if priority_class == PriorityClass.HIGH and not permissions.can(actor, permissions.CHANGE, project):
+        return f"{priority_class} is for project admins and above; use normal or batch."
+    return None
+
+
+def require_priority_class(actor: User, project: Project, kind: str, priority_class: str) -> None:
+    refusal = priority_class_refusal(actor, project, kind, priority_class)
+    if refusal is not None:
+        raise ValidationError({"priority_class": [refusal]})
+
+
 # --- jobs ----------------------------------------------------------------------------------
 
 
@@ -104,6 +134,11 @@ def _job_build(
         mixed_gpu_models=mixed_gpu_models, duration_seconds=duration_seconds, affinity=affinity,
     )
     _require(actor, permissions.CREATE, job)
+    if refuse_unrunnable:
+        # A direct submit (the jobs API, bulk): never a model service's replica, whatever
+        # ``kind`` it claims (services submit theirs as runs of the workload, which checked
+        # its class when it was created or changed and keeps it for later runs).
+        require_priority_class(actor, project, DIRECT_SUBMIT_KIND, priority_class)
     if cluster is not None and not cluster.enabled:
         raise ValidationError({"cluster": ["This cluster is disabled."]})
     if cluster is not None and cluster_choice:

@@ -56,16 +56,37 @@ class CampAxesHandler(AxesDatabaseHandler):
     lock a whole office behind one NAT after a few typos. So the address's count is
     scaled onto that limit: it locks at LOGIN_FAILURE_LIMIT_PER_IP failures. Which set
     tripped is left on the request for the audit (tenants/signals.py).
+
+    The address's own limit does not apply to the break-glass account (an active local
+    platform admin: the way in when single sign-on or a NAT'd office is locked) nor to a
+    request from an already signed-in user; their (username, address) pair still locks.
+    A success clears only the signed-in account's own failures from that address
+    (axes' reset-on-success would delete every row of the address, the attacked
+    accounts' and the address's count included).
     """
+
+    def reset_user_attempts(self, request: Any, credentials: dict[str, Any] | None = None) -> int:
+        from axes.helpers import get_client_username
+        from axes.models import AccessAttempt
+
+        username = get_client_username(request, credentials)
+        if not username:
+            return 0
+        deleted, _ = AccessAttempt.objects.filter(
+            username=username, ip_address=request.axes_ip_address).delete()
+        return int(deleted)
 
     def get_failures(self, request: Any, credentials: dict[str, Any] | None = None) -> int:
         limit = get_failure_limit(request, credentials)
         per_ip = max(int(settings.LOGIN_FAILURE_LIMIT_PER_IP), limit)
         worst, scope = 0, ""
+        exempt = _exempt_from_address_limit(request, credentials)
         for params, attempts in zip(get_lockout_parameters(request, credentials),
                                     self.get_user_attempts(request, credentials), strict=True):
-            count = attempts.aggregate(n=Sum("failures_since_start"))["n"] or 0
             address_only = params in (["ip_address"], "ip_address")
+            if address_only and exempt:
+                continue
+            count = attempts.aggregate(n=Sum("failures_since_start"))["n"] or 0
             if address_only:
                 count = count * limit // per_ip
             if count > worst or (count == worst and not scope):
@@ -73,3 +94,19 @@ class CampAxesHandler(AxesDatabaseHandler):
         if worst >= limit and request is not None:
             request.camp_lockout_scope = scope
         return worst
+
+
+def _exempt_from_address_limit(request: Any, credentials: dict[str, Any] | None) -> bool:
+    """Whether a login attempt skips the per-address limit (CampAxesHandler)."""
+    from axes.helpers import get_client_username
+
+    from tenants.models import User
+
+    signed_in = getattr(request, "user", None)
+    if signed_in is not None and signed_in.is_authenticated:
+        return True
+    username = get_client_username(request, credentials) if request is not None else None
+    if not username:
+        return False
+    user = User.objects.filter(username=username, auth_source="local").first()
+    return bool(user is not None and user.platform_admin)

@@ -253,7 +253,9 @@ def _companion_pod(svc: ModelService, replica: ServiceReplica, p: PodSpec, c: di
 
 
 SERVICE_KIND = register_kind(WorkloadKind(
-    name="service", job_kinds=("service",), job_kind_of=lambda svc: "service", groups=_groups,
+    name="service", job_kinds=(scheduling.SERVICE_JOB_KIND,),
+    job_kind_of=lambda svc: scheduling.SERVICE_JOB_KIND,
+    groups=_groups,
     job_options=_job_options, row_of_job=_replica_of_job, specs=_specs, check_shape=True,
     defaults={"priority_class": PriorityClass.INFERENCE, "preemptible": False},
 ))
@@ -517,6 +519,7 @@ def model_service_create(*, actor: User, project: Project, cluster: Cluster, nam
         project=project, image=image, image_reference=image_reference, variant=Variant.INFERENCE,
         variant_label="inference server")
     _clean(svc)
+    scheduling.require_priority_class(actor, svc.project, SERVICE_KIND.job_kind_of(svc), svc.priority_class)
     kind_check(SERVICE_KIND, project=project, cluster=cluster, row=svc)
     _refuse_unrunnable(svc)
     _refuse_companions_never_fit(svc)

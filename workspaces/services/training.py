@@ -204,6 +204,7 @@ def training_submit(
         duration_seconds=duration_seconds,
     )
     _require(actor, permissions.CREATE, t)
+    scheduling.require_priority_class(actor, project, TRAINING_KIND.job_kind_of(t), priority_class)
     _clean_training(actor, t, image=image, image_reference=image_reference, env=env, choice=cluster_choice)
     deps = _clean_depends_on(project, depends_on)
     _training_begin(actor, t, deps, profile)

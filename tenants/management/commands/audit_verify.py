@@ -4,6 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from tenants.anchor import verify_anchor
 from tenants.audit import seal, unsealed_count, verify_chain
 from tenants.models import AuditEvent
 
@@ -22,6 +23,10 @@ class Command(BaseCommand):
         verified = 0
         for broken in verify_chain(seal_first=False):
             raise CommandError(f"Audit chain broken at event #{broken.event_id}: {broken.problem}.")
+        # The chain alone cannot see its newest rows deleted, the table emptied or the whole
+        # chain recomputed: the anchor outside the database can (tenants/anchor.py).
+        for problem in verify_anchor():
+            raise CommandError(f"Audit chain contradicts its anchor: {problem}.")
         verified = AuditEvent.objects.filter(chain_seq__isnull=False).count()
         waiting = unsealed_count()
         message = f"Audit chain intact: {verified} events verified"

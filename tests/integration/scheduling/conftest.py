@@ -41,11 +41,13 @@ def gpu_group(**kw: Any) -> dict[str, Any]:
     return base
 
 
-def submit(world: Any, cluster: Any, name: str, *, side: str = "a", user: str = "member",
+def submit(world: Any, cluster: Any, name: str, *, side: str = "a", user: str = "",
            **kw: Any) -> Any:
+    """Submit as the tenant's member, or (``high`` is theirs: issue 30 item 4) its project admin."""
     from scheduling import services
 
     tw = getattr(world, side)
+    user = user or ("project_admin" if kw.get("priority_class") == "high" else "member")
     groups = kw.pop("groups", None) or [gpu_group(**kw.pop("group", {}))]
     return services.job_submit(actor=getattr(tw, user), project=tw.project, cluster=cluster,
                                name=name, groups=groups, **kw)

@@ -34,7 +34,8 @@ SECRET_ERROR = ("Get https://admin:s3cret@10.0.0.9:6443/api/v1/pods?token=abc123
 
 def submit(world: Any, name: str, *, cluster: Cluster | None = None, choice: dict[str, Any] | None = None,
            gpu_count: int = 1, **job: Any) -> Job:
-    return services.job_submit(actor=world.a.member, project=world.a.project, cluster=cluster,
+    actor = world.a.project_admin if job.get("priority_class") == "high" else world.a.member
+    return services.job_submit(actor=actor, project=world.a.project, cluster=cluster,
                                cluster_choice=choice or {}, name=name,
                                groups=[gpu_group(gpu_count=gpu_count)], **job)
 

@@ -284,7 +284,7 @@ def test_preemptor_cancelled_after_the_snapshot_evicts_nobody(world: Any, sim_cl
     high = submit(world, sim_cluster, "high", group=l4, priority_class="high")
     inputs, statuses = services._decide(sim_cluster, None)
     assert [s.kind for s in statuses if s.job == str(high.pk)] == ["preempting"]
-    services.job_cancel(actor=world.a.member, job=high)  # lands between decision and write
+    services.job_cancel(actor=world.a.project_admin, job=high)  # lands between decision and write
     summary = services._persist(sim_cluster, inputs, statuses)
     assert summary.preempting == [] and summary.victims == [] and summary.conflicts == [high.pk]
     assert Job.objects.get(pk=low.pk).state == state_before

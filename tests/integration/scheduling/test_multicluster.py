@@ -529,8 +529,8 @@ def test_a_job_whose_victims_are_being_evicted_is_not_moved(world: Any, two: tup
     services.cycle_run(cluster=east)
     fill(world, west)
     Job.objects.filter(cluster__in=[east, west], state="starting").update(state="running")
-    job = services.job_submit(actor=world.a.member, project=world.a.project, cluster=None, name="hi",
-                              priority_class="high", groups=[gpu_group(gpu_count=4)])
+    job = services.job_submit(actor=world.a.project_admin, project=world.a.project, cluster=None,
+                              name="hi", priority_class="high", groups=[gpu_group(gpu_count=4)])
     multicluster.placement_run()
     job.refresh_from_db()
     assert job.cluster == east  # fits after preempting one job there; west is full

@@ -125,7 +125,9 @@ def test_notebook_and_ddp_job_through_api_and_cli(world: Any, live_server: Any, 
 
         # 3. A high-priority job needs all eight A100s: the DDP job is preempted, requeued,
         #    and resumes from its checkpoint once the urgent job is done.
-        r = api.post(f"{base}/training-jobs/", json={
+        # (high is for project admins and above: the project admin submits it)
+        _, admin_token = tenant_services.token_create(actor=world.a.project_admin, name="e2e-admin")
+        r = requests.post(f"{base}/training-jobs/", headers={"Authorization": f"Bearer {admin_token}"}, json={
             "project": world.a.project.pk, "cluster": "sim", "name": "urgent", "framework": "pytorch",
             "image_reference": "pytorch/pytorch:2.4.1-cuda12.1-cudnn9-runtime", "workers": 2,
             "gpu_count": 4, "cpu_millicores": 1000, "ram_mib": 2048, "priority_class": "high",

@@ -99,7 +99,7 @@ def test_a_replica_waits_rather_than_split_across_nodes(world: Any) -> None:
     waits — its draft is not put into node-a's free 20 GiB."""
     cluster = _cluster(world, ONE_CARD_EACH)
     filler = scheduling.job_submit(
-        actor=world.a.member, project=world.a.project, cluster=cluster, name="filler",
+        actor=world.a.project_admin, project=world.a.project, cluster=cluster, name="filler",
         groups=[{"name": "w", "replicas": 1, "gpu_count": 1, "gpu_memory_mib": 61440, "gpu_cores_percent": 40,
                  "cpu_millicores": 1000, "ram_mib": 1024}], priority_class="high")
     advance(cluster)
