@@ -162,6 +162,20 @@ class PodStatus:
     ready: bool = False
     """The pod's Ready condition (its readiness probe passes): a model service's replica
     takes requests, and counts for a rollout, only then."""
+    reason: str = ""
+    """The pod's own ``status.reason`` (``Evicted``, ``UnexpectedAdmissionError``, …)."""
+    unschedulable: str = ""
+    """The ``PodScheduled=False`` condition's message (a scheduler or the kubelet refused it)."""
+    waiting_reason: str = ""
+    """The main container's ``state.waiting.reason`` (``ImagePullBackOff``, ``ErrImagePull``,
+    ``CreateContainerConfigError``, ``ContainerCreating``, …)."""
+    waiting_message: str = ""
+    terminated_reason: str = ""
+    """The main container's ``state.terminated.reason`` (``OOMKilled``, ``Error``,
+    ``StartError``, ``Completed``), else that of its last termination."""
+    exit_code: int | None = None
+    signal: int | None = None
+    terminated_message: str = ""
 
 
 @dataclass(frozen=True)

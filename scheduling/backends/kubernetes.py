@@ -886,6 +886,64 @@ class KubernetesBackend:
         self._call(self.core.delete_namespaced_pod, name, namespace,
                    grace_period_seconds=grace_seconds, ok=(404,))
 
+    def pod_problem(self, namespace: str, name: str) -> str:
+        """Why a Pending pod is not starting, as only its claims and events say (its own
+        status is read by ``podcause.waiting_problem``); "" when they say nothing wrong.
+
+        * A PersistentVolumeClaim it mounts that is missing or not ``Bound``: a claim that
+          names no StorageClass after creation was made when the cluster had no default one
+          (the DefaultStorageClass admission plugin fills it in otherwise), so nothing will
+          ever provision it — said so. Camp binds pods itself, so kube-scheduler's volume
+          check never runs; this is where that check's answer comes back.
+        * Else the pod's latest ``Warning`` event (``FailedMount``, ``FailedAttachVolume``,
+          ``FailedCreatePodSandBox``, ``FailedScheduling``, …) as ``Reason: message``.
+        Events or claims Camp may not read (403) say nothing."""
+        pod = self._call(self.core.read_namespaced_pod, name, namespace, ok=(404,))
+        if pod is None:
+            return ""
+        for volume in (pod.spec.volumes or []) if pod.spec else []:
+            source = volume.persistent_volume_claim
+            if source is None:
+                continue
+            claim = source.claim_name
+            try:
+                pvc = self.core.read_namespaced_persistent_volume_claim(
+                    claim, namespace, _request_timeout=self.timeout)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return f"volume claim {claim} does not exist"
+                continue
+            except (urllib3.exceptions.HTTPError, OSError):
+                continue
+            phase = (pvc.status.phase if pvc.status else None) or "Pending"
+            if phase == "Bound":
+                continue
+            storage_class = pvc.spec.storage_class_name if pvc.spec else None
+            if not storage_class and not (pvc.spec and pvc.spec.volume_name):
+                return (f"volume claim {claim} is not bound ({phase}): it names no StorageClass and the "
+                        "cluster has no default one, so no volume will be provisioned (mark a "
+                        "StorageClass default, or set WORKSPACES_STORAGE_CLASS)")
+            said = self._latest_warning(namespace, "PersistentVolumeClaim", claim)
+            return (f"volume claim {claim} is not bound ({phase}, StorageClass {storage_class})"
+                    + (f": {said}" if said else ""))
+        return self._latest_warning(namespace, "Pod", name)
+
+    def _latest_warning(self, namespace: str, kind: str, name: str) -> str:
+        try:
+            listed = self.core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.kind={kind},involvedObject.name={name}",
+                _request_timeout=self.timeout)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError):
+            return ""
+        epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+        warnings = sorted((e for e in listed.items if e.type == "Warning"),
+                          key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp
+                          or epoch)
+        if not warnings:
+            return ""
+        e = warnings[-1]
+        return f"{e.reason}: {' '.join((e.message or '').split())[:300]}"
+
     def pod_logs(self, namespace: str, name: str, *, tail_lines: int = 200) -> str:
         text = self._call(self.core.read_namespaced_pod_log, name, namespace, container="main",
                           tail_lines=tail_lines, timestamps=True, ok=(400, 404))
@@ -1004,9 +1062,25 @@ def _pod_status(p: Any) -> PodStatus:
     message = (p.status.message if p.status else None) or ""
     conditions = (p.status.conditions if p.status else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    unschedulable = next((c.message or c.reason or "" for c in conditions
+                          if c.type == "PodScheduled" and c.status == "False"), "")
+    main = next((c for c in ((p.status.container_statuses if p.status else None) or [])
+                 if c.name == "main"), None)
+    waiting = main.state.waiting if main is not None and main.state else None
+    ended = main.state.terminated if main is not None and main.state else None
+    if ended is None and main is not None and main.last_state is not None:
+        ended = main.last_state.terminated
     return PodStatus(name=meta.name, namespace=meta.namespace or "", phase=phase,
                      labels=dict(meta.labels or {}), message=message,
-                     deleting=bool(meta.deletion_timestamp), ready=ready)
+                     deleting=bool(meta.deletion_timestamp), ready=ready,
+                     reason=(p.status.reason if p.status else None) or "",
+                     unschedulable=unschedulable if phase == "Pending" else "",
+                     waiting_reason=(waiting.reason or "") if waiting else "",
+                     waiting_message=(waiting.message or "") if waiting else "",
+                     terminated_reason=(ended.reason or "") if ended else "",
+                     exit_code=ended.exit_code if ended else None,
+                     signal=(ended.signal or None) if ended else None,
+                     terminated_message=(ended.message or "") if ended else "")
 
 
 def _describe(exc: ApiException) -> str:
@@ -1034,7 +1108,8 @@ REQUIRED_ACCESS: tuple[tuple[str, str, str], ...] = (
     *((v, "", "configmaps") for v in ("get", "list", "create", "patch", "delete")),
     *((v, "", "services") for v in ("list", "create", "delete")),
     *((v, "", "secrets") for v in ("create", "patch", "delete")),
-    *((v, "", "persistentvolumeclaims") for v in ("create", "delete")),
+    *((v, "", "persistentvolumeclaims") for v in ("get", "create", "delete")),
+    ("list", "", "events"),
     *((v, "networking.k8s.io", "ingresses") for v in ("list", "create", "delete")),
 )
 CHECK_TIMEOUT_SECONDS = 5

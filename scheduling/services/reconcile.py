@@ -13,7 +13,7 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
-from ..backends import backend_for
+from ..backends import backend_for, podcause
 from ..backends.base import (
     MANAGED_BY,
     BackendError,
@@ -145,8 +145,7 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
     _update_phases(rows, pods)
     if "Failed" in phases:
         failed = next(p for p in present if p.phase == "Failed")
-        detail = f": {failed.message}" if failed.message else ""
-        _end(job_id, JobState.FAILED, f"Pod {failed.name} failed{detail}")
+        _end(job_id, JobState.FAILED, f"Pod {failed.name} failed: {podcause.failure(failed)}")
         result.finished.append(job_id)
         _stop_after_commit_now(job_id)
         return
@@ -182,6 +181,9 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
             enqueue("job_dispatch", job_id)
             result.redispatched.append(job_id)
         return
+    if job.state == JobState.STARTING and "Pending" in phases and _cannot_start(
+            backend, job, present, result):
+        return
     if job.state == JobState.STARTING and all(ph in ("Running", "Succeeded") for ph in phases):
         with transaction.atomic():
             if Job.objects.filter(pk=job_id, state=JobState.STARTING).update(
@@ -191,6 +193,56 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
                 fresh = Job.objects.get(pk=job_id)
                 _record(fresh, DecisionKind.STARTED, "All pods are running")
                 result.started.append(job_id)
+
+
+# A Pending pod's events and claims are read at most this often (one pod read, its claims
+# and one event list: only for pods that have been Pending this long since admission).
+PROBLEM_READ_SECONDS = 10
+
+
+def _cannot_start(backend: Any, job: Job, present: list[PodStatus], result: ReconcileResult) -> bool:
+    """A starting job whose pod reports a problem that stops it starting (an image that
+    cannot be pulled, a configuration error, an unbound volume, a refusal by its node):
+    the job's reason says so in words; once ``podcause.start_deadline()`` has passed since
+    admission (at once for a problem no wait cures) the job gives up, freeing what it
+    holds: failed for an image or configuration problem, else requeued (failed once it has
+    used its attempts). True when the job gave up."""
+    problem, pod = "", ""
+    for p in present:
+        if p.phase != "Pending" or p.deleting:
+            continue
+        problem = podcause.waiting_problem(p)
+        admitted = job.admitted_at or timezone.now()
+        if not problem and timezone.now() - admitted > dt.timedelta(seconds=PROBLEM_READ_SECONDS) and (
+                cache.add(f"camp:pod-problem-read:{job.pk}:{p.name}", 1, timeout=PROBLEM_READ_SECONDS)):
+            read = getattr(backend, "pod_problem", None)
+            if read is not None:
+                with contextlib.suppress(BackendError):
+                    problem = read(p.namespace, p.name)
+                cache.set(f"camp:pod-problem:{job.pk}:{p.name}", problem, timeout=60)
+        elif not problem:
+            problem = cache.get(f"camp:pod-problem:{job.pk}:{p.name}") or ""
+        if problem:
+            pod = p.name
+            break
+    if not problem:
+        return False
+    reason = f"Pod {pod} cannot start: {problem}"[:500]
+    waited = timezone.now() - (job.admitted_at or timezone.now())
+    if not podcause.hopeless(problem) and waited < dt.timedelta(seconds=podcause.start_deadline()):
+        if job.reason != reason:
+            Job.objects.filter(pk=job.pk, state=JobState.STARTING).update(
+                reason=reason, reason_kind="", updated_at=timezone.now())
+        return False
+    given_up = f"{reason} (gave up after {int(waited.total_seconds())} s)"
+    if podcause.gives_up_by_failing(problem) or job.attempts >= MAX_ATTEMPTS:
+        _end(job.pk, JobState.FAILED, given_up)
+        _stop_after_commit_now(job.pk)
+        result.finished.append(job.pk)
+        return True
+    if job_evict(job_id=job.pk, reason=given_up):
+        result.lost.append(job.pk)
+    return True
 
 
 def _dispatch_lost(job_id: int) -> bool:
