@@ -161,6 +161,10 @@ class Node(models.Model):
     pool = models.CharField(max_length=63, blank=True)
     nvlink_islands = models.JSONField(default=list, blank=True, help_text="Lists of GPU indices.")
     ready = models.BooleanField(default=True)
+    not_ready_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When its Ready condition left True (the condition's lastTransitionTime): jobs "
+                  "there are rescheduled once CAMP_NODE_NOT_READY_TOLERATION_SECONDS have passed.")
     cordoned = models.BooleanField(default=False)
     present = models.BooleanField(default=True, help_text="Seen in the last inventory sync.")
     quarantined = models.BooleanField(default=False)

@@ -7,6 +7,7 @@ already exists succeeds, deleting what is gone succeeds.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -70,6 +71,10 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, Any], ...] = ()
     ready: bool = True
+    not_ready_since: dt.datetime | None = None
+    """When the Ready condition left ``True`` (its ``lastTransitionTime``), for a node not ready."""
+    not_ready_reason: str = ""
+    """The Ready condition's reason and message (``NodeStatusUnknown: Kubelet stopped posting…``)."""
     cordoned: bool = False
     gpus: tuple[GpuInfo, ...] = ()
     nvlink_islands: tuple[tuple[int, ...], ...] = ()

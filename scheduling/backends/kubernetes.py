@@ -475,8 +475,13 @@ class KubernetesBackend:
         annotations = dict(meta.annotations or {})
         alloc = dict((status.allocatable if status else None) or (status.capacity if status else None) or {})
         capacity = dict((status.capacity if status else None) or {})
-        ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions or [])) if (
-            status and status.conditions) else False
+        condition = next((c for c in ((status.conditions if status else None) or []) if c.type == "Ready"),
+                         None)
+        # Kubernetes' rule: only Ready=True is ready; False (the kubelet says so) and Unknown
+        # (the node-lifecycle controller stopped hearing from it) are not.
+        ready = condition is not None and condition.status == "True"
+        not_ready_reason = "" if ready or condition is None else ": ".join(
+            x for x in (condition.reason, " ".join((condition.message or "").split())[:200]) if x)
         gpus: list[GpuInfo] = []
         for v in VENDORS.values():
             raw = annotations.get(v.register_annotation)
@@ -500,6 +505,8 @@ class KubernetesBackend:
         return NodeInfo(
             name=meta.name, cpu_millicores=_millicores(alloc.get("cpu")), ram_mib=_mib(alloc.get("memory")),
             max_pods=int(alloc.get("pods", "110")), labels=labels, taints=taints, ready=ready,
+            not_ready_since=None if ready else (condition.last_transition_time if condition else None),
+            not_ready_reason=not_ready_reason or ("" if ready else "no Ready condition"),
             cordoned=bool(n.spec and n.spec.unschedulable), gpus=tuple(gpus),
         )
 
@@ -726,6 +733,14 @@ class KubernetesBackend:
         node = self._call(self.core.read_node, spec.node, ok=(404,))
         if node is None:
             raise BackendError(f"Node {spec.node} is gone from the cluster", status=404)
+        ready = next((c for c in (node.status.conditions if node.status else None) or []
+                      if c.type == "Ready"), None)
+        if existing is None and (ready is None or ready.status != "True"):
+            # Placed from an inventory taken before the node went NotReady: no new pod there
+            # (Kubernetes' scheduler never binds to a node that is not Ready either).
+            said = ": ".join(x for x in ((ready.reason, ready.message) if ready else ()) if x)
+            raise BackendError(f"Node {spec.node} is not Ready ({said or 'no Ready condition'}); "
+                               "nothing new is placed there until it is")
         hami = bool(spec.slices) and bool(
             (node.metadata.annotations or {}).get(vendor(spec.slices[0].vendor).register_annotation))
         if existing is not None and not self._same_placement(existing, spec, hami):

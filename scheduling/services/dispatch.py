@@ -52,6 +52,7 @@ from .common import (
     _locked_job,
     _record,
     logger,
+    not_ready_too_long,
     request_cycle,
 )
 from .jobs import _finish, _preempted_reason, _release
@@ -373,10 +374,10 @@ def job_stop(*, job_id: int) -> str:
     if not names:
         return "nothing"
     ns = namespace_spec(job, job.placed_cluster).name
-    dead = _on_dead_nodes(allocs)
+    gone, unreachable = _on_dead_nodes(allocs), _on_unreachable_nodes(allocs)
     for name in names:
-        backend.delete_pod(ns, name, grace_seconds=0 if name in dead else 30)
-    remaining = ({p.name for p in backend.list_pods()} & set(names)) - dead
+        backend.delete_pod(ns, name, grace_seconds=0 if name in gone else 30)
+    remaining = ({p.name for p in backend.list_pods()} & set(names)) - gone - unreachable
     if remaining or not _pods_gone(job_id):
         # The reconcile task releases once the pods are gone (or the dispatch in flight,
         # finding the job stopped, stops it again).
@@ -385,10 +386,18 @@ def job_stop(*, job_id: int) -> str:
 
 
 def _on_dead_nodes(allocs: list[Allocation]) -> set[str]:
-    """Pods on a node that is NotReady or gone: its kubelet cannot confirm their end, so they
-    are force-deleted and count as gone (Kubernetes' pod garbage collector makes the same
-    call for lost nodes); waiting for them would leave the job stuck."""
-    return {a.pod_name for a in allocs if not a.node.ready or not a.node.present}
+    """Pods on a node that left the cluster (its Node object is gone): force-deleted and
+    counted as gone, as Kubernetes' pod garbage collector does for pods of nodes that no
+    longer exist. Never for a node that is merely NotReady (``_on_unreachable_nodes``)."""
+    return {a.pod_name for a in allocs if not a.node.present}
+
+
+def _on_unreachable_nodes(allocs: list[Allocation]) -> set[str]:
+    """Pods on a node NotReady for longer than the toleration: deleted gracefully (the
+    kubelet, when it is back, stops them) and, like a ReplicaSet's or Job's pods after the
+    taint manager's eviction, no longer waited for: their job is released. The node takes
+    no new work until it is Ready again (it is quarantined)."""
+    return {a.pod_name for a in allocs if a.node.present and not_ready_too_long(a.node)}
 
 
 def _pods_gone(job_id: int) -> bool:

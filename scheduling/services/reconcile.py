@@ -29,7 +29,7 @@ from ..models import (
     PodPhase,
 )
 from .common import MAX_ATTEMPTS, _audit_job, _locked_job, _record, enqueue
-from .dispatch import _dispatch_in_flight, _on_dead_nodes, _pods_gone
+from .dispatch import _dispatch_in_flight, _on_dead_nodes, _on_unreachable_nodes, _pods_gone
 from .jobs import _finish, _stop_after_commit, job_evict
 
 OBJECT_SWEEP_SECONDS = 60
@@ -107,12 +107,12 @@ def _reconcile_ending(backend: Any, job: Job, rows: list[Allocation], present: l
                       result: ReconcileResult) -> None:
     """A finished or preempted job's pods: those on dead nodes go at once; when none is left
     alive the resources are given back, else the live ones are asked to stop (30 s grace)."""
-    dead = _on_dead_nodes(rows)
+    dead, unreachable = _on_dead_nodes(rows), _on_unreachable_nodes(rows)
     for p in present:
-        if p.name in dead:
+        if p.name in dead or (p.name in unreachable and not p.deleting):
             with contextlib.suppress(BackendError):
-                backend.delete_pod(p.namespace, p.name, grace_seconds=0)
-    present = [p for p in present if p.name not in dead]
+                backend.delete_pod(p.namespace, p.name, grace_seconds=0 if p.name in dead else 30)
+    present = [p for p in present if p.name not in dead and p.name not in unreachable]
     live = [p for p in present if p.phase in ("Pending", "Running")]
     if not present or (job.state in FINAL_STATES and not live):
         # Finished pods hold nothing; clean them up and give the resources back.

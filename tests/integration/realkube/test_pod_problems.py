@@ -142,3 +142,50 @@ def test_a_failed_container_says_how_it_ended(world: Any, kube: Any, exit_code: 
     job = _reason_until(cluster, job, "failed")
     assert job.state == JobState.FAILED
     assert job.reason == f"Pod {pod.metadata.name} failed: {expected}"
+
+
+def _node_condition(kube: Any, name: str, status: str, reason: str, message: str) -> None:
+    """What the node-lifecycle controller writes when a kubelet stops posting its status."""
+    kube.core.patch_node_status(name, {"status": {"conditions": [{
+        "type": "Ready", "status": status, "reason": reason, "message": message,
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
+
+
+def test_a_node_that_went_not_ready_after_the_inventory_takes_no_new_pod(world: Any, kube: Any) -> None:
+    kube.node("cpu-a")
+    cluster = kube.register(world)
+    job = submit(world, cluster, "late", gpu_count=0)
+    services.cycle_run(cluster=cluster)  # placed from the inventory that still says Ready
+    _node_condition(kube, "cpu-a", "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
+    assert services.job_dispatch(job_id=job.pk) == "failed"
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED and not camp_pods(kube.core)
+    assert "Node cpu-a is not Ready (NodeStatusUnknown: Kubelet stopped posting node status.)" in job.reason
+    # The next sync says why nothing goes there.
+    services.inventory_sync(cluster=cluster)
+    node = cluster.nodes.get(name="cpu-a")
+    assert not node.schedulable and node.quarantine_reason == (
+        "auto: node NotReady (NodeStatusUnknown: Kubelet stopped posting node status.)")
+
+
+def test_a_not_ready_node_keeps_its_pods_for_the_toleration_then_deletes_them_gracefully(
+        world: Any, kube: Any) -> None:
+    kube.node("cpu-a")
+    cluster = kube.register(world)
+    job = submit(world, cluster, "kept", gpu_count=0)
+    (pod,) = _admit(kube, cluster, job)
+    wait_running(cluster, job)
+    _node_condition(kube, "cpu-a", "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
+    with override_settings(CAMP_NODE_NOT_READY_TOLERATION_SECONDS=10 ** 9):
+        assert services.inventory_sync(cluster=cluster).evicted_jobs == []
+        services.cluster_reconcile(cluster=cluster)
+    live = kube.core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+    assert live.metadata.deletion_timestamp is None and Job.objects.get(pk=job.pk).state == JobState.RUNNING
+    # Past it (the condition changed in January): evicted, the pod deleted with a grace
+    # period (it stays Terminating: no kubelet confirms), and the job requeued all the same.
+    assert services.inventory_sync(cluster=cluster).evicted_jobs == [job.pk]
+    assert services.job_stop(job_id=job.pk) == "released"
+    live = kube.core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+    assert live.metadata.deletion_timestamp is not None and live.metadata.deletion_grace_period_seconds == 30
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED and "is NotReady (for more than 300 s)" in job.reason
