@@ -130,6 +130,12 @@ class PodSpec:
     """The main container's arguments (its image's entrypoint runs them: a model server)."""
     readiness_probe: Mapping[str, Any] | None = None
     """The main container's readinessProbe (a model service's health path), in Kubernetes' shape."""
+    working_dir: str = ""
+    """The main container's ``workingDir`` (a dev environment's home mount)."""
+    security_context: Mapping[str, Any] | None = None
+    """The pod's ``securityContext`` (``runAsUser``/``runAsGroup``/``fsGroup``: how its image runs)."""
+    container_security_context: Mapping[str, Any] | None = None
+    """The main container's ``securityContext`` (Pod Security "restricted" where the image allows)."""
 
 
 @dataclass(frozen=True)

@@ -701,8 +701,14 @@ class KubernetesBackend:
             container["args"] = list(spec.args)
         if spec.readiness_probe:
             container["readinessProbe"] = json.loads(json.dumps(dict(spec.readiness_probe)))
+        if spec.working_dir:
+            container["workingDir"] = spec.working_dir
+        if spec.container_security_context:
+            container["securityContext"] = json.loads(json.dumps(dict(spec.container_security_context)))
         pod_spec: dict[str, Any] = {"schedulerName": scheduler_name(), "restartPolicy": "Never",
                                     "containers": [container]}
+        if spec.security_context:
+            pod_spec["securityContext"] = json.loads(json.dumps(dict(spec.security_context)))
         if tolerations:
             pod_spec["tolerations"] = tolerations
         if spec.image_pull_secrets:
