@@ -36,10 +36,13 @@ from ..backends.naming import job_object_name, namespace_name
 from ..extensions import apply_job_spec_hooks
 from ..models import (
     ACTIVE_STATES,
+    LOG_TAIL_BYTES,
+    LOG_TAIL_LINES,
     Allocation,
     Cluster,
     Job,
     JobState,
+    PodLogTail,
     PodPhase,
     ProjectNamespace,
 )
@@ -354,12 +357,13 @@ def job_stop(*, job_id: int) -> str:
     """Delete a job's pods (with a grace period) and release its resources once gone."""
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
     backend = backend_for(job.placed_cluster)
-    allocs = list(job.allocations.select_related("node"))
+    allocs = list(job.allocations.select_related("node", "group"))
     names = [a.pod_name for a in allocs]
     if not names:
         return "nothing"
     ns = namespace_spec(job, job.placed_cluster).name
     gone, unreachable = _on_dead_nodes(allocs), _on_unreachable_nodes(allocs)
+    _keep_log_tails(backend, job, ns, [a for a in allocs if a.node.ready and a.node.present])
     for name in names:
         backend.delete_pod(ns, name, grace_seconds=0 if name in gone else 30)
     remaining = ({p.name for p in backend.list_pods()} & set(names)) - gone - unreachable
@@ -368,6 +372,23 @@ def job_stop(*, job_id: int) -> str:
         # finding the job stopped, stops it again).
         return "waiting"
     return "released"
+
+
+def _keep_log_tails(backend: Any, job: Job, ns: str, allocs: list[Allocation]) -> None:
+    """Keep the last lines of each pod's log before it is deleted (``PodLogTail``; a later
+    stop of the same attempt refreshes them): Kubernetes forgets a deleted pod's log, and a
+    finished job's output is what its user reads next. Best effort: a pod already gone, or a
+    log that cannot be read, keeps what was kept. Pods on nodes that are not Ready are not
+    asked (their kubelet does not answer)."""
+    for a in allocs:
+        try:
+            text = backend.pod_logs(ns, a.pod_name, tail_lines=LOG_TAIL_LINES)
+        except BackendError:
+            continue
+        if text:
+            PodLogTail.objects.update_or_create(
+                job=job, attempt=job.attempts, pod_name=a.pod_name,
+                defaults={"tenant_id": job.tenant_id, "role": a.group.name, "text": text[-LOG_TAIL_BYTES:]})
 
 
 def _on_dead_nodes(allocs: list[Allocation]) -> set[str]:
