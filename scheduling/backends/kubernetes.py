@@ -968,7 +968,7 @@ class KubernetesBackend:
     def pod_logs(self, namespace: str, name: str, *, tail_lines: int = 200) -> str:
         text = self._call(self.core.read_namespaced_pod_log, name, namespace, container="main",
                           tail_lines=tail_lines, timestamps=True, ok=(400, 404))
-        return str(text or "")
+        return "\n".join(line for line in str(text or "").splitlines() if _container_line(line))
 
     # Streams read with this socket timeout, then reconnect from the last line's time: a
     # stopped follower (its client went away) ends within this long even on a silent pod.
@@ -1007,6 +1007,12 @@ class KubernetesBackend:
                 continue
             try:
                 for line in split_lines(response.stream(2 ** 14)):
+                    if not _container_line(line):
+                        # The kubelet's own error about a removed container ("unable to
+                        # retrieve container logs for …", "rpc error: code = NotFound …"),
+                        # sent in the stream: not the container's output, and its end.
+                        logger.debug("pod %s/%s: log stream ended with %r", namespace, name, line[:200])
+                        return
                     yield from cursor.new([line])
                     if stop.is_set() or time.monotonic() >= deadline:
                         return
@@ -1075,6 +1081,13 @@ class KubernetesBackend:
                 # back off from (BackendError), not a silent reconnect loop.
                 self.probe()
                 self.sleep(self.backoff)
+
+
+def _container_line(line: str) -> bool:
+    """A line the container wrote: with ``timestamps=True`` the kubelet stamps every line
+    of the container's output (``<RFC 3339 time> <text>``); a line without one is the
+    kubelet's own message (an error about the container's log it could not read)."""
+    return LineCursor.key(line) is not None
 
 
 def _pod_status(p: Any) -> PodStatus:
