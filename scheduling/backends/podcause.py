@@ -32,8 +32,8 @@ OOM_ADVICE = "out of memory: raise ram_mib"
 
 def start_deadline() -> int:
     """Seconds a pod may report a problem that stops it starting before the job gives up
-    (setting ``CAMP_POD_START_PROBLEM_SECONDS``, 180 by default)."""
-    return int(getattr(settings, "CAMP_POD_START_PROBLEM_SECONDS", 180))
+    (setting ``CAMP_POD_START_PROBLEM_SECONDS``, camp/settings/tasks.py)."""
+    return int(settings.CAMP_POD_START_PROBLEM_SECONDS)
 
 
 def signal_name(number: int | None) -> str:

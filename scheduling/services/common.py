@@ -36,8 +36,8 @@ def node_not_ready_toleration() -> int:
     """Seconds a node may be NotReady (or unreachable) before its jobs are rescheduled and
     its pods deleted — gracefully, as Kubernetes' taint manager does after the default
     ``tolerationSeconds`` of ``node.kubernetes.io/not-ready``/``unreachable`` (300).
-    Setting ``CAMP_NODE_NOT_READY_TOLERATION_SECONDS``."""
-    return int(getattr(settings, "CAMP_NODE_NOT_READY_TOLERATION_SECONDS", 300))
+    Setting ``CAMP_NODE_NOT_READY_TOLERATION_SECONDS`` (camp/settings/tasks.py)."""
+    return int(settings.CAMP_NODE_NOT_READY_TOLERATION_SECONDS)
 
 
 def not_ready_too_long(node: Any, now: dt.datetime | None = None) -> bool:
