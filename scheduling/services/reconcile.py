@@ -194,6 +194,7 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
 # A Pending pod's events and claims are read at most this often (one pod read, its claims
 # and one event list: only for pods that have been Pending this long since admission).
 PROBLEM_READ_SECONDS = 10
+PROBLEM_READ_PODS = 3
 
 
 def _cannot_start(backend: Any, job: Job, present: list[PodStatus], result: ReconcileResult) -> bool:
@@ -203,24 +204,27 @@ def _cannot_start(backend: Any, job: Job, present: list[PodStatus], result: Reco
     admission (at once for a problem no wait cures) the job gives up, freeing what it
     holds: failed for an image or configuration problem, else requeued (failed once it has
     used its attempts). True when the job gave up."""
-    problem, pod = "", ""
-    for p in present:
-        if p.phase != "Pending" or p.deleting:
-            continue
-        problem = podcause.waiting_problem(p)
-        admitted = job.admitted_at or timezone.now()
-        if not problem and timezone.now() - admitted > dt.timedelta(seconds=PROBLEM_READ_SECONDS) and (
-                cache.add(f"camp:pod-problem-read:{job.pk}:{p.name}", 1, timeout=PROBLEM_READ_SECONDS)):
-            read = getattr(backend, "pod_problem", None)
-            if read is not None:
+    pending = [p for p in present if p.phase == "Pending" and not p.deleting]
+    # The pods' own statuses first (no API call); else, for a job Pending a while, one pod's
+    # claims and events, of its first PROBLEM_READ_PODS pending pods, at most every
+    # PROBLEM_READ_SECONDS (a 64-pod gang pulling a large image costs a few reads, not 64),
+    # the answer kept for the reconciles in between.
+    problem, pod = next(((podcause.waiting_problem(p), p.name) for p in pending
+                         if podcause.waiting_problem(p)), ("", ""))
+    read = getattr(backend, "pod_problem", None)
+    admitted = job.admitted_at or timezone.now()
+    if not problem and pending and read is not None:
+        key = f"camp:pod-problem:{job.pk}:{job.attempts}"
+        if timezone.now() - admitted > dt.timedelta(seconds=PROBLEM_READ_SECONDS) and cache.add(
+                f"{key}:read", 1, timeout=PROBLEM_READ_SECONDS):
+            for p in pending[:PROBLEM_READ_PODS]:
                 with contextlib.suppress(BackendError):
-                    problem = read(p.namespace, p.name)
-                cache.set(f"camp:pod-problem:{job.pk}:{p.name}", problem, timeout=60)
-        elif not problem:
-            problem = cache.get(f"camp:pod-problem:{job.pk}:{p.name}") or ""
-        if problem:
-            pod = p.name
-            break
+                    problem, pod = read(p.namespace, p.name), p.name
+                if problem:
+                    break
+            cache.set(key, [pod, problem], timeout=60)
+        else:
+            pod, problem = cache.get(key) or ("", "")
     if not problem:
         return False
     reason = f"Pod {pod} cannot start: {problem}"[:500]
