@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-BASE_IMAGES: list[dict[str, str]] = [
+BASE_IMAGES: list[dict[str, Any]] = [
     {"name": "pytorch-jupyter", "display_name": "PyTorch · JupyterLab", "framework": "pytorch",
      "variant": "jupyter", "reference": "quay.io/jupyter/pytorch-notebook:cuda12-2024-10-07"},
     {"name": "pytorch-vscode", "display_name": "PyTorch · VS Code", "framework": "pytorch",
@@ -45,13 +45,26 @@ BASE_IMAGES: list[dict[str, str]] = [
 ]
 
 
+# How the base images run (registry.Image.run_as_user/run_as_group/home): the Jupyter Docker
+# Stacks' jovyan (uid 1000, gid 100), code-server's coder (1000:1000); sshd starts as root and
+# drops to the user; the frameworks' training and inference images run as their own USER.
+RUN_AS: dict[str, dict[str, Any]] = {
+    "jupyter": {"run_as_user": 1000, "run_as_group": 100, "home": "/home/jovyan"},
+    "vscode": {"run_as_user": 1000, "run_as_group": 1000, "home": "/home/coder"},
+}
+for _entry in BASE_IMAGES:
+    _entry.update(RUN_AS.get(_entry["variant"], {}))
+
+
 def seed_base_images(image_model: Any) -> int:
     """Create the missing base images (idempotent; edited ones are left alone)."""
     created = 0
+    fields = {f.name for f in image_model._meta.get_fields()}
     for entry in BASE_IMAGES:
         _, made = image_model.objects.get_or_create(
             scope="platform", tenant=None, project=None, name=entry["name"],
-            defaults={k: v for k, v in entry.items() if k != "name"},
+            # Only the fields the model has (migrations seed through historical models).
+            defaults={k: v for k, v in entry.items() if k != "name" and k in fields},
         )
         created += int(made)
     return created

@@ -124,6 +124,25 @@ class Image(models.Model):
         default=default_architectures, blank=True,
         help_text='The platforms the image is built for, e.g. ["linux/amd64", "linux/arm64"]: '
                   "a job using it only goes to nodes of one of them. Empty: unknown (no restriction).")
+    # How the image starts and runs (issue 28: only docker-stacks images could start; their
+    # user could not write a root-owned home volume). Empty/None: Camp's defaults (WORKLOADS.md).
+    command = models.JSONField(
+        default=list, blank=True,
+        help_text='The container command, e.g. ["start-notebook.py"] (Kubernetes expands $(CAMP_BASE_URL), '
+                  "$(CAMP_HOME) and $(CAMP_PORT)). Empty: Camp's own start for the variant (JupyterLab: "
+                  "jupyter lab with the base URL, port and root dir; training and inference: the image's "
+                  "entrypoint).")
+    run_as_user = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The uid the image's processes run as (docker-stacks: 1000). "
+                                         "Empty: the image's own USER.")
+    run_as_group = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Its primary gid (docker-stacks: 100); volumes are group-owned by it "
+                  "(fsGroup) so the user can write its home.")
+    home = models.CharField(
+        max_length=255, blank=True,
+        help_text="Where the user's home volume is mounted and the working directory (e.g. /home/jovyan). "
+                  "Empty: the variant's default.")
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -26,7 +26,8 @@ from .references import ReferenceError, host_of, parse_reference
 
 REGISTRY_FIELDS = ("scope", "tenant", "project", "name", "server", "username")
 IMAGE_FIELDS = ("scope", "tenant", "project", "name", "display_name", "reference", "variant",
-                "framework", "description", "registry", "architectures", "enabled")
+                "framework", "description", "registry", "architectures", "command", "run_as_user",
+                "run_as_group", "home", "enabled")
 
 
 def _require(actor: Any, action: str, obj: Any) -> None:
@@ -164,6 +165,11 @@ def _clean_image(image: Image) -> None:
             or not all(a in PLATFORMS for a in arches)):
         raise ValidationError({"architectures": [
             f"A list of the platforms the image is built for, among: {', '.join(PLATFORMS)}."]})
+    if not isinstance(image.command, list) or not all(isinstance(c, str) and c for c in image.command):
+        raise ValidationError({"command": ['A list of non-empty strings, e.g. ["start-notebook.py"].']})
+    image.home = (image.home or "").strip()
+    if image.home and (not image.home.startswith("/") or image.home == "/" or ".." in image.home.split("/")):
+        raise ValidationError({"home": ["An absolute directory below /, e.g. /home/jovyan."]})
     if image.variant not in Variant.values:
         raise ValidationError({"variant": [f"Choose one of: {', '.join(Variant.values)}."]})
     r = image.registry
@@ -181,12 +187,16 @@ def _clean_image(image: Image) -> None:
 def image_create(*, actor: User, name: str, reference: str, variant: str, framework: str = "other",
                  display_name: str = "", description: str = "", registry: ExternalRegistry | None = None,
                  enabled: bool = True, tenant: Tenant | None = None,
-                 project: Project | None = None, architectures: list[str] | None = None) -> Image:
+                 project: Project | None = None, architectures: list[str] | None = None,
+                 command: list[str] | None = None, run_as_user: int | None = None,
+                 run_as_group: int | None = None, home: str = "") -> Image:
     scope, tenant = _scope_of(tenant, project)
     image = Image(scope=scope, tenant=tenant, project=project, name=name, reference=reference,
                   variant=variant, framework=framework, display_name=display_name,
                   description=description, registry=registry, enabled=enabled,
-                  architectures=list(architectures) if architectures is not None else ["linux/amd64"])
+                  architectures=list(architectures) if architectures is not None else ["linux/amd64"],
+                  command=list(command or []), run_as_user=run_as_user, run_as_group=run_as_group,
+                  home=home)
     _require(actor, permissions.CREATE, image)
     _clean_image(image)
     _save(image, "An image with this name already exists here.")
@@ -200,7 +210,8 @@ def image_update(*, actor: User, image: Image, **changes: Any) -> Image:
     before = snapshot(image, IMAGE_FIELDS)
     for key, value in changes.items():
         if key not in ("name", "display_name", "reference", "variant", "framework", "description",
-                       "registry", "architectures", "enabled"):
+                       "registry", "architectures", "command", "run_as_user", "run_as_group", "home",
+                       "enabled"):
             raise ValidationError({key: ["This field cannot be changed."]})
         setattr(image, key, value)
     _clean_image(image)

@@ -161,6 +161,10 @@ class Node(models.Model):
     pool = models.CharField(max_length=63, blank=True)
     nvlink_islands = models.JSONField(default=list, blank=True, help_text="Lists of GPU indices.")
     ready = models.BooleanField(default=True)
+    not_ready_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When its Ready condition left True (the condition's lastTransitionTime): jobs "
+                  "there are rescheduled once CAMP_NODE_NOT_READY_TOLERATION_SECONDS have passed.")
     cordoned = models.BooleanField(default=False)
     present = models.BooleanField(default=True, help_text="Seen in the last inventory sync.")
     quarantined = models.BooleanField(default=False)
@@ -542,6 +546,34 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pod_name} on {self.node_id}"
+
+
+class PodLogTail(models.Model):
+    """The last lines of one pod's log, kept when the pod is stopped or ends (issue 28:
+    Kubernetes forgets a deleted pod's log, and pods go as soon as a job ends). Bounded
+    (``LOG_TAIL_LINES`` lines, ``LOG_TAIL_BYTES`` characters: the end is kept), one row per
+    pod of each attempt, readable by whoever may read the job (its tenant's)."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_tails")
+    attempt = models.PositiveIntegerField()
+    pod_name = models.CharField(max_length=63)
+    role = models.CharField(max_length=63, blank=True)
+    text = models.TextField(blank=True)
+    captured_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["job_id", "attempt", "pod_name"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "pod_name"], name="podlogtail_one_per_pod"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pod_name} (attempt {self.attempt})"
+
+
+LOG_TAIL_LINES = 200
+LOG_TAIL_BYTES = 64 * 1024
 
 
 class GpuSlice(models.Model):

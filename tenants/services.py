@@ -228,6 +228,19 @@ def quota_set(
     to at most the parent's guaranteed; a child's limit is at most the parent's
     limit. A level without a quota row constrains nothing below it.
     """
+    # A field the scope does not use is refused by name, never dropped: a tenant or project
+    # quota applies on every cluster (per-cluster parts of a tenant's GPUs are the
+    # ``*_all_clusters`` amounts), so ``"scope": "tenant", "cluster": 1`` is a mistake to say.
+    unused = {QuotaScope.PROJECT: ("cluster",), QuotaScope.TENANT: ("cluster", "project"),
+              QuotaScope.CLUSTER: ("tenant", "project")}.get(scope, ())  # type: ignore[call-overload]
+    given = {"cluster": cluster, "tenant": tenant, "project": project}
+    if scope == QuotaScope.PROJECT and tenant is not None and project is not None and (
+            tenant != project.tenant):
+        raise ValidationError({"tenant": ["The project belongs to another tenant; leave tenant out."]})
+    wrong = {f: [f"A {scope} quota has no {f}: it applies on every cluster." if f == "cluster" else
+                 f"A {scope} quota has no {f}."] for f in unused if given[f] is not None}
+    if wrong:
+        raise ValidationError(wrong)
     if scope == QuotaScope.PROJECT:
         if project is None:
             raise ValidationError({"project": ["A project quota needs a project."]})

@@ -89,6 +89,37 @@ def _pull_secret(project: Any, image: Any, reference: str) -> ExternalRegistry |
     return registry_for_reference(project, reference)
 
 
+def run_as(image: Any) -> dict[str, Any]:
+    """What a pod of ``image`` needs to run as its catalog entry says (registry.Image):
+    the pod's ``securityContext`` (``runAsUser``, ``runAsGroup``, and ``fsGroup`` so that
+    the user can write volumes a provisioner creates root-owned) and the container's; with
+    a non-root user, the rest of Pod Security's "restricted" profile (runAsNonRoot, no
+    privilege escalation, no capabilities, the runtime's default seccomp profile). An image
+    that declares nothing runs as its own USER, untouched."""
+    uid = getattr(image, "run_as_user", None)
+    gid = getattr(image, "run_as_group", None)
+    pod: dict[str, Any] = {}
+    container: dict[str, Any] = {}
+    if uid is not None:
+        pod["runAsUser"] = uid
+    if gid is not None:
+        pod.update({"runAsGroup": gid, "fsGroup": gid, "fsGroupChangePolicy": "OnRootMismatch"})
+    if uid:
+        pod.update({"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}})
+        container = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return {"security_context": pod or None, "container_security_context": container or None}
+
+
+def jupyter_command(*, base_url: str, home: str, port: int) -> tuple[str, ...]:
+    """Camp's own start of JupyterLab (an image whose catalog entry declares no command):
+    any image with ``jupyter lab`` on its PATH, listening on all interfaces behind the base
+    URL, with no token or password (Camp's auth hook guards it) and the home volume as the
+    root of its file browser."""
+    return ("jupyter", "lab", f"--ServerApp.base_url={base_url}", f"--ServerApp.root_dir={home}",
+            "--ServerApp.ip=0.0.0.0", f"--ServerApp.port={port}", "--ServerApp.open_browser=False",
+            "--IdentityProvider.token=", "--ServerApp.password=")
+
+
 # --- dev environments -------------------------------------------------------------------------
 
 
@@ -114,16 +145,19 @@ def _environment_specs(env: DevEnvironment, objs: JobObjects,
                         "ports": [{"name": port["name"], "port": 22 if env.kind == EnvKind.SSH else 80,
                                    "targetPort": port["name"]}]}}
     extra.append(ExtraObject(service, owned=False))
+    image = env.image
+    home = str((image.home if image is not None and image.home else "") or server["home"])
     volumes: list[dict[str, Any]] = [{"name": "home", "persistentVolumeClaim": {"claimName": env.home_claim}}]
-    mounts: list[dict[str, Any]] = [{"name": "home", "mountPath": server["home"]}]
+    mounts: list[dict[str, Any]] = [{"name": "home", "mountPath": home}]
     command: tuple[str, ...]
-    if env.kind == EnvKind.JUPYTER:
-        command = ("start-notebook.py", f"--ServerApp.base_url={path}", "--IdentityProvider.token=",
-                   "--ServerApp.password=", "--ServerApp.ip=0.0.0.0")
+    if image is not None and image.command:
+        command = tuple(image.command)
+    elif env.kind == EnvKind.JUPYTER:
+        command = jupyter_command(base_url=path, home=home, port=int(str(server["port"])))
     elif env.kind == EnvKind.VSCODE:
         command = ("code-server", "--bind-addr", "0.0.0.0:8080", "--auth", "none",
-                   "--abs-proxy-base-path", path.rstrip("/"), str(server["home"]))
-    else:
+                   "--abs-proxy-base-path", path.rstrip("/"), home)
+    else:  # sshd
         command = ("/usr/sbin/sshd", "-D", "-e", "-o", "AuthorizedKeysFile=/etc/camp-ssh/authorized_keys",
                    "-o", "PasswordAuthentication=no")
         keys = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{env.service_name}-ssh"},
@@ -149,9 +183,12 @@ def _environment_specs(env: DevEnvironment, objs: JobObjects,
     for p in pods:
         out.append(dataclasses.replace(
             p, labels={**p.labels, LABEL_WORKSPACE: str(env.pk)},
-            env={**p.env, "CAMP_WORKLOAD": env.kind, "CAMP_BASE_URL": path},
+            env={**p.env, "CAMP_WORKLOAD": env.kind, "CAMP_BASE_URL": path, "CAMP_HOME": home,
+                 "CAMP_PORT": str(server["port"])},
             command=p.command or command, ports=(port,), volumes=tuple(volumes),
-            volume_mounts=tuple(mounts), image_pull_secrets=secrets, readiness_probe=probe))
+            volume_mounts=tuple(mounts), image_pull_secrets=secrets, readiness_probe=probe,
+            # The user's files are on the home volume: the server starts there.
+            working_dir=home, **run_as(image)))
     return dataclasses.replace(objs, extra=tuple(extra)), out
 
 
@@ -239,7 +276,9 @@ def _training_specs(t: TrainingJob, ns: str, objs: JobObjects,
             env.update({"OMPI_MCA_orte_default_hostfile": "/etc/camp/hostfile",
                         "CAMP_MPI_WORLD_SIZE": str(len(workers) * slots)})
         out.append(dataclasses.replace(p, env=env, ports=ports, volumes=tuple(volumes),
-                                       volume_mounts=tuple(mounts), image_pull_secrets=secrets))
+                                       volume_mounts=tuple(mounts), image_pull_secrets=secrets,
+                                       command=p.command or tuple(getattr(t.image, "command", None) or ()),
+                                       **run_as(t.image)))
     return dataclasses.replace(objs, data=data, extra=tuple(extra)), out
 
 

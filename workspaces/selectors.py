@@ -12,7 +12,7 @@ from django.db.models.functions import RowNumber
 
 from scheduling.backends import backend_for
 from scheduling.backends.base import BackendError
-from scheduling.models import Job
+from scheduling.models import Job, PodLogTail
 from scheduling.services import namespace_spec
 from tenants.models import Project
 from tenants.permissions import CHANGE, VIEW, can, restrict
@@ -159,15 +159,24 @@ class PodLog:
     text: str
 
 
+def _last_lines(text: str, n: int) -> str:
+    return "\n".join(text.splitlines()[-n:]) if n > 0 else ""
+
+
 def job_logs(job: Job | None, *, tail: int = 200, pod: str = "") -> list[PodLog]:
-    """The last ``tail`` lines of each pod of the job's current run (empty once it ended)."""
+    """The last ``tail`` lines of each pod of the job's current run, read from the cluster;
+    a pod that is gone (and every pod once the run is over) answers with the tail Camp kept
+    when it was stopped (``PodLogTail``: its latest attempt's)."""
     if job is None:
         return []
     allocs = list(job.allocations.select_related("group").order_by("group_id", "replica"))
+    kept = {t.pod_name: t for t in PodLogTail.objects.filter(
+        job=job, attempt=job.attempts).order_by("pod_name")}
     if pod:
         allocs = [a for a in allocs if a.pod_name == pod]
+        kept = {k: v for k, v in kept.items() if k == pod}
     if not allocs:
-        return []
+        return [PodLog(pod=t.pod_name, role=t.role, text=_last_lines(t.text, tail)) for t in kept.values()]
     backend = backend_for(job.placed_cluster)
     ns = namespace_spec(job, job.placed_cluster).name
     out = []
@@ -182,6 +191,8 @@ def job_logs(job: Job | None, *, tail: int = 200, pod: str = "") -> list[PodLog]
                 text = f"(logs unavailable: {exc})"
                 if exc.unreachable or exc.retryable:
                     silent = text
+        if not text and a.pod_name in kept:
+            text = _last_lines(kept[a.pod_name].text, tail)
         out.append(PodLog(pod=a.pod_name, role=a.group.name, text=text))
     return out
 

@@ -124,6 +124,13 @@ CAMP_SCHEDULER_NAME = env_str("CAMP_SCHEDULER_NAME", "camp-scheduler")
 # How long a GPU pod on a HAMi node may wait for the device plugin's bind-phase answer, and
 # for another pod's node lock, before its dispatch fails with a reason.
 CAMP_HAMI_BIND_TIMEOUT_SECONDS = env_int("CAMP_HAMI_BIND_TIMEOUT_SECONDS", 60)
+# A starting pod that reports a problem stopping it (an image it cannot pull, a volume that is
+# not bound, a configuration error) gives up this long after admission: the job fails (image,
+# configuration) or is requeued (volume, node), freeing what it holds (scheduling/backends/podcause.py).
+CAMP_POD_START_PROBLEM_SECONDS = env_int("CAMP_POD_START_PROBLEM_SECONDS", 180)
+# A NotReady node keeps its pods this long (Kubernetes' taint manager: tolerationSeconds 300),
+# then they are deleted gracefully and their jobs rescheduled (scheduling/services/common.py).
+CAMP_NODE_NOT_READY_TOLERATION_SECONDS = env_int("CAMP_NODE_NOT_READY_TOLERATION_SECONDS", 300)
 # A Kubernetes API call that gets no answer, a 5xx or a 429 is retried this many times, after
 # this many milliseconds, doubled at each try (4 and 200: at most 3 s of waiting per call).
 CAMP_KUBE_API_RETRIES = env_int("CAMP_KUBE_API_RETRIES", 4)

@@ -41,10 +41,15 @@ class ImageSerializer(serializers.ModelSerializer[Image]):
         child=serializers.ChoiceField(choices=PLATFORMS), required=False, min_length=1,
         help_text='Platforms the image is built for (default ["linux/amd64"]); a job using it '
                   "only goes to nodes of one of them.")
+    command = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text='The container command, e.g. ["start-notebook.py"]; empty: Camp starts the variant '
+                  "itself (JupyterLab: jupyter lab with the base URL, port and root dir).")
 
     class Meta:
         model = Image
         fields = ["id", "scope", "tenant", "project", "name", "display_name", "reference", "variant",
-                  "framework", "description", "registry", "architectures", "enabled", "created_at"]
+                  "framework", "description", "registry", "architectures", "command", "run_as_user",
+                  "run_as_group", "home", "enabled", "created_at"]
         read_only_fields = ["id", "scope", "created_at"]
         validators: list[Any] = []

@@ -7,6 +7,7 @@ already exists succeeds, deleting what is gone succeeds.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -99,6 +100,10 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, Any], ...] = ()
     ready: bool = True
+    not_ready_since: dt.datetime | None = None
+    """When the Ready condition left ``True`` (its ``lastTransitionTime``), for a node not ready."""
+    not_ready_reason: str = ""
+    """The Ready condition's reason and message (``NodeStatusUnknown: Kubelet stopped posting…``)."""
     cordoned: bool = False
     gpus: tuple[GpuInfo, ...] = ()
     nvlink_islands: tuple[tuple[int, ...], ...] = ()
@@ -154,6 +159,12 @@ class PodSpec:
     """The main container's arguments (its image's entrypoint runs them: a model server)."""
     readiness_probe: Mapping[str, Any] | None = None
     """The main container's readinessProbe (a model service's health path), in Kubernetes' shape."""
+    working_dir: str = ""
+    """The main container's ``workingDir`` (a dev environment's home mount)."""
+    security_context: Mapping[str, Any] | None = None
+    """The pod's ``securityContext`` (``runAsUser``/``runAsGroup``/``fsGroup``: how its image runs)."""
+    container_security_context: Mapping[str, Any] | None = None
+    """The main container's ``securityContext`` (Pod Security "restricted" where the image allows)."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +205,20 @@ class PodStatus:
     probed: bool = False
     """The pod declares a readiness probe: its job is running only once the pod is Ready
     (a notebook whose server does not answer yet is still starting)."""
+    reason: str = ""
+    """The pod's own ``status.reason`` (``Evicted``, ``UnexpectedAdmissionError``, …)."""
+    unschedulable: str = ""
+    """The ``PodScheduled=False`` condition's message (a scheduler or the kubelet refused it)."""
+    waiting_reason: str = ""
+    """The main container's ``state.waiting.reason`` (``ImagePullBackOff``, ``ErrImagePull``,
+    ``CreateContainerConfigError``, ``ContainerCreating``, …)."""
+    waiting_message: str = ""
+    terminated_reason: str = ""
+    """The main container's ``state.terminated.reason`` (``OOMKilled``, ``Error``,
+    ``StartError``, ``Completed``), else that of its last termination."""
+    exit_code: int | None = None
+    signal: int | None = None
+    terminated_message: str = ""
 
 
 @dataclass(frozen=True)

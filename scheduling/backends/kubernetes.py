@@ -503,8 +503,13 @@ class KubernetesBackend:
         annotations = dict(meta.annotations or {})
         alloc = dict((status.allocatable if status else None) or (status.capacity if status else None) or {})
         capacity = dict((status.capacity if status else None) or {})
-        ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions or [])) if (
-            status and status.conditions) else False
+        condition = next((c for c in ((status.conditions if status else None) or []) if c.type == "Ready"),
+                         None)
+        # Kubernetes' rule: only Ready=True is ready; False (the kubelet says so) and Unknown
+        # (the node-lifecycle controller stopped hearing from it) are not.
+        ready = condition is not None and condition.status == "True"
+        not_ready_reason = "" if ready or condition is None else ": ".join(
+            x for x in (condition.reason, " ".join((condition.message or "").split())[:200]) if x)
         gpus: list[GpuInfo] = []
         for v in VENDORS.values():
             raw = annotations.get(v.register_annotation)
@@ -528,6 +533,8 @@ class KubernetesBackend:
         return NodeInfo(
             name=meta.name, cpu_millicores=_millicores(alloc.get("cpu")), ram_mib=_mib(alloc.get("memory")),
             max_pods=int(alloc.get("pods", "110")), labels=labels, taints=taints, ready=ready,
+            not_ready_since=None if ready else (condition.last_transition_time if condition else None),
+            not_ready_reason=not_ready_reason or ("" if ready else "no Ready condition"),
             cordoned=bool(n.spec and n.spec.unschedulable), gpus=tuple(gpus),
         )
 
@@ -779,8 +786,14 @@ class KubernetesBackend:
             container["args"] = list(spec.args)
         if spec.readiness_probe:
             container["readinessProbe"] = json.loads(json.dumps(dict(spec.readiness_probe)))
+        if spec.working_dir:
+            container["workingDir"] = spec.working_dir
+        if spec.container_security_context:
+            container["securityContext"] = json.loads(json.dumps(dict(spec.container_security_context)))
         pod_spec: dict[str, Any] = {"schedulerName": scheduler_name(), "restartPolicy": "Never",
                                     "containers": [container]}
+        if spec.security_context:
+            pod_spec["securityContext"] = json.loads(json.dumps(dict(spec.security_context)))
         if tolerations:
             pod_spec["tolerations"] = tolerations
         if spec.image_pull_secrets:
@@ -811,6 +824,14 @@ class KubernetesBackend:
         node = self._call(self.core.read_node, spec.node, ok=(404,))
         if node is None:
             raise BackendError(f"Node {spec.node} is gone from the cluster", status=404)
+        ready = next((c for c in (node.status.conditions if node.status else None) or []
+                      if c.type == "Ready"), None)
+        if existing is None and (ready is None or ready.status != "True"):
+            # Placed from an inventory taken before the node went NotReady: no new pod there
+            # (Kubernetes' scheduler never binds to a node that is not Ready either).
+            said = ": ".join(x for x in ((ready.reason, ready.message) if ready else ()) if x)
+            raise BackendError(f"Node {spec.node} is not Ready ({said or 'no Ready condition'}); "
+                               "nothing new is placed there until it is")
         hami = bool(spec.slices) and bool(
             (node.metadata.annotations or {}).get(vendor(spec.slices[0].vendor).register_annotation))
         if existing is not None and not self._same_placement(existing, spec, hami):
@@ -973,10 +994,68 @@ class KubernetesBackend:
         self._call(self.core.delete_namespaced_pod, name, namespace,
                    grace_period_seconds=grace_seconds, ok=(404,))
 
+    def pod_problem(self, namespace: str, name: str) -> str:
+        """Why a Pending pod is not starting, as only its claims and events say (its own
+        status is read by ``podcause.waiting_problem``); "" when they say nothing wrong.
+
+        * A PersistentVolumeClaim it mounts that is missing or not ``Bound``: a claim that
+          names no StorageClass after creation was made when the cluster had no default one
+          (the DefaultStorageClass admission plugin fills it in otherwise), so nothing will
+          ever provision it — said so. Camp binds pods itself, so kube-scheduler's volume
+          check never runs; this is where that check's answer comes back.
+        * Else the pod's latest ``Warning`` event (``FailedMount``, ``FailedAttachVolume``,
+          ``FailedCreatePodSandBox``, ``FailedScheduling``, …) as ``Reason: message``.
+        Events or claims Camp may not read (403) say nothing."""
+        pod = self._call(self.core.read_namespaced_pod, name, namespace, ok=(404,))
+        if pod is None:
+            return ""
+        for volume in (pod.spec.volumes or []) if pod.spec else []:
+            source = volume.persistent_volume_claim
+            if source is None:
+                continue
+            claim = source.claim_name
+            try:
+                pvc = self.core.read_namespaced_persistent_volume_claim(
+                    claim, namespace, _request_timeout=self.timeout)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return f"volume claim {claim} does not exist"
+                continue
+            except (urllib3.exceptions.HTTPError, OSError):
+                continue
+            phase = (pvc.status.phase if pvc.status else None) or "Pending"
+            if phase == "Bound":
+                continue
+            storage_class = pvc.spec.storage_class_name if pvc.spec else None
+            if not storage_class and not (pvc.spec and pvc.spec.volume_name):
+                return (f"volume claim {claim} is not bound ({phase}): it names no StorageClass and the "
+                        "cluster has no default one, so no volume will be provisioned (mark a "
+                        "StorageClass default, or set WORKSPACES_STORAGE_CLASS)")
+            said = self._latest_warning(namespace, "PersistentVolumeClaim", claim)
+            return (f"volume claim {claim} is not bound ({phase}, StorageClass {storage_class})"
+                    + (f": {said}" if said else ""))
+        return self._latest_warning(namespace, "Pod", name)
+
+    def _latest_warning(self, namespace: str, kind: str, name: str) -> str:
+        try:
+            listed = self.core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.kind={kind},involvedObject.name={name}",
+                _request_timeout=self.timeout)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError):
+            return ""
+        epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+        warnings = sorted((e for e in listed.items if e.type == "Warning"),
+                          key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp
+                          or epoch)
+        if not warnings:
+            return ""
+        e = warnings[-1]
+        return f"{e.reason}: {' '.join((e.message or '').split())[:300]}"
+
     def pod_logs(self, namespace: str, name: str, *, tail_lines: int = 200) -> str:
         text = self._call(self.core.read_namespaced_pod_log, name, namespace, container="main",
                           tail_lines=tail_lines, timestamps=True, ok=(400, 404))
-        return str(text or "")
+        return "\n".join(line for line in str(text or "").splitlines() if _container_line(line))
 
     def pod_http_get(self, namespace: str, name: str, port: int, path: str, *,
                      timeout: float = 5.0) -> bytes | None:
@@ -1033,6 +1112,12 @@ class KubernetesBackend:
                 continue
             try:
                 for line in split_lines(response.stream(2 ** 14)):
+                    if not _container_line(line):
+                        # The kubelet's own error about a removed container ("unable to
+                        # retrieve container logs for …", "rpc error: code = NotFound …"),
+                        # sent in the stream: not the container's output, and its end.
+                        logger.debug("pod %s/%s: log stream ended with %r", namespace, name, line[:200])
+                        return
                     yield from cursor.new([line])
                     if stop.is_set() or time.monotonic() >= deadline:
                         return
@@ -1103,6 +1188,13 @@ class KubernetesBackend:
                 self.sleep(self.backoff)
 
 
+def _container_line(line: str) -> bool:
+    """A line the container wrote: with ``timestamps=True`` the kubelet stamps every line
+    of the container's output (``<RFC 3339 time> <text>``); a line without one is the
+    kubelet's own message (an error about the container's log it could not read)."""
+    return LineCursor.key(line) is not None
+
+
 def _pod_status(p: Any) -> PodStatus:
     meta = p.metadata
     phase = (p.status.phase if p.status else None) or "Pending"
@@ -1110,9 +1202,25 @@ def _pod_status(p: Any) -> PodStatus:
     conditions = (p.status.conditions if p.status else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
     probed = any(c.readiness_probe is not None for c in ((p.spec.containers if p.spec else None) or []))
+    unschedulable = next((c.message or c.reason or "" for c in conditions
+                          if c.type == "PodScheduled" and c.status == "False"), "")
+    main = next((c for c in ((p.status.container_statuses if p.status else None) or [])
+                 if c.name == "main"), None)
+    waiting = main.state.waiting if main is not None and main.state else None
+    ended = main.state.terminated if main is not None and main.state else None
+    if ended is None and main is not None and main.last_state is not None:
+        ended = main.last_state.terminated
     return PodStatus(name=meta.name, namespace=meta.namespace or "", phase=phase,
                      labels=dict(meta.labels or {}), message=message,
-                     deleting=bool(meta.deletion_timestamp), ready=ready, probed=probed)
+                     deleting=bool(meta.deletion_timestamp), ready=ready, probed=probed,
+                     reason=(p.status.reason if p.status else None) or "",
+                     unschedulable=unschedulable if phase == "Pending" else "",
+                     waiting_reason=(waiting.reason or "") if waiting else "",
+                     waiting_message=(waiting.message or "") if waiting else "",
+                     terminated_reason=(ended.reason or "") if ended else "",
+                     exit_code=ended.exit_code if ended else None,
+                     signal=(ended.signal or None) if ended else None,
+                     terminated_message=(ended.message or "") if ended else "")
 
 
 def _describe(exc: ApiException) -> str:
@@ -1159,7 +1267,8 @@ REQUIRED_ACCESS: dict[str, tuple[Access, ...]] = {
         *((v, "", "configmaps", "") for v in ("get", "create", "patch", "delete")),
         *((v, "", "services", "") for v in ("create", "delete")),
         *((v, "", "secrets", "") for v in ("create", "patch", "delete")),
-        *((v, "", "persistentvolumeclaims", "") for v in ("create", "delete")),
+        *((v, "", "persistentvolumeclaims", "") for v in ("get", "create", "delete")),
+        ("list", "", "events", ""),  # why a pod cannot start: its Warning events (podcause.py)
         *((v, "networking.k8s.io", "ingresses", "") for v in ("create", "delete")),
     ),
 }

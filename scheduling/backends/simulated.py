@@ -289,5 +289,9 @@ def _status(p: SimulatedPod, now: dt.datetime) -> PodStatus:
     else:
         phase = "Failed" if p.fail else "Succeeded"
     message = "simulated failure" if phase == "Failed" else ""
+    failed = phase == "Failed"
     return PodStatus(name=p.name, namespace=p.namespace, phase=phase, labels=p.labels,
-                     message=message, ready=phase == "Running")
+                     message=message, ready=phase == "Running",
+                     terminated_reason="Error" if failed else "Completed" if phase == "Succeeded" else "",
+                     exit_code=1 if failed else 0 if phase == "Succeeded" else None,
+                     terminated_message=message)

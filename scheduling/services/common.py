@@ -30,6 +30,23 @@ logger = logging.getLogger(__package__)  # "scheduling.services", as before the 
 
 SCHEDULER = "scheduler"  # actor_username of the scheduler's own audit events
 MAX_ATTEMPTS = 5
+
+
+def node_not_ready_toleration() -> int:
+    """Seconds a node may be NotReady (or unreachable) before its jobs are rescheduled and
+    its pods deleted — gracefully, as Kubernetes' taint manager does after the default
+    ``tolerationSeconds`` of ``node.kubernetes.io/not-ready``/``unreachable`` (300).
+    Setting ``CAMP_NODE_NOT_READY_TOLERATION_SECONDS`` (camp/settings/tasks.py)."""
+    return int(settings.CAMP_NODE_NOT_READY_TOLERATION_SECONDS)
+
+
+def not_ready_too_long(node: Any, now: dt.datetime | None = None) -> bool:
+    """The node is NotReady and has been for the toleration (a node that left the cluster
+    is another rule: its pods are gone, ``dispatch._on_dead_nodes``)."""
+    if node.ready:
+        return False
+    since = node.not_ready_since or node.updated_at
+    return bool((now or timezone.now()) - since >= dt.timedelta(seconds=node_not_ready_toleration()))
 # Row locks here are ``select_for_update(no_key=True)``: FOR NO KEY UPDATE on PostgreSQL
 # (ignored where row locks are not supported), and on a job of the job row only
 # (``_locked_job``). Every update here leaves keys alone, and a plain FOR UPDATE would

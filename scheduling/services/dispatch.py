@@ -36,10 +36,13 @@ from ..backends.naming import job_object_name, namespace_name
 from ..extensions import apply_job_spec_hooks
 from ..models import (
     ACTIVE_STATES,
+    LOG_TAIL_BYTES,
+    LOG_TAIL_LINES,
     Allocation,
     Cluster,
     Job,
     JobState,
+    PodLogTail,
     PodPhase,
     ProjectNamespace,
 )
@@ -49,6 +52,7 @@ from .common import (
     SCHEDULER,
     _locked_job,
     logger,
+    not_ready_too_long,
     request_cycle,
 )
 from .jobs import _preempted_reason, _release
@@ -356,15 +360,16 @@ def job_stop(*, job_id: int) -> str:
     """Delete a job's pods (with a grace period) and release its resources once gone."""
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
     backend = backend_for(job.placed_cluster)
-    allocs = list(job.allocations.select_related("node"))
+    allocs = list(job.allocations.select_related("node", "group"))
     names = [a.pod_name for a in allocs]
     if not names:
         return "nothing"
     ns = namespace_spec(job, job.placed_cluster).name
-    dead = _on_dead_nodes(allocs)
+    gone, unreachable = _on_dead_nodes(allocs), _on_unreachable_nodes(allocs)
+    _keep_log_tails(backend, job, ns, [a for a in allocs if a.node.ready and a.node.present])
     for name in names:
-        backend.delete_pod(ns, name, grace_seconds=0 if name in dead else 30)
-    remaining = ({p.name for p in backend.list_pods()} & set(names)) - dead
+        backend.delete_pod(ns, name, grace_seconds=0 if name in gone else 30)
+    remaining = ({p.name for p in backend.list_pods()} & set(names)) - gone - unreachable
     if remaining or not _pods_gone(job_id):
         # The reconcile task releases once the pods are gone (or the dispatch in flight,
         # finding the job stopped, stops it again).
@@ -372,11 +377,36 @@ def job_stop(*, job_id: int) -> str:
     return "released"
 
 
+def _keep_log_tails(backend: Any, job: Job, ns: str, allocs: list[Allocation]) -> None:
+    """Keep the last lines of each pod's log before it is deleted (``PodLogTail``; a later
+    stop of the same attempt refreshes them): Kubernetes forgets a deleted pod's log, and a
+    finished job's output is what its user reads next. Best effort: a pod already gone, or a
+    log that cannot be read, keeps what was kept. Pods on nodes that are not Ready are not
+    asked (their kubelet does not answer)."""
+    for a in allocs:
+        try:
+            text = backend.pod_logs(ns, a.pod_name, tail_lines=LOG_TAIL_LINES)
+        except BackendError:
+            continue
+        if text:
+            PodLogTail.objects.update_or_create(
+                job=job, attempt=job.attempts, pod_name=a.pod_name,
+                defaults={"tenant_id": job.tenant_id, "role": a.group.name, "text": text[-LOG_TAIL_BYTES:]})
+
+
 def _on_dead_nodes(allocs: list[Allocation]) -> set[str]:
-    """Pods on a node that is NotReady or gone: its kubelet cannot confirm their end, so they
-    are force-deleted and count as gone (Kubernetes' pod garbage collector makes the same
-    call for lost nodes); waiting for them would leave the job stuck."""
-    return {a.pod_name for a in allocs if not a.node.ready or not a.node.present}
+    """Pods on a node that left the cluster (its Node object is gone): force-deleted and
+    counted as gone, as Kubernetes' pod garbage collector does for pods of nodes that no
+    longer exist. Never for a node that is merely NotReady (``_on_unreachable_nodes``)."""
+    return {a.pod_name for a in allocs if not a.node.present}
+
+
+def _on_unreachable_nodes(allocs: list[Allocation]) -> set[str]:
+    """Pods on a node NotReady for longer than the toleration: deleted gracefully (the
+    kubelet, when it is back, stops them) and, like a ReplicaSet's or Job's pods after the
+    taint manager's eviction, no longer waited for: their job is released. The node takes
+    no new work until it is Ready again (it is quarantined)."""
+    return {a.pod_name for a in allocs if a.node.present and not_ready_too_long(a.node)}
 
 
 def _pods_gone(job_id: int) -> bool:

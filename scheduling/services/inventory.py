@@ -29,7 +29,7 @@ from ..models import (
     Node,
     NodePool,
 )
-from .common import _require, logger, request_cycle
+from .common import _require, logger, node_not_ready_toleration, not_ready_too_long, request_cycle
 from .jobs import job_evict
 
 # --- inventory -----------------------------------------------------------------------------
@@ -84,8 +84,11 @@ def broken_jobs(*, cluster: Cluster) -> dict[int, str]:
         n = a.node
         if not n.present:
             out.setdefault(a.job_id, f"node {n.name} left the cluster")
-        elif not n.ready:
-            out.setdefault(a.job_id, f"node {n.name} is NotReady")
+        elif not_ready_too_long(n):
+            # Kubernetes' rule (taint manager): a node merely NotReady or unreachable keeps its
+            # pods for the toleration; a kubelet that is back within it never lost them.
+            out.setdefault(a.job_id, f"node {n.name} is NotReady (for more than "
+                                     f"{node_not_ready_toleration()} s)")
     for s in GpuSlice.objects.filter(
             allocation__cluster=cluster, allocation__job__state__in=ACTIVE_STATES).filter(
             Q(gpu__healthy=False) | Q(gpu__quarantined=True)).select_related(
@@ -95,7 +98,7 @@ def broken_jobs(*, cluster: Cluster) -> dict[int, str]:
 
 
 _NODE_SYNCED = ("cpu_millicores", "ram_mib", "max_pods", "labels", "taints", "pool", "nvlink_islands",
-                "ready", "cordoned", "present", "quarantined", "quarantine_reason")
+                "ready", "not_ready_since", "cordoned", "present", "quarantined", "quarantine_reason")
 _GPU_SYNCED = ("uuid", "model", "vendor", "memory_mib", "numa_node", "healthy", "sharing", "templates",
                "max_sharers", "quarantined", "foreign_memory_mib", "foreign_cores", "foreign_sharers",
                "foreign_exclusive", "foreign_pods")
@@ -179,6 +182,11 @@ def _sync_node(node: Node, info: NodeInfo, result: InventoryResult, pools: list[
     node.taints = [dict(t) for t in info.taints]
     node.pool = selectors.pool_of(dict(info.labels), pools)
     node.nvlink_islands = [list(i) for i in info.nvlink_islands]
+    if info.ready:
+        node.not_ready_since = None
+    else:  # the cluster's own time of the change, else when Camp first saw it
+        node.not_ready_since = info.not_ready_since or (
+            None if node.ready else node.not_ready_since) or timezone.now()
     node.ready = info.ready
     node.cordoned = info.cordoned
     node.present = True
@@ -189,7 +197,7 @@ def _sync_node(node: Node, info: NodeInfo, result: InventoryResult, pools: list[
     # Only the jobs on the broken GPU itself are rescheduled (``broken_jobs``).
     problems = []
     if not info.ready:
-        problems.append("node NotReady")
+        problems.append("node NotReady" + (f" ({info.not_ready_reason})" if info.not_ready_reason else ""))
     bad = [g.index for g in info.gpus if not g.healthy]
     if bad:
         problems.append("unhealthy GPU " + ", ".join(str(i) for i in bad))

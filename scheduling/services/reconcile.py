@@ -13,7 +13,7 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
-from ..backends import backend_for
+from ..backends import backend_for, podcause
 from ..backends.base import (
     MANAGED_BY,
     BackendError,
@@ -28,7 +28,7 @@ from ..models import (
     PodPhase,
 )
 from .common import MAX_ATTEMPTS, _locked_job, enqueue
-from .dispatch import _dispatch_in_flight, _on_dead_nodes, _pods_gone
+from .dispatch import _dispatch_in_flight, _on_dead_nodes, _on_unreachable_nodes, _pods_gone
 from .jobs import job_evict
 from .lifecycle import transition
 
@@ -107,12 +107,12 @@ def _reconcile_ending(backend: Any, job: Job, rows: list[Allocation], present: l
                       result: ReconcileResult) -> None:
     """A finished or preempted job's pods: those on dead nodes go at once; when none is left
     alive the resources are given back, else the live ones are asked to stop (30 s grace)."""
-    dead = _on_dead_nodes(rows)
+    dead, unreachable = _on_dead_nodes(rows), _on_unreachable_nodes(rows)
     for p in present:
-        if p.name in dead:
+        if p.name in dead or (p.name in unreachable and not p.deleting):
             with contextlib.suppress(BackendError):
-                backend.delete_pod(p.namespace, p.name, grace_seconds=0)
-    present = [p for p in present if p.name not in dead]
+                backend.delete_pod(p.namespace, p.name, grace_seconds=0 if p.name in dead else 30)
+    present = [p for p in present if p.name not in dead and p.name not in unreachable]
     live = [p for p in present if p.phase in ("Pending", "Running")]
     if not present or (job.state in FINAL_STATES and not live):
         # Finished pods hold nothing; clean them up and give the resources back.
@@ -145,8 +145,7 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
     _update_phases(rows, pods)
     if "Failed" in phases:
         failed = next(p for p in present if p.phase == "Failed")
-        detail = f": {failed.message}" if failed.message else ""
-        if not _end(job_id, JobState.FAILED, f"Pod {failed.name} failed{detail}"):
+        if not _end(job_id, JobState.FAILED, f"Pod {failed.name} failed: {podcause.failure(failed)}"):
             _stop_after_commit_now(job_id)  # ended meanwhile: its pods go all the same
         result.finished.append(job_id)
         return
@@ -182,6 +181,9 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
             enqueue("job_dispatch", job_id)
             result.redispatched.append(job_id)
         return
+    if job.state == JobState.STARTING and "Pending" in phases and _cannot_start(
+            backend, job, present, result):
+        return
     # Running means serving: a pod with a readiness probe counts once it is Ready (kubelet).
     if job.state == JobState.STARTING and all(
             p.phase == "Succeeded" or (p.phase == "Running" and (p.ready or not p.probed)) for p in present):
@@ -189,6 +191,60 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
             fresh = Job.objects.select_related("tenant", "project").get(pk=job_id)
             if transition(fresh, "start", reason="Running", said="All pods are running"):
                 result.started.append(job_id)
+
+
+# A Pending pod's events and claims are read at most this often (one pod read, its claims
+# and one event list: only for pods that have been Pending this long since admission).
+PROBLEM_READ_SECONDS = 10
+PROBLEM_READ_PODS = 3
+
+
+def _cannot_start(backend: Any, job: Job, present: list[PodStatus], result: ReconcileResult) -> bool:
+    """A starting job whose pod reports a problem that stops it starting (an image that
+    cannot be pulled, a configuration error, an unbound volume, a refusal by its node):
+    the job's reason says so in words; once ``podcause.start_deadline()`` has passed since
+    admission (at once for a problem no wait cures) the job gives up, freeing what it
+    holds: failed for an image or configuration problem, else requeued (failed once it has
+    used its attempts). True when the job gave up."""
+    pending = [p for p in present if p.phase == "Pending" and not p.deleting]
+    # The pods' own statuses first (no API call); else, for a job Pending a while, one pod's
+    # claims and events, of its first PROBLEM_READ_PODS pending pods, at most every
+    # PROBLEM_READ_SECONDS (a 64-pod gang pulling a large image costs a few reads, not 64),
+    # the answer kept for the reconciles in between.
+    problem, pod = next(((podcause.waiting_problem(p), p.name) for p in pending
+                         if podcause.waiting_problem(p)), ("", ""))
+    read = getattr(backend, "pod_problem", None)
+    admitted = job.admitted_at or timezone.now()
+    if not problem and pending and read is not None:
+        key = f"camp:pod-problem:{job.pk}:{job.attempts}"
+        if timezone.now() - admitted > dt.timedelta(seconds=PROBLEM_READ_SECONDS) and cache.add(
+                f"{key}:read", 1, timeout=PROBLEM_READ_SECONDS):
+            for p in pending[:PROBLEM_READ_PODS]:
+                with contextlib.suppress(BackendError):
+                    problem, pod = read(p.namespace, p.name), p.name
+                if problem:
+                    break
+            cache.set(key, [pod, problem], timeout=60)
+        else:
+            pod, problem = cache.get(key) or ("", "")
+    if not problem:
+        return False
+    reason = f"Pod {pod} cannot start: {problem}"[:500]
+    waited = timezone.now() - (job.admitted_at or timezone.now())
+    if not podcause.hopeless(problem) and waited < dt.timedelta(seconds=podcause.start_deadline()):
+        if job.reason != reason:
+            Job.objects.filter(pk=job.pk, state=JobState.STARTING).update(
+                reason=reason, reason_kind="", updated_at=timezone.now())
+        return False
+    given_up = f"{reason} (gave up after {int(waited.total_seconds())} s)"
+    if podcause.gives_up_by_failing(problem) or job.attempts >= MAX_ATTEMPTS:
+        if not _end(job.pk, JobState.FAILED, given_up):
+            _stop_after_commit_now(job.pk)
+        result.finished.append(job.pk)
+        return True
+    if job_evict(job_id=job.pk, reason=given_up):
+        result.lost.append(job.pk)
+    return True
 
 
 def _dispatch_lost(job_id: int) -> bool:

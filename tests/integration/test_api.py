@@ -214,6 +214,29 @@ def test_quota_negative_and_guaranteed_above_limit(world: World) -> None:
     assert not Quota.objects.filter(tenant=world.a.tenant).exists()
 
 
+def test_a_quota_field_its_scope_does_not_use_is_refused_by_name(world: World) -> None:
+    """Issue 28 finding 9: ``"cluster": 1`` on a tenant quota answered 201 with ``"cluster":
+    null`` (dropped); a tenant quota applies on every cluster, so it is a 400 naming the field."""
+    from scheduling.models import Cluster
+
+    cluster = Cluster.objects.create(name="c1")
+    client = client_for(world.admin)
+    response = client.post("/api/v1/quotas/", {
+        **QUOTA_BODY, "gpus_guaranteed": "1", "scope": "tenant", "tenant": world.a.tenant.pk,
+        "cluster": cluster.pk}, format="json")
+    assert response.status_code == 400 and list(response.json()) == ["cluster"], response.content
+    assert "every cluster" in response.json()["cluster"][0]
+    response = client.post("/api/v1/quotas/", {
+        **QUOTA_BODY, "gpus_guaranteed": "1", "scope": "cluster", "cluster": cluster.pk,
+        "tenant": world.a.tenant.pk}, format="json")
+    assert response.status_code == 400 and list(response.json()) == ["tenant"], response.content
+    assert not Quota.objects.exists()
+    ok = client.post("/api/v1/quotas/", {**QUOTA_BODY, "gpus_guaranteed": "1", "scope": "cluster",
+                                         "cluster": cluster.pk},
+                     format="json")
+    assert ok.status_code == 201 and ok.json()["cluster"] == cluster.pk
+
+
 def test_children_guarantees_must_fit_in_the_parent(world: World) -> None:
     _tenant_quota(world, g=8, lim=16)
     client = client_for(world.a.owner)

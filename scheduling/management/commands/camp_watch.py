@@ -75,6 +75,11 @@ def _now() -> Any:
     return timezone.now()
 
 
+class _Stopped(BaseException):  # noqa: N818 — not an error: the stop signal's way out
+    """Raised by the SIGTERM/SIGINT handler to leave a blocking read at once (a
+    BaseException, so that no ``except Exception`` on the way swallows it)."""
+
+
 class Command(BaseCommand):
     help = "Stream a cluster's pod events and apply them to jobs (runs until stopped)."
 
@@ -88,11 +93,22 @@ class Command(BaseCommand):
                             help="Stop after this many seconds (0: never).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            self._handle(**options)
+        except _Stopped:
+            logger.info("camp_watch of %s stopped by a signal", options["cluster"])
+
+    def _handle(self, **options: Any) -> None:
         name = options["cluster"]
-        stop = {"now": False}
+        stop = {"now": False, "applying": False}
 
         def _stop(signum: int, frame: Any) -> None:
+            # Promptly: the watch blocks in a socket read (up to --window seconds) or a
+            # retry's sleep; raising here ends that wait at once (PEP 475 retries a system
+            # call only when the handler returns). An event being applied finishes first.
             stop["now"] = True
+            if not stop["applying"]:
+                raise _Stopped
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -137,6 +153,7 @@ class Command(BaseCommand):
                     else:
                         pods[event.pod.name] = event.pod
                     try:
+                        stop["applying"] = True
                         outcome = services.pod_event_apply(
                             cluster=cluster, pod_name=event.pod.name, pods=pods,
                             deleted=event.type == "DELETED")
@@ -146,6 +163,8 @@ class Command(BaseCommand):
                         health.failed(f"applying {event.type} {event.pod.name} failed: "
                                       f"{type(exc).__name__}: {exc}", exc_info=True)
                         continue
+                    finally:
+                        stop["applying"] = False
                     health.event()
                     logger.debug("%s %s %s (%s): %s", cluster.name, event.type, event.pod.name,
                                  event.pod.phase, outcome)

@@ -22,6 +22,7 @@ from .harness import (
     KubeApiserver,
     Kubelet,
     create_node,
+    default_storage_class,
     unavailable_reason,
 )
 
@@ -65,6 +66,7 @@ class KubeEnv:
 @pytest.fixture
 def kube(kube_apiserver: KubeApiserver) -> Iterator[KubeEnv]:
     kube_apiserver.reset()
+    default_storage_class(kube_apiserver, True)
     plugin = HamiDevicePlugin(kube_apiserver.core)
     with Kubelet(kube_apiserver.core, plugin) as kubelet:
         yield KubeEnv(kube_apiserver, plugin, kubelet)

@@ -234,6 +234,22 @@ def agent_service_account() -> str:
     return str(values["serviceAccount"]["name"])
 
 
+def default_storage_class(server: KubeApiserver, present: bool) -> None:
+    """A default StorageClass ``standard`` (the DefaultStorageClass admission plugin writes
+    it into claims that name none), or none: claims then stay unbound (``Kubelet``)."""
+    storage = k8s.StorageV1Api(server.client())
+    try:
+        storage.delete_storage_class("standard")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    if present:
+        storage.create_storage_class({
+            "metadata": {"name": "standard",
+                         "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "camp.test/standin", "volumeBindingMode": "Immediate"})
+
+
 # -- nodes -----------------------------------------------------------------------------------
 
 
@@ -384,6 +400,10 @@ class Kubelet:
         self.core = core
         self.plugin = plugin
         self.hold: set[str] = set()
+        self.waiting: dict[str, tuple[str, str]] = {}
+        """Pod name → (reason, message) its main container waits with, as the kubelet reports
+        an image it cannot pull (``ImagePullBackOff``) or a container it cannot create."""
+        self._mount_warned: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kubelet-standin", daemon=True)
         self._seen: set[str] = set()
@@ -409,11 +429,28 @@ class Kubelet:
         """One pass over bound pods (also callable directly from a test)."""
         hami_nodes = {n.metadata.name for n in self.core.list_node().items
                       if REGISTER in (n.metadata.annotations or {})}
+        bound = self._bind_claims()
         for pod in self.core.list_pod_for_all_namespaces().items:
             node = pod.spec.node_name
             if not node or pod.metadata.deletion_timestamp or pod.metadata.name in self.hold:
                 continue
             if (pod.status.phase or "Pending") != "Pending":
+                continue
+            if pod.metadata.name in self.waiting:
+                self._wait(pod, *self.waiting[pod.metadata.name])
+                continue
+            unbound = [v for v in pod.spec.volumes or [] if v.persistent_volume_claim is not None
+                       and (pod.metadata.namespace, v.persistent_volume_claim.claim_name) not in bound]
+            if unbound:
+                # The kubelet's volume manager: a pod whose claim is not bound never gets its
+                # containers; it stays ContainerCreating and says FailedMount.
+                self._wait(pod, "ContainerCreating", "")
+                if pod.metadata.uid not in self._mount_warned:
+                    self._mount_warned.add(pod.metadata.uid)
+                    claim = unbound[0].persistent_volume_claim.claim_name
+                    self.event(pod, "FailedMount", (
+                        f"Unable to attach or mount volumes: unmounted volumes=[{unbound[0].name}]: "
+                        f"error processing PVC {pod.metadata.namespace}/{claim}: PVC is not bound"))
                 continue
             if _requests_gpu(pod) and node in hami_nodes:
                 phase = (pod.metadata.annotations or {}).get(BIND_PHASE)
@@ -424,6 +461,43 @@ class Kubelet:
                 if phase != "success" and not self.plugin.allocate(node, pod):
                     continue
             self._set_phase(pod, "Running")
+
+    def _bind_claims(self) -> set[tuple[str, str]]:
+        """The PV controller's part (with a provisioner behind every StorageClass): a claim
+        naming a StorageClass is bound; one naming none (made when the cluster had no
+        default class) stays Pending forever. The bound claims, as (namespace, name)."""
+        bound = set()
+        for pvc in self.core.list_persistent_volume_claim_for_all_namespaces().items:
+            key = (pvc.metadata.namespace, pvc.metadata.name)
+            if (pvc.status.phase if pvc.status else None) == "Bound":
+                bound.add(key)
+            elif pvc.spec.storage_class_name:
+                self.core.patch_namespaced_persistent_volume_claim_status(
+                    pvc.metadata.name, pvc.metadata.namespace, {"status": {"phase": "Bound"}})
+                bound.add(key)
+        return bound
+
+    def _wait(self, pod: Any, reason: str, message: str) -> None:
+        """The main container waits (the kubelet's ``state.waiting``), the pod stays Pending."""
+        current = [c for c in (pod.status.container_statuses or []) if c.state and c.state.waiting]
+        if current and current[0].state.waiting.reason == reason:
+            return
+        self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
+            "phase": "Pending", "hostIP": "10.0.0.10", "startTime": _now(),
+            "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "", "ready": False,
+                                   "restartCount": 0, "state": {"waiting": {
+                                       "reason": reason, **({"message": message} if message else {})}}}
+                                  for c in pod.spec.containers]}})
+
+    def event(self, pod: Any, reason: str, message: str, *, kind: str = "Warning") -> None:
+        """An event about the pod, as the kubelet records one."""
+        now = _now()
+        self.core.create_namespaced_event(pod.metadata.namespace, {
+            "metadata": {"name": f"{pod.metadata.name}.{os.urandom(6).hex()}"},
+            "involvedObject": {"kind": "Pod", "name": pod.metadata.name,
+                               "namespace": pod.metadata.namespace, "uid": pod.metadata.uid},
+            "reason": reason, "message": message, "type": kind, "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "kubelet"}})
 
     def _set_phase(self, pod: Any, phase: str, reason: str = "", message: str = "") -> None:
         status: dict[str, Any] = {"phase": phase, "hostIP": "10.0.0.10", "podIP": "10.1.0.10",
@@ -438,15 +512,22 @@ class Kubelet:
             status["message"] = message
         self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
 
-    def finish(self, namespace: str, name: str, *, succeeded: bool = True, message: str = "") -> None:
-        """The container exited: Succeeded (exit 0) or Failed."""
+    def finish(self, namespace: str, name: str, *, succeeded: bool = True, message: str = "",
+               exit_code: int | None = None, reason: str = "", container_message: str = "") -> None:
+        """The container exited: Succeeded (exit 0) or Failed (exit 1, or ``exit_code`` with
+        the runtime's ``reason``: ``OOMKilled`` and 137, ``StartError`` and 128, …), as the
+        kubelet writes the container's ``state.terminated``."""
         phase = "Succeeded" if succeeded else "Failed"
+        terminated: dict[str, Any] = {
+            "exitCode": exit_code if exit_code is not None else (0 if succeeded else 1),
+            "reason": reason or ("Completed" if succeeded else "Error"),
+            "startedAt": _now(), "finishedAt": _now()}
+        if container_message:
+            terminated["message"] = container_message
         self.core.patch_namespaced_pod_status(name, namespace, {"status": {
             "phase": phase, "message": message,
             "containerStatuses": [{"name": "main", "image": "x", "imageID": "", "ready": False,
-                                   "restartCount": 0, "state": {"terminated": {
-                                       "exitCode": 0 if succeeded else 1,
-                                       "reason": "Completed" if succeeded else "Error"}}}]}})
+                                   "restartCount": 0, "state": {"terminated": terminated}}]}})
 
 
 # -- HAMi's admission webhook ----------------------------------------------------------------

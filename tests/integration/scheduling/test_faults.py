@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 from scheduling import services
 from scheduling.models import GpuDevice, Job, JobState, Node, SimulatedPod
@@ -80,8 +81,14 @@ def test_not_ready_node_reschedules_its_jobs_and_checkpointed_ones_resume(
     if node == "a100-1":
         inv = inv.replace("a100-0", "tmp").replace("a100-1", "a100-0").replace("tmp", "a100-1")
     services.cluster_update(actor=world.admin, cluster=cluster, inventory=inv)
+    # Kubernetes' rule: a node merely NotReady keeps its pods for the toleration (300 s by
+    # default); it takes no new work meanwhile.
     result = services.inventory_sync(cluster=cluster)
-    assert result.quarantined == [node] and result.evicted_jobs == [ck.pk]
+    assert result.quarantined == [node] and result.evicted_jobs == []
+    assert Job.objects.get(pk=ck.pk).state == JobState.RUNNING
+    with override_settings(CAMP_NODE_NOT_READY_TOLERATION_SECONDS=0):
+        result = services.inventory_sync(cluster=cluster)
+    assert result.evicted_jobs == [ck.pk]
 
     # the API and the console show the quarantine and why
     rows = client_for(world.a.member).get("/api/v1/nodes/?quarantined=true").json()["results"]
@@ -167,10 +174,13 @@ def _kmock_cluster(world: Any, url: str) -> Any:
                                    api_server=url, credentials={"token": "t"}, verify=False)
 
 
-def test_kubernetes_not_ready_node_force_deletes_and_resumes_elsewhere(world: Any) -> None:
-    """A NotReady node's kubelet never confirms a graceful delete (stood in for by a kmock
-    reaction that answers graceful deletes without removing the pod): Camp force-deletes
-    pods there, so the job is requeued instead of waiting forever."""
+def test_kubernetes_not_ready_node_waits_the_toleration_then_deletes_gracefully(world: Any) -> None:
+    """Kubernetes' rule (issue 28 finding 6): a node merely NotReady keeps its pods for the
+    toleration (the taint manager's 300 s); then they are deleted gracefully — never with
+    grace 0, which is for pods of nodes that no longer exist — and, as a ReplicaSet's pods
+    after an eviction, no longer waited for (the kmock server answers graceful deletes
+    without removing the pod, as a NotReady node's kubelet never confirms them): the job
+    is requeued and resumes elsewhere."""
     from .kmockserver import kmock_server
     from .test_kubernetes import _node as kube_node
 
@@ -199,10 +209,17 @@ def test_kubernetes_not_ready_node_force_deletes_and_resumes_elsewhere(world: An
             "kind": "Status", "apiVersion": "v1", "status": "Success"}
         _ready(core, first, False)
         result = services.inventory_sync(cluster=cluster)
-        assert result.quarantined == [first] and result.evicted_jobs == [job.pk]
-        assert services.job_stop(job_id=job.pk) == "released"
-        deletes = [r for r in k[f"delete /api/v1/namespaces/{ns}/pods/{pod}"]]
-        assert deletes and all(r.params.get("gracePeriodSeconds") == "0" for r in deletes)
+        # Within the toleration: quarantined (no new work), its job untouched, nothing deleted.
+        assert result.quarantined == [first] and result.evicted_jobs == []
+        services.cluster_reconcile(cluster=cluster)
+        assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
+        assert not list(k[f"delete /api/v1/namespaces/{ns}/pods/{pod}"])
+        with override_settings(CAMP_NODE_NOT_READY_TOLERATION_SECONDS=0):
+            result = services.inventory_sync(cluster=cluster)
+            assert result.evicted_jobs == [job.pk]
+            assert services.job_stop(job_id=job.pk) == "released"
+        deletes = list(k[f"delete /api/v1/namespaces/{ns}/pods/{pod}"])
+        assert deletes and all(r.params.get("gracePeriodSeconds") == "30" for r in deletes)
         job.refresh_from_db()
         assert job.state == JobState.QUEUED
 

@@ -99,7 +99,7 @@ def test_jupyter_objects_with_private_image(world: Any, kube: Any) -> None:  # n
     pod = stored(k, "pods", NS, env.job.allocations.get().pod_name)
     c = _container(pod)
     assert c["image"] == "ghcr.io/acme/notebook:2024.10"
-    assert c["command"][0] == "start-notebook.py" and f"--ServerApp.base_url=/ws/{env.pk}-nb/" in c["command"]
+    assert c["command"][:2] == ["jupyter", "lab"] and f"--ServerApp.base_url=/ws/{env.pk}-nb/" in c["command"]
     assert c["ports"] == [{"name": "http", "containerPort": 8888}]
     assert {"name": "home", "mountPath": "/home/jovyan"} in c["volumeMounts"]
     assert {"name": "home", "persistentVolumeClaim": {"claimName": f"ws-{env.pk}-home"}} in pod["spec"][

@@ -310,3 +310,32 @@ def test_line_splitting_and_cursor() -> None:
     ) == ["2026-01-01T00:00:01Z z2", "2026-01-01T00:00:02.1Z w"]
     since = cursor.since_seconds(dt.datetime(2026, 1, 1, 0, 0, 12, tzinfo=dt.UTC).timestamp())
     assert since == 12
+
+
+def test_kubernetes_follow_of_a_removed_container_prints_no_kubelet_error() -> None:
+    """Issue 28 finding 9: the kubelet answers a removed container's log with its own error
+    in the stream; it is not a line of the container's output (every one of those carries
+    the kubelet's timestamp), and the stream is over: not reopened, not printed."""
+    from kubernetes import client as k8s
+
+    from scheduling.backends.kubernetes import KubernetesBackend
+
+    error = ('unable to retrieve container logs for containerd://3f2a: rpc error: code = NotFound '
+             'desc = an error occurred when try to find container "3f2a": not found')
+
+    async def stream() -> Any:
+        yield b"2026-01-01T10:00:00.1Z last words\n"
+        yield error.encode() + b"\n"
+
+    with kmock_server() as k:
+        k["get /api/v1/namespaces/ns/pods/trainer/log"] << (lambda: stream())
+        cfg = k8s.Configuration()
+        cfg.host = str(k.url).rstrip("/")
+        backend = KubernetesBackend(k8s.ApiClient(cfg), backoff=0.05)
+        got = list(backend.follow_pod_logs("ns", "trainer", tail_lines=20, timeout_seconds=10,
+                                           stop=threading.Event()))
+        assert got == ["2026-01-01T10:00:00.1Z last words"]
+        assert len(list(k["get /api/v1/namespaces/ns/pods/trainer/log"])) == 1
+        k["get /api/v1/namespaces/ns/pods/done/log"] << (
+            b"2026-01-01T10:00:00.1Z one\n2026-01-01T10:00:00.2Z two\n" + error.encode())
+        assert backend.pod_logs("ns", "done") == "2026-01-01T10:00:00.1Z one\n2026-01-01T10:00:00.2Z two"
