@@ -165,10 +165,12 @@ def jobs_stop(job_ids: list[int]) -> int:
 
 
 @shared_task(**_OPTS, autoretry_for=(OperationalError, BackendError), retry_backoff=1, max_retries=5)
-def job_stop(job_id: int) -> str:
+def job_stop(job_id: int, attempt: int | None = None) -> str:
+    """Stop the job's pods of ``attempt`` (None: its current one), only while it is stopping:
+    a stop delivered late never touches a later attempt (``services.job_stop``)."""
     if not Job.objects.filter(pk=job_id).exists():
         return "gone"
-    return services.job_stop(job_id=job_id)
+    return services.job_stop(job_id=job_id, attempt=attempt, queued=True)
 
 
 @shared_task(**_OPTS)

@@ -22,6 +22,11 @@ LABEL_JOB_OBJECT = "camp.io/job-object"
 """On a job's owned extra objects: the name of its ConfigMap (deleted with it)."""
 LABEL_ROLE = "camp.io/role"
 LABEL_REPLICA = "camp.io/replica"
+LABEL_ATTEMPT = "camp.io/attempt"
+"""On a job's pods: the job's attempt (``Job.attempts``) that created them. Pod names repeat
+across attempts; this (with the placement, ``KubernetesBackend._same_placement``) tells which
+attempt a pod is, and HAMi never rewrites it (its device plugin does rewrite
+``…-devices-to-allocate``)."""
 
 
 class BackendError(Exception):

@@ -45,6 +45,7 @@ from kubernetes.utils import parse_quantity
 
 from ..models import Cluster
 from .base import (
+    LABEL_ATTEMPT,
     LABEL_JOB_ID,
     LABEL_JOB_OBJECT,
     LABEL_PROJECT_ID,
@@ -107,13 +108,15 @@ POD_PAGE = 500
 
 
 def encode_devices(slices: Any) -> str:
-    """HAMi's pod device encoding: ``UUID,Type,mem,cores:`` per device, ``;`` per container."""
+    """HAMi's EncodePodSingleDevice (pkg/device/devices.go, v2.8–v2.10), byte for byte: each
+    device ``UUID,Type,mem,cores:``, each container's list ended by ``;`` (one container with
+    one device: ``GPU-x,NVIDIA,20000,25:;``)."""
     if not slices:
         return ""
     containers = max(s.container for s in slices) + 1
-    return ";".join(
+    return "".join(
         "".join(f"{s.uuid},{vendor(s.vendor).hami_type},{s.memory_mib},{s.cores_percent}:"
-                for s in slices if s.container == c)
+                for s in slices if s.container == c) + ";"
         for c in range(containers)
     )
 
@@ -750,15 +753,23 @@ class KubernetesBackend:
         return created
 
     def _same_placement(self, pod: Any, spec: PodSpec, hami: bool) -> bool:
-        """Whether an existing pod is the one ``spec`` describes: bound to its node (or not
-        bound yet) and, on a HAMi node, carrying its node and device annotations."""
+        """Whether an existing pod is the one ``spec`` describes: of the same attempt
+        (``camp.io/attempt``, when both carry it), bound to its node (or not bound yet) and,
+        on a HAMi node, carrying its node and ``…-devices-allocated`` annotations. Never
+        ``…-devices-to-allocate``: HAMi's device plugin erases it once it has allocated
+        (``;`` per container), so a healthy pod would read as another's."""
+        attempt = (pod.metadata.labels or {}).get(LABEL_ATTEMPT)
+        if attempt is not None and spec.labels.get(LABEL_ATTEMPT) not in (None, attempt):
+            return False
         if pod.spec.node_name and pod.spec.node_name != spec.node:
             return False
         if not hami:
             return True
         have = pod.metadata.annotations or {}
-        return (have.get("hami.io/vgpu-node") == spec.node and have.get(
-            vendor(spec.slices[0].vendor).allocate_annotation) == encode_devices(spec.slices))
+        # rstrip: a pod made before the encoding ended each container with ";" is the same.
+        allocated = (have.get(vendor(spec.slices[0].vendor).allocated_annotation) or "").rstrip(";")
+        return (have.get("hami.io/vgpu-node") == spec.node
+                and allocated == encode_devices(spec.slices).rstrip(";"))
 
     def _await_gone(self, spec: PodSpec, seconds: float = 10.0) -> None:
         """Wait until a pod deleted with grace 0 is gone (immediate on the API server)."""

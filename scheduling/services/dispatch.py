@@ -18,6 +18,7 @@ from tenants.models import Project, Quota, QuotaScope
 from .. import selectors, signals
 from ..backends import backend_for
 from ..backends.base import (
+    LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_JOB_ID,
     LABEL_PROJECT,
@@ -36,6 +37,7 @@ from ..backends.naming import job_object_name, namespace_name
 from ..extensions import apply_job_spec_hooks
 from ..models import (
     ACTIVE_STATES,
+    FINAL_STATES,
     Allocation,
     Cluster,
     DecisionKind,
@@ -140,7 +142,8 @@ def job_specs(job: Job, cluster: Cluster) -> tuple[NamespaceSpec, JobObjects, li
         pods.append(PodSpec(
             name=a.pod_name, namespace=ns.name, node=a.node.name, image=g.image,
             command=tuple(str(c) for c in (g.command or [])), env=env,
-            labels={**base_labels, LABEL_ROLE: g.name, LABEL_REPLICA: str(a.replica)},
+            labels={**base_labels, LABEL_ROLE: g.name, LABEL_REPLICA: str(a.replica),
+                    LABEL_ATTEMPT: str(job.attempts)},
             cpu_millicores=a.cpu_millicores, ram_mib=a.ram_mib, slices=slices, owner=owner,
             subdomain=owner if distributed else "", duration_seconds=job.duration_seconds,
         ))
@@ -222,16 +225,17 @@ def job_dispatch(*, job_id: int, final_attempt: bool = True) -> str:
     resources released once they are gone), so GPUs are never free in the database while
     pods run on them."""
     with _dispatching(job_id):
-        outcome = _dispatch(job_id, final_attempt)
+        outcome, attempt = _dispatch(job_id, final_attempt)
     if outcome == "aborted":
-        job_stop(job_id=job_id)
+        job_stop(job_id=job_id, attempt=attempt)
     return outcome
 
 
-def _dispatch(job_id: int, final_attempt: bool) -> str:
+def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
+    """``job_dispatch``'s work: (outcome, the attempt it dispatched)."""
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
     if job.state != JobState.STARTING:
-        return "skipped"
+        return "skipped", job.attempts
     cluster = job.placed_cluster
     # Tried even if its cluster was marked unreachable since the job's admission: after a
     # short outage the retries (job_dispatch's backoff) create its pods and keep those that
@@ -248,7 +252,7 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
             # A redundant dispatch (redelivered after a worker died, or re-requested by
             # reconcile) of a job whose pods all run: its failure harms nothing, and
             # cleaning up would kill a healthy job.
-            return "running"
+            return "running", job.attempts
         if exc.retryable and not final_attempt:
             raise
         # Admitted just before its cluster stopped answering: requeued without counting the
@@ -264,9 +268,11 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
             # The cluster did not answer: not the job's fault, so not one of its attempts.
             # (Pods created before it went down are orphans to its reconcile, which deletes
             # them once it answers.)
-            requeued = _dispatch_unreachable(job_id, str(exc) if exc.unreachable else "")
-            return "requeued" if requeued else "aborted"
-        return "failed" if _dispatch_failed(job_id, str(exc)) else "aborted"
+            requeued = _dispatch_unreachable(job_id, str(exc) if exc.unreachable else "",
+                                             attempt=job.attempts)
+            return ("requeued" if requeued else "aborted"), job.attempts
+        failed = _dispatch_failed(job_id, str(exc), attempt=job.attempts)
+        return ("failed" if failed else "aborted"), job.attempts
     with transaction.atomic():
         current = Job.objects.select_for_update(no_key=True).only("state").get(pk=job_id)
         if current.state == JobState.RUNNING:
@@ -274,19 +280,20 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
             # saw them start while this one was still going. Nothing to undo.
             Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(
                 phase=PodPhase.CREATED)
-            return "running"
+            return "running", job.attempts
         if current.state != JobState.STARTING:
-            return "aborted"  # stopped while its pods were being created
+            return "aborted", job.attempts  # stopped while its pods were being created
         Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(phase=PodPhase.CREATED)
-    return "created"
+    return "created", job.attempts
 
 
-def _dispatch_failed(job_id: int, message: str) -> bool:
+def _dispatch_failed(job_id: int, message: str, *, attempt: int | None = None) -> bool:
     """Release and requeue (or fail) a job whose pods could not be created; False if the
-    job had already left STARTING (its stop then takes over)."""
+    job had already left STARTING, or ``attempt`` is no longer its attempt (its stop, or
+    whoever requeued it, takes over)."""
     with transaction.atomic():
         job = _locked_job(job_id)
-        if job.state != JobState.STARTING:
+        if job.state != JobState.STARTING or (attempt is not None and job.attempts != attempt):
             return False
         _release(job)
         reason = f"Could not create its pods: {message}"[:500]
@@ -323,7 +330,7 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
     return True
 
 
-def _dispatch_unreachable(job_id: int, error: str) -> bool:
+def _dispatch_unreachable(job_id: int, error: str, *, attempt: int | None = None) -> bool:
     """The job's cluster does not answer (``error``: what the dispatch got, to record on the
     cluster; "" when it is already marked unreachable): release and requeue the job without
     counting the attempt; a floating job goes back to the global queue (the cluster is not
@@ -339,7 +346,8 @@ def _dispatch_unreachable(job_id: int, error: str) -> bool:
         cluster_reachability_record(cluster_id=cluster_id, error=error)
     with transaction.atomic():
         job = _locked_job(job_id)
-        if job.state != JobState.STARTING or job.cluster_id != cluster_id:
+        if job.state != JobState.STARTING or job.cluster_id != cluster_id or (
+                attempt is not None and job.attempts != attempt):
             return False
         cluster = Cluster.objects.get(pk=cluster_id)
         why = cluster_closed_why(cluster)
@@ -364,9 +372,23 @@ def _dispatch_unreachable(job_id: int, error: str) -> bool:
     return True
 
 
-def job_stop(*, job_id: int) -> str:
-    """Delete a job's pods (with a grace period) and release its resources once gone."""
+STOPPING_STATES = (JobState.PREEMPTING, *FINAL_STATES)
+"""The states a queued stop acts in: a job back in the queue, or admitted again, is not its."""
+
+
+def job_stop(*, job_id: int, attempt: int | None = None, queued: bool = False) -> str:
+    """Delete a job's pods (with a grace period) and release its resources once gone.
+
+    A stop is tied to the attempt it was queued for: with ``attempt`` it does nothing
+    ("stale") once the job has been admitted again since, and a ``queued`` stop (the task)
+    acts only on a job that is stopping (preempting, or ended): a stop delivered late, or
+    twice, never touches the pods of a later attempt (their names are the same). Only pods
+    of the job's current attempt are deleted (``camp.io/attempt``; pods made before that
+    label existed count as current)."""
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
+    if (attempt is not None and job.attempts != attempt) or (
+            queued and job.state not in STOPPING_STATES):
+        return "stale"
     backend = backend_for(job.placed_cluster)
     allocs = list(job.allocations.select_related("node"))
     names = [a.pod_name for a in allocs]
@@ -374,8 +396,13 @@ def job_stop(*, job_id: int) -> str:
         return "nothing"
     ns = namespace_spec(job, job.placed_cluster).name
     dead = _on_dead_nodes(allocs)
+    listed = {p.name: p for p in backend.list_pods() if p.namespace == ns and p.name in names}
     for name in names:
-        backend.delete_pod(ns, name, grace_seconds=0 if name in dead else 30)
+        pod = listed.get(name)
+        if pod is not None and pod.labels.get(LABEL_ATTEMPT, str(job.attempts)) != str(job.attempts):
+            continue  # another attempt's pod of the same name: not this stop's
+        if pod is not None or name in dead:
+            backend.delete_pod(ns, name, grace_seconds=0 if name in dead else 30)
     remaining = ({p.name for p in backend.list_pods()} & set(names)) - dead
     if remaining or not _pods_gone(job_id):
         # The reconcile task releases once the pods are gone (or the dispatch in flight,

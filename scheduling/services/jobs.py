@@ -270,7 +270,7 @@ def job_cancel(*, actor: User, job: Job) -> Job:
         _audit_job("job.cancelled", locked, actor=actor, before={"state": before},
                    after={"state": locked.state})
         if before in ACTIVE_STATES:
-            _stop_after_commit(locked.pk)
+            _stop_after_commit(locked.pk, locked.attempts)
         elif locked.cluster_id is not None:
             request_cycle(locked.cluster_id)
     return locked
@@ -291,7 +291,7 @@ def job_terminate(*, job_id: int, reason: str, by: str = SCHEDULER) -> bool:
                      tenant=job.tenant, project=job.project, before={"state": before},
                      after={"state": job.state, "reason": job.reason})
         if before in ACTIVE_STATES:
-            _stop_after_commit(job.pk)
+            _stop_after_commit(job.pk, job.attempts)
         elif job.cluster_id is not None:
             request_cycle(job.cluster_id)
     return True
@@ -308,8 +308,9 @@ def _finish(job: Job, state: str, reason: str) -> None:
                             "finished_at", "updated_at"])
 
 
-def _stop_after_commit(job_id: int) -> None:
-    _send_after_commit("job_stop", job_id)
+def _stop_after_commit(job_id: int, attempt: int | None = None) -> None:
+    """Queue the job's stop once committed, tied to ``attempt`` (``dispatch.job_stop``)."""
+    _send_after_commit("job_stop", job_id, attempt)
 
 
 def job_evict(*, job_id: int, reason: str) -> bool:
@@ -325,7 +326,7 @@ def job_evict(*, job_id: int, reason: str) -> bool:
         job.save(update_fields=["state", "preempted_by", "reason", "updated_at"])
         _record(job, DecisionKind.PREEMPTED, job.reason)
         _audit_job("job.evicted", job, after={"reason": reason})
-        _stop_after_commit(job.pk)
+        _stop_after_commit(job.pk, job.attempts)
     return True
 
 

@@ -148,12 +148,12 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
         detail = f": {failed.message}" if failed.message else ""
         _end(job_id, JobState.FAILED, f"Pod {failed.name} failed{detail}")
         result.finished.append(job_id)
-        _stop_after_commit_now(job_id)
+        _stop_after_commit_now(job_id, job.attempts)
         return
     if len(present) == len(rows) and all(ph == "Succeeded" for ph in phases):
         _end(job_id, JobState.SUCCEEDED, "All pods succeeded")
         result.finished.append(job_id)
-        _stop_after_commit_now(job_id)
+        _stop_after_commit_now(job_id, job.attempts)
         return
     if job.state == JobState.RUNNING and not present:
         if _pods_gone(job_id):
@@ -216,7 +216,7 @@ def _job_lost_pod(job_id: int, pod: str) -> bool:
                                           f"{job.attempts} attempts")
             _record(job, DecisionKind.FAILED, job.reason)
             _audit_job("job.failed", job, after={"reason": job.reason})
-            _stop_after_commit(job.pk)
+            _stop_after_commit(job.pk, job.attempts)
             return True
     return job_evict(job_id=job_id, reason=f"{what}; restarting all its pods")
 
@@ -275,5 +275,5 @@ def _end(job_id: int, state: str, reason: str) -> None:
                    after={"reason": reason})
 
 
-def _stop_after_commit_now(job_id: int) -> None:
-    enqueue("job_stop", job_id)
+def _stop_after_commit_now(job_id: int, attempt: int | None = None) -> None:
+    enqueue("job_stop", job_id, attempt)

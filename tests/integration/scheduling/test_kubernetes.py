@@ -148,7 +148,7 @@ def test_dispatch_creates_bound_annotated_pods(world: Any, kube: Any) -> None:
         assert pod["spec"]["nodeName"] == a.node.name == "gpu-a"  # T4s are whole-card only
         ann = pod["metadata"]["annotations"]
         devices = "".join(f"{s.gpu.uuid},NVIDIA,20000,30:"
-                          for s in sorted(a.slices.all(), key=lambda s: s.gpu.index))
+                          for s in sorted(a.slices.all(), key=lambda s: s.gpu.index)) + ";"
         # HAMi's contract: both encodings, Camp's scheduler name, bound through pods/binding
         # (kmock's stand-in sets nodeName from the Binding) and answered by the device plugin.
         assert ann["hami.io/vgpu-devices-to-allocate"] == devices
@@ -167,7 +167,7 @@ def test_dispatch_creates_bound_annotated_pods(world: Any, kube: Any) -> None:
         assert pod["metadata"]["labels"] == {
             "app.kubernetes.io/managed-by": "camp", "camp.io/tenant": "acme", "camp.io/project": "acme-p1",
             "camp.io/job": "ddp", "camp.io/job-id": str(job.pk), "camp.io/role": "worker",
-            "camp.io/replica": str(rank)}
+            "camp.io/replica": str(rank), "camp.io/attempt": "1"}
         ref = pod["metadata"]["ownerReferences"][0]
         assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
             "ConfigMap", owner, f"uid-{owner}", True)
