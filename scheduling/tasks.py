@@ -141,9 +141,14 @@ def job_dispatch(self, job_id: int) -> str:  # type: ignore[no-untyped-def]
         return "gone"
     final = self.request.retries >= self.max_retries
     try:
-        return services.job_dispatch(job_id=job_id, final_attempt=final)
+        outcome = services.job_dispatch(job_id=job_id, final_attempt=final)
     except BackendError as exc:
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
+    if outcome == "pending":
+        # The device plugin has not answered yet: a fresh task resumes the wait shortly (not
+        # a retry: waiting is not failing), leaving this worker free meanwhile.
+        job_dispatch.apply_async((job_id,), countdown=1)
+    return outcome
 
 
 @shared_task(**_OPTS)

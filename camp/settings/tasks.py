@@ -112,6 +112,10 @@ CAMP_SCHEDULER_NAME = env_str("CAMP_SCHEDULER_NAME", "camp-scheduler")
 # How long a GPU pod on a HAMi node may wait for the device plugin's bind-phase answer, and
 # for another pod's node lock, before its dispatch fails with a reason.
 CAMP_HAMI_BIND_TIMEOUT_SECONDS = env_int("CAMP_HAMI_BIND_TIMEOUT_SECONDS", 60)
+# One dispatch waits at most this long for that answer, then hands over (the pod stays bound,
+# its node locked): a follow-up dispatch, or the watcher, concludes. A silent device plugin
+# holds a worker for seconds at a time, never for the whole timeout.
+CAMP_HAMI_BIND_POLL_SECONDS = env_int("CAMP_HAMI_BIND_POLL_SECONDS", 5)
 # A Kubernetes API call that gets no answer, a 5xx or a 429 is retried this many times, after
 # this many milliseconds, doubled at each try (4 and 200: at most 3 s of waiting per call).
 CAMP_KUBE_API_RETRIES = env_int("CAMP_KUBE_API_RETRIES", 4)

@@ -41,6 +41,15 @@ class BackendError(Exception):
         """The cluster did not answer (connection refused, timeout, TLS): not the job's fault."""
 
 
+class BindPending(BackendError):
+    """The device plugin has not answered a pod's bind handshake yet, and its time is not up:
+    the pod stays bound (its node locked); a later dispatch goes on waiting
+    (``CAMP_HAMI_BIND_POLL_SECONDS``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)
+
+
 class ResourceVersionExpired(BackendError):  # noqa: N818 (it is the Kubernetes name: 410 Gone)
     """The watch's resourceVersion is too old (410 Gone): relist."""
 
@@ -167,12 +176,38 @@ class PodStatus:
     ready: bool = False
     """The pod's Ready condition (its readiness probe passes): a model service's replica
     takes requests, and counts for a rollout, only then."""
+    uid: str = ""
+    """The pod's UID: names repeat across a job's attempts, UIDs never do."""
+    binding: bool = False
+    """In HAMi's bind handshake, not answered yet (``hami.io/bind-phase: allocating``)."""
+    node: str = ""
+    refused: bool = False
+    """Refused at admission by the node's device plugin: failed with the kubelet's
+    ``UnexpectedAdmissionError``, or HAMi's ``hami.io/bind-phase: failed``. Not the job's
+    failure: its dispatch failed, and it is requeued (``services.dispatch``)."""
 
 
 @dataclass(frozen=True)
 class PodEvent:
     type: str  # ADDED, MODIFIED, DELETED
     pod: PodStatus
+
+
+ADMISSION_ERROR = "UnexpectedAdmissionError"
+"""The reason a kubelet gives a pod it refused at admission because a device plugin's
+``Allocate`` failed (kubelet's devicemanager; HAMi's plugin answers failed then)."""
+
+
+def attempt_of(pod: PodStatus, attempt: int) -> bool:
+    """Whether ``pod`` belongs to the job's ``attempt`` (its ``camp.io/attempt`` label; a pod
+    made before that label existed counts as the current attempt's)."""
+    return pod.labels.get(LABEL_ATTEMPT, str(attempt)) == str(attempt)
+
+
+def refusal_message(node: str, pod: str) -> str:
+    """What a job's reason says when the device plugin refused its pod's GPUs (both paths
+    that see it: the dispatch's poll and the watcher)."""
+    return f"HAMi's device plugin on node {node} refused the GPUs of pod {pod} (bind-phase failed)"
 
 
 @dataclass(frozen=True)
@@ -197,7 +232,9 @@ class ClusterBackend(Protocol):
         """Create the pod; False when it already existed (409 Conflict means done)."""
         ...
 
-    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None: ...
+    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30, uid: str = "") -> None:
+        """Delete the pod (idempotent); with ``uid``, only if it is still that pod."""
+        ...
 
     def delete_job_objects(self, namespace: str, name: str) -> None:
         """Delete the job's ConfigMap, headless Service and owned extras (idempotent)."""

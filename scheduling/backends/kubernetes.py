@@ -45,12 +45,14 @@ from kubernetes.utils import parse_quantity
 
 from ..models import Cluster
 from .base import (
+    ADMISSION_ERROR,
     LABEL_ATTEMPT,
     LABEL_JOB_ID,
     LABEL_JOB_OBJECT,
     LABEL_PROJECT_ID,
     MANAGED_BY,
     BackendError,
+    BindPending,
     ExtraObject,
     GpuInfo,
     JobObjects,
@@ -61,6 +63,7 @@ from .base import (
     PodSpec,
     PodStatus,
     ResourceVersionExpired,
+    refusal_message,
     split_lines,
 )
 from .credentials import decrypt_credentials, kubeconfig_problems
@@ -81,6 +84,10 @@ def scheduler_name() -> str:
 
 def bind_timeout() -> int:
     return int(getattr(settings, "CAMP_HAMI_BIND_TIMEOUT_SECONDS", 60))
+
+
+def bind_poll() -> int:
+    return int(getattr(settings, "CAMP_HAMI_BIND_POLL_SECONDS", 5))
 
 
 def nodelock_expiry() -> int:
@@ -742,6 +749,8 @@ class KubernetesBackend:
             self._await_gone(spec)
             existing = None
         if existing is not None and existing.spec.node_name:
+            if hami and (existing.metadata.annotations or {}).get(BIND_PHASE) == "allocating":
+                self._hami_conclude(spec, existing)  # an earlier dispatch handed the wait over
             return False
         created = existing is None and self._call(
             self.core.create_namespaced_pod, spec.namespace, self.pod_body(spec, hami=hami),
@@ -805,18 +814,37 @@ class KubernetesBackend:
                        {"metadata": {"annotations": {
                            BIND_PHASE: "allocating", "hami.io/bind-time": now, "hami.io/vgpu-time": now}}})
             self._bind(spec)
-            phase = self._await_bind_phase(spec, deadline)
+        except BackendError:
+            self._release_node_lock(spec)
+            raise
+        self._hami_conclude(spec, None, bound_at=int(now))
+
+    def _hami_conclude(self, spec: PodSpec, pod: Any, *, bound_at: int | None = None) -> None:
+        """Wait for the device plugin's answer to a bound pod's handshake, for at most
+        ``bind_poll()`` seconds of this call: BindPending if it has not answered and the bind
+        timeout (from ``hami.io/bind-time``) is not up, so the wait resumes in a later
+        dispatch instead of holding this worker. On ``failed`` or no answer in time the lock
+        is released (if still ours) and the pod deleted, so nothing is left half bound; the
+        caller requeues the job with the reason."""
+        if bound_at is None:
+            raw = (pod.metadata.annotations or {}).get("hami.io/bind-time", "")
+            bound_at = int(raw) if raw.isdigit() else int(time.time())
+        left = bound_at + bind_timeout() - time.time()
+        try:
+            phase = self._await_bind_phase(spec, time.monotonic() + max(0.0, min(left, bind_poll())))
         except BackendError:
             self._release_node_lock(spec)
             raise
         if phase == "success":
             return
+        if not phase and bound_at + bind_timeout() > time.time():
+            raise BindPending(f"HAMi's device plugin on node {spec.node} has not answered for pod "
+                              f"{spec.name} yet")
         self._release_node_lock(spec)
         self._call(self.core.delete_namespaced_pod, spec.name, spec.namespace, grace_period_seconds=0,
                    ok=(404,))
         if phase == "failed":
-            raise BackendError(f"HAMi's device plugin on node {spec.node} refused the GPUs of pod "
-                               f"{spec.name} (bind-phase failed)")
+            raise BackendError(refusal_message(spec.node, spec.name))
         raise BackendError(f"HAMi's device plugin on node {spec.node} did not answer for pod "
                            f"{spec.name} within {bind_timeout()} s (is it running?)")
 
@@ -834,6 +862,8 @@ class KubernetesBackend:
                 return phase
             if (pod.status.phase if pod.status else "") in ("Running", "Succeeded"):
                 return "success"
+            if (pod.status.phase if pod.status else "") == "Failed":
+                return "failed"  # refused at the kubelet's admission
             if time.monotonic() >= deadline:
                 return ""
             self.sleep(delay)
@@ -893,9 +923,12 @@ class KubernetesBackend:
                    {"metadata": {"annotations": {NODE_LOCK: None},
                                  "resourceVersion": node.metadata.resource_version}}, ok=(409,))
 
-    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None:
-        self._call(self.core.delete_namespaced_pod, name, namespace,
-                   grace_period_seconds=grace_seconds, ok=(404,))
+    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30, uid: str = "") -> None:
+        """Delete the pod (gone already: done). With ``uid``, only that pod (a precondition:
+        a later attempt's pod of the same name answers 409 and is left alone)."""
+        body = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid)) if uid else None
+        self._call(self.core.delete_namespaced_pod, name, namespace, body=body,
+                   grace_period_seconds=grace_seconds, ok=(404, 409))
 
     def pod_logs(self, namespace: str, name: str, *, tail_lines: int = 200) -> str:
         text = self._call(self.core.read_namespaced_pod_log, name, namespace, container="main",
@@ -1015,9 +1048,14 @@ def _pod_status(p: Any) -> PodStatus:
     message = (p.status.message if p.status else None) or ""
     conditions = (p.status.conditions if p.status else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    reason = (p.status.reason if p.status else None) or ""
+    bind_phase = (meta.annotations or {}).get(BIND_PHASE)
+    refused = phase == "Failed" and (reason == ADMISSION_ERROR or bind_phase == "failed")
     return PodStatus(name=meta.name, namespace=meta.namespace or "", phase=phase,
                      labels=dict(meta.labels or {}), message=message,
-                     deleting=bool(meta.deletion_timestamp), ready=ready)
+                     deleting=bool(meta.deletion_timestamp), ready=ready, uid=meta.uid or "",
+                     node=(p.spec.node_name if p.spec else None) or "", refused=refused,
+                     binding=phase == "Pending" and bind_phase == "allocating")
 
 
 def _describe(exc: ApiException) -> str:

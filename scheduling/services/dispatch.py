@@ -28,6 +28,7 @@ from ..backends.base import (
     LABEL_TENANT,
     MANAGED_BY,
     BackendError,
+    BindPending,
     JobObjects,
     NamespaceSpec,
     PodSpec,
@@ -223,7 +224,11 @@ def job_dispatch(*, job_id: int, final_attempt: bool = True) -> str:
     Once the pods exist, the job's state is checked again under its row lock; if it left
     STARTING meanwhile the dispatch is "aborted" and stops the job itself (pods deleted,
     resources released once they are gone), so GPUs are never free in the database while
-    pods run on them."""
+    pods run on them.
+
+    "pending": a pod is bound and HAMi's device plugin has not answered within
+    ``CAMP_HAMI_BIND_POLL_SECONDS``; the dispatch hands over (the task queues a follow-up
+    dispatch, which resumes the wait; reconcile re-requests one if that is lost)."""
     with _dispatching(job_id):
         outcome, attempt = _dispatch(job_id, final_attempt)
     if outcome == "aborted":
@@ -247,6 +252,10 @@ def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
         backend.ensure_job_objects(objs)
         for spec in pods:
             backend.create_pod(spec)
+    except BindPending:
+        # The device plugin has not answered yet: the pods stay as they are, and a follow-up
+        # dispatch (the task queues one) or the watcher concludes.
+        return "pending", job.attempts
     except BackendError as exc:
         if Job.objects.filter(pk=job_id, state=JobState.RUNNING).exists():
             # A redundant dispatch (redelivered after a worker died, or re-requested by

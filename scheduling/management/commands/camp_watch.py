@@ -132,14 +132,9 @@ class Command(BaseCommand):
             pods: dict[str, PodStatus] = {}  # rebuilt by each window's initial list
             try:
                 for event in backend_for(cluster).watch_pods(timeout_seconds=window):
-                    if event.type == "DELETED":
-                        pods.pop(event.pod.name, None)
-                    else:
-                        pods[event.pod.name] = event.pod
                     try:
-                        outcome = services.pod_event_apply(
-                            cluster=cluster, pod_name=event.pod.name, pods=pods,
-                            deleted=event.type == "DELETED")
+                        outcome = services.pod_event_watch_apply(cluster=cluster, event=event,
+                                                                 pods=pods)
                     except Exception as exc:  # noqa: BLE001 (one bad event must not stop the watch)
                         if not connection.in_atomic_block:
                             close_old_connections()
