@@ -27,7 +27,7 @@ $(STAMP): requirements.txt requirements-ldap.txt requirements-dev.txt | $(VENV)/
 # The demo: SQLite, a filesystem Celery broker, the simulated cluster. Serves :8000.
 demo: $(DEMO_STAMP)
 	mkdir -p var
-	$(PY) manage.py rundemo
+	DEBUG=$${DEBUG:-false} $(PY) manage.py rundemo
 
 # What the suite needs from the machine (installed when run as root; listed otherwise).
 test-deps:

@@ -22,3 +22,4 @@ urlpatterns = [
 ]
 
 handler404 = "tenants.api.exceptions.not_found"
+handler500 = "tenants.api.exceptions.server_error"

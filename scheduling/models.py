@@ -278,6 +278,20 @@ class JobAffinityChoice(models.TextChoices):
 
 
 PRIORITY_VALUES = {"inference": 1000, "high": 100, "normal": 50, "batch": 10}
+
+PREEMPTIBLE_BY_DEFAULT: dict[str, frozenset[str]] = {
+    "job": frozenset({PriorityClass.BATCH}),
+    "training": frozenset({PriorityClass.NORMAL, PriorityClass.BATCH}),
+}
+"""The priority classes whose runs are preemptible unless the submitter says otherwise, per
+workload (a training job checkpoints and resumes, so its normal runs may yield too; every other
+workload — jobs through the API, environments, model services — only at batch)."""
+
+
+def preemptible_default(priority_class: str, *, workload: str = "job") -> bool:
+    """The one preemptible default (issue 29): the job API, the training service, the workload
+    kinds' never-fits check and the models' field defaults all take it from here."""
+    return priority_class in PREEMPTIBLE_BY_DEFAULT.get(workload, PREEMPTIBLE_BY_DEFAULT["job"])
 # The non-preemptible allowlist: these classes are never victims.
 NON_PREEMPTIBLE_CLASSES = frozenset({"inference"})
 
@@ -311,7 +325,7 @@ class Job(models.Model):
         max_length=20, choices=PriorityClass.choices, default=PriorityClass.NORMAL
     )
     priority = models.IntegerField(default=50)
-    preemptible = models.BooleanField(default=False)
+    preemptible = models.BooleanField(default=preemptible_default(PriorityClass.NORMAL))
     checkpoint_capable = models.BooleanField(default=False)
     gang = models.BooleanField(default=True)
     mixed_gpu_models = models.BooleanField(

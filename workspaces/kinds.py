@@ -93,16 +93,17 @@ def kind_check(kind: WorkloadKind, *, project: Project, cluster: Cluster, row: A
         clean_shape({f: getattr(row, f) for f in SHAPE_FIELDS})
         _refuse_if_no_card_fits(cluster, row)
     refuse_if_never_within_limits(project=project, cluster=cluster, groups=kind.groups(row),
-                                  preemptible=_preemptible(kind.job_options(row)))
+                                  preemptible=_preemptible(kind, kind.job_options(row)))
 
 
-def _preemptible(options: Mapping[str, Any]) -> bool:
-    """Whether a run with these ``job_submit`` options is preemptible (its default: a batch job)."""
-    from scheduling.models import PriorityClass
+def _preemptible(kind: WorkloadKind, options: Mapping[str, Any]) -> bool:
+    """Whether a run with these ``job_submit`` options is preemptible (unsaid: the one default,
+    ``scheduling.models.preemptible_default``, for this kind)."""
+    from scheduling.models import PriorityClass, preemptible_default
 
     given = options.get("preemptible")
     if given is None:
-        return bool(options.get("priority_class", PriorityClass.NORMAL) == PriorityClass.BATCH)
+        return preemptible_default(options.get("priority_class", PriorityClass.NORMAL), workload=kind.name)
     return bool(given)
 
 

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from scheduling.models import JobState, PriorityClass, slug_validator
+from scheduling.models import JobState, PriorityClass, preemptible_default, slug_validator
 
 
 class EnvKind(models.TextChoices):
@@ -218,7 +218,7 @@ class TrainingJob(models.Model):
     retry_limit = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(10)])
     priority_class = models.CharField(max_length=20, choices=PriorityClass.choices,
                                       default=PriorityClass.NORMAL)
-    preemptible = models.BooleanField(default=True)
+    preemptible = models.BooleanField(default=preemptible_default(PriorityClass.NORMAL, workload="training"))
     duration_seconds = models.PositiveIntegerField(
         null=True, blank=True, help_text="Expected run time (the simulated backend runs this long).")
     depends_on = models.ManyToManyField("self", symmetrical=False, blank=True, related_name="dependants")
@@ -390,7 +390,7 @@ class ModelService(models.Model):
         help_text="Simulated load (no Prometheus): base, peak, peak_hour, burst_every_minutes, burst.")
     priority_class = models.CharField(max_length=20, choices=PriorityClass.choices,
                                       default=PriorityClass.INFERENCE)
-    preemptible = models.BooleanField(default=False)
+    preemptible = models.BooleanField(default=preemptible_default(PriorityClass.INFERENCE))
     companions = models.JSONField(
         default=list, blank=True,
         help_text="Model servers run beside the main one in every replica, on the same node (a "

@@ -69,6 +69,7 @@ def refuse_if_never_within_all_clusters(*, project: Project, job: E.Job,
     level's per-cluster guarantee + its guarantee across all clusters (a level guaranteeing
     nothing across all clusters restricts nothing here, as in the cycle). One query when the
     tenant has no such quota."""
+    from scheduling.engine.guarantees import nonpreemptible_refusal
     from scheduling.engine.multicluster import job_gpus, job_memory, never_all_clusters, usable_classes
     from scheduling.engine.placement import model_family
     from scheduling.selectors import all_cluster_limits
@@ -101,7 +102,7 @@ def refuse_if_never_within_all_clusters(*, project: Project, job: E.Job,
         | Q(scope=QuotaScope.TENANT, tenant_id=project.tenant_id)).values_list("scope", "gpus_guaranteed"))
     for level, _, total in guaranteed:
         base = float(bases.get(QuotaScope.PROJECT if level == "project" else QuotaScope.TENANT) or 0)
-        if total is not None and ask > base + total + 1e-9:
+        if total is not None and nonpreemptible_refusal(0.0, ask, base + total) == "never":
             who = f"project {job.queue}" if level == "project" else f"tenant {project.tenant.name}"
             raise ValidationError({"gpu_count": [
                 f"This non-preemptible job asks {ask:g} GPUs, more than {who}'s GPU guarantee can ever "

@@ -12,9 +12,19 @@ DATABASES = {
         DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0)
     ),
 }
+# The demo serves web and worker from one SQLite file. A busy timeout alone is not enough:
+# a transaction that reads and then writes (every launch) begins DEFERRED, and when another
+# process wrote meanwhile SQLite answers "database is locked" at once, without waiting
+# (SQLITE_BUSY_SNAPSHOT; the timeout never applies to a read lock's upgrade). Transactions
+# that take the write lock when they begin (IMMEDIATE, Django >= 5.1) wait their turn instead,
+# and WAL lets pages read while the worker writes.
+SQLITE_OPTIONS: dict[str, object] = {
+    "timeout": 20,
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # The demo serves web and worker from one SQLite file: wait for the lock.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    DATABASES["default"].setdefault("OPTIONS", {}).update(SQLITE_OPTIONS)
 
 REDIS_URL = env_str("REDIS_URL", "")
 

@@ -158,3 +158,20 @@ WORKSPACES_STORAGE_CLASS = env_str("WORKSPACES_STORAGE_CLASS", "")
 WORKSPACES_IDLE_MINUTES = env_int("WORKSPACES_IDLE_MINUTES", 60)
 # An environment's open link works once, within this many seconds of being issued.
 WORKSPACES_LINK_TTL_SECONDS = env_int("WORKSPACES_LINK_TTL_SECONDS", 300)
+
+# A periodic tick that waited in the queue much longer than its own period is stale: later ones
+# are already on their way and do the same work on fresher state. The worker drops it on receipt
+# (Celery's ``expires``) instead of running a backlog, so a worker that fell behind (the demo's
+# SQLite-backed worker, a worker restarted after an outage) catches up at once rather than
+# staying minutes behind for good. Two periods (at least TICK_EXPIRY_MIN_SECONDS) keep a tick
+# running under an ordinary lag: only a queue that is far behind drops them. Tasks queued by
+# services (cycle and placement requests, dispatches) carry no expiry: each is work, not a tick.
+TICK_EXPIRY_MIN_SECONDS = 30.0
+
+
+def tick_expiry(period: float) -> float:
+    return max(2 * period, TICK_EXPIRY_MIN_SECONDS)
+
+
+for _entry in CELERY_BEAT_SCHEDULE.values():
+    _entry.setdefault("options", {"expires": tick_expiry(float(_entry["schedule"]))})  # type: ignore[arg-type]

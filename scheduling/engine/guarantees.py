@@ -33,6 +33,25 @@ from typing import Generic, TypeVar
 
 EPS = 1e-9
 
+
+
+def nonpreemptible_refusal(held: float, ask: float, guarantee: float, ever: float | None = None) -> str:
+    """Rule (non-preemptible within guarantee) — its one definition (issue 29); the engine's
+    queue tree, the cycle's check across clusters, the placement step's probe and the submit
+    form's refusal all ask it. A non-preemptible job starts only while what its owner's
+    non-preemptible jobs hold (``held``) + its ``ask`` stays within the ``guarantee``; beyond,
+    it waits (``"waits"``): capacity it would hold beyond a guarantee could not be reclaimed.
+    Asking more than the most the guarantee could ever give (``ever``, default ``guarantee``)
+    it can never start (``"never"``). ``""`` when within. The callers choose the levels that
+    have a guarantee at all (a level guaranteeing nothing restricts nothing) and the unit
+    (GPUs of the accounting module, or the queue tree's resources)."""
+    if ask > (guarantee if ever is None else ever) + EPS:
+        return "never"
+    if held + ask > guarantee + EPS:
+        return "waits"
+    return ""
+
+
 K = TypeVar("K", bound=Hashable)
 """A cluster's key (its id in the services, any hashable in tests)."""
 

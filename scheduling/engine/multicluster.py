@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from scheduling.engine.guarantees import nonpreemptible_refusal
 from scheduling.engine.model import Admit, ClusterSnapshot, Job, Node, PodPlacement, Reject
 from scheduling.engine.placement import Placer, model_family
 from scheduling.engine.queueing import RunningJob
@@ -476,11 +477,12 @@ class ClusterTrial:
             if g is None:
                 continue
             total, base, part = g
-            if ask > base + total + 1e-9:
+            here = self.np_usage.get(key, 0.0)
+            verdict = nonpreemptible_refusal(here, ask, base + part, ever=base + total)
+            if verdict == "never":
                 return (f"asks {ask:g} GPUs, more than {who} GPU guarantee for non-preemptible "
                         f"work ({base:g} per cluster + {total:g} across all clusters)"), True
-            here = self.np_usage.get(key, 0.0)
-            if here + ask > base + part + 1e-9:
+            if verdict:
                 return (f"over {who} GPU guarantee there for non-preemptible work ({here:g} of "
                         f"{base + part:g}: this cluster's part of {total:g} across all clusters now)"), False
         return "", False

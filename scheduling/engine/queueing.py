@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from scheduling.engine.guarantees import nonpreemptible_refusal
 from scheduling.engine.model import (
     Allocation,
     ClusterSnapshot,
@@ -275,7 +276,7 @@ class TreeState:
             g = self.guaranteed[n]
             u = self.np_usage[n]
             for r in range(4):
-                if g[r] > 0 and ask[r] > 0 and u[r] + ask[r] > g[r]:
+                if g[r] > 0 and ask[r] > 0 and nonpreemptible_refusal(u[r], ask[r], g[r]):
                     return (n, r)
         return None
 
@@ -285,7 +286,7 @@ class TreeState:
         for n in self.path_of(queue):
             g = self.guaranteed[n]
             for r in range(4):
-                if g[r] > 0 and ask[r] > g[r]:
+                if g[r] > 0 and nonpreemptible_refusal(0, ask[r], g[r]) == "never":
                     return (n, r)
         return None
 

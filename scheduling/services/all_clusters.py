@@ -26,7 +26,7 @@ from decimal import Decimal
 
 from scheduling import engine as E
 from scheduling.engine.cycle import JobStatus, Kind
-from scheduling.engine.guarantees import EPS, Holding, Owner, claim_held
+from scheduling.engine.guarantees import EPS, Holding, Owner, claim_held, nonpreemptible_refusal
 from scheduling.engine.multicluster import (
     AllClusterOwner,
     card_classes,
@@ -136,12 +136,13 @@ def over_guarantee_here(limits: selectors.AllClusterLimits, use: selectors.AllCl
         # guarantee (it would reject it as "can never start").
         part = engine_part(g, use, level, key, cluster_id)
         here = use.np_by_cluster.get((level, key, cluster_id), 0.0)
-        if ask > base + total + EPS:
+        verdict = nonpreemptible_refusal(here, ask, base + part, ever=base + total)
+        if verdict == "never":
             return "over-guarantee", (
                 f"Non-preemptible jobs must fit within {_WHO[level]} GPU guarantee ({base:g} per "
                 f"cluster + {total:g} across all clusters), and the job asks {ask:g}; mark it "
                 f"preemptible to borrow idle GPUs, or ask for a larger guarantee")
-        if here + ask > base + part + EPS:
+        if verdict:
             return "guarantee", (
                 f"Non-preemptible jobs must fit within {_WHO[level]} GPU guarantee on this "
                 f"cluster ({here:g} of {base + part:g} held by non-preemptible jobs; {part:g} of "

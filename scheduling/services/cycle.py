@@ -7,7 +7,6 @@ import contextlib
 import datetime as dt
 import fcntl
 import gc
-import json
 import math
 import time
 from collections import defaultdict
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, models, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -45,17 +44,15 @@ from .common import (
     _ALL_CLUSTERS_LOCK_CLASS,
     _CYCLE_LOCK_CLASS,
     _audit_job,
-    _json_value,
-    _record,
     _record_all,
     _record_rows,
-    _send_after_commit,
-    enqueue_on_commit,
+    _update_from_values,
     logger,
     session_try_lock,
 )
 from .dispatch import project_namespace_ensure
 from .jobs import _preempted_reason
+from .lifecycle import Move, transition, transition_many
 
 # --- the scheduling cycle ------------------------------------------------------------------
 
@@ -286,6 +283,7 @@ def _persist(cluster: Cluster, inputs: selectors.CycleInputs, statuses: list[Job
     return summary
 
 
+ADMITTED_REASON = "Admitted; creating pods"
 CONFLICT_REASON = "Its placement was taken concurrently; retrying in the next cycle"
 
 
@@ -337,15 +335,8 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
             else:
                 summary.conflicts.append(job.pk)
         elif isinstance(d, E.Reject):
-            updated = Job.objects.filter(
-                pk=job.pk, state=JobState.QUEUED, cluster=inputs.cluster or job.cluster).update(
-                state=JobState.REJECTED, reason=d.reason[:500], reason_kind=status.kind,
-                queue_position=None, queue_length=None, finished_at=timezone.now(),
-            )
-            if updated:
-                job.state, job.reason = JobState.REJECTED, d.reason[:500]
-                _record(job, DecisionKind.REJECTED, d.reason)
-                _audit_job("job.rejected", job, after={"reason": d.reason})
+            if transition(job, "reject", reason=d.reason, fields={"reason_kind": status.kind},
+                          where={"cluster": inputs.cluster or job.cluster}, audit={"reason": d.reason}):
                 summary.rejected.append(job.pk)
     locked = _lock_rows(inputs, admits, preemptions, models_)
     preemptions, refused = _guaranteed_preemptions(admits, preemptions, models_)
@@ -483,52 +474,6 @@ def _wait_all(rows: list[_WaitRow]) -> None:
     _record_rows(history)
 
 
-def _update_from_values(model: type[models.Model], columns: list[tuple[str, str]],
-                        rows: list[tuple[Any, ...]], *, where: tuple[str, Any] | None = None
-                        ) -> set[int]:
-    """``UPDATE <table> SET col = v.col … FROM jsonb_to_recordset(<rows>) v WHERE id = v.id`` and,
-    if given, ``where`` (column, value or list of values): only rows whose column has that
-    value (one of them); returns the
-    primary keys updated. Hand-written because Django's ``bulk_update`` writes one CASE WHEN
-    per row and column, can add no per-row guard and does not say which rows it changed.
-    Column names and types come from this module, never from input; values are parameters."""
-    if not rows:
-        return set()
-    qn = connection.ops.quote_name
-    table = qn(model._meta.db_table)
-    pk = qn(str(model._meta.pk.column))  # type: ignore[union-attr]
-    sets = ", ".join(f"{qn(c)} = v.{qn(c)}" for c, _ in columns)
-    guard = ""
-    extra: list[Any] = []
-    if where is not None and isinstance(where[1], list):  # one of several values
-        guard = f" AND t.{qn(where[0])} IN ({', '.join(['%s'] * len(where[1]))})"
-        extra = list(where[1])
-    elif where is not None:
-        guard = f" AND t.{qn(where[0])} = %s"
-        extra = [where[1]]
-    done: set[int] = set()
-    if connection.vendor != "postgresql":  # the demo's SQLite: row by row, same guard
-        for row in rows:
-            with connection.cursor() as cursor:
-                assigns = ", ".join(f"{qn(c)} = %s" for c, _ in columns)
-                cursor.execute(f"UPDATE {table} AS t SET {assigns} WHERE t.{pk} = %s{guard}",  # noqa: S608
-                               [*row[1:], row[0], *extra])
-                if cursor.rowcount:
-                    done.add(row[0])
-        return done
-    # The rows travel as one JSON parameter (json.dumps is C; the driver would quote
-    # array parameters element by element in Python: ~1 s for 18,000 rows).
-    keys = ["id", *(c for c, _ in columns)]
-    types = ", ".join(["id bigint", *(f"{qn(c)} {t}" for c, t in columns)])
-    data = json.dumps([dict(zip(keys, row, strict=True)) for row in rows], default=_json_value)
-    sql = (f"UPDATE {table} AS t SET {sets} FROM jsonb_to_recordset(%s::jsonb) "  # noqa: S608
-           f"AS v({types}) WHERE t.{pk} = v.id{guard} RETURNING t.{pk}")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [data, *extra])
-        done.update(r[0] for r in cursor.fetchall())
-    return done
-
-
 def _placement_json(placement: E.Placement) -> list[dict[str, Any]]:
     return [
         {"pod": pp.pod, "node": pp.node, "cpu_millicores": pp.cpu_millicores, "ram_mib": pp.ram_mib,
@@ -591,18 +536,7 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
             else:
                 summary.conflicts.append(job.pk)
         return taken
-    history = []
-    for job, placement, status in accepted:
-        pj = _placement_json(placement)
-        job.state = JobState.STARTING
-        history.append(SchedulingDecision(job=job, cluster_id=job.cluster_id,
-                                          kind=DecisionKind.ADMITTED,
-                                          reason=_admit_reason(placement)[:500], placement=pj))
-        _audit_job("job.admitted", job, after={"placement": pj, "borrowing": status.borrowing})
-        summary.admitted.append(job.pk)
-    _record_all(history)
-    if accepted:
-        enqueue_on_commit("jobs_dispatch", [job.pk for job, _, _ in accepted])
+    summary.admitted.extend(job.pk for job, _, _ in accepted)
     return taken
 
 
@@ -739,15 +673,6 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
         if job.project_id not in namespaces:
             namespaces[job.project_id] = project_namespace_ensure(
                 cluster=inputs.cluster or job.placed_cluster, project=job.project)
-    # Admission times follow the engine's order (a microsecond apart), as they did when jobs
-    # were admitted one by one: preemption picks the most recently started victims first.
-    _update_from_values(
-        Job, [("state", "varchar"), ("admitted_at", "timestamptz"), ("reason", "varchar"),
-              ("reason_kind", "varchar"), ("queue_position", "integer"),
-              ("queue_length", "integer"), ("attempts", "integer"), ("namespace", "varchar")],
-        [(job.pk, JobState.STARTING.value, now + dt.timedelta(microseconds=i), "Admitted; creating pods",
-          status.kind, None, None, attempts[job.pk] + 1, namespaces[job.project_id])
-         for i, (job, _, status) in enumerate(accepted)])
     allocs: list[tuple[Allocation, E.PodPlacement]] = []
     for job, placement, _ in accepted:
         groups = inputs.groups[job.pk]
@@ -767,25 +692,34 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
     _update_from_values(GpuDevice, [("memory_allocated_mib", "integer"), ("cores_allocated", "integer"),
                                     ("sharers", "integer"), ("exclusive_held", "boolean")],
                         [(pk, *t) for pk, t in totals.items()])
+    # The jobs' transition last, when nothing can roll the savepoint back any more (their audit
+    # events are buffered to the transaction's end: ``audit_batch``). Admission times follow
+    # the engine's order (a microsecond apart), as they did when jobs were admitted one by
+    # one: preemption picks the most recently started victims first.
+    moves = []
+    for i, (job, placement, status) in enumerate(accepted):
+        pj = _placement_json(placement)
+        moves.append(Move(job, ADMITTED_REASON, (now + dt.timedelta(microseconds=i), status.kind,
+                                                 attempts[job.pk] + 1, namespaces[job.project_id]),
+            said=_admit_reason(placement), decision={"placement": pj},
+            audit={"placement": pj, "borrowing": status.borrowing}))
+    transition_many("admit", moves, columns=[("admitted_at", "timestamptz"), ("reason_kind", "varchar"),
+                                            ("attempts", "integer"), ("namespace", "varchar")])
+
+
+class _NotQueued(Exception):
+    """The job left QUEUED (or its cluster) meanwhile: its admission's savepoint rolls back."""
 
 
 def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, status: JobStatus) -> bool:
-    """Persist an admission: job STARTING, allocation rows, GPU totals. All or nothing.
+    """Persist an admission: allocation rows, GPU totals, job STARTING. All or nothing.
     The fallback of ``_admit_all``, one job at a time."""
     groups = inputs.groups[job.pk]
-    now = timezone.now()
+    pj = _placement_json(placement)
     try:
         with transaction.atomic():
             namespace = project_namespace_ensure(cluster=inputs.cluster or job.placed_cluster,
                                                  project=job.project)
-            if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED,
-                                      cluster=inputs.cluster or job.placed_cluster).update(
-                state=JobState.STARTING, admitted_at=now, reason="Admitted; creating pods",
-                namespace=namespace,
-                reason_kind=status.kind, queue_position=None, queue_length=None,
-                attempts=F("attempts") + 1,
-            ):
-                return False  # cancelled (or, floating, moved to another cluster) meanwhile
             gpu_delta: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
             for pp in placement.pods:
                 group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
@@ -815,16 +749,21 @@ def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, stat
                     changes["exclusive_held"] = True
                 # Refuses (IntegrityError) rather than over-allocate: the CHECK constraints.
                 GpuDevice.objects.filter(pk=gpu_id).update(**changes)
+            # Last in the savepoint: nothing after it can roll back its records.
+            if not transition(job, "admit", reason=ADMITTED_REASON, where={
+                    "cluster": inputs.cluster or job.placed_cluster},
+                    fields={"admitted_at": timezone.now(), "namespace": namespace, "reason_kind": status.kind,
+                            "attempts": F("attempts") + 1},
+                    said=_admit_reason(placement), decision={"placement": pj},
+                    audit={"placement": pj, "borrowing": status.borrowing}):
+                raise _NotQueued  # cancelled (or, floating, moved to another cluster) meanwhile
+    except _NotQueued:
+        return False
     except IntegrityError:
         logger.warning("admission of job %s refused by the database; it stays queued", job.pk)
         _wait(job, "Its placement was taken concurrently; retrying in the next cycle",
               "capacity", None, None)
         return False
-    job.state = JobState.STARTING
-    _record(job, DecisionKind.ADMITTED, _admit_reason(placement), placement=_placement_json(placement))
-    _audit_job("job.admitted", job, after={"placement": _placement_json(placement),
-                                          "borrowing": status.borrowing})
-    enqueue_on_commit("job_dispatch", job.pk)
     return True
 
 
@@ -881,23 +820,16 @@ def _preempt_all(inputs: selectors.CycleInputs, jobs: dict[int, Job],
             victim = jobs.get(int(v))
             if victim is not None and victim.pk not in claimed:  # None: gone since the snapshot
                 claimed[victim.pk] = (victim, job, _preempted_reason(victim, job))
-    updated = _update_from_values(
-        Job, [("state", "varchar"), ("preempted_by_id", "bigint"), ("reason", "varchar")],
-        [(pk, JobState.PREEMPTING.value, job.pk, reason) for pk, (_, job, reason) in claimed.items()],
-        where=("state", [JobState.STARTING.value, JobState.RUNNING.value]))
+    updated = transition_many("preempt", [Move(
+        victim, reason, (job.pk,), decision={"preemptor_id": job.pk}, audit={
+            "preemptor": job.pk if job.tenant_id == victim.tenant_id else None, "reason": reason,
+            "checkpoint_capable": victim.checkpoint_capable})
+        for victim, job, reason in claimed.values()], columns=[("preempted_by_id", "bigint")])
     history: list[SchedulingDecision] = []
     evicted: dict[int, list[Job]] = defaultdict(list)
-    for pk, (victim, job, reason) in claimed.items():
-        if pk not in updated:
-            continue
-        evicted[job.pk].append(victim)
-        history.append(SchedulingDecision(job_id=pk, cluster_id=victim.cluster_id,
-                                          kind=DecisionKind.PREEMPTED, reason=reason[:500],
-                                          preemptor_id=job.pk))
-        same_tenant = job.tenant_id == victim.tenant_id
-        _audit_job("job.preempted", victim, after={
-            "preemptor": job.pk if same_tenant else None, "reason": reason,
-            "checkpoint_capable": victim.checkpoint_capable})
+    for pk, (victim, job, _) in claimed.items():
+        if pk in updated:
+            evicted[job.pk].append(victim)
     waiting: list[tuple[int, str, str, None, None]] = []
     for job, d in preemptions:
         mine = evicted.get(job.pk, [])
@@ -919,7 +851,4 @@ def _preempt_all(inputs: selectors.CycleInputs, jobs: dict[int, Job],
         Job, [("reason", "varchar"), ("reason_kind", "varchar"), ("queue_position", "integer"),
               ("queue_length", "integer")], waiting, where=("state", JobState.QUEUED.value))
     _record_all(history)
-    stopped = sorted(pk for pk in claimed if pk in updated)
-    if stopped:
-        _send_after_commit("jobs_stop", stopped)
     return taken

@@ -41,7 +41,6 @@ from ..models import (
     FINAL_STATES,
     Allocation,
     Cluster,
-    DecisionKind,
     Job,
     JobState,
     PodPhase,
@@ -51,13 +50,12 @@ from .common import (
     _DISPATCH_LOCK_CLASS,
     MAX_ATTEMPTS,
     SCHEDULER,
-    _audit_job,
     _locked_job,
-    _record,
     logger,
     request_cycle,
 )
-from .jobs import _finish, _preempted_reason, _release
+from .jobs import _preempted_reason, _release
+from .lifecycle import transition
 
 # --- dispatch ------------------------------------------------------------------------------
 
@@ -316,15 +314,10 @@ def _dispatch_failed(job_id: int, message: str, *, attempt: int | None = None) -
 
             tries = dispatch_failures(job.cluster_choice, job.cluster.name) + 1
         if tries >= MAX_ATTEMPTS:
-            _finish(job, JobState.FAILED, reason)
-            _record(job, DecisionKind.FAILED, reason)
-            _audit_job("job.failed", job, after={"reason": reason})
+            transition(job, "fail", reason=reason)
+            request_cycle(job.cluster_id, countdown=2)
         else:
-            job.state = JobState.QUEUED
-            job.reason = reason + "; requeued"
-            job.save(update_fields=["state", "reason", "updated_at"])
-            _record(job, DecisionKind.REQUEUED, job.reason)
-            _audit_job("job.requeued", job, after={"reason": reason})
+            transition(job, "requeue", reason=reason + "; requeued", audit={"reason": reason}, countdown=2)
             if job.floating:
                 # One pool across clusters: back to the global queue, this cluster avoided for
                 # a while, so another cluster may take it (a job never runs in two).
@@ -334,8 +327,6 @@ def _dispatch_failed(job_id: int, message: str, *, attempt: int | None = None) -
                 # queue in this transaction, so no cycle ever reads it queued here.
                 job_unplace(job_id=job.pk, reason=f"its pods could not be created on {job.cluster}",
                             avoid=message, locked=True)
-                return True
-        request_cycle(job.cluster_id, countdown=2)
     return True
 
 
@@ -361,23 +352,17 @@ def _dispatch_unreachable(job_id: int, error: str, *, attempt: int | None = None
         cluster = Cluster.objects.get(pk=cluster_id)
         why = cluster_closed_why(cluster)
         _release(job)
-        job.state = JobState.QUEUED
-        job.attempts = max(0, job.attempts - 1)
-        job.started_at = None
         waits = why.pinned if why else f"Cluster {cluster.name} does not answer"
-        job.reason = f"{waits}; its pods were not created, requeued (this attempt is not counted)"[:500]
-        job.reason_kind = "cluster"
-        job.save(update_fields=["state", "attempts", "started_at", "reason", "reason_kind", "updated_at"])
-        _record(job, DecisionKind.REQUEUED, job.reason)
-        _audit_job("job.requeued", job, after={"reason": job.reason, "attempt_counted": False})
+        reason = f"{waits}; its pods were not created, requeued (this attempt is not counted)"[:500]
+        transition(job, "requeue", reason=reason, countdown=2,
+                   fields={"attempts": max(0, job.attempts - 1), "reason_kind": "cluster"},
+                   audit={"reason": reason, "attempt_counted": False})
         if job.floating:
             from .placement import job_unplace
 
             # STARTING → the global queue in this transaction: no cycle reads it queued here.
             back = why.floating if why else f"cluster {cluster.name} does not answer"
             job_unplace(job_id=job.pk, reason=back, locked=True)
-            return True
-        request_cycle(cluster_id, countdown=2)
     return True
 
 
@@ -439,27 +424,18 @@ def _pods_gone(job_id: int) -> bool:
         released = _release(job)
         if job.state == JobState.PREEMPTING:
             preemptor = job.preempted_by
-            job.state = JobState.QUEUED
             note = " (resumes from its latest checkpoint)" if job.checkpoint_capable else ""
-            job.reason = (f"{_preempted_reason(job, preemptor)}; requeued{note}" if preemptor
-                          else job.reason.replace("Rescheduling", "Requeued") + note)[:500]
-            job.preempted_by = None
-            job.started_at = None
-            job.save(update_fields=["state", "reason", "preempted_by", "started_at", "updated_at"])
-            _record(job, DecisionKind.REQUEUED, job.reason, preemptor=preemptor)
-            _audit_job("job.requeued", job, after={"reason": job.reason})
+            transition(job, "requeue", reason=(
+                f"{_preempted_reason(job, preemptor)}; requeued{note}" if preemptor
+                else job.reason.replace("Rescheduling", "Requeued") + note),
+                decision={"preemptor": preemptor})
         elif job.state in ACTIVE_STATES:
             # Pods vanished under a starting/running job: lost. Checkpointed jobs resume.
             if job.checkpoint_capable and job.attempts < MAX_ATTEMPTS:
-                job.state = JobState.QUEUED
-                job.reason = "Its pods were lost; requeued (resumes from its latest checkpoint)"
-                job.started_at = None
-                job.save(update_fields=["state", "reason", "started_at", "updated_at"])
-                _record(job, DecisionKind.REQUEUED, job.reason)
+                transition(job, "requeue",
+                           reason="Its pods were lost; requeued (resumes from its latest checkpoint)")
             else:
-                _finish(job, JobState.FAILED, "Its pods disappeared from the cluster")
-                _record(job, DecisionKind.FAILED, job.reason)
-                _audit_job("job.failed", job, after={"reason": job.reason})
+                transition(job, "fail", reason="Its pods disappeared from the cluster")
         if released:
             request_cycle(job.cluster_id)
     if released:

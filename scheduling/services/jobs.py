@@ -8,19 +8,16 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F
-from django.utils import timezone
 
 from tenants import permissions
-from tenants.audit import audit_batch, audit_record, snapshot
+from tenants.audit import audit_batch, snapshot
 from tenants.models import Project, User
 
 from ..models import (
-    ACTIVE_STATES,
     NON_PREEMPTIBLE_CLASSES,
     PRIORITY_VALUES,
     Allocation,
     Cluster,
-    DecisionKind,
     GpuDevice,
     GpuSlice,
     Job,
@@ -28,17 +25,18 @@ from ..models import (
     PodGroup,
     PriorityClass,
     SchedulingDecision,
+    preemptible_default,
 )
 from .common import (
     SCHEDULER,
     _audit_job,
     _locked_job,
-    _record,
     _record_all,
     _require,
     _send_after_commit,
     request_cycle,
 )
+from .lifecycle import TRANSITIONS, transition
 
 JOB_FIELDS = ("name", "kind", "priority_class", "priority", "preemptible", "checkpoint_capable",
               "gang", "mixed_gpu_models", "affinity", "duration_seconds", "state", "reason", "floating",
@@ -96,15 +94,14 @@ def _job_build(
     if priority_class not in PRIORITY_VALUES:
         raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PRIORITY_VALUES)}."]})
     if preemptible is None:
-        preemptible = priority_class == PriorityClass.BATCH
+        preemptible = preemptible_default(priority_class)
     if preemptible and priority_class in NON_PREEMPTIBLE_CLASSES:
         raise ValidationError({"preemptible": [f"{priority_class} jobs are never preemptible."]})
     job = Job(
         tenant=project.tenant, project=project, owner=actor, cluster=cluster, name=name, kind=kind,
         priority_class=priority_class, priority=PRIORITY_VALUES[priority_class],
         preemptible=preemptible, checkpoint_capable=checkpoint_capable, gang=gang,
-        mixed_gpu_models=mixed_gpu_models, duration_seconds=duration_seconds, state=JobState.QUEUED,
-        affinity=affinity,
+        mixed_gpu_models=mixed_gpu_models, duration_seconds=duration_seconds, affinity=affinity,
     )
     _require(actor, permissions.CREATE, job)
     if cluster is not None and not cluster.enabled:
@@ -136,11 +133,13 @@ def _job_build(
 
 
 def _job_submitted(actor: User, job: Job, rows: list[PodGroup]) -> SchedulingDecision:
-    """The history row and audit event of a submitted job (its rows saved); the decision
-    is returned unsaved so that bulk submits insert them together."""
-    _audit_job("job.submitted", job, actor=actor, after={
+    """The history row and audit event of a submitted job (its rows saved; the lifecycle's
+    ``submit`` row: created QUEUED, the model's default state); the decision is returned
+    unsaved so that bulk submits insert them together."""
+    submit = TRANSITIONS["submit"]
+    _audit_job(submit.audit, job, actor=actor, after={
         **snapshot(job, JOB_FIELDS), "groups": [snapshot(g, GROUP_FIELDS) for g in rows]})
-    return SchedulingDecision(job=job, cluster_id=job.cluster_id, kind=DecisionKind.SUBMITTED,
+    return SchedulingDecision(job=job, cluster_id=job.cluster_id, kind=submit.decision,
                               reason="Queued; waiting for the next scheduling cycle")
 
 
@@ -264,15 +263,8 @@ def job_cancel(*, actor: User, job: Job) -> Job:
         _require(actor, permissions.DELETE, locked)
         if locked.is_final:
             raise ValidationError({"state": [f"The job is already {locked.get_state_display().lower()}."]})
-        before = locked.state
-        _finish(locked, JobState.CANCELLED, f"Cancelled by {actor.get_username()}")
-        _record(locked, DecisionKind.CANCELLED, locked.reason)
-        _audit_job("job.cancelled", locked, actor=actor, before={"state": before},
-                   after={"state": locked.state})
-        if before in ACTIVE_STATES:
-            _stop_after_commit(locked.pk, locked.attempts)
-        elif locked.cluster_id is not None:
-            request_cycle(locked.cluster_id)
+        transition(locked, "cancel", reason=f"Cancelled by {actor.get_username()}", actor=actor,
+                   audit={"state": JobState.CANCELLED.value})
     return locked
 
 
@@ -284,33 +276,12 @@ def job_terminate(*, job_id: int, reason: str, by: str = SCHEDULER) -> bool:
         job = _locked_job(job_id)
         if job.is_final:
             return False
-        before = job.state
-        _finish(job, JobState.CANCELLED, reason)
-        _record(job, DecisionKind.CANCELLED, job.reason)
-        audit_record(actor=None, actor_username=by, action="job.cancelled", target=job,
-                     tenant=job.tenant, project=job.project, before={"state": before},
-                     after={"state": job.state, "reason": job.reason})
-        if before in ACTIVE_STATES:
-            _stop_after_commit(job.pk, job.attempts)
-        elif job.cluster_id is not None:
-            request_cycle(job.cluster_id)
-    return True
+        return transition(job, "cancel", reason=reason, actor_username=by,
+                          audit={"state": JobState.CANCELLED.value, "reason": reason[:500]})
 
 
-def _finish(job: Job, state: str, reason: str) -> None:
-    job.state = state
-    job.reason = reason[:500]
-    job.reason_kind = ""
-    job.queue_position = None
-    job.queue_length = None
-    job.finished_at = timezone.now()
-    job.save(update_fields=["state", "reason", "reason_kind", "queue_position", "queue_length",
-                            "finished_at", "updated_at"])
-
-
-def _stop_after_commit(job_id: int, attempt: int | None = None) -> None:
-    """Queue the job's stop once committed, tied to ``attempt`` (``dispatch.job_stop``)."""
-    _send_after_commit("job_stop", job_id, attempt)
+def _stop_after_commit(job_id: int) -> None:
+    _send_after_commit("job_stop", job_id)
 
 
 def job_evict(*, job_id: int, reason: str) -> bool:
@@ -318,16 +289,8 @@ def job_evict(*, job_id: int, reason: str) -> bool:
     capable jobs resume from their latest checkpoint). Returns False if nothing to do."""
     with transaction.atomic():
         job = _locked_job(job_id)
-        if job.state not in (JobState.STARTING, JobState.RUNNING):
-            return False
-        job.state = JobState.PREEMPTING
-        job.preempted_by = None
-        job.reason = f"Rescheduling: {reason}"
-        job.save(update_fields=["state", "preempted_by", "reason", "updated_at"])
-        _record(job, DecisionKind.PREEMPTED, job.reason)
-        _audit_job("job.evicted", job, after={"reason": reason})
-        _stop_after_commit(job.pk, job.attempts)
-    return True
+        return transition(job, "evict", reason=f"Rescheduling: {reason}",
+                          fields={"preempted_by_id": None}, audit={"reason": reason})
 
 
 def job_checkpoint_record(*, job: Job, path: str, actor: User | None = None) -> Job:

@@ -56,6 +56,7 @@ from ..models import (
 )
 from .common import _record_all, _send_after_commit, request_cycle, session_try_lock
 from .cycle import _consistent_read, _update_from_values, cycle_lock, engine_policy
+from .lifecycle import transition
 
 logger = logging.getLogger(__name__)
 
@@ -670,14 +671,9 @@ def _reject(job: Job, reason: str, summary: PlacementSummary) -> None:
         return  # its row is another transaction's now: the next step
     reason = reason.replace(_AGAIN, "")
     with transaction.atomic(), audit_batch():
-        if not Job.objects.filter(pk=job.pk, state=JobState.QUEUED, cluster__isnull=True).update(
-                state=JobState.REJECTED, reason=reason[:500], reason_kind="never-fits",
-                finished_at=timezone.now()):
+        if not transition(job, "reject", reason=reason, fields={"reason_kind": "never-fits"},
+                          where={"cluster__isnull": True}):
             return
-        SchedulingDecision.objects.create(job=job, cluster=None, kind=DecisionKind.REJECTED,
-                                          reason=reason[:500])
-        audit_record(actor=None, actor_username=SCHEDULER, action="job.rejected", target=job,
-                     tenant=job.tenant, project=job.project, after={"reason": reason[:500]})
     summary.rejected.append(job.pk)
 
 

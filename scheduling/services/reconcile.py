@@ -26,14 +26,14 @@ from ..models import (
     FINAL_STATES,
     Allocation,
     Cluster,
-    DecisionKind,
     Job,
     JobState,
     PodPhase,
 )
-from .common import MAX_ATTEMPTS, _audit_job, _locked_job, _record, enqueue
+from .common import MAX_ATTEMPTS, _locked_job, enqueue
 from .dispatch import _dispatch_failed, _dispatch_in_flight, _on_dead_nodes, _pods_gone
-from .jobs import _finish, _stop_after_commit, job_evict
+from .jobs import job_evict
+from .lifecycle import transition
 
 OBJECT_SWEEP_SECONDS = 60
 
@@ -160,14 +160,14 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
     if "Failed" in phases:
         failed = next(p for p in present if p.phase == "Failed")
         detail = f": {failed.message}" if failed.message else ""
-        _end(job_id, JobState.FAILED, f"Pod {failed.name} failed{detail}")
+        if not _end(job_id, JobState.FAILED, f"Pod {failed.name} failed{detail}"):
+            _stop_after_commit_now(job_id, job.attempts)  # ended meanwhile: its pods go all the same
         result.finished.append(job_id)
-        _stop_after_commit_now(job_id, job.attempts)
         return
     if len(present) == len(rows) and all(ph == "Succeeded" for ph in phases):
-        _end(job_id, JobState.SUCCEEDED, "All pods succeeded")
+        if not _end(job_id, JobState.SUCCEEDED, "All pods succeeded"):
+            _stop_after_commit_now(job_id, job.attempts)
         result.finished.append(job_id)
-        _stop_after_commit_now(job_id, job.attempts)
         return
     if job.state == JobState.RUNNING and not present:
         if _pods_gone(job_id):
@@ -199,12 +199,8 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
         return
     if job.state == JobState.STARTING and all(ph in ("Running", "Succeeded") for ph in phases):
         with transaction.atomic():
-            if Job.objects.filter(pk=job_id, state=JobState.STARTING).update(
-                state=JobState.RUNNING, started_at=timezone.now(), reason="Running",
-                reason_kind="",
-            ):
-                fresh = Job.objects.get(pk=job_id)
-                _record(fresh, DecisionKind.STARTED, "All pods are running")
+            fresh = Job.objects.select_related("tenant", "project").get(pk=job_id)
+            if transition(fresh, "start", reason="Running", said="All pods are running"):
                 result.started.append(job_id)
 
 
@@ -246,12 +242,8 @@ def _job_lost_pod(job_id: int, pod: str) -> bool:
             return False
         what = f"pod {pod} was lost (deleted or evicted from its node)"
         if job.attempts >= MAX_ATTEMPTS:
-            _finish(job, JobState.FAILED, f"{what[0].upper()}{what[1:]}; failed after "
-                                          f"{job.attempts} attempts")
-            _record(job, DecisionKind.FAILED, job.reason)
-            _audit_job("job.failed", job, after={"reason": job.reason})
-            _stop_after_commit(job.pk, job.attempts)
-            return True
+            return transition(job, "fail", reason=f"{what[0].upper()}{what[1:]}; failed after "
+                                                  f"{job.attempts} attempts")
     return job_evict(job_id=job_id, reason=f"{what}; restarting all its pods")
 
 
@@ -319,16 +311,11 @@ def _update_phases(rows: list[Allocation], pods: dict[str, PodStatus]) -> None:
                                                       message=(p.message if p else "")[:500])
 
 
-def _end(job_id: int, state: str, reason: str) -> None:
+def _end(job_id: int, state: str, reason: str) -> bool:
+    """The job ended (its pods succeeded, or one failed); False if it had left STARTING/RUNNING."""
     with transaction.atomic():
         job = _locked_job(job_id)
-        if job.state not in (JobState.STARTING, JobState.RUNNING):
-            return
-        _finish(job, state, reason)
-        _record(job, DecisionKind.FINISHED if state == JobState.SUCCEEDED else DecisionKind.FAILED,
-                reason)
-        _audit_job("job.succeeded" if state == JobState.SUCCEEDED else "job.failed", job,
-                   after={"reason": reason})
+        return transition(job, "succeed" if state == JobState.SUCCEEDED else "fail", reason=reason)
 
 
 def _stop_after_commit_now(job_id: int, attempt: int | None = None) -> None:

@@ -9,6 +9,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DataError, IntegrityError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.template.loader import render_to_string
 from django.views.defaults import page_not_found
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -53,3 +54,24 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
     return page_not_found(request, exception or Http404())
+
+
+_BARE_500 = ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Server error · Camp"
+             "</title></head><body><h1>Something went wrong on our side</h1><p>Try again in a moment."
+             "</p><p><a href=\"/\">Back to Camp</a></p></body></html>")
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """handler500: JSON under /api/; elsewhere Camp's own page with the nav (Django's default
+    renders 500.html without the request, so no nav and no user). The page itself needs the
+    database (the nav lists tenants): when that is what failed, a bare page, never a traceback."""
+    request_id = getattr(request, "request_id", "")
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Server error.", "request_id": request_id},
+                            status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+    try:
+        body = render_to_string("500.html", {"request_id": request_id}, request=request)
+    except Exception:  # noqa: BLE001 (whatever broke the request may break the page too)
+        logger.warning("the 500 page could not be rendered; answering the bare one", exc_info=True)
+        body = _BARE_500
+    return HttpResponse(body, status=status.HTTP_500_INTERNAL_SERVER_ERROR)

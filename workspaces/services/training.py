@@ -20,6 +20,7 @@ from scheduling.models import (
     JobState,
     PriorityClass,
     SchedulingDecision,
+    preemptible_default,
 )
 from tenants import permissions
 from tenants.audit import snapshot
@@ -174,7 +175,7 @@ def training_submit(
     if priority_class not in PriorityClass.values:
         raise ValidationError({"priority_class": [f"Choose one of: {', '.join(PriorityClass.values)}."]})
     if preemptible is None:
-        preemptible = priority_class in (PriorityClass.NORMAL, PriorityClass.BATCH)
+        preemptible = preemptible_default(priority_class, workload="training")
     t = TrainingJob(
         tenant=project.tenant,
         project=project,

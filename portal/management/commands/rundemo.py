@@ -12,6 +12,23 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+# The demo's own load (a cycle every 3 s, two clusters, the load generator) keeps one process
+# busy; a second one lets a user's launch be dispatched while a cycle runs (issue 32).
+DEMO_WORKER_PROCESSES = 2
+
+
+def _die_with_parent() -> None:
+    """In the worker's child before exec: the kernel sends it SIGTERM when this command's
+    process ends in any way (Ctrl-C, SIGTERM, even SIGKILL), so stopping the demo never leaves a
+    worker behind (prctl PR_SET_PDEATHSIG; Linux, where the demo runs; elsewhere a no-op)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
 
 class Command(BaseCommand):
     help = "Migrate, seed demo data, start a Celery worker+beat and serve http://127.0.0.1:8000."
@@ -31,8 +48,9 @@ class Command(BaseCommand):
             "DEMO_LOAD": os.environ.get("DEMO_LOAD", "true")}
         worker = subprocess.Popen(  # noqa: S603 (fixed argv: this interpreter running celery)
             [sys.executable, "-m", "celery", "-A", "camp", "worker", "--beat", "--loglevel=WARNING",
-             "--concurrency=1", "--schedule", str(settings.BASE_DIR / "var" / "celerybeat-schedule")],
-            env=env, start_new_session=True,
+             f"--concurrency={DEMO_WORKER_PROCESSES}",
+             "--schedule", str(settings.BASE_DIR / "var" / "celerybeat-schedule")],
+            env=env, start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
         self.stdout.write(f"Celery worker started (pid {worker.pid}).")
         self.stdout.write(f"Camp is serving http://{options['addr']}:{options['port']}/ (Ctrl-C stops)")

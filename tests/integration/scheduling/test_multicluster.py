@@ -329,18 +329,37 @@ def test_racing_placement_steps_bind_each_job_once(world: Any, two: tuple[Cluste
     assert Allocation.objects.filter(job__in=jobs).values("job").distinct().count() == 4
 
 
-def _other_session_holds_cycle_lock(cluster: Cluster) -> Any:
-    """A second database session (another worker's cycle) holding ``cluster``'s cycle lock."""
-    import psycopg
-    from django.db import connection
+class _OtherSession:
+    """A second database session (another worker's cycle) holding a cluster's cycle lock.
 
-    from scheduling.services.common import _CYCLE_LOCK_CLASS
+    ``close`` unlocks before it disconnects: a session-level advisory lock of a closed
+    connection is released only when the server's backend process has noticed the hang-up
+    and exited, which under load came after the test's next placement step (that step then
+    found the cluster still busy and bound nothing: issue 29). ``pg_advisory_unlock`` returns
+    once the lock is free."""
 
-    s = connection.settings_dict
-    conn = psycopg.connect(host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"],
-                           dbname=s["NAME"], autocommit=True)
-    conn.execute("SELECT pg_advisory_lock(%s, %s)", [_CYCLE_LOCK_CLASS, cluster.pk])
-    return conn
+    def __init__(self, cluster: Cluster) -> None:
+        import psycopg
+        from django.db import connection
+
+        from scheduling.services.common import _CYCLE_LOCK_CLASS
+
+        s = connection.settings_dict
+        self.key = [_CYCLE_LOCK_CLASS, cluster.pk]
+        self.conn = psycopg.connect(host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"],
+                                    dbname=s["NAME"], autocommit=True)
+        self.conn.execute("SELECT pg_advisory_lock(%s, %s)", self.key)
+
+    def close(self) -> None:
+        try:
+            row = self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", self.key).fetchone()
+            assert row is not None and row[0], "the other session did not hold the lock"
+        finally:
+            self.conn.close()
+
+
+def _other_session_holds_cycle_lock(cluster: Cluster) -> _OtherSession:
+    return _OtherSession(cluster)
 
 
 def test_a_job_sent_back_and_bound_elsewhere_is_not_admitted_by_its_old_clusters_cycle(
