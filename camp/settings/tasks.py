@@ -109,6 +109,10 @@ if DEMO_LOAD:
 # Camp's pods name Camp as their scheduler: HAMi's webhook leaves such pods alone (it takes
 # over pods of the default scheduler and refuses them when already bound).
 CAMP_SCHEDULER_NAME = env_str("CAMP_SCHEDULER_NAME", "camp-scheduler")
+# This installation's identity on every object it creates in a cluster (camp.io/installation):
+# empty means the one generated at first use and kept in the database (scheduling.models
+# installation_id). Two installations sharing a cluster each touch only their own objects.
+CAMP_INSTALLATION_ID = env_str("CAMP_INSTALLATION_ID", "")
 # How long a GPU pod on a HAMi node may wait for the device plugin's bind-phase answer, and
 # for another pod's node lock, before its dispatch fails with a reason.
 CAMP_HAMI_BIND_TIMEOUT_SECONDS = env_int("CAMP_HAMI_BIND_TIMEOUT_SECONDS", 60)

@@ -22,6 +22,10 @@ LABEL_JOB_OBJECT = "camp.io/job-object"
 """On a job's owned extra objects: the name of its ConfigMap (deleted with it)."""
 LABEL_ROLE = "camp.io/role"
 LABEL_REPLICA = "camp.io/replica"
+LABEL_INSTALLATION = "camp.io/installation"
+"""On everything Camp creates: the installation that created it (``models.installation_id``)."""
+LABEL_REGISTRATION = "camp.io/registration"
+"""On everything Camp creates: the cluster registration (``Cluster`` id) that created it."""
 LABEL_ATTEMPT = "camp.io/attempt"
 """On a job's pods: the job's attempt (``Job.attempts``) that created them. Pod names repeat
 across attempts; this (with the placement, ``KubernetesBackend._same_placement``) tells which

@@ -43,13 +43,15 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
-from ..models import Cluster
+from ..models import Cluster, installation_id
 from .base import (
     ADMISSION_ERROR,
     LABEL_ATTEMPT,
+    LABEL_INSTALLATION,
     LABEL_JOB_ID,
     LABEL_JOB_OBJECT,
     LABEL_PROJECT_ID,
+    LABEL_REGISTRATION,
     MANAGED_BY,
     BackendError,
     BindPending,
@@ -281,6 +283,9 @@ class KubernetesBackend:
                         if backoff is None else backoff)
         self.sleep = sleep
         self._owner_uids: dict[tuple[str, str], str] = {}
+        self.owner: dict[str, str] = {}
+        """The installation and registration labels of what this backend creates
+        (``for_cluster``); what carries other values is another's and never touched."""
         self.timeout: float | tuple[float, float] = 30  # seconds, or (connect, read)
         # ``_call`` retries with backoff itself; urllib3's own silent retries under it would
         # multiply every wait on a dead server (and log a line per attempt).
@@ -290,6 +295,20 @@ class KubernetesBackend:
 
     @classmethod
     def for_cluster(cls, cluster: Cluster) -> KubernetesBackend:
+        backend = cls._connect(cluster)
+        backend.owner = {LABEL_INSTALLATION: installation_id(), LABEL_REGISTRATION: str(cluster.pk)}
+        return backend
+
+    def own(self, labels: Mapping[str, str] | None) -> bool:
+        """Whether an object with ``labels`` is Camp's and this registration's: Camp's label,
+        and this installation's and registration's (an object made before those labels
+        existed, without them, counts as its own)."""
+        labels = labels or {}
+        return labels.get(MANAGED_BY) == "camp" and all(
+            labels.get(k, v) == v for k, v in self.owner.items())
+
+    @classmethod
+    def _connect(cls, cluster: Cluster) -> KubernetesBackend:
         creds = decrypt_credentials(cluster.credentials_encrypted)
         if creds.get("kubeconfig"):
             # Refused when stored too (services.cluster_create/update); checked again for
@@ -438,7 +457,8 @@ class KubernetesBackend:
             if phase in ("Succeeded", "Failed"):
                 continue
             labels = meta.get("labels") or {}
-            job_id = str(labels.get(LABEL_JOB_ID) or "") if labels.get(MANAGED_BY) == "camp" else ""
+            # Another installation's (or registration's) pods hold GPUs like anyone else's.
+            job_id = str(labels.get(LABEL_JOB_ID) or "") if self.own(labels) else ""
             name = f"{meta.get('namespace')}/{meta.get('name')}"
             ann = meta.get("annotations") or {}
             usage: dict[str, tuple[int, int, int]] = {}
@@ -516,12 +536,21 @@ class KubernetesBackend:
     # -- namespaces and per-job objects ------------------------------------------------------
 
     def ensure_namespace(self, spec: NamespaceSpec) -> None:
+        spec = dataclasses.replace(spec, labels={**spec.labels, **self.owner})
         existing = self._call(self.core.read_namespace, spec.name, ok=(404,))
         if existing is None:
             self._call(self.core.create_namespace,
                        {"apiVersion": "v1", "kind": "Namespace",
                         "metadata": {"name": spec.name, "labels": dict(spec.labels)}}, ok=(409,))
         elif any((existing.metadata.labels or {}).get(k) != v for k, v in spec.labels.items()):
+            have = existing.metadata.labels or {}
+            if (have.get(MANAGED_BY) == "camp" or LABEL_PROJECT_ID in have) and not self.own(
+                    {**have, MANAGED_BY: "camp"}):
+                # Another Camp installation's (or registration's) namespace: never adopt it.
+                raise BackendError(f"Namespace {spec.name} belongs to another Camp installation or "
+                                   f"registration of this cluster ({LABEL_INSTALLATION}="
+                                   f"{have.get(LABEL_INSTALLATION)}); give this cluster another "
+                                   f"namespace prefix", status=409)
             owner = (existing.metadata.labels or {}).get(LABEL_PROJECT_ID)
             if owner and owner != spec.labels.get(LABEL_PROJECT_ID):
                 # Another project's namespace: never adopt it (its volumes and secrets are there).
@@ -537,6 +566,7 @@ class KubernetesBackend:
                            {"spec": {"hard": dict(spec.quota)}})
 
     def ensure_job_objects(self, objs: JobObjects) -> None:
+        objs = dataclasses.replace(objs, labels={**objs.labels, **self.owner})
         cm = {"apiVersion": "v1", "kind": "ConfigMap",
               "metadata": {"name": objs.name, "namespace": objs.namespace, "labels": dict(objs.labels)},
               "data": dict(objs.data)}
@@ -571,7 +601,7 @@ class KubernetesBackend:
         body = json.loads(json.dumps(dict(extra.manifest)))
         meta = body.setdefault("metadata", {})
         meta["namespace"] = objs.namespace
-        meta.setdefault("labels", {}).update({MANAGED_BY: "camp"})
+        meta.setdefault("labels", {}).update({MANAGED_BY: "camp", **self.owner})
         if extra.owned:
             meta["labels"][LABEL_JOB_OBJECT] = objs.name  # deleted with the job (delete_job_objects)
             refs = self._owner_refs(objs.namespace, objs.name)
@@ -623,7 +653,7 @@ class KubernetesBackend:
             for obj in (listed.items if listed is not None else []):
                 labels = obj.metadata.labels or {}
                 # Checked again here: a label selector is a server convenience, not a guarantee.
-                if labels.get(MANAGED_BY) == "camp" and labels.get(LABEL_JOB_OBJECT) == name:
+                if self.own(labels) and labels.get(LABEL_JOB_OBJECT) == name:
                     self._call(getattr(api, f"delete_namespaced_{suffix}"), obj.metadata.name,
                                namespace, ok=(404,))
 
@@ -632,7 +662,7 @@ class KubernetesBackend:
         out = []
         for svc in (listed.items if listed is not None else []):
             labels = dict(svc.metadata.labels or {})
-            if labels.get(MANAGED_BY) == "camp" and label in labels:  # checked again, as elsewhere
+            if self.own(labels) and label in labels:  # checked again, as elsewhere
                 out.append((svc.metadata.namespace, svc.metadata.name, labels))
         return out
 
@@ -642,7 +672,7 @@ class KubernetesBackend:
         out = []
         for ing in (listed.items if listed is not None else []):
             labels = dict(ing.metadata.labels or {})
-            if labels.get(MANAGED_BY) == "camp" and label in labels:
+            if self.own(labels) and label in labels:
                 out.append((ing.metadata.namespace, ing.metadata.name, labels))
         return out
 
@@ -655,7 +685,7 @@ class KubernetesBackend:
         for cm in (listed.items if listed is not None else []):
             labels = cm.metadata.labels or {}
             job_id = labels.get(LABEL_JOB_ID, "")
-            if labels.get(MANAGED_BY) == "camp" and job_id.isdigit():
+            if self.own(labels) and job_id.isdigit():
                 out.append((cm.metadata.namespace, cm.metadata.name, int(job_id)))
         return out
 
@@ -714,7 +744,7 @@ class KubernetesBackend:
             pod_spec["hostname"] = spec.name
             pod_spec["subdomain"] = spec.subdomain
         metadata: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace,
-                                    "labels": dict(spec.labels), "annotations": annotations}
+                                    "labels": {**spec.labels, **self.owner}, "annotations": annotations}
         if spec.owner:
             refs = self._owner_refs(spec.namespace, spec.owner)
             if refs:
@@ -987,8 +1017,9 @@ class KubernetesBackend:
         result = self._call(self.core.list_pod_for_all_namespaces, label_selector=SELECTOR)
         assert result is not None
         pods = [_pod_status(p) for p in result.items]
-        # Filter again client-side: label selectors are a server convenience, not a guarantee.
-        return [p for p in pods if p.labels.get(MANAGED_BY) == "camp"], (
+        # Filter again client-side: label selectors are a server convenience, not a guarantee;
+        # and only this installation's and registration's pods (``own``).
+        return [p for p in pods if self.own(p.labels)], (
             result.metadata.resource_version or "")
 
     def list_pods(self) -> list[PodStatus]:
@@ -1020,7 +1051,7 @@ class KubernetesBackend:
                     if new_rv:
                         rv = new_rv
                     status = _pod_status(obj)
-                    if status.labels.get(MANAGED_BY) == "camp":
+                    if self.own(status.labels):
                         yield PodEvent(event["type"], status)
                     if time.monotonic() >= deadline:
                         w.stop()
@@ -1150,6 +1181,17 @@ def access_problems(cluster: Cluster) -> dict[str, str]:
                                + ": grant Camp's ClusterRole (docs/ARCHITECTURE.md, "
                                "\"Registering a Kubernetes cluster\")."}
     return {}
+
+
+def cluster_identity(cluster: Cluster) -> str:
+    """The cluster's identity: its ``kube-system`` namespace's UID (the same through every
+    endpoint and credentials, and different for every cluster); "" if it cannot be read."""
+    try:
+        backend = KubernetesBackend._connect(cluster)
+        ns = backend.core.read_namespace("kube-system", _request_timeout=CHECK_TIMEOUT_SECONDS)
+    except (BackendError, ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):
+        return ""
+    return str(ns.metadata.uid or "")
 
 
 def _reason(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from typing import Any
 
@@ -27,7 +28,7 @@ from django.db import close_old_connections, connection
 from scheduling import services
 from scheduling.backends import backend_for
 from scheduling.backends.base import BackendError, PodStatus
-from scheduling.models import Cluster
+from scheduling.models import WATCH_HEARTBEAT_SECONDS, Cluster
 
 logger = logging.getLogger("scheduling.watch")
 
@@ -69,6 +70,32 @@ class Health:
                                                           watch_error_since=_now())
 
 
+def _heartbeat(name: str) -> threading.Event:
+    """Write the cluster's ``watch_heartbeat_at`` now and every ``WATCH_HEARTBEAT_SECONDS``
+    from a thread, until the returned event is set: health follows its age
+    (``Cluster.watch_healthy``), so a killed watcher reads unhealthy within
+    ``WATCH_HEARTBEAT_STALE_SECONDS``, with or without pod events."""
+    done = threading.Event()
+
+    def beat() -> None:
+        Cluster.objects.filter(name=name).update(watch_heartbeat_at=_now())
+
+    beat()
+
+    def run() -> None:
+        try:
+            while not done.wait(WATCH_HEARTBEAT_SECONDS):
+                try:
+                    beat()
+                except Exception:  # noqa: BLE001 (the database away: the next beat tries again)
+                    close_old_connections()
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name="camp-watch-heartbeat", daemon=True).start()
+    return done
+
+
 def _now() -> Any:
     from django.utils import timezone
 
@@ -103,6 +130,14 @@ class Command(BaseCommand):
         # second); the watcher reports the outage itself, once.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         deadline = time.monotonic() + options["duration"] if options["duration"] else None
+        beating = _heartbeat(name)
+        try:
+            self._loop(name, options, stop, deadline)
+        finally:
+            beating.set()
+
+    def _loop(self, name: str, options: dict[str, Any], stop: dict[str, bool],
+              deadline: float | None) -> None:
         max_events = options["max_events"]
         seen = 0
         backoff = 1.0

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @contextmanager
 def watcher(cluster: Any, seconds: float = 40) -> Iterator[threading.Thread]:
     """``camp_watch`` for this cluster in a thread, running when this yields."""
-    Cluster.objects.filter(pk=cluster.pk).update(watch_last_event_at=None)
+    Cluster.objects.filter(pk=cluster.pk).update(watch_heartbeat_at=None)
 
     def watch() -> None:
         try:
@@ -42,7 +42,7 @@ def watcher(cluster: Any, seconds: float = 40) -> Iterator[threading.Thread]:
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
-    wait_until(lambda: Cluster.objects.get(pk=cluster.pk).watch_last_event_at, "the watch to start")
+    wait_until(lambda: Cluster.objects.get(pk=cluster.pk).watch_heartbeat_at, "the watch to start")
     try:
         yield thread
     finally:
