@@ -382,8 +382,12 @@ class Kubelet:
                 self.sync()
                 stream = k8s_watch.Watch().stream(self.core.list_pod_for_all_namespaces,
                                                   timeout_seconds=1, _request_timeout=2)
-                for _event in stream:
-                    self.sync()
+                for event in stream:
+                    pod = event["object"]
+                    # Only a bound pod still Pending has something for the kubelet to do.
+                    if (pod.spec.node_name and (pod.status.phase or "Pending") == "Pending"
+                            and not pod.metadata.deletion_timestamp):
+                        self.sync()
                     if self._stop.is_set():
                         break
             except Exception as exc:  # noqa: BLE001 — a stand-in keeps running, and records why

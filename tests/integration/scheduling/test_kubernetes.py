@@ -20,7 +20,7 @@ from kubernetes import client as k8s
 
 from scheduling import services
 from scheduling.backends.kubernetes import KubernetesBackend, parse_hami_register
-from scheduling.models import GpuDevice, Job, JobState, Node
+from scheduling.models import GpuDevice, Job, JobState, Node, installation_id
 
 from .conftest import gpu_group, project_ns
 from .kmockserver import kmock_server, stored
@@ -131,9 +131,11 @@ def test_dispatch_creates_bound_annotated_pods(world: Any, kube: Any) -> None:
     k, core, _ = kube
     job, ns = _dispatched(world, kube, groups=[gpu_group(
         replicas=2, gpu_count=2, gpu_memory_mib=20000, gpu_cores_percent=30, image="pytorch:2")])
+    # Whose objects: this installation's and this cluster registration's.
+    mine = {"camp.io/installation": installation_id(), "camp.io/registration": str(job.cluster_id)}
     assert _namespace_patch(k, ns)["metadata"]["labels"] == {
         "app.kubernetes.io/managed-by": "camp", "camp.io/tenant": "acme", "camp.io/project": "acme-p1",
-        "camp.io/project-id": str(world.a.project.pk)}
+        "camp.io/project-id": str(world.a.project.pk), **mine}
     owner = f"ddp-{job.pk}"
     cm = stored(k, "configmaps", ns, owner)
     assert cm["data"] == {"job": "ddp", "job-id": str(job.pk)}
@@ -167,7 +169,7 @@ def test_dispatch_creates_bound_annotated_pods(world: Any, kube: Any) -> None:
         assert pod["metadata"]["labels"] == {
             "app.kubernetes.io/managed-by": "camp", "camp.io/tenant": "acme", "camp.io/project": "acme-p1",
             "camp.io/job": "ddp", "camp.io/job-id": str(job.pk), "camp.io/role": "worker",
-            "camp.io/replica": str(rank), "camp.io/attempt": "1"}
+            "camp.io/replica": str(rank), "camp.io/attempt": "1", **mine}
         ref = pod["metadata"]["ownerReferences"][0]
         assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
             "ConfigMap", owner, f"uid-{owner}", True)
