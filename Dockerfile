@@ -37,6 +37,7 @@ COPY . .
 # so no pod writes to its filesystem. Production settings refuse a missing SECRET_KEY; this
 # throwaway one exists only for this build step and is not kept in the image.
 RUN SECRET_KEY=collectstatic-at-build-time-only-not-a-runtime-secret-0123456789 \
+    DATABASE_URL=sqlite:////tmp/collectstatic-needs-no-database.sqlite3 \
     python manage.py collectstatic --noinput
 USER 10001:10001
 EXPOSE 8000

@@ -18,8 +18,17 @@ class ImproperlyConfiguredEnv(RuntimeError):
 def _raw(name: str) -> str | None:
     file_path = os.environ.get(f"{name}_FILE")
     if file_path:
-        return Path(file_path).read_text(encoding="utf-8").strip()
+        try:
+            return Path(file_path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:  # a missing mount: one line, not a traceback
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ImproperlyConfiguredEnv(f"{name}_FILE={file_path}: cannot be read ({reason})") from exc
     return os.environ.get(name)
+
+
+def env_is_set(name: str) -> bool:
+    """Whether ``name`` (or ``name_FILE``) is given at all, even empty."""
+    return f"{name}_FILE" in os.environ or name in os.environ
 
 
 def env_str(name: str, default: str = "") -> str:

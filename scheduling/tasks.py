@@ -13,7 +13,6 @@ from celery import shared_task
 from django.db import OperationalError
 
 from . import services
-from .backends import backend_for
 from .backends.base import BackendError
 from .models import Cluster, Job
 from .services import placement as multicluster
@@ -61,66 +60,50 @@ def placement_step() -> dict[str, int] | str:
 
 @shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
 def cluster_reconcile(cluster_id: int) -> dict[str, int] | str:
-    """One reconcile: one attempt with a short timeout (no in-task retries), so a dead API
-    server holds a worker for seconds, once per backoff step, never for a retry ladder on
-    every tick; the outcome drives the cluster's backoff (``cluster_reachability_record``)."""
-    from .backends.kubernetes import KubernetesBackend
+    """One reconcile through the gate of periodic cluster calls (``cluster_periodic``: a quick
+    probe, one attempt per call, a time budget), so a dead API server holds a worker for
+    seconds, once per backoff step, never for a retry ladder on every tick; the outcome drives
+    the cluster's backoff (``cluster_reachability_record``)."""
 
-    cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
-    if cluster is None:
-        services.reconcile_request_taken(cluster_id)
-        return "disabled"
-    try:
-        backend = backend_for(cluster)
-        if isinstance(backend, KubernetesBackend):  # a quick probe, then one attempt
-            backend.probe()
-            backend.retries = 0
-            backend.timeout = services.PROBE_TIMEOUT_SECONDS
-        result = services.cluster_reconcile(cluster=cluster, backend=backend)
-    except BackendError as exc:
-        services.cluster_reachability_record(cluster_id=cluster_id, error=str(exc))
-        return "error"
-    finally:
-        services.reconcile_request_taken(cluster_id)  # the next tick may queue one again
-    services.cluster_reachability_record(cluster_id=cluster_id, error=None)
-    return {"started": len(result.started), "finished": len(result.finished),
-            "released": len(result.released), "orphans": len(result.orphans_deleted)}
+    def run(cluster: Cluster) -> dict[str, int]:
+        result = services.cluster_reconcile(cluster=cluster)
+        return {"started": len(result.started), "finished": len(result.finished),
+                "released": len(result.released), "orphans": len(result.orphans_deleted)}
+
+    return services.cluster_periodic("reconcile", cluster_id, run)
 
 
 @shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=2, max_retries=3)
 def cluster_inventory_sync(cluster_id: int) -> dict[str, int] | str:
-    from .backends.kubernetes import KubernetesBackend
+    """One inventory sync through the gate of periodic cluster calls (as ``cluster_reconcile``)."""
 
-    cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).first()
-    if cluster is None:
-        return "disabled"
-    try:
-        backend = backend_for(cluster)
-        if isinstance(backend, KubernetesBackend):
-            try:
-                backend.probe()  # a dead server: seconds, not the list's retry ladder
-            except BackendError as exc:
-                services.cluster_reachability_record(cluster_id=cluster_id, error=str(exc))
-                return "error"
-        result = services.inventory_sync(cluster=cluster)
-    except (BackendError, ValueError) as exc:
-        Cluster.objects.filter(pk=cluster_id).update(last_error=str(exc)[:500])
-        return "error"
-    return {"nodes": result.nodes, "gpus": result.gpus, "evicted": len(result.evicted_jobs)}
+    def run(cluster: Cluster) -> dict[str, int] | str:
+        try:
+            result = services.inventory_sync(cluster=cluster)
+        except ValueError as exc:  # an inventory that cannot be read (a simulated cluster's YAML)
+            Cluster.objects.filter(pk=cluster_id).update(last_error=str(exc)[:500])
+            return "error"
+        return {"nodes": result.nodes, "gpus": result.gpus, "evicted": len(result.evicted_jobs)}
+
+    return services.cluster_periodic("inventory", cluster_id, run)
 
 
 @shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=2, max_retries=3)
 def cluster_utilization_sync(cluster_id: int) -> dict[str, int] | str:
-    """Per-GPU utilisation and used memory from the cluster's Prometheus (if configured)."""
-    cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).exclude(prometheus_url="").first()
-    if cluster is None:
-        return "off"
+    """Per-GPU utilisation and used memory from the cluster's Prometheus (if configured).
+    Not the API server: a Prometheus that does not answer closes nothing (its error is kept)."""
     try:
-        result = services.utilization_sync(cluster=cluster)
-    except BackendError as exc:
-        Cluster.objects.filter(pk=cluster_id).update(last_error=str(exc)[:500])
-        return "error"
-    return {"matched": result.matched, "cleared": result.cleared, "unmatched": result.unmatched}
+        cluster = Cluster.objects.filter(pk=cluster_id, enabled=True).exclude(prometheus_url="").first()
+        if cluster is None:
+            return "off"
+        try:
+            result = services.utilization_sync(cluster=cluster)
+        except BackendError as exc:
+            Cluster.objects.filter(pk=cluster_id).update(last_error=str(exc)[:500])
+            return "error"
+        return {"matched": result.matched, "cleared": result.cleared, "unmatched": result.unmatched}
+    finally:
+        services.periodic_request_taken("utilization", cluster_id)
 
 
 @shared_task(**_OPTS)
@@ -129,8 +112,11 @@ def utilization_tick() -> int:
     n = 0
     for cluster_id in Cluster.objects.filter(enabled=True).exclude(prometheus_url="").values_list(
             "pk", flat=True):
-        cluster_utilization_sync.delay(cluster_id)
-        n += 1
+        # One read per cluster queued or running at a time: a Prometheus that does not answer
+        # holds one worker for its timeout, never a pile of reads (``periodic_request``).
+        if services.periodic_request("utilization", cluster_id):
+            cluster_utilization_sync.delay(cluster_id)
+            n += 1
     return n
 
 
@@ -185,7 +171,7 @@ def scheduler_tick() -> int:
     for cluster in Cluster.objects.filter(enabled=True).only("pk", "retry_at"):
         # A cluster backing off is skipped until its retry time; a reconcile still queued
         # or running is not queued again (ticks coalesce per cluster).
-        if services.cluster_due(cluster) and services.reconcile_request(cluster.pk):
+        if services.cluster_due(cluster) and services.periodic_request("reconcile", cluster.pk):
             cluster_reconcile.delay(cluster.pk)
         services.request_cycle(cluster.pk)
         n += 1
@@ -196,10 +182,12 @@ def scheduler_tick() -> int:
 
 @shared_task(**_OPTS)
 def inventory_tick() -> int:
-    """Beat: full inventory list of every enabled cluster."""
+    """Beat: full inventory list of every enabled cluster (one task per cluster: a slow one
+    never delays another's; not while it backs off, nor while its last sync is queued or
+    running)."""
     n = 0
     for cluster in Cluster.objects.filter(enabled=True).only("pk", "retry_at"):
-        if services.cluster_due(cluster):  # not while its API server is being backed off from
+        if services.cluster_due(cluster) and services.periodic_request("inventory", cluster.pk):
             cluster_inventory_sync.delay(cluster.pk)
             n += 1
     return n

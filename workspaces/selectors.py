@@ -170,11 +170,17 @@ def job_logs(job: Job | None, *, tail: int = 200, pod: str = "") -> list[PodLog]
     backend = backend_for(job.placed_cluster)
     ns = namespace_spec(job, job.placed_cluster).name
     out = []
+    silent = ""  # the cluster did not answer: the other pods' logs are not asked for either
     for a in allocs:
-        try:
-            text = backend.pod_logs(ns, a.pod_name, tail_lines=tail)
-        except BackendError as exc:
-            text = f"(logs unavailable: {exc})"
+        if silent:
+            text = silent
+        else:
+            try:
+                text = backend.pod_logs(ns, a.pod_name, tail_lines=tail)
+            except BackendError as exc:
+                text = f"(logs unavailable: {exc})"
+                if exc.unreachable or exc.retryable:
+                    silent = text
         out.append(PodLog(pod=a.pod_name, role=a.group.name, text=text))
     return out
 

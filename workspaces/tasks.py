@@ -8,6 +8,7 @@ from celery import shared_task
 from django.db import OperationalError
 from django.db.models import F, Q
 
+from scheduling import services as scheduling
 from scheduling.backends import backend_for
 from scheduling.backends.base import BackendError
 from scheduling.models import FINAL_STATES, Cluster
@@ -62,19 +63,34 @@ def delete_objects(cluster_id: int, namespace: str, objects: list[list[str] | tu
 @shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
 def services_autoscale() -> dict[str, int]:
     """Beat (``SERVING_AUTOSCALE_SECONDS``): one autoscaler step per model service
-    (workspaces/services/serving.py): load → desired replicas → replica jobs added or removed."""
-    return services.model_services_autoscale()
+    (workspaces/services/serving.py): load → desired replicas → replica jobs added or removed.
+    One step at a time: a step slowed by a Prometheus that does not answer (each read waits
+    for its timeout) makes the next beats skip, never run beside it on every worker."""
+    if not scheduling.periodic_request("services-autoscale", 0):
+        return {"skipped": 1}
+    try:
+        return services.model_services_autoscale()
+    finally:
+        scheduling.periodic_request_taken("services-autoscale", 0)
 
 
 @shared_task(**_OPTS)
-def services_sweep() -> dict[str, int]:
-    """Beat (``SERVING_SWEEP_SECONDS``): delete the Service objects of deleted model services
-    on every enabled Kubernetes cluster (one list per cluster); an unreachable cluster waits
-    for the next round."""
-    removed = 0
-    for cluster in Cluster.objects.filter(enabled=True, backend="kubernetes"):
-        try:
-            removed += len(services.model_service_objects_sweep(cluster=cluster))
-        except BackendError as exc:
-            logger.warning("cluster %s: model service sweep failed: %s", cluster.name, exc)
-    return {"removed": removed}
+def services_sweep() -> int:
+    """Beat (``SERVING_SWEEP_SECONDS``): queue one sweep per enabled Kubernetes cluster that may
+    be called now (not backing off, none of its sweeps queued or running), so a cluster that
+    does not answer delays no other's."""
+    n = 0
+    for cluster in Cluster.objects.filter(enabled=True, backend="kubernetes").only("pk", "retry_at"):
+        if scheduling.cluster_due(cluster) and scheduling.periodic_request("services-sweep", cluster.pk):
+            cluster_services_sweep.delay(cluster.pk)
+            n += 1
+    return n
+
+
+@shared_task(**_OPTS, autoretry_for=(OperationalError,), retry_backoff=1, max_retries=5)
+def cluster_services_sweep(cluster_id: int) -> dict[str, int] | str:
+    """Delete the Service and Ingress objects of deleted model services on one cluster (one
+    list each), through the gate of periodic cluster calls (``cluster_periodic``: probe, time
+    budget, backoff); an unreachable cluster waits for a later round."""
+    return scheduling.cluster_periodic("services-sweep", cluster_id, lambda cluster: {
+        "removed": len(services.model_service_objects_sweep(cluster=cluster))})

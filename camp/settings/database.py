@@ -1,17 +1,39 @@
 """Database and cache: SQLite and local memory by default; PostgreSQL and Redis by URL."""
 
+from typing import Any
+
 import dj_database_url
 
-from camp.env import env_int, env_str
+from camp.env import ImproperlyConfiguredEnv, env_int, env_str
 
 from .base import BASE_DIR
 
-DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'var' / 'camp.sqlite3'}")
-DATABASES = {
-    "default": dj_database_url.parse(
-        DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0)
-    ),
-}
+DEMO_DATABASE_URL = f"sqlite:///{BASE_DIR / 'var' / 'camp.sqlite3'}"
+DATABASE_URL = env_str("DATABASE_URL", DEMO_DATABASE_URL)
+
+
+SUPPORTED_ENGINES = ("django.db.backends.postgresql", "django.db.backends.sqlite3")
+
+
+def parse_database_url(url: str, **kw: Any) -> dict[str, Any]:
+    """dj_database_url's parse, with an error that names the variable and never echoes the URL
+    (it holds the password): an empty value or an unknown scheme stops the process in one line."""
+    if not url.strip():
+        raise ImproperlyConfiguredEnv("DATABASE_URL is set but empty: give postgres://user:password@host/db "
+                                      "(or unset it for the demo's SQLite)")
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    refusal = ImproperlyConfiguredEnv(f"DATABASE_URL is not a database URL Camp can use (scheme "
+                                      f"{scheme!r}; use postgres:// or, for the demo, sqlite://)")
+    try:
+        parsed = dict(dj_database_url.parse(url, **kw))
+    except (ValueError, KeyError) as exc:  # dj_database_url.UnknownSchemeError is a ValueError
+        raise refusal from exc
+    if parsed.get("ENGINE") not in SUPPORTED_ENGINES:
+        raise refusal
+    return parsed
+
+
+DATABASES = {"default": parse_database_url(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))}
 # The demo serves web and worker from one SQLite file. A busy timeout alone is not enough:
 # a transaction that reads and then writes (every launch) begins DEFERRED, and when another
 # process wrote meanwhile SQLite answers "database is locked" at once, without waiting

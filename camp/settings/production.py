@@ -3,7 +3,7 @@
 ``manage.py check --deploy --fail-level WARNING`` passes with these (a test checks it).
 """
 
-from camp.env import env_bool, env_int, env_str
+from camp.env import ImproperlyConfiguredEnv, env_bool, env_int, env_is_set, env_str
 
 from . import *  # noqa: F403
 from .base import ALLOWED_HOSTS  # noqa: F401
@@ -12,6 +12,11 @@ DEBUG = False
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY or SECRET_KEY.startswith("django-insecure"):
     raise RuntimeError("SECRET_KEY (or SECRET_KEY_FILE) must be set to a long random value")
+# Production never falls back to the demo's SQLite file ("unable to open database file" at the
+# first request, or worse, a private database per container).
+if not env_is_set("DATABASE_URL"):
+    raise ImproperlyConfiguredEnv("DATABASE_URL (or DATABASE_URL_FILE) must be set in production: "
+                                  "postgres://user:password@host:5432/camp")
 
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

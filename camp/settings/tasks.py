@@ -124,6 +124,12 @@ CAMP_HAMI_BIND_POLL_SECONDS = env_int("CAMP_HAMI_BIND_POLL_SECONDS", 5)
 # this many milliseconds, doubled at each try (4 and 200: at most 3 s of waiting per call).
 CAMP_KUBE_API_RETRIES = env_int("CAMP_KUBE_API_RETRIES", 4)
 CAMP_KUBE_API_BACKOFF_MS = env_int("CAMP_KUBE_API_BACKOFF_MS", 200)
+# Periodic tasks that call a cluster (reconcile, inventory, sweeps) go through one gate
+# (scheduling.services.cluster_periodic): a quick probe of the API server (this many seconds,
+# no retries), then calls with the periodic timeouts, no retries, and at most this many
+# seconds per cluster per run (docs/KUBERNETES.md "Unreachable clusters").
+CAMP_KUBE_PROBE_SECONDS = env_int("CAMP_KUBE_PROBE_SECONDS", 3)
+CAMP_CLUSTER_RUN_SECONDS = env_int("CAMP_CLUSTER_RUN_SECONDS", 30)
 # HAMi's node lock expires after this long (HAMI_NODELOCK_EXPIRE in HAMi, default 5m).
 CAMP_HAMI_NODELOCK_EXPIRE_SECONDS = env_int("CAMP_HAMI_NODELOCK_EXPIRE_SECONDS", 300)
 

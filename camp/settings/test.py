@@ -6,18 +6,17 @@ the database, cache, broker and channel layer are therefore set again here.
 
 import os
 
-import dj_database_url
-
 from camp.env import env_int, env_str
 
 from . import *  # noqa: F403
+from .database import parse_database_url
 from .tasks import CHANNEL_LAYER_SOCKET_TIMEOUT_S
 
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/camp")
 # Each test run owns its database, Celery queue and cache keys, so concurrent runs on one
 # machine never share them. A worker subprocess joins its run with CAMP_TEST_RUN_ID.
 TEST_RUN_ID = env_str("CAMP_TEST_RUN_ID", str(os.getpid()))
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+DATABASES = {"default": parse_database_url(DATABASE_URL)}
 DATABASES["default"]["TEST"] = {"NAME": f"test_camp_{TEST_RUN_ID}"}
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/15")
 CACHES = {

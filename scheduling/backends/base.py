@@ -8,6 +8,7 @@ already exists succeeds, deleting what is gone succeeds.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -54,8 +55,36 @@ class BindPending(BackendError):
         super().__init__(message, retryable=True)
 
 
+@dataclass(frozen=True)
+class CallBudget:
+    """How long one periodic run may spend on one cluster (``services.cluster_periodic``): each
+    call gets at most ``connect``/``read`` seconds, capped by what is left before ``deadline``
+    (on ``clock``), and ``retries`` tries more (the next run is the retry). A call that would
+    start after the deadline raises ``BudgetSpent``: the run ends there and the rest waits for
+    the next run (every periodic step is idempotent)."""
+
+    deadline: float
+    connect: float
+    read: float
+    retries: int = 0
+    clock: Callable[[], float] = time.monotonic
+
+    def timeouts(self) -> tuple[float, float]:
+        """(connect, read) timeouts for a call starting now; BudgetSpent when nothing is left."""
+        left = self.deadline - self.clock()
+        if left <= 0:
+            raise BudgetSpent("this run's time for the cluster is spent; the rest waits for the "
+                              "next run", retryable=True)
+        return min(self.connect, left), min(self.read, left)
+
+
 class ResourceVersionExpired(BackendError):  # noqa: N818 (it is the Kubernetes name: 410 Gone)
     """The watch's resourceVersion is too old (410 Gone): relist."""
+
+
+class BudgetSpent(BackendError):  # noqa: N818 (a state, like ResourceVersionExpired)
+    """A periodic run used up its time for one cluster (``CallBudget``) between calls: the
+    cluster answered, so it is not unreachable; the run stops and the next one goes on."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ Every call retries 5xx, 429 and timeouts with exponential backoff; a create answ
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import json
@@ -55,6 +56,7 @@ from .base import (
     MANAGED_BY,
     BackendError,
     BindPending,
+    CallBudget,
     ExtraObject,
     GpuInfo,
     JobObjects,
@@ -111,6 +113,11 @@ def handshake_dead(value: str, allocatable_count: int, now: dt.datetime | None =
     now = now or dt.datetime.now()  # HAMi parses it in local time
     return (now - asked).total_seconds() > HANDSHAKE_STALE_SECONDS and allocatable_count <= 0
 QUOTA_NAME = "camp-project-quota"
+WORKLOADS_ROLE = "camp-agent-workloads"
+"""The camp-agent chart's ClusterRole of Camp's rights inside its own namespaces."""
+ROLE_BINDING = "camp-agent"
+"""The RoleBinding of ``WORKLOADS_ROLE`` Camp creates in each namespace it creates."""
+GRANT_WAIT_SECONDS = 30
 SELECTOR = f"{MANAGED_BY}=camp"
 POD_PAGE = 500
 """Pods per page when the inventory sync lists every pod (``limit``/``continue``)."""
@@ -287,6 +294,9 @@ class KubernetesBackend:
         """The installation and registration labels of what this backend creates
         (``for_cluster``); what carries other values is another's and never touched."""
         self.timeout: float | tuple[float, float] = 30  # seconds, or (connect, read)
+        # A periodic run's time for this cluster (``services.cluster_periodic``): timeouts and
+        # retries from it, capped by its deadline, instead of the ones above.
+        self.budget: CallBudget | None = None
         # ``_call`` retries with backoff itself; urllib3's own silent retries under it would
         # multiply every wait on a dead server (and log a line per attempt).
         pool = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
@@ -336,33 +346,50 @@ class KubernetesBackend:
     # -- retries -----------------------------------------------------------------------------
 
     def _call(self, fn: Callable[..., T], *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> T | None:
-        """Call the API; statuses in ``ok`` return None; 5xx/429/timeouts retry with backoff."""
-        kwargs.setdefault("_request_timeout", self.timeout)
-        for attempt in range(self.retries + 1):
+        """Call the API; statuses in ``ok`` return None; 5xx/429/timeouts retry with backoff.
+        Under a ``budget`` each try's timeouts are what is left of it (``BudgetSpent`` when
+        nothing is), and its retries replace ``retries``."""
+        budget = self.budget
+        retries = self.retries if budget is None else budget.retries
+        for attempt in range(retries + 1):
+            if budget is not None:
+                kwargs["_request_timeout"] = budget.timeouts()
+            else:
+                kwargs.setdefault("_request_timeout", self.timeout)
             try:
                 return fn(*args, **kwargs)
             except ApiException as exc:
                 if exc.status in ok:
                     return None
-                if exc.status in RETRYABLE and attempt < self.retries:
+                if exc.status in RETRYABLE and attempt < retries:
                     self.sleep(self.backoff * 2 ** attempt)
                     continue
                 raise BackendError(_describe(exc), status=exc.status,
                                    retryable=exc.status in RETRYABLE, unreachable=not exc.status) from exc
             except (urllib3.exceptions.HTTPError, OSError) as exc:
-                if attempt < self.retries:
+                if attempt < retries:
                     self.sleep(self.backoff * 2 ** attempt)
                     continue
                 raise BackendError(f"Kubernetes API unreachable at {self.api.configuration.host} "
                                    f"({_reason(exc)})", retryable=True, unreachable=True) from exc
         raise AssertionError("unreachable")
 
-    def probe(self, *, timeout: float = 3.0) -> None:
+    def probe(self, *, timeout: float | None = None) -> None:
         """One quick ``GET /version`` (no retries): BackendError unless the server answers
-        within ``timeout`` seconds. Reconcile probes first, so a dead or hung API server
-        costs a worker seconds, not a request timeout."""
+        within ``timeout`` seconds (``CAMP_KUBE_PROBE_SECONDS``). Periodic runs probe first
+        (``services.cluster_periodic``), so a dead or hung API server costs a worker seconds,
+        not a request timeout."""
+        if timeout is None:
+            timeout = float(getattr(settings, "CAMP_KUBE_PROBE_SECONDS", 3))
+        limit = (timeout, timeout)
+        if self.budget is not None:
+            left = self.budget.timeouts()
+            limit = min(timeout, left[0]), min(timeout, left[1])
         try:
-            k8s.VersionApi(self.api).get_code(_request_timeout=(timeout, timeout))
+            # Read, not deserialised: that it answered is all the probe asks.
+            answer = k8s.VersionApi(self.api).get_code(_request_timeout=limit, _preload_content=False)
+            answer.read()
+            answer.release_conn()
         except ApiException as exc:
             if exc.status in (401, 403):
                 return  # it answered; what the credentials may do is checked elsewhere
@@ -536,27 +563,32 @@ class KubernetesBackend:
     # -- namespaces and per-job objects ------------------------------------------------------
 
     def ensure_namespace(self, spec: NamespaceSpec) -> None:
+        """The project's namespace (created with its labels, never relabelled: Camp may not
+        patch namespaces), Camp's rights in it (``_grant_workloads``) and its ResourceQuota.
+        A namespace of that name that Camp did not make for this project, or that another
+        installation or registration made, is refused."""
         spec = dataclasses.replace(spec, labels={**spec.labels, **self.owner})
         existing = self._call(self.core.read_namespace, spec.name, ok=(404,))
         if existing is None:
             self._call(self.core.create_namespace,
                        {"apiVersion": "v1", "kind": "Namespace",
                         "metadata": {"name": spec.name, "labels": dict(spec.labels)}}, ok=(409,))
-        elif any((existing.metadata.labels or {}).get(k) != v for k, v in spec.labels.items()):
+        else:
             have = existing.metadata.labels or {}
-            if (have.get(MANAGED_BY) == "camp" or LABEL_PROJECT_ID in have) and not self.own(
-                    {**have, MANAGED_BY: "camp"}):
+            if not self.own({**have, MANAGED_BY: "camp"}):
                 # Another Camp installation's (or registration's) namespace: never adopt it.
                 raise BackendError(f"Namespace {spec.name} belongs to another Camp installation or "
                                    f"registration of this cluster ({LABEL_INSTALLATION}="
                                    f"{have.get(LABEL_INSTALLATION)}); give this cluster another "
                                    f"namespace prefix", status=409)
             owner = (existing.metadata.labels or {}).get(LABEL_PROJECT_ID)
-            if owner and owner != spec.labels.get(LABEL_PROJECT_ID):
-                # Another project's namespace: never adopt it (its volumes and secrets are there).
-                raise BackendError(f"Namespace {spec.name} belongs to another project "
-                                   f"(camp.io/project-id={owner}); refusing to use it", status=409)
-            self._call(self.core.patch_namespace, spec.name, {"metadata": {"labels": dict(spec.labels)}})
+            if owner != spec.labels.get(LABEL_PROJECT_ID):
+                # Another project's namespace, or one Camp did not create: never adopt it
+                # (its volumes and secrets are there; Camp would grant itself rights in it).
+                whose = f"belongs to another project (camp.io/project-id={owner})" if owner \
+                    else "was not created by Camp (no camp.io/project-id label)"
+                raise BackendError(f"Namespace {spec.name} {whose}; refusing to use it", status=409)
+        self._grant_workloads(spec.name)
         if spec.quota:
             body = {"apiVersion": "v1", "kind": "ResourceQuota",
                     "metadata": {"name": QUOTA_NAME, "namespace": spec.name, "labels": dict(spec.labels)},
@@ -564,6 +596,58 @@ class KubernetesBackend:
             if self._call(self.core.create_namespaced_resource_quota, spec.name, body, ok=(409,)) is None:
                 self._call(self.core.patch_namespaced_resource_quota, QUOTA_NAME, spec.name,
                            {"spec": {"hard": dict(spec.quota)}})
+
+    def service_account(self) -> tuple[str, str] | None:
+        """(namespace, name) of the ServiceAccount whose token Camp uses here, read from the
+        token's ``sub`` claim (``system:serviceaccount:<ns>:<name>``, in both TokenRequest
+        and Secret tokens); None for any other identity (a user, a client certificate)."""
+        header = str((self.api.configuration.api_key or {}).get("authorization", ""))
+        token = header.removeprefix("Bearer ").strip()
+        parts = token.split(".")
+        if len(parts) != 3:
+            return None
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        except (ValueError, TypeError):
+            return None
+        sub = str(claims.get("sub", "")) if isinstance(claims, dict) else ""
+        prefix, _, rest = sub.partition("system:serviceaccount:")
+        ns, _, name = rest.partition(":")
+        return (ns, name) if not prefix and ns and name else None
+
+    def _grant_workloads(self, namespace: str) -> None:
+        """Camp's write rights in its own namespace: a RoleBinding of the camp-agent chart's
+        ClusterRole ``WORKLOADS_ROLE`` to Camp's ServiceAccount (``REQUIRED_ACCESS["namespace"]``;
+        RBAC lets Camp make it through ``bind`` on that one role). Credentials that are no
+        ServiceAccount were checked at registration to hold those rights cluster-wide."""
+        sa = self.service_account()
+        if sa is None:
+            return
+        body = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": ROLE_BINDING, "namespace": namespace,
+                             "labels": {MANAGED_BY: "camp"}},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": WORKLOADS_ROLE},
+                "subjects": [{"kind": "ServiceAccount", "namespace": sa[0], "name": sa[1]}]}
+        rbac = k8s.RbacAuthorizationV1Api(self.api)
+        if self._call(rbac.create_namespaced_role_binding, namespace, body, ok=(409,)) is None:
+            return  # made by an earlier dispatch
+        # The authorizer learns of a new binding through its informer: wait until it does, or
+        # the next write (the quota, the pods) is refused for a moment.
+        authz = k8s.AuthorizationV1Api(self.api)
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": "create",
+                                                  "resource": "pods"}}}
+        deadline = time.monotonic() + GRANT_WAIT_SECONDS
+        while True:
+            answer = self._call(authz.create_self_subject_access_review, review)
+            if answer is not None and answer.status and answer.status.allowed:
+                return
+            if time.monotonic() > deadline:
+                raise BackendError(f"The RoleBinding {namespace}/{ROLE_BINDING} to ClusterRole "
+                                   f"{WORKLOADS_ROLE} did not take effect within "
+                                   f"{GRANT_WAIT_SECONDS} s", retryable=True)
+            self.sleep(0.1)
 
     def ensure_job_objects(self, objs: JobObjects) -> None:
         objs = dataclasses.replace(objs, labels={**objs.labels, **self.owner})
@@ -827,8 +911,10 @@ class KubernetesBackend:
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": spec.name, "namespace": spec.namespace},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": spec.node}}
-        # The v1.24 apiserver's answer does not deserialise into V1Binding: read it raw.
-        self._call(self.core.create_namespaced_binding, spec.namespace, body,
+        # POST pods/{name}/binding (RBAC ``pods/binding``, what REQUIRED_ACCESS grants), never
+        # the namespace's ``bindings`` collection (RBAC ``bindings``). The v1.24 apiserver's
+        # answer does not deserialise into V1Binding: read it raw.
+        self._call(self.core.create_namespaced_pod_binding, spec.name, spec.namespace, body,
                    _preload_content=False, ok=(409,))
 
     def _hami_bind(self, spec: PodSpec) -> None:
@@ -1095,6 +1181,9 @@ def _describe(exc: ApiException) -> str:
         if "CERTIFICATE_VERIFY_FAILED" in text:
             return "The API server's TLS certificate could not be verified (wrong or missing CA certificate)"
         return f"Kubernetes API unreachable ({text.splitlines()[0][:200] if text else 'no answer'})"
+    if exc.status == 401:  # e.g. a `kubectl create token` token past its --duration
+        return ("Kubernetes API answered 401 Unauthorized: the cluster's token is wrong or has "
+                "expired; register a new one (the cluster's credentials, docs/DEPLOY.md)")
     try:
         message = json.loads(exc.body or "{}").get("message", "")
     except (ValueError, AttributeError):
@@ -1102,29 +1191,80 @@ def _describe(exc: ApiException) -> str:
     return f"Kubernetes API answered {exc.status} {exc.reason or ''}: {message}".strip(": ")[:400]
 
 
-# What Camp does in a cluster, as RBAC rules (verb, API group, resource[/subresource]);
-# docs/KUBERNETES.md lists the ClusterRole. Checked when a cluster is registered.
-REQUIRED_ACCESS: tuple[tuple[str, str, str], ...] = (
-    *((v, "", "nodes") for v in ("get", "list", "watch", "patch")),
-    *((v, "", "namespaces") for v in ("get", "create", "patch")),
-    *((v, "", "resourcequotas") for v in ("create", "patch")),
-    *((v, "", "pods") for v in ("get", "list", "watch", "create", "patch", "delete")),
-    ("create", "", "pods/binding"),
-    ("get", "", "pods/log"),
-    *((v, "", "configmaps") for v in ("get", "list", "create", "patch", "delete")),
-    *((v, "", "services") for v in ("list", "create", "delete")),
-    *((v, "", "secrets") for v in ("create", "patch", "delete")),
-    *((v, "", "persistentvolumeclaims") for v in ("create", "delete")),
-    *((v, "networking.k8s.io", "ingresses") for v in ("list", "create", "delete")),
-)
+# What Camp does in a cluster, as RBAC rules (verb, API group, resource[/subresource],
+# resource name or "" for any): the one source of the camp-agent chart's two ClusterRoles and
+# of docs/KUBERNETES.md's table (tests compare them). "cluster": granted cluster-wide, reads,
+# HAMi's node lock annotation, new namespaces, and granting itself ``WORKLOADS_ROLE`` in them.
+# "namespace": the writes, granted only inside Camp's namespaces by the RoleBinding Camp
+# creates with each (``_grant_workloads``). Checked when a cluster is registered.
+Access = tuple[str, str, str, str]
+REQUIRED_ACCESS: dict[str, tuple[Access, ...]] = {
+    "cluster": (
+        *((v, "", "nodes", "") for v in ("get", "list", "watch", "patch")),
+        *((v, "", "namespaces", "") for v in ("get", "create")),
+        *((v, "", "pods", "") for v in ("get", "list", "watch")),
+        ("list", "", "configmaps", ""),
+        ("list", "", "services", ""),
+        ("list", "networking.k8s.io", "ingresses", ""),
+        ("create", "rbac.authorization.k8s.io", "rolebindings", ""),
+        ("bind", "rbac.authorization.k8s.io", "clusterroles", WORKLOADS_ROLE),
+        ("get", "rbac.authorization.k8s.io", "clusterroles", WORKLOADS_ROLE),
+    ),
+    "namespace": (
+        *((v, "", "pods", "") for v in ("create", "patch", "delete")),
+        ("create", "", "pods/binding", ""),
+        ("get", "", "pods/log", ""),
+        *((v, "", "resourcequotas", "") for v in ("create", "patch")),
+        *((v, "", "configmaps", "") for v in ("get", "create", "patch", "delete")),
+        *((v, "", "services", "") for v in ("create", "delete")),
+        *((v, "", "secrets", "") for v in ("create", "patch", "delete")),
+        *((v, "", "persistentvolumeclaims", "") for v in ("create", "delete")),
+        *((v, "networking.k8s.io", "ingresses", "") for v in ("create", "delete")),
+    ),
+}
 CHECK_TIMEOUT_SECONDS = 5
+
+
+def access_rules(scope: str) -> list[dict[str, Any]]:
+    """``REQUIRED_ACCESS[scope]`` as RBAC ``rules`` (one per group, resource and name)."""
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for verb, group, resource, name in REQUIRED_ACCESS[scope]:
+        grouped.setdefault((group, resource, name), []).append(verb)
+    return [{"apiGroups": [group], "resources": [resource], "verbs": verbs,
+             **({"resourceNames": [name]} if name else {})}
+            for (group, resource, name), verbs in grouped.items()]
+
+
+def rules_grant(rules: Any, access: Access) -> bool:
+    """Whether RBAC ``rules`` (dicts or client objects) allow ``access``, as the RBAC
+    authorizer matches them (``*`` wildcards; resource names narrow)."""
+    verb, group, resource, name = access
+
+    def field(rule: Any, key: str, attr: str) -> list[str]:
+        return list((rule.get(key) if isinstance(rule, dict) else getattr(rule, attr, None)) or [])
+
+    for rule in rules or ():
+        verbs, groups = field(rule, "verbs", "verbs"), field(rule, "apiGroups", "api_groups")
+        resources = field(rule, "resources", "resources")
+        names = field(rule, "resourceNames", "resource_names")
+        if ((verb in verbs or "*" in verbs) and (group in groups or "*" in groups)
+                and (resource in resources or "*" in resources) and (not names or name in names)):
+            return True
+    return False
+
+
+def _described(access: Access) -> str:
+    verb, group, resource, name = access
+    return f"{verb} {resource}" + (f"/{name}" if name else "") + (f" ({group})" if group else "")
 
 
 def access_problems(cluster: Cluster) -> dict[str, str]:
     """Why Camp cannot work with ``cluster`` as registered, by form field (``api_server``,
     ``credentials``), in words; empty when it can. One attempt per request, short timeouts:
-    reachability (``/version``), authentication, then every permission of ``REQUIRED_ACCESS``
-    through SelfSubjectAccessReview (the API that ``kubectl auth can-i`` uses)."""
+    reachability (``/version``), authentication, then ``REQUIRED_ACCESS``: every cluster-wide
+    rule through SelfSubjectAccessReview (the API that ``kubectl auth can-i`` uses); the
+    namespaced rules either held cluster-wide too, or granted by the ClusterRole
+    ``WORKLOADS_ROLE`` that Camp binds to its ServiceAccount in each namespace it creates."""
     creds = decrypt_credentials(cluster.credentials_encrypted) if cluster.credentials_encrypted else {}
     if not cluster.api_server and not creds.get("kubeconfig"):
         return {"api_server": "Give the API server URL (or a kubeconfig that names it)."}
@@ -1136,6 +1276,9 @@ def access_problems(cluster: Cluster) -> dict[str, str]:
         return {"credentials": f"The kubeconfig cannot be used: {exc}"}
     host = backend.api.configuration.host
     timeout = CHECK_TIMEOUT_SECONDS
+    unauthorized = {"credentials": "The API server refused the credentials (401 Unauthorized): "
+                                   "the token is wrong or has expired (a token made with "
+                                   "`kubectl create token` ends at its --duration; make a new one)."}
     try:
         k8s.VersionApi(backend.api).get_code(_request_timeout=timeout)
     except urllib3.exceptions.SSLError as exc:
@@ -1151,35 +1294,53 @@ def access_problems(cluster: Cluster) -> dict[str, str]:
                                       f"could not be verified; give the cluster's CA certificate."}
             return {"api_server": f"The API server at {host} does not answer ({_reason(exc)})."}
         if exc.status == 401:
-            return {"credentials": "The API server refused the credentials (401 Unauthorized): "
-                                   "the token is wrong or has expired."}
+            return unauthorized
         if exc.status not in (403,):  # /version may be closed to some identities: fine
             return {"api_server": f"{host} does not look like a Kubernetes API server "
                                   f"({_describe(exc)})."}
     authz = k8s.AuthorizationV1Api(backend.api)
-    denied: list[str] = []
-    for verb, group, resource in REQUIRED_ACCESS:
+
+    def allowed(access: Access) -> bool:
+        verb, group, resource, name = access
         res, _, sub = resource.partition("/")
         attrs = {"verb": verb, "group": group, "resource": res}
         if sub:
             attrs["subresource"] = sub
+        if name:
+            attrs["name"] = name
         body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                 "spec": {"resourceAttributes": attrs}}
-        try:
-            review = authz.create_self_subject_access_review(body, _request_timeout=timeout)
-        except ApiException as exc:
-            if exc.status == 401:
-                return {"credentials": "The API server refused the credentials (401 Unauthorized): "
-                                       "the token is wrong or has expired."}
-            return {"credentials": f"Could not check the credentials' permissions ({_describe(exc)})."}
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            return {"api_server": f"The API server at {host} stopped answering ({_reason(exc)})."}
-        if not (review.status and review.status.allowed):
-            denied.append(f"{verb} {resource}" + (f" ({group})" if group else ""))
-    if denied:
-        return {"credentials": "These credentials may not " + ", ".join(denied)
-                               + ": grant Camp's ClusterRole (docs/ARCHITECTURE.md, "
-                               "\"Registering a Kubernetes cluster\")."}
+        review = authz.create_self_subject_access_review(body, _request_timeout=timeout)
+        return bool(review.status and review.status.allowed)
+
+    chart = "install or upgrade the camp-agent chart (docs/DEPLOY.md) and register its ServiceAccount's token"
+    try:
+        denied = [a for a in REQUIRED_ACCESS["cluster"] if not allowed(a)]
+        if denied:
+            return {"credentials": "These credentials may not " + ", ".join(map(_described, denied))
+                                   + f" (cluster-wide): {chart}."}
+        if all(allowed(a) for a in REQUIRED_ACCESS["namespace"]):
+            return {}  # held cluster-wide already (an identity that is no ServiceAccount)
+        if backend.service_account() is None:
+            return {"credentials": "These credentials are no ServiceAccount token and may not "
+                                   "write in every namespace; Camp grants itself its namespaced "
+                                   f"rights by binding ClusterRole {WORKLOADS_ROLE} to its "
+                                   f"ServiceAccount: {chart}."}
+        role = k8s.RbacAuthorizationV1Api(backend.api).read_cluster_role(
+            WORKLOADS_ROLE, _request_timeout=timeout)
+    except ApiException as exc:
+        if exc.status == 401:
+            return unauthorized
+        if exc.status == 404:
+            return {"credentials": f"The ClusterRole {WORKLOADS_ROLE} (Camp's rights inside its "
+                                   f"namespaces) does not exist: {chart}."}
+        return {"credentials": f"Could not check the credentials' permissions ({_describe(exc)})."}
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        return {"api_server": f"The API server at {host} stopped answering ({_reason(exc)})."}
+    missing = [a for a in REQUIRED_ACCESS["namespace"] if not rules_grant(role.rules, a)]
+    if missing:
+        return {"credentials": f"The ClusterRole {WORKLOADS_ROLE} does not grant "
+                               + ", ".join(map(_described, missing)) + f": {chart}."}
     return {}
 
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from django.conf import settings
+from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models import ProtectedError, Q
@@ -27,7 +32,16 @@ from ..models import (
     Job,
     not_reserved_cluster_name,
 )
-from .common import SCHEDULER, _require, enqueue_on_commit, request_cycle
+from .common import (
+    RECONCILE_REQUEST_SECONDS,
+    SCHEDULER,
+    _require,
+    enqueue_on_commit,
+    request_cycle,
+)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CLUSTER_FIELDS = ("name", "display_name", "enabled", "backend", "api_server", "prometheus_url",
                   "namespace_prefix", "placement_policy", "labels")
@@ -229,9 +243,90 @@ def _after_commit_inventory(cluster_id: int) -> None:
 # Reachability: a cluster whose API server fails is skipped by the periodic ticks until its
 # ``retry_at``: 2, 4, 8 ... seconds after each failure, at most this long.
 MAX_RETRY_SECONDS = 300
-PROBE_TIMEOUT_SECONDS = (5.0, 30.0)
-"""Reconcile's one attempt per tick: connect within 5 s (a dead server), read within 30 s
-(listing a large cluster's pods takes a while)."""
+PERIODIC_TIMEOUT_SECONDS = (5.0, 30.0)
+"""Each call of a periodic run (``cluster_periodic``), one attempt: connect within 5 s (a dead
+server), read within 30 s (listing a large cluster's pods takes a while); both capped by what
+is left of the run's ``CAMP_CLUSTER_RUN_SECONDS``."""
+
+_clock: Callable[[], float] = time.monotonic  # the budget's clock (tests may turn it by hand)
+
+
+def periodic_request(kind: str, cluster_id: int) -> bool:
+    """Whether a periodic run of ``kind`` (``reconcile``, ``inventory``, ``services-sweep`` …)
+    may be queued for the cluster now: not while one is queued or running. Ticks coalesce per
+    cluster and kind, so a slow cluster never piles its runs up in the queue; the key is
+    dropped when the run ends (``cluster_periodic``) or expires (a run lost with a killed
+    worker holds back the next one this long at most)."""
+    timeout = max(RECONCILE_REQUEST_SECONDS, 2 * _run_seconds())  # outlives a run in its budget
+    return bool(cache.add(f"camp:periodic:{kind}:{cluster_id}", 1, timeout=timeout))
+
+
+def periodic_request_taken(kind: str, cluster_id: int) -> None:
+    cache.delete(f"camp:periodic:{kind}:{cluster_id}")
+
+
+def cluster_periodic(kind: str, cluster_id: int, run: Callable[[Cluster], T], *,
+                     enabled_only: bool = True) -> T | str:
+    """The one gate of every periodic task that calls a cluster: ``run(cluster)`` if the
+    cluster may be called now, within its time; else why not.
+
+    Rules: a disabled cluster is not called ("disabled"; ``enabled_only=False`` for what its
+    running jobs still need, e.g. their checkpoints); one backing off after a failure is
+    not called before its ``retry_at`` ("backing-off") and stays skipped until a probe finds
+    it answering. A Kubernetes cluster is probed first (``GET /version``,
+    ``CAMP_KUBE_PROBE_SECONDS``, no retries) by one run at a time: a run that finds another
+    probing it skips this round ("busy": a healthy cluster answers in milliseconds, a dead
+    one is being found out, so its failure costs one probe, not one per task); then ``run``
+    calls it with one attempt per call and at most
+    ``CAMP_CLUSTER_RUN_SECONDS`` in all (``CallBudget``: every ``backend_for`` inside is bound
+    to it). A probe or call that gets no answer, or a 5xx/429, is a reachability failure
+    (``cluster_reachability_record``: backoff, the cluster takes no new work) — "unreachable";
+    an answered refusal (4xx) is kept in ``last_error`` — "error"; a run whose time ran out
+    between answered calls stops there ("budget-spent"; the next run goes on). A run that
+    got its answers ends an outage. The run's request key (``periodic_request``) is dropped at
+    the end, whatever happened, so the next tick may queue it again."""
+    from ..backends import backend_for, budgeted
+    from ..backends.base import BackendError, BudgetSpent, CallBudget
+
+    try:
+        cluster = Cluster.objects.filter(pk=cluster_id).first()
+        if cluster is None or (enabled_only and not cluster.enabled):
+            return "disabled"
+        if not cluster_due(cluster):
+            return "backing-off"
+        down = cluster.unreachable_since is not None or cluster.failures > 0
+        connect, read = PERIODIC_TIMEOUT_SECONDS
+        budget = CallBudget(deadline=_clock() + _run_seconds(), connect=connect, read=read,
+                            retries=0, clock=_clock)
+        try:
+            with budgeted(cluster_id, budget):
+                if cluster.backend == Backend.KUBERNETES:
+                    probing = f"camp:cluster-probing:{cluster_id}"
+                    if not cache.add(probing, 1, timeout=_run_seconds() + 5):
+                        return "busy"  # another run is probing it now
+                    try:
+                        backend_for(cluster).probe()  # type: ignore[attr-defined]
+                    finally:
+                        cache.delete(probing)
+                result: T | str = run(cluster)
+        except BudgetSpent as exc:
+            logger.warning("cluster %s: %s stopped: %s", cluster.name, kind, exc)
+            result = "budget-spent"
+        except BackendError as exc:
+            if exc.unreachable or exc.retryable:
+                cluster_reachability_record(cluster_id=cluster_id, error=str(exc))
+                return "unreachable"
+            Cluster.objects.filter(pk=cluster_id).update(last_error=str(exc)[:500])
+            return "error"
+        if down:
+            cluster_reachability_record(cluster_id=cluster_id, error=None)
+        return result
+    finally:
+        periodic_request_taken(kind, cluster_id)
+
+
+def _run_seconds() -> float:
+    return float(getattr(settings, "CAMP_CLUSTER_RUN_SECONDS", 30))
 
 
 def cluster_reachability_record(*, cluster_id: int, error: str | None) -> None:

@@ -209,17 +209,8 @@ def cycle_request_taken(cluster_id: int) -> None:
 
 
 RECONCILE_REQUEST_SECONDS = 60
-"""A queued reconcile lost with a killed worker is asked for again after this long."""
-
-
-def reconcile_request(cluster_id: int) -> bool:
-    """Whether a reconcile of the cluster may be queued now: not while one is queued or
-    running (the key is dropped when it ends, or expires)."""
-    return bool(cache.add(f"camp:reconcile-queued:{cluster_id}", 1, timeout=RECONCILE_REQUEST_SECONDS))
-
-
-def reconcile_request_taken(cluster_id: int) -> None:
-    cache.delete(f"camp:reconcile-queued:{cluster_id}")
+"""A queued periodic run (reconcile, inventory …) lost with a killed worker is asked for again
+after this long (``clusters.periodic_request``)."""
 
 
 def _update_from_values(model: type[models.Model], columns: list[tuple[str, str]],

@@ -16,13 +16,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from scheduling import engine as E
 from scheduling.engine import multicluster as M
 from scheduling.engine.cycle import CycleConfig, CycleResult, JobStatus, run_cycle
-from scheduling.engine.multicluster import gpus_of, placement_memory
 from tenants.audit import audit_batch
 
 from .. import selectors, signals
@@ -39,6 +37,7 @@ from ..models import (
     SchedulingDecision,
 )
 from . import all_clusters
+from . import write_policy as policy
 from .clusters import ClosedWhy, cluster_closed_why
 from .common import (
     _ALL_CLUSTERS_LOCK_CLASS,
@@ -306,7 +305,7 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
     for status in statuses:
         row, d = inputs.jobs[status.job], status.decision
         if isinstance(d, (E.Admit, E.Preempt)):
-            blocked = _outside_pools(inputs, row.tenant_id, d.placement)
+            blocked = policy.outside_pools(inputs.pools, row.tenant_id, d.placement)
             if blocked:
                 waits.append(_WaitRow(row, blocked, "capacity", None, None))
                 continue
@@ -322,10 +321,10 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
             admits.append((job, d.placement, status))
         elif isinstance(d, E.Preempt):
             preemptions.append((job, d))
-        elif isinstance(d, E.Reject) and job.floating and inputs.cluster is not None:
-            # A floating job this cluster can never run goes back to the global queue with
-            # this cluster refused, instead of being rejected: another cluster may run it (the
-            # placement step rejects it once none can). Under this cycle's lock.
+        elif isinstance(d, E.Reject) and policy.reject_or_unplace(
+                floating=job.floating, cycle_of_a_cluster=inputs.cluster is not None) == "unplace":
+            # Under this cycle's lock.
+            assert inputs.cluster is not None
             from .placement import job_unplace  # placement imports this module
 
             if job_unplace(job_id=job.pk, reason=f"cluster {inputs.cluster.name} cannot run it: {d.reason}",
@@ -417,16 +416,8 @@ def _lock_rows(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
 
 
 def _outside_pools(inputs: selectors.CycleInputs, tenant_id: int, placement: E.Placement) -> str:
-    """Backstop for dedicated pools: GPU pods are kept out by their model lists (see
-    ``selectors.pool_model``); a pod without GPUs has no such list, so a placement that
-    puts one on a pool closed to the job's tenant is not persisted: the job waits, for the
-    reason returned (empty when the placement is allowed)."""
-    forbidden = inputs.pools.forbidden_nodes(tenant_id)
-    bad = sorted({pp.node for pp in placement.pods if pp.node in forbidden})
-    if not bad:
-        return ""
-    pools = sorted({inputs.pools.node_pool[n] for n in bad})
-    return f"{selectors.OUTSIDE_POOLS} ({', '.join(pools)})"
+    """Step 1 of the write's policy (``write_policy.outside_pools``) on this cycle's inputs."""
+    return policy.outside_pools(inputs.pools, tenant_id, placement)
 
 
 @dataclass(frozen=True, slots=True)
@@ -496,7 +487,8 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
     whose totals moved since the snapshot, or that would overfill one (the CHECK
     constraints' rules), waits; the others are written with one statement per table, still
     guarded by the constraints. Should the database refuse the bulk write anyway, each job
-    is admitted on its own (``_admit``), as before."""
+    is admitted on its own, by the same write in its own savepoint (the one the database
+    refuses waits)."""
     if not admits:
         return []
     queued = {pk: attempts for pk, (state, attempts) in locked.jobs.items() if state == JobState.QUEUED}
@@ -526,18 +518,41 @@ def _admit_all(inputs: selectors.CycleInputs, admits: list[tuple[Job, E.Placemen
         taken.append((job, reason, kind))
     try:
         with transaction.atomic():
-            _write_admissions(inputs, accepted, queued, {pk: totals[pk] for pk in sorted(
-                {pk for _, placement, _ in accepted for pk in _gpu_delta(inputs, placement)})})
+            _write_admissions(inputs, accepted, queued, _totals(inputs, current, accepted))
     except IntegrityError:
+        # The same write, one job per savepoint: the job the database refuses waits.
         logger.warning("bulk admission refused by the database; admitting job by job")
-        for job, placement, status in accepted:
-            if _admit(inputs, job, placement, status):
-                summary.admitted.append(job.pk)
-            else:
-                summary.conflicts.append(job.pk)
+        done: list[tuple[Job, E.Placement, JobStatus]] = []
+        for one in accepted:
+            try:
+                with transaction.atomic():
+                    _write_admissions(inputs, [one], queued, _totals(inputs, current, [*done, one], one))
+            except IntegrityError:
+                logger.warning("admission of job %s refused by the database; it stays queued", one[0].pk)
+                summary.conflicts.append(one[0].pk)
+                taken.append((one[0], CONFLICT_REASON, "capacity"))
+                continue
+            done.append(one)
+            summary.admitted.append(one[0].pk)
         return taken
     summary.admitted.extend(job.pk for job, _, _ in accepted)
     return taken
+
+
+def _totals(inputs: selectors.CycleInputs, current: dict[int, tuple[Any, ...]],
+            admitted: list[tuple[Job, E.Placement, JobStatus]],
+            only: tuple[Job, E.Placement, JobStatus] | None = None) -> dict[int, list[Any]]:
+    """GPU id → its totals (``GpuRow.totals()`` order, first four) once ``admitted`` hold their
+    slices, from the rows read under lock (``current``): for the GPUs ``admitted`` use (or,
+    given ``only``, that one admission uses), ids ascending. Jobs that were judged and then
+    held back (a quota across all clusters) add nothing."""
+    totals: dict[int, list[Any]] = {}
+    for _, placement, _ in admitted:
+        for pk, d in _gpu_delta(inputs, placement).items():
+            t = totals.setdefault(pk, list(current[pk][:4]))
+            t[0], t[1], t[2], t[3] = t[0] + d[0], t[1] + d[1], t[2] + d[2], t[3] or bool(d[3])
+    keep = set(_gpu_delta(inputs, only[1])) if only is not None else set(totals)
+    return {pk: totals[pk] for pk in sorted(keep)}
 
 
 def _lock_all_clusters(tenant_ids: Iterable[int]) -> None:
@@ -569,25 +584,7 @@ def _guaranteed_preemptions(admits: list[tuple[Job, E.Placement, JobStatus]],
     book = selectors.guarantee_book(limits)
     if book is None:
         return preemptions, []
-    keep: list[tuple[Job, E.Preempt]] = []
-    refused: list[tuple[Job, str]] = []
-    for job, d in preemptions:
-        victims = [jobs[int(v)] for v in d.victims if int(v) in jobs]
-        reclaim = any(v.priority >= job.priority for v in victims)
-        n = gpus_of(d.placement.pods)
-        reason = all_clusters.guarantee_refusal(
-            limits, use, book, job.cluster_id or 0, (job.project_id, job.tenant_id), n,
-            nonpreemptible=not job.preemptible, reclaim=reclaim,
-            job_id=job.pk) if reclaim or not job.preemptible else ""
-        if reason:
-            refused.append((job, reason[:1].upper() + reason[1:]))
-            continue
-        # Counted for the next ones in this cycle too.
-        book.admitted(job.pk)  # a preemptor preempting again: its old ask goes
-        book.add_ask(job.pk, job.project_id, job.tenant_id, job.cluster_id or 0, n,
-                     nonpreemptible=not job.preemptible, reclaim=reclaim)
-        keep.append((job, d))
-    return keep, refused
+    return policy.guaranteed_preemptions(preemptions, jobs, limits, use, book)
 
 
 def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
@@ -608,31 +605,7 @@ def _within_all_clusters(accepted: list[tuple[Job, E.Placement, JobStatus]],
         return accepted, []
     _lock_all_clusters(limits.tenant_ids)
     use = selectors.all_cluster_use(limits.tenant_ids)
-    in_use = use.as_in_use()
-    book = selectors.guarantee_book(limits)
-    keep: list[tuple[Job, E.Placement, JobStatus]] = []
-    over: list[tuple[Job, str, str]] = []
-    for job, placement, status in accepted:
-        n = gpus_of(placement.pods)
-        kind = "quota"
-        reason = all_clusters.admissible((job.project_id, job.tenant_id), placement.pods, n, limits, use,
-                                         in_use)
-        if not reason and book is not None and not job.preemptible:
-            kind = "guarantee"
-            reason = all_clusters.guarantee_refusal(
-                limits, use, book, job.cluster_id or 0, (job.project_id, job.tenant_id), n,
-                nonpreemptible=True, reclaim=False, job_id=job.pk)
-        if reason:
-            over.append((job, reason[:1].upper() + reason[1:], kind))
-            continue
-        in_use[0][job.project_id] += n
-        in_use[1][job.tenant_id] += n
-        use.add(job.project_id, job.tenant_id, n, placement_memory(placement.pods),
-                job.cluster_id or 0, not job.preemptible)
-        if book is not None:  # a preemptor admitted: held now, its ask no longer counted
-            book.admitted(job.pk)
-        keep.append((job, placement, status))
-    return keep, over
+    return policy.within_all_clusters(accepted, limits, use, selectors.guarantee_book(limits))
 
 
 def _gpu_delta(inputs: selectors.CycleInputs, placement: E.Placement) -> dict[int, list[int]]:
@@ -703,68 +676,11 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
                                                  attempts[job.pk] + 1, namespaces[job.project_id]),
             said=_admit_reason(placement), decision={"placement": pj},
             audit={"placement": pj, "borrowing": status.borrowing}))
-    transition_many("admit", moves, columns=[("admitted_at", "timestamptz"), ("reason_kind", "varchar"),
-                                            ("attempts", "integer"), ("namespace", "varchar")])
-
-
-class _NotQueued(Exception):
-    """The job left QUEUED (or its cluster) meanwhile: its admission's savepoint rolls back."""
-
-
-def _admit(inputs: selectors.CycleInputs, job: Job, placement: E.Placement, status: JobStatus) -> bool:
-    """Persist an admission: allocation rows, GPU totals, job STARTING. All or nothing.
-    The fallback of ``_admit_all``, one job at a time."""
-    groups = inputs.groups[job.pk]
-    pj = _placement_json(placement)
-    try:
-        with transaction.atomic():
-            namespace = project_namespace_ensure(cluster=inputs.cluster or job.placed_cluster,
-                                                 project=job.project)
-            gpu_delta: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-            for pp in placement.pods:
-                group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
-                alloc = Allocation.objects.create(
-                    cluster_id=job.placed_cluster_id, job=job, group_id=groups[group_name],
-                    replica=int(replica), pod_name=pod_name(job.name, job.pk, group_name, int(replica)),
-                    node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
-                )
-                for g in pp.gpus:
-                    gpu = inputs.gpus[(pp.node, g.index)]
-                    GpuSlice.objects.create(allocation=alloc, gpu_id=gpu.pk, container=g.container,
-                                            memory_mib=g.gpu_memory_mib,
-                                            cores_percent=g.gpu_cores_percent, exclusive=g.exclusive)
-                    delta = gpu_delta[gpu.pk]
-                    delta[0] += g.gpu_memory_mib
-                    delta[1] += g.gpu_cores_percent
-                    delta[2] += 1
-                    delta[3] = delta[3] or int(g.exclusive)
-            for gpu_id in sorted(gpu_delta):  # one order everywhere: no deadlocks between cycles
-                mem, cores, n, excl = gpu_delta[gpu_id]
-                changes: dict[str, Any] = {
-                    "memory_allocated_mib": F("memory_allocated_mib") + mem,
-                    "cores_allocated": F("cores_allocated") + cores,
-                    "sharers": F("sharers") + n,
-                }
-                if excl:
-                    changes["exclusive_held"] = True
-                # Refuses (IntegrityError) rather than over-allocate: the CHECK constraints.
-                GpuDevice.objects.filter(pk=gpu_id).update(**changes)
-            # Last in the savepoint: nothing after it can roll back its records.
-            if not transition(job, "admit", reason=ADMITTED_REASON, where={
-                    "cluster": inputs.cluster or job.placed_cluster},
-                    fields={"admitted_at": timezone.now(), "namespace": namespace, "reason_kind": status.kind,
-                            "attempts": F("attempts") + 1},
-                    said=_admit_reason(placement), decision={"placement": pj},
-                    audit={"placement": pj, "borrowing": status.borrowing}):
-                raise _NotQueued  # cancelled (or, floating, moved to another cluster) meanwhile
-    except _NotQueued:
-        return False
-    except IntegrityError:
-        logger.warning("admission of job %s refused by the database; it stays queued", job.pk)
-        _wait(job, "Its placement was taken concurrently; retrying in the next cycle",
-              "capacity", None, None)
-        return False
-    return True
+    done = transition_many("admit", moves, columns=[
+        ("admitted_at", "timestamptz"), ("reason_kind", "varchar"), ("attempts", "integer"),
+        ("namespace", "varchar")])
+    if len(done) != len(moves):  # cannot happen under the rows' locks; never slices without a job
+        raise IntegrityError("a job left QUEUED under its row lock")
 
 
 def _admit_reason(placement: E.Placement) -> str:

@@ -70,7 +70,7 @@ def server_error(request: HttpRequest) -> HttpResponse:
         return JsonResponse({"detail": "Server error.", "request_id": request_id},
                             status=status.HTTP_500_INTERNAL_SERVER_ERROR)
     try:
-        body = render_to_string("500.html", {"request_id": request_id}, request=request)
+        body: str = render_to_string("500.html", {"request_id": request_id}, request=request)
     except Exception:  # noqa: BLE001 (whatever broke the request may break the page too)
         logger.warning("the 500 page could not be rendered; answering the bare one", exc_info=True)
         body = _BARE_500

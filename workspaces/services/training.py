@@ -290,12 +290,19 @@ def training_report_checkpoint(
 
 
 def _scan_checkpoints(t: TrainingJob) -> None:
-    """Read rank 0's log for ``CAMP_CHECKPOINT step=<n> path=<p>`` lines."""
+    """Read rank 0's log for ``CAMP_CHECKPOINT step=<n> path=<p>`` lines (every tick: through the
+    gate of periodic cluster calls, so a cluster that does not answer is skipped, not waited on;
+    a disabled one still runs its jobs, so it is read)."""
     from ..selectors import job_logs
 
     if not t.checkpoint_dir or t.job is None:
         return
-    for log in job_logs(t.job, tail=500):
+    job = t.job
+    logs = scheduling.cluster_periodic("checkpoint-scan", job.placed_cluster_id,
+                                       lambda _cluster: job_logs(job, tail=500), enabled_only=False)
+    if isinstance(logs, str):
+        return  # why it was not read ("backing-off", "unreachable" …): the next tick tries again
+    for log in logs:
         if log.role != "worker" or not log.pod.endswith("-worker-0"):
             continue
         for line in log.text.splitlines():

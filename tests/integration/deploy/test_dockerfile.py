@@ -167,7 +167,8 @@ def test_the_image_serves_health_and_collected_static_files(image: Replay) -> No
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**image.stage_env["runtime"], "SECRET_KEY": "image-test-" + "x" * 60,
-           "ALLOWED_HOSTS": "camp.example.com"}
+           "ALLOWED_HOSTS": "camp.example.com",
+           "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/camp"}  # /healthz reads no database
     cmd = [c if c != "8000" else str(port) for c in image.cmd]
     cmd = ["127.0.0.1" if c == "0.0.0.0" else c for c in cmd]  # noqa: S104 - only loopback here
     proc = subprocess.Popen(cmd, cwd=app, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

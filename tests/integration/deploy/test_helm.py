@@ -64,7 +64,7 @@ def kubeconfig() -> Iterator[Path]:
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
-    server = KubeApiserver.start(prefix="camp-helm-kube-")
+    server = KubeApiserver.start(prefix="camp-helm-kube-", agent=False)
     try:
         yield server.kubeconfig
     finally:
@@ -167,14 +167,20 @@ def test_camp_agent_rbac_grants_what_the_backend_needs_and_no_more(
         result = _run([*kubectl, "auth", "can-i", verb, resource, *extra, "-n", namespace, "--as", who])
         return result.stdout.strip() == "yes"
 
-    # What the backend does (scheduling/backends/kubernetes.py) and HAMi's bind handshake.
+    # Cluster-wide (REQUIRED_ACCESS["cluster"]): reads, the node lock, new namespaces.
     for verb, resource in [("list", "nodes"), ("patch", "nodes"), ("create", "namespaces"),
-                           ("create", "pods"), ("watch", "pods"), ("create", "pods/binding"),
-                           ("get", "pods/log"), ("create", "secrets"), ("patch", "configmaps"),
-                           ("create", "ingresses.networking.k8s.io"), ("create", "resourcequotas")]:
+                           ("watch", "pods"), ("list", "configmaps")]:
         assert can(verb, resource), f"camp-agent cannot {verb} {resource}"
-    # Never: read Secrets (other people's credentials), delete nodes or namespaces, escalate.
+    # Writes only where Camp bound camp-agent-workloads (its own namespaces): none here.
+    for verb, resource in [("create", "pods"), ("create", "pods/binding"), ("create", "secrets"),
+                           ("patch", "configmaps"), ("create", "resourcequotas"),
+                           ("create", "ingresses.networking.k8s.io")]:
+        assert not can(verb, resource), f"camp-agent may {verb} {resource} in any namespace"
+        assert not can(verb, resource, "kube-system"), f"camp-agent may {verb} {resource} in kube-system"
+    # Never: read Secrets (other people's credentials), delete nodes or namespaces, relabel a
+    # namespace (Pod Security), escalate.
     for verb, resource in [("get", "secrets"), ("list", "secrets"), ("delete", "nodes"),
-                           ("delete", "namespaces"), ("create", "clusterrolebindings"),
-                           ("create", "pods/exec"), ("update", "pods/status")]:
+                           ("delete", "namespaces"), ("patch", "namespaces"),
+                           ("create", "clusterrolebindings"), ("create", "pods/exec"),
+                           ("update", "pods/status")]:
         assert not can(verb, resource), f"camp-agent may {verb} {resource}"

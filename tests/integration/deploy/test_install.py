@@ -74,6 +74,80 @@ def test_compose_runs_every_role_after_migrations() -> None:
     assert services["watcher"]["profiles"] == ["kubernetes"]
 
 
+def _secrets(directory: Path) -> subprocess.CompletedProcess[str]:
+    """The documented first step: ``python3 deploy/compose/make-secrets.py`` (here into ``directory``)."""
+    return subprocess.run([sys.executable, str(ROOT / "deploy" / "compose" / "make-secrets.py"),
+                           str(directory)], capture_output=True, text=True, timeout=60)
+
+
+def _compose_env(service: str, tmp_path: Path, database: str) -> dict[str, str]:
+    """A service's compose environment as its container sees it: the secrets the script wrote,
+    at the paths compose mounts them (/run/secrets/<name> → the script's directory); only the
+    database URL points at this machine's PostgreSQL (no compose network here)."""
+    secret_dir = tmp_path / "secrets"
+    if not secret_dir.exists():
+        assert _secrets(secret_dir).returncode == 0
+        (secret_dir / "database_url").write_text(database + "\n")
+    spec = _compose()
+    mounted = set(spec["services"][service].get("secrets", []))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "DATABASE_URL",
+                                                                      "CAMP_ENCRYPTION_KEY"))}
+    for key, value in spec["services"][service]["environment"].items():
+        value = str(value)
+        if value.startswith("${"):
+            continue
+        if value.startswith("/run/secrets/"):
+            name = value.removeprefix("/run/secrets/")
+            assert name in mounted and name in spec["secrets"], f"{key} names an unmounted secret"
+            value = str(secret_dir / name)
+        env[key] = value
+    return env
+
+
+def test_compose_secrets_are_made_once_and_never_sit_in_the_environment(tmp_path: Path) -> None:
+    """Re-running the documented commands keeps every key (issue 33, finding 1): the script
+    never rewrites a file, no secret value is in compose's environment, and PostgreSQL's
+    password is the one in Camp's database URL."""
+    first = _secrets(tmp_path / "s")
+    assert first.returncode == 0 and first.stdout.count("created") == 4, first.stdout
+    before = {p.name: p.read_text() for p in (tmp_path / "s").iterdir()}
+    again = _secrets(tmp_path / "s")
+    assert again.returncode == 0 and again.stdout.count("kept") == 4, again.stdout
+    assert {p.name: p.read_text() for p in (tmp_path / "s").iterdir()} == before
+    assert oct((tmp_path / "s").stat().st_mode & 0o777) == "0o700"
+    assert before["db_password"].strip() in before["database_url"]
+    spec = _compose()
+    for name, service in spec["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            assert not any(v.strip() in str(value) for v in before.values()), (name, key)
+            assert key not in ("SECRET_KEY", "DATABASE_URL", "CAMP_ENCRYPTION_KEY",
+                               "POSTGRES_PASSWORD"), f"{name} takes {key} from the environment"
+    assert spec["services"]["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"] == "/run/secrets/db_password"
+
+
+def test_a_restart_keeps_sessions_and_cluster_credentials(tmp_path: Path) -> None:
+    """What one process signs (sessions) and encrypts (cluster credentials), the next process
+    of the same compose deployment reads: the keys come from the kept secret files."""
+    env = _compose_env("web", tmp_path, "postgres://postgres@127.0.0.1:5432/postgres")
+    env["ALLOWED_HOSTS"] = "localhost"
+    write = ("from django.core import signing; from scheduling.backends.credentials import "
+             "encrypt_credentials as e; print(signing.dumps({'session': 'alice'})); "
+             "print(e({'token': 'cluster-token'}))")
+    first = subprocess.run([sys.executable, "manage.py", "shell", "-c", write], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    signed, sealed = first.stdout.split()[-2:]  # the last two lines (start-up may log above)
+    read = ("import sys; from django.core import signing; from scheduling.backends.credentials "
+            f"import decrypt_credentials as d; print(signing.loads({signed!r})['session'], "
+            f"d({sealed!r})['token'])")
+    again = _compose_env("worker", tmp_path, "postgres://postgres@127.0.0.1:5432/postgres")
+    again["ALLOWED_HOSTS"] = "localhost"
+    second = subprocess.run([sys.executable, "manage.py", "shell", "-c", read], cwd=ROOT,
+                            env=again, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split()[-2:] == ["alice", "cluster-token"]
+
+
 @pytest.fixture
 def compose_database() -> Iterator[str]:
     """A database of its own, as compose's postgres service gives (dropped afterwards)."""
@@ -92,10 +166,8 @@ def test_compose_migrate_then_web_serves_ready(compose_database: str, tmp_path: 
     """compose's migrate and web commands, with its environment pointed at this machine's
     PostgreSQL and Redis (no Docker engine runs here): /readyz turns 200 only after migrate."""
     services = _compose()["services"]
-    env = {**os.environ, **{k: str(v) for k, v in services["web"]["environment"].items()
-                            if not str(v).startswith("${")}}
-    env.update({"DATABASE_URL": compose_database, "REDIS_URL": "redis://127.0.0.1:6379/15",
-                "SECRET_KEY": "compose-test-" + "z" * 60, "ALLOWED_HOSTS": "localhost",
+    env = _compose_env("web", tmp_path, compose_database)
+    env.update({"REDIS_URL": "redis://127.0.0.1:6379/15", "ALLOWED_HOSTS": "localhost",
                 "SECURE_SSL_REDIRECT": "false", "STATIC_ROOT": str(tmp_path / "static")})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,7 +3,10 @@
 The apiserver is ``../shared/tools/kube-apiserver`` (upstream Kubernetes v1.24.0) with etcd
 from Debian, started by ``../shared/tools/start-kube-apiserver.sh`` on free loopback ports in
 a fresh directory and stopped through its PID files (DESIGN.md §6). Everything Camp does to
-the cluster goes over HTTPS to that server through the official client.
+the cluster goes over HTTPS to that server through the official client, with a token of the
+camp-agent chart's ServiceAccount (``KubeApiserver.install_agent``): exactly the chart's
+rights, never the admin's ``system:masters`` token, which only the stand-ins and the tests'
+own checks use.
 
 What no process here can be, and so is stood in for (each written from the real component's
 sources and saying which):
@@ -59,6 +62,9 @@ from kubernetes.client.rest import ApiException
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_TOOLS = ROOT.parent / "shared" / "tools"
 ETCD = Path("/usr/bin/etcd")
+AGENT_CHART = ROOT / "deploy" / "helm" / "camp-agent"
+AGENT_RELEASE = "camp-agent"
+AGENT_NAMESPACE = "camp-system"
 
 LOCK = "hami.io/mutex.lock"
 BIND_PHASE = "hami.io/bind-phase"
@@ -102,13 +108,17 @@ class KubeApiserver:
     token: str
     ca_pem: str
     kubeconfig: Path
+    agent_token: str = ""
+    """A token of the camp-agent chart's ServiceAccount (``install_agent``): what Camp uses."""
     _core: k8s.CoreV1Api | None = field(default=None, repr=False)
     _env: dict[str, str] = field(default_factory=dict, repr=False)  # the start script's settings
 
     @classmethod
-    def start(cls, *, prefix: str = "camp-kube-") -> KubeApiserver:
+    def start(cls, *, prefix: str = "camp-kube-", agent: bool = True) -> KubeApiserver:
         """A fresh etcd + kube-apiserver in a new directory on free loopback ports (ready
-        when this returns); RuntimeError with the script's stderr if it did not start."""
+        when this returns); RuntimeError with the script's stderr if it did not start.
+        With ``agent``, the camp-agent chart installed and a token of its ServiceAccount
+        made (``install_agent``): ``credentials`` are then Camp's, never the admin's."""
         base = Path(tempfile.mkdtemp(prefix=prefix))
         port = free_port()
         token = "camp-test-" + base64.urlsafe_b64encode(os.urandom(12)).decode().rstrip("=")
@@ -118,10 +128,33 @@ class KubeApiserver:
                      ca_pem="", kubeconfig=base / "run" / "kubeconfig", _env=env)
         try:
             server._launch(keep_data=False)
-        except RuntimeError:
+            if agent:
+                server.install_agent()
+        except (RuntimeError, subprocess.SubprocessError):
             server.stop()
             raise
         return server
+
+    def install_agent(self) -> None:
+        """docs/DEPLOY.md's steps in the managed cluster, as a platform admin (the admin
+        token): ``helm install`` the camp-agent chart into ``camp-system``, then a token of
+        its ServiceAccount through the TokenRequest API (``kubectl create token``)."""
+        from tests.integration.deploy.tools import install_tools
+
+        tools = install_tools()
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+        def run(*cmd: str | Path) -> str:
+            done = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True,
+                                  timeout=180, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(map(str, cmd[:3]))} failed: {done.stderr[-2000:]}")
+            return done.stdout
+
+        run(tools["helm"], "install", AGENT_RELEASE, AGENT_CHART, "-n", AGENT_NAMESPACE,
+            "--create-namespace", "--wait=false")
+        self.agent_token = run(tools["kubectl"], "-n", AGENT_NAMESPACE, "create", "token",
+                               agent_service_account(), "--duration=24h").strip()
 
     def _launch(self, *, keep_data: bool) -> None:
         env = {**self._env, "KEEP_DATA": "1" if keep_data else "0"}
@@ -171,16 +204,20 @@ class KubeApiserver:
 
     @property
     def credentials(self) -> dict[str, str]:
-        """What an admin pastes when registering the cluster in Camp (token + CA)."""
-        return {"token": self.token, "ca_cert": self.ca_pem}
+        """What an admin pastes when registering the cluster in Camp: the camp-agent
+        ServiceAccount's token (never the admin's ``system:masters`` one) and the CA."""
+        if not self.agent_token:
+            raise RuntimeError("no camp-agent token: start(agent=True) or install_agent() first")
+        return {"token": self.agent_token, "ca_cert": self.ca_pem}
 
     def reset(self) -> None:
-        """Remove what a test left: nodes, and every namespace but the system ones (pods
-        first, with grace 0, since nothing here finalises a graceful delete)."""
+        """Remove what a test left: nodes, and every namespace but the system ones and the
+        camp-agent chart's (pods first, with grace 0, since nothing here finalises a graceful
+        delete)."""
         core = self.core
         for ns in core.list_namespace().items:
             name = ns.metadata.name
-            if name in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            if name in ("default", "kube-system", "kube-public", "kube-node-lease", AGENT_NAMESPACE):
                 core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
                 continue
             core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
@@ -194,6 +231,14 @@ class KubeApiserver:
         adm = k8s.AdmissionregistrationV1Api(self.client())
         for hook in adm.list_mutating_webhook_configuration().items:
             adm.delete_mutating_webhook_configuration(hook.metadata.name)
+
+
+def agent_service_account() -> str:
+    """The ServiceAccount the camp-agent chart creates (its values.yaml)."""
+    import yaml
+
+    values = yaml.safe_load((AGENT_CHART / "values.yaml").read_text())
+    return str(values["serviceAccount"]["name"])
 
 
 # -- nodes -----------------------------------------------------------------------------------

@@ -29,3 +29,15 @@ def wait_running(cluster: Any, job: Job) -> Job:
     wait_until(running, f"{job.name} to run")
     job.refresh_from_db()
     return job
+
+
+def camp_namespace(cluster: Any, name: str, project: Any) -> str:
+    """A namespace as Camp makes one for ``project`` (labelled, with the RoleBinding that
+    gives Camp's ServiceAccount its writes there): objects a test plants in it are ones
+    Camp may clean up, as in any namespace of its own."""
+    from scheduling.backends import backend_for
+    from scheduling.backends.base import LABEL_PROJECT_ID, MANAGED_BY, NamespaceSpec
+
+    backend_for(cluster).ensure_namespace(NamespaceSpec(
+        name=name, labels={MANAGED_BY: "camp", LABEL_PROJECT_ID: str(project.pk)}, quota={}))
+    return name

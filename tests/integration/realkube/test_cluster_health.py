@@ -44,7 +44,8 @@ def test_an_apiserver_outage_requeues_without_an_attempt_and_holds_new_work(worl
         assert seen["state"] == "queued" and seen["attempts"] == 0, seen
         assert seen["reason"].startswith("Cluster real is unreachable since"), seen["reason"]
         assert "not counted" in seen["reason"]
-        assert tasks.cluster_reconcile(real.pk) == "error"  # the reconcile's probe fails too
+        Cluster.objects.filter(pk=real.pk).update(retry_at=None)  # its backoff step passed
+        assert tasks.cluster_reconcile(real.pk) == "unreachable"  # the reconcile's probe fails too
         second = _pinned(world, real, "submitted-during")
         for _ in range(3):
             assert tasks.cluster_cycle(real.pk) == "unreachable"  # admits nothing
@@ -53,11 +54,13 @@ def test_an_apiserver_outage_requeues_without_an_attempt_and_holds_new_work(worl
             assert seen["state"] == "queued" and seen["reason_kind"] == "cluster", seen
             assert "it takes no new work until it answers again" in seen["reason"]
             assert "Kubernetes API unreachable" in seen["reason"]
-            assert kube.server.token not in seen["reason"]
+            assert kube.server.agent_token not in seen["reason"]
     finally:
         kube.server.resume()  # same port, token, CA and data
         kube.kubelet.errors.clear()  # what the kubelet stand-in met during the outage
-    # Back: the reconcile finds it answering, the next cycle admits both, their pods run.
+    # Back: the reconcile (once its backoff step passed) finds it answering, the next cycle
+    # admits both, their pods run.
+    Cluster.objects.filter(pk=real.pk).update(retry_at=None)
     assert isinstance(tasks.cluster_reconcile(real.pk), dict)
     assert Cluster.objects.get(pk=real.pk).unreachable_since is None
     assert tasks.cluster_cycle(real.pk) == {"admitted": 2, "waiting": 0, "preempting": 0, "rejected": 0}

@@ -14,7 +14,6 @@ from django.core.management import call_command
 from kubernetes import client as k8s
 
 from scheduling import services
-from scheduling.backends.kubernetes import REQUIRED_ACCESS
 from scheduling.models import Cluster, Job, JobState
 from tests.conftest import client_for
 
@@ -48,27 +47,23 @@ def _service_account_token(kube: Any, name: str) -> str:
 
 
 def _grant_camp_role(kube: Any, sa: str) -> None:
-    """Camp's ClusterRole (docs/KUBERNETES.md), built from the verbs Camp checks."""
-    rules: dict[tuple[str, str], list[str]] = {}
-    for verb, group, resource in REQUIRED_ACCESS:
-        rules.setdefault((group, resource), []).append(verb)
+    """The camp-agent chart's cluster-wide ClusterRole, bound to ``sa`` as the chart binds it."""
+    from .harness import AGENT_RELEASE
+
     rbac = k8s.RbacAuthorizationV1Api(kube.server.client())
-    rbac.create_cluster_role({"metadata": {"name": f"{sa}-role"}, "rules": [
-        {"apiGroups": [g], "resources": [r], "verbs": v} for (g, r), v in rules.items()]})
     rbac.create_cluster_role_binding({
         "metadata": {"name": f"{sa}-binding"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{sa}-role"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": f"{AGENT_RELEASE}-camp-agent"},
         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": "kube-system"}]})
 
 
 def _cleanup_rbac(kube: Any, sa: str) -> None:
     rbac = k8s.RbacAuthorizationV1Api(kube.server.client())
-    for fn, name in ((rbac.delete_cluster_role_binding, f"{sa}-binding"),
-                     (rbac.delete_cluster_role, f"{sa}-role")):
-        try:
-            fn(name)
-        except k8s.ApiException:
-            pass
+    try:
+        rbac.delete_cluster_role_binding(f"{sa}-binding")
+    except k8s.ApiException:
+        pass
     try:
         kube.core.delete_namespaced_service_account(sa, "kube-system")
     except k8s.ApiException:
@@ -89,7 +84,7 @@ def test_registering_with_a_wrong_or_missing_token_is_a_400_on_credentials(world
     assert "refused the credentials (401 Unauthorized)" in wrong.json()["credentials"][0]
     missing = _register(world, api_server=kube.server.host, ca_cert=ca)
     assert missing.status_code == 400 and "No credentials" in missing.json()["credentials"][0]
-    no_ca = _register(world, api_server=kube.server.host, token=kube.server.token)
+    no_ca = _register(world, api_server=kube.server.host, token=kube.server.agent_token)
     assert no_ca.status_code == 400 and "TLS certificate" in no_ca.json()["api_server"][0]
 
 
@@ -102,7 +97,7 @@ def test_registration_names_the_missing_permissions_then_accepts_camps_role(
         assert r.status_code == 400 and list(r.json()) == ["credentials"], r.content
         message = r.json()["credentials"][0]
         assert message.startswith("These credentials may not get nodes, list nodes")
-        assert "create pods/binding" in message and "ClusterRole" in message
+        assert "bind clusterroles/camp-agent-workloads" in message and "camp-agent chart" in message
         _grant_camp_role(kube, sa)
         r = wait_until(lambda: (lambda x: x if x.status_code == 201 else None)(_register(
             world, api_server=kube.server.host, token=token, ca_cert=kube.server.ca_pem)),
@@ -241,20 +236,3 @@ def test_the_watcher_applies_a_pod_deletion_to_the_gang(world: Any, kube: Any) -
     assert job.state == JobState.PREEMPTING and lost in job.reason
     cluster.refresh_from_db()
     assert cluster.watch_last_event_at is not None and not cluster.watch_failing
-
-
-def test_the_documented_cluster_role_is_what_registration_checks() -> None:
-    """docs/ARCHITECTURE.md's ClusterRole grants exactly ``REQUIRED_ACCESS``."""
-    import re
-    from pathlib import Path
-
-    import yaml
-
-    text = (Path(__file__).resolve().parents[3] / "docs" / "ARCHITECTURE.md").read_text()
-    block = re.search(r"```yaml\n(apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole.*?)```",
-                      text, re.S)
-    assert block is not None
-    role = yaml.safe_load(block.group(1))
-    granted = {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
-               for resource in rule["resources"] for verb in rule["verbs"]}
-    assert granted == set(REQUIRED_ACCESS)

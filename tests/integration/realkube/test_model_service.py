@@ -18,7 +18,7 @@ from workspaces.models import ServiceReplica
 from workspaces.services import serving
 
 from .harness import ALLOCATED, BIND_PHASE, TO_ALLOCATE, camp_pods, hami_devices, wait_until
-from .steps import wait_running
+from .steps import camp_namespace, wait_running
 from .test_worker_path import _finalise_deletes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -97,7 +97,7 @@ def test_the_sweep_deletes_services_of_deleted_model_services_only(world: Any, k
         image_reference="docker.io/vllm/vllm-openai:v0.6.3", model_source="hf://a/b",
         cpu_millicores=1000, ram_mib=1024)
     ns = "camp-sweep-test"
-    kube.core.create_namespace({"metadata": {"name": ns}})
+    camp_namespace(cluster, ns, world.a.project)  # left by a deleted project
     for name, owner in ((live.service_name, live.pk), ("svc-999999-gone", 999999)):
         body = serving.service_manifest(live)
         body["metadata"] = {"name": name, "labels": {serving.LABEL_SERVICE: str(owner),

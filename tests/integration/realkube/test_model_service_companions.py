@@ -20,7 +20,7 @@ from workspaces.models import ServiceReplica
 from workspaces.services import serving
 
 from .harness import ALLOCATED, BIND_PHASE, TO_ALLOCATE, camp_pods, hami_devices, wait_until
-from .steps import wait_running
+from .steps import camp_namespace, wait_running
 from .test_worker_path import _finalise_deletes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,7 +111,7 @@ def test_the_sweep_deletes_ingresses_of_deleted_model_services(world: Any, kube:
         model_source="hf://a/b", cpu_millicores=1000, ram_mib=1024, ingress_host="live.example.com")
     net = k8s.NetworkingV1Api(kube.core.api_client)
     ns = "camp-sweep-ingress"
-    kube.core.create_namespace({"metadata": {"name": ns}})
+    camp_namespace(cluster, ns, world.a.project)  # left by a deleted project
     for name, owner in ((live.service_name, live.pk), ("svc-999999-gone", 999999)):
         body = serving.ingress_manifest(live)
         body["metadata"] = {"name": name, "labels": {serving.LABEL_SERVICE: str(owner),

@@ -68,7 +68,7 @@ def test_register_submit_run_and_cancel_through_a_real_worker_and_camp_watch(wor
     with celery_worker() as worker:
         r = client_for(world.admin).post("/api/v1/clusters/", {
             "name": "real", "backend": "kubernetes", "api_server": kube.server.host,
-            "token": kube.server.token, "ca_cert": kube.server.ca_pem}, format="json")
+            **kube.server.credentials}, format="json")
         assert r.status_code == 201, r.content
         # The worker synced the inventory (registration queues it after commit).
         wait_until(lambda: GpuDevice.objects.filter(node__name="gpu-a").count() == 2, "the inventory")

@@ -222,7 +222,9 @@ def test_apiserver_restart_mid_burst_loses_nothing_and_pods_equal_allocations(
         # outage's and fell inside it (no event failed to apply since: e.g. no deadlock),
         # and the reconcile's unreachable/reachable audit events bracket it.
         assert watch_row[1] is not None and down_at <= watch_row[1] <= back_at, watch_row
-        assert "unreachable" in watch_row[2], watch_row
+        # Camp's ServiceAccount (not system:masters) may also meet the restarted server's
+        # RBAC authorizer before its caches filled: a 403 that the next retry gets past.
+        assert "unreachable" in watch_row[2] or "403 Forbidden" in watch_row[2], watch_row
         watch_log = (stack.root / "watch.log").read_text()
         assert "recovered" in watch_log and "failed:" not in watch_log, watch_log[-3000:]
         audited = [a for (a,) in rows(

@@ -21,7 +21,6 @@ from kmock._internal.rendering import Response
 T = TypeVar("T")
 
 _PODS = kmock.resource("", "v1", "pods")
-_BINDINGS = kmock.resource("", "v1", "bindings")
 _NODES = kmock.resource("", "v1", "nodes")
 # id(emulator) → its event loop, so that the test thread's store access runs there.
 _LOOPS: dict[int, asyncio.AbstractEventLoop] = {}
@@ -36,7 +35,8 @@ def kmock_server() -> Iterator[Any]:
         async def main() -> None:
             async with kmock.KubernetesEmulator() as k, kmock.Server(k):
                 # The apiserver applies a Binding to its pod within the request (pods/binding).
-                k[kmock.action.CREATE, _BINDINGS] << (lambda request: _bind(k, request))
+                k[kmock.method.POST, _PODS, kmock.subresource("binding")] << (
+                    lambda request: _bind(k, request))
                 hami = asyncio.create_task(_hami_answers(k))
                 _LOOPS[id(k)] = asyncio.get_running_loop()
                 state["k"] = k
@@ -112,15 +112,13 @@ def _status(code: int, reason: str = "", message: str = "") -> Response:
 
 
 async def _bind(k: Any, request: Any) -> Response:
-    """POST .../bindings as the apiserver answers it (pkg/registry/core/pod/storage BindingREST):
-    the pod gets the target's nodeName, 404 without the pod, 409 if it is already bound; the
-    Binding itself is not kept (kmock stored it before this reaction: drop it)."""
+    """POST pods/{name}/binding as the apiserver answers it (pkg/registry/core/pod/storage
+    BindingREST): the pod gets the target's nodeName, 404 without the pod, 409 if it is
+    already bound."""
     meta = request.data.get("metadata") or {}
-    namespace, name = request.namespace or meta.get("namespace"), meta.get("name")
+    namespace, name = request.namespace or meta.get("namespace"), request.name or meta.get("name")
     target = (request.data.get("target") or {}).get("name", "")
     async with k._lock:
-        if (_BINDINGS, namespace, name) in k.objects:
-            del k.objects[(_BINDINGS, namespace, name)]
         key = (_PODS, namespace, name)
         if key not in k.objects or k.objects[key].deleted:
             return _status(404, "NotFound", f'pods "{name}" not found')

@@ -230,7 +230,7 @@ def test_check_deploy_is_clean_with_sso_on_and_names_what_is_wrong(tmp_path: Any
            if not k.startswith(("LDAP_", "OIDC_", "SSO_", "SAML_", "SECRET_KEY"))}
     env.update({
         "DJANGO_SETTINGS_MODULE": "camp.settings.production", "SECRET_KEY_FILE": str(secret),
-        "ALLOWED_HOSTS": "camp.example.com",
+        "ALLOWED_HOSTS": "camp.example.com", "DATABASE_URL": "postgres://camp@db.example.com/camp",
         "OIDC_ENABLED": "true", "OIDC_ISSUER": "https://kc.example.com/realms/camp",
         "OIDC_CLIENT_ID": "camp", "OIDC_CLIENT_SECRET": "x",
         "SAML_ENABLED": "true", "SAML_BASE_URL": "https://camp.example.com",
