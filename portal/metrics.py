@@ -58,8 +58,8 @@ class CampCollector(Collector):
                                       "1 while the cluster's API server answers, 0 while reconcile "
                                       "backs off from it", labels=["cluster"])
         watch_ok = GaugeMetricFamily("camp_watch_healthy",
-                                     "1 unless the pod watcher's last error is newer than its last "
-                                     "event", labels=["cluster"])
+                                     "1 while the pod watcher's heartbeat is fresh and its last "
+                                     "error is not newer than its last event", labels=["cluster"])
         watch_last = GaugeMetricFamily("camp_watch_last_event_timestamp_seconds",
                                        "Unix time of the pod watcher's last applied event",
                                        labels=["cluster"])
@@ -90,7 +90,7 @@ class CampCollector(Collector):
             errors.add_metric([name], error_counts.get(cluster.pk, 0))
             reachable.add_metric([name], 1.0 if cluster.reachable else 0.0)
             if cluster.backend == "kubernetes":
-                watch_ok.add_metric([name], 0.0 if cluster.watch_failing else 1.0)
+                watch_ok.add_metric([name], 1.0 if cluster.watch_healthy else 0.0)
                 if cluster.watch_last_event_at is not None:
                     watch_last.add_metric([name], cluster.watch_last_event_at.timestamp())
         yield from (gpus, share, mem, cores, jobs, waits, cycles, errors, reachable, watch_ok,

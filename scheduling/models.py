@@ -51,6 +51,40 @@ def not_reserved_cluster_name(value: str) -> None:
                               code="reserved")
 
 
+WATCH_HEARTBEAT_SECONDS = 5
+"""The pod watcher (camp_watch) writes its heartbeat this often."""
+WATCH_HEARTBEAT_STALE_SECONDS = 3 * WATCH_HEARTBEAT_SECONDS
+"""A heartbeat older than this: the watcher is gone (killed, hung) and reads unhealthy."""
+
+
+class Installation(models.Model):
+    """This Camp installation's identity, generated once and kept (one row): everything Camp
+    creates in a cluster carries it (``camp.io/installation``), so two installations sharing a
+    cluster (staging and production) only ever touch their own. ``CAMP_INSTALLATION_ID``
+    overrides it."""
+
+    uid = models.CharField(max_length=40, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+_INSTALLATION: dict[str, str] = {}
+
+
+def installation_id() -> str:
+    """This installation's identity: ``CAMP_INSTALLATION_ID`` if set, else the one generated
+    at first use and kept in the database (row 1 of ``Installation``; the primary key makes
+    a concurrent first use agree on one)."""
+    configured = str(getattr(settings, "CAMP_INSTALLATION_ID", "") or "")
+    if configured:
+        return configured
+    if "uid" not in _INSTALLATION:
+        import uuid
+
+        row, _ = Installation.objects.get_or_create(pk=1, defaults={"uid": uuid.uuid4().hex})
+        _INSTALLATION["uid"] = row.uid
+    return _INSTALLATION["uid"]
+
+
 class Cluster(models.Model):
     name = models.CharField(max_length=63, unique=True,
                             validators=[slug_validator, not_reserved_cluster_name])
@@ -87,10 +121,20 @@ class Cluster(models.Model):
     watch_last_event_at = models.DateTimeField(null=True, blank=True)
     watch_error = models.CharField(max_length=500, blank=True)
     watch_error_since = models.DateTimeField(null=True, blank=True)
+    watch_heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="The pod watcher's last sign of life (every few seconds).")
+    # The cluster's identity (its kube-system namespace's UID), read at registration: the same
+    # cluster is registered once (services.cluster_create), whatever its endpoint.
+    kube_system_uid = models.CharField(max_length=64, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            # One registration per cluster (services.cluster_create says so in words first).
+            models.UniqueConstraint(fields=["kube_system_uid"], condition=~Q(kube_system_uid=""),
+                                    name="cluster_registered_once"),
+        ]
 
     def __str__(self) -> str:
         return self.display_name or self.name
@@ -104,6 +148,16 @@ class Cluster(models.Model):
         """The watcher's last error is newer than its last event."""
         return self.watch_error_since is not None and (
             self.watch_last_event_at is None or self.watch_error_since > self.watch_last_event_at)
+
+    @property
+    def watch_healthy(self) -> bool:
+        """A watcher is alive (its heartbeat younger than ``WATCH_HEARTBEAT_STALE_SECONDS``: a
+        killed one reads unhealthy within that) and not failing."""
+        from django.utils import timezone
+
+        beat = self.watch_heartbeat_at
+        return beat is not None and not self.watch_failing and (
+            timezone.now() - beat).total_seconds() < WATCH_HEARTBEAT_STALE_SECONDS
 
     @property
     def reachable(self) -> bool:

@@ -127,9 +127,14 @@ def job_dispatch(self, job_id: int) -> str:  # type: ignore[no-untyped-def]
         return "gone"
     final = self.request.retries >= self.max_retries
     try:
-        return services.job_dispatch(job_id=job_id, final_attempt=final)
+        outcome = services.job_dispatch(job_id=job_id, final_attempt=final)
     except BackendError as exc:
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
+    if outcome == "pending":
+        # The device plugin has not answered yet: a fresh task resumes the wait shortly (not
+        # a retry: waiting is not failing), leaving this worker free meanwhile.
+        job_dispatch.apply_async((job_id,), countdown=1)
+    return outcome
 
 
 @shared_task(**_OPTS)
@@ -151,10 +156,12 @@ def jobs_stop(job_ids: list[int]) -> int:
 
 
 @shared_task(**_OPTS, autoretry_for=(OperationalError, BackendError), retry_backoff=1, max_retries=5)
-def job_stop(job_id: int) -> str:
+def job_stop(job_id: int, attempt: int | None = None) -> str:
+    """Stop the job's pods of ``attempt`` (None: its current one), only while it is stopping:
+    a stop delivered late never touches a later attempt (``services.job_stop``)."""
     if not Job.objects.filter(pk=job_id).exists():
         return "gone"
-    return services.job_stop(job_id=job_id)
+    return services.job_stop(job_id=job_id, attempt=attempt, queued=True)
 
 
 @shared_task(**_OPTS)

@@ -121,6 +121,10 @@ if DEMO_LOAD:
 # Camp's pods name Camp as their scheduler: HAMi's webhook leaves such pods alone (it takes
 # over pods of the default scheduler and refuses them when already bound).
 CAMP_SCHEDULER_NAME = env_str("CAMP_SCHEDULER_NAME", "camp-scheduler")
+# This installation's identity on every object it creates in a cluster (camp.io/installation):
+# empty means the one generated at first use and kept in the database (scheduling.models
+# installation_id). Two installations sharing a cluster each touch only their own objects.
+CAMP_INSTALLATION_ID = env_str("CAMP_INSTALLATION_ID", "")
 # How long a GPU pod on a HAMi node may wait for the device plugin's bind-phase answer, and
 # for another pod's node lock, before its dispatch fails with a reason.
 CAMP_HAMI_BIND_TIMEOUT_SECONDS = env_int("CAMP_HAMI_BIND_TIMEOUT_SECONDS", 60)
@@ -131,6 +135,10 @@ CAMP_POD_START_PROBLEM_SECONDS = env_int("CAMP_POD_START_PROBLEM_SECONDS", 180)
 # A NotReady node keeps its pods this long (Kubernetes' taint manager: tolerationSeconds 300),
 # then they are deleted gracefully and their jobs rescheduled (scheduling/services/common.py).
 CAMP_NODE_NOT_READY_TOLERATION_SECONDS = env_int("CAMP_NODE_NOT_READY_TOLERATION_SECONDS", 300)
+# One dispatch waits at most this long for that answer, then hands over (the pod stays bound,
+# its node locked): a follow-up dispatch, or the watcher, concludes. A silent device plugin
+# holds a worker for seconds at a time, never for the whole timeout.
+CAMP_HAMI_BIND_POLL_SECONDS = env_int("CAMP_HAMI_BIND_POLL_SECONDS", 5)
 # A Kubernetes API call that gets no answer, a 5xx or a 429 is retried this many times, after
 # this many milliseconds, doubled at each try (4 and 200: at most 3 s of waiting per call).
 CAMP_KUBE_API_RETRIES = env_int("CAMP_KUBE_API_RETRIES", 4)

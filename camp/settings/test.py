@@ -52,3 +52,7 @@ STORAGES = {
 # otherwise sleep through the ladder on every call. The reliability suite's throwaway stack sets
 # the production value back (tests/integration/reliability/harness.py).
 CAMP_KUBE_API_BACKOFF_MS = env_int("CAMP_KUBE_API_BACKOFF_MS", 20)
+# One installation id for the test process and the worker subprocesses it starts: the test
+# database is emptied between tests, and an id generated at first use (and cached per process)
+# would then differ between them (production keeps the generated row for good).
+CAMP_INSTALLATION_ID = env_str("CAMP_INSTALLATION_ID", "camp-test")

@@ -24,6 +24,15 @@ LABEL_JOB_OBJECT = "camp.io/job-object"
 """On a job's owned extra objects: the name of its ConfigMap (deleted with it)."""
 LABEL_ROLE = "camp.io/role"
 LABEL_REPLICA = "camp.io/replica"
+LABEL_INSTALLATION = "camp.io/installation"
+"""On everything Camp creates: the installation that created it (``models.installation_id``)."""
+LABEL_REGISTRATION = "camp.io/registration"
+"""On everything Camp creates: the cluster registration (``Cluster`` id) that created it."""
+LABEL_ATTEMPT = "camp.io/attempt"
+"""On a job's pods: the job's attempt (``Job.attempts``) that created them. Pod names repeat
+across attempts; this (with the placement, ``KubernetesBackend._same_placement``) tells which
+attempt a pod is, and HAMi never rewrites it (its device plugin does rewrite
+``…-devices-to-allocate``)."""
 
 
 class BackendError(Exception):
@@ -36,6 +45,15 @@ class BackendError(Exception):
         self.retryable = retryable
         self.unreachable = unreachable
         """The cluster did not answer (connection refused, timeout, TLS): not the job's fault."""
+
+
+class BindPending(BackendError):
+    """The device plugin has not answered a pod's bind handshake yet, and its time is not up:
+    the pod stays bound (its node locked); a later dispatch goes on waiting
+    (``CAMP_HAMI_BIND_POLL_SECONDS``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)
 
 
 @dataclass(frozen=True)
@@ -219,12 +237,38 @@ class PodStatus:
     exit_code: int | None = None
     signal: int | None = None
     terminated_message: str = ""
+    uid: str = ""
+    """The pod's UID: names repeat across a job's attempts, UIDs never do."""
+    binding: bool = False
+    """In HAMi's bind handshake, not answered yet (``hami.io/bind-phase: allocating``)."""
+    node: str = ""
+    refused: bool = False
+    """Refused at admission by the node's device plugin: failed with the kubelet's
+    ``UnexpectedAdmissionError``, or HAMi's ``hami.io/bind-phase: failed``. Not the job's
+    failure: its dispatch failed, and it is requeued (``services.dispatch``)."""
 
 
 @dataclass(frozen=True)
 class PodEvent:
     type: str  # ADDED, MODIFIED, DELETED
     pod: PodStatus
+
+
+ADMISSION_ERROR = "UnexpectedAdmissionError"
+"""The reason a kubelet gives a pod it refused at admission because a device plugin's
+``Allocate`` failed (kubelet's devicemanager; HAMi's plugin answers failed then)."""
+
+
+def attempt_of(pod: PodStatus, attempt: int) -> bool:
+    """Whether ``pod`` belongs to the job's ``attempt`` (its ``camp.io/attempt`` label; a pod
+    made before that label existed counts as the current attempt's)."""
+    return pod.labels.get(LABEL_ATTEMPT, str(attempt)) == str(attempt)
+
+
+def refusal_message(node: str, pod: str) -> str:
+    """What a job's reason says when the device plugin refused its pod's GPUs (both paths
+    that see it: the dispatch's poll and the watcher)."""
+    return f"HAMi's device plugin on node {node} refused the GPUs of pod {pod} (bind-phase failed)"
 
 
 @dataclass(frozen=True)
@@ -249,7 +293,9 @@ class ClusterBackend(Protocol):
         """Create the pod; False when it already existed (409 Conflict means done)."""
         ...
 
-    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None: ...
+    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30, uid: str = "") -> None:
+        """Delete the pod (idempotent); with ``uid``, only if it is still that pod."""
+        ...
 
     def delete_job_objects(self, namespace: str, name: str) -> None:
         """Delete the job's ConfigMap, headless Service and owned extras (idempotent)."""

@@ -45,13 +45,18 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
-from ..models import Cluster
+from ..models import Cluster, installation_id
 from .base import (
+    ADMISSION_ERROR,
+    LABEL_ATTEMPT,
+    LABEL_INSTALLATION,
     LABEL_JOB_ID,
     LABEL_JOB_OBJECT,
     LABEL_PROJECT_ID,
+    LABEL_REGISTRATION,
     MANAGED_BY,
     BackendError,
+    BindPending,
     CallBudget,
     ExtraObject,
     GpuInfo,
@@ -63,6 +68,7 @@ from .base import (
     PodSpec,
     PodStatus,
     ResourceVersionExpired,
+    refusal_message,
     split_lines,
 )
 from .credentials import decrypt_credentials, kubeconfig_problems
@@ -83,6 +89,10 @@ def scheduler_name() -> str:
 
 def bind_timeout() -> int:
     return int(getattr(settings, "CAMP_HAMI_BIND_TIMEOUT_SECONDS", 60))
+
+
+def bind_poll() -> int:
+    return int(getattr(settings, "CAMP_HAMI_BIND_POLL_SECONDS", 5))
 
 
 def nodelock_expiry() -> int:
@@ -115,13 +125,15 @@ POD_PAGE = 500
 
 
 def encode_devices(slices: Any) -> str:
-    """HAMi's pod device encoding: ``UUID,Type,mem,cores:`` per device, ``;`` per container."""
+    """HAMi's EncodePodSingleDevice (pkg/device/devices.go, v2.8–v2.10), byte for byte: each
+    device ``UUID,Type,mem,cores:``, each container's list ended by ``;`` (one container with
+    one device: ``GPU-x,NVIDIA,20000,25:;``)."""
     if not slices:
         return ""
     containers = max(s.container for s in slices) + 1
-    return ";".join(
+    return "".join(
         "".join(f"{s.uuid},{vendor(s.vendor).hami_type},{s.memory_mib},{s.cores_percent}:"
-                for s in slices if s.container == c)
+                for s in slices if s.container == c) + ";"
         for c in range(containers)
     )
 
@@ -279,6 +291,9 @@ class KubernetesBackend:
                         if backoff is None else backoff)
         self.sleep = sleep
         self._owner_uids: dict[tuple[str, str], str] = {}
+        self.owner: dict[str, str] = {}
+        """The installation and registration labels of what this backend creates
+        (``for_cluster``); what carries other values is another's and never touched."""
         self.timeout: float | tuple[float, float] = 30  # seconds, or (connect, read)
         # A periodic run's time for this cluster (``services.cluster_periodic``): timeouts and
         # retries from it, capped by its deadline, instead of the ones above.
@@ -291,6 +306,20 @@ class KubernetesBackend:
 
     @classmethod
     def for_cluster(cls, cluster: Cluster) -> KubernetesBackend:
+        backend = cls._connect(cluster)
+        backend.owner = {LABEL_INSTALLATION: installation_id(), LABEL_REGISTRATION: str(cluster.pk)}
+        return backend
+
+    def own(self, labels: Mapping[str, str] | None) -> bool:
+        """Whether an object with ``labels`` is Camp's and this registration's: Camp's label,
+        and this installation's and registration's (an object made before those labels
+        existed, without them, counts as its own)."""
+        labels = labels or {}
+        return labels.get(MANAGED_BY) == "camp" and all(
+            labels.get(k, v) == v for k, v in self.owner.items())
+
+    @classmethod
+    def _connect(cls, cluster: Cluster) -> KubernetesBackend:
         creds = decrypt_credentials(cluster.credentials_encrypted)
         if creds.get("kubeconfig"):
             # Refused when stored too (services.cluster_create/update); checked again for
@@ -456,7 +485,8 @@ class KubernetesBackend:
             if phase in ("Succeeded", "Failed"):
                 continue
             labels = meta.get("labels") or {}
-            job_id = str(labels.get(LABEL_JOB_ID) or "") if labels.get(MANAGED_BY) == "camp" else ""
+            # Another installation's (or registration's) pods hold GPUs like anyone else's.
+            job_id = str(labels.get(LABEL_JOB_ID) or "") if self.own(labels) else ""
             name = f"{meta.get('namespace')}/{meta.get('name')}"
             ann = meta.get("annotations") or {}
             usage: dict[str, tuple[int, int, int]] = {}
@@ -543,13 +573,22 @@ class KubernetesBackend:
     def ensure_namespace(self, spec: NamespaceSpec) -> None:
         """The project's namespace (created with its labels, never relabelled: Camp may not
         patch namespaces), Camp's rights in it (``_grant_workloads``) and its ResourceQuota.
-        A namespace of that name that Camp did not make for this project is refused."""
+        A namespace of that name that Camp did not make for this project, or that another
+        installation or registration made, is refused."""
+        spec = dataclasses.replace(spec, labels={**spec.labels, **self.owner})
         existing = self._call(self.core.read_namespace, spec.name, ok=(404,))
         if existing is None:
             self._call(self.core.create_namespace,
                        {"apiVersion": "v1", "kind": "Namespace",
                         "metadata": {"name": spec.name, "labels": dict(spec.labels)}}, ok=(409,))
         else:
+            have = existing.metadata.labels or {}
+            if not self.own({**have, MANAGED_BY: "camp"}):
+                # Another Camp installation's (or registration's) namespace: never adopt it.
+                raise BackendError(f"Namespace {spec.name} belongs to another Camp installation or "
+                                   f"registration of this cluster ({LABEL_INSTALLATION}="
+                                   f"{have.get(LABEL_INSTALLATION)}); give this cluster another "
+                                   f"namespace prefix", status=409)
             owner = (existing.metadata.labels or {}).get(LABEL_PROJECT_ID)
             if owner != spec.labels.get(LABEL_PROJECT_ID):
                 # Another project's namespace, or one Camp did not create: never adopt it
@@ -619,6 +658,7 @@ class KubernetesBackend:
             self.sleep(0.1)
 
     def ensure_job_objects(self, objs: JobObjects) -> None:
+        objs = dataclasses.replace(objs, labels={**objs.labels, **self.owner})
         cm = {"apiVersion": "v1", "kind": "ConfigMap",
               "metadata": {"name": objs.name, "namespace": objs.namespace, "labels": dict(objs.labels)},
               "data": dict(objs.data)}
@@ -653,7 +693,7 @@ class KubernetesBackend:
         body = json.loads(json.dumps(dict(extra.manifest)))
         meta = body.setdefault("metadata", {})
         meta["namespace"] = objs.namespace
-        meta.setdefault("labels", {}).update({MANAGED_BY: "camp"})
+        meta.setdefault("labels", {}).update({MANAGED_BY: "camp", **self.owner})
         if extra.owned:
             meta["labels"][LABEL_JOB_OBJECT] = objs.name  # deleted with the job (delete_job_objects)
             refs = self._owner_refs(objs.namespace, objs.name)
@@ -705,7 +745,7 @@ class KubernetesBackend:
             for obj in (listed.items if listed is not None else []):
                 labels = obj.metadata.labels or {}
                 # Checked again here: a label selector is a server convenience, not a guarantee.
-                if labels.get(MANAGED_BY) == "camp" and labels.get(LABEL_JOB_OBJECT) == name:
+                if self.own(labels) and labels.get(LABEL_JOB_OBJECT) == name:
                     self._call(getattr(api, f"delete_namespaced_{suffix}"), obj.metadata.name,
                                namespace, ok=(404,))
 
@@ -714,7 +754,7 @@ class KubernetesBackend:
         out = []
         for svc in (listed.items if listed is not None else []):
             labels = dict(svc.metadata.labels or {})
-            if labels.get(MANAGED_BY) == "camp" and label in labels:  # checked again, as elsewhere
+            if self.own(labels) and label in labels:  # checked again, as elsewhere
                 out.append((svc.metadata.namespace, svc.metadata.name, labels))
         return out
 
@@ -724,7 +764,7 @@ class KubernetesBackend:
         out = []
         for ing in (listed.items if listed is not None else []):
             labels = dict(ing.metadata.labels or {})
-            if labels.get(MANAGED_BY) == "camp" and label in labels:
+            if self.own(labels) and label in labels:
                 out.append((ing.metadata.namespace, ing.metadata.name, labels))
         return out
 
@@ -737,7 +777,7 @@ class KubernetesBackend:
         for cm in (listed.items if listed is not None else []):
             labels = cm.metadata.labels or {}
             job_id = labels.get(LABEL_JOB_ID, "")
-            if labels.get(MANAGED_BY) == "camp" and job_id.isdigit():
+            if self.own(labels) and job_id.isdigit():
                 out.append((cm.metadata.namespace, cm.metadata.name, int(job_id)))
         return out
 
@@ -802,7 +842,7 @@ class KubernetesBackend:
             pod_spec["hostname"] = spec.name
             pod_spec["subdomain"] = spec.subdomain
         metadata: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace,
-                                    "labels": dict(spec.labels), "annotations": annotations}
+                                    "labels": {**spec.labels, **self.owner}, "annotations": annotations}
         if spec.owner:
             refs = self._owner_refs(spec.namespace, spec.owner)
             if refs:
@@ -845,6 +885,8 @@ class KubernetesBackend:
             self._await_gone(spec)
             existing = None
         if existing is not None and existing.spec.node_name:
+            if hami and (existing.metadata.annotations or {}).get(BIND_PHASE) == "allocating":
+                self._hami_conclude(spec, existing)  # an earlier dispatch handed the wait over
             return False
         created = existing is None and self._call(
             self.core.create_namespaced_pod, spec.namespace, self.pod_body(spec, hami=hami),
@@ -856,15 +898,23 @@ class KubernetesBackend:
         return created
 
     def _same_placement(self, pod: Any, spec: PodSpec, hami: bool) -> bool:
-        """Whether an existing pod is the one ``spec`` describes: bound to its node (or not
-        bound yet) and, on a HAMi node, carrying its node and device annotations."""
+        """Whether an existing pod is the one ``spec`` describes: of the same attempt
+        (``camp.io/attempt``, when both carry it), bound to its node (or not bound yet) and,
+        on a HAMi node, carrying its node and ``…-devices-allocated`` annotations. Never
+        ``…-devices-to-allocate``: HAMi's device plugin erases it once it has allocated
+        (``;`` per container), so a healthy pod would read as another's."""
+        attempt = (pod.metadata.labels or {}).get(LABEL_ATTEMPT)
+        if attempt is not None and spec.labels.get(LABEL_ATTEMPT) not in (None, attempt):
+            return False
         if pod.spec.node_name and pod.spec.node_name != spec.node:
             return False
         if not hami:
             return True
         have = pod.metadata.annotations or {}
-        return (have.get("hami.io/vgpu-node") == spec.node and have.get(
-            vendor(spec.slices[0].vendor).allocate_annotation) == encode_devices(spec.slices))
+        # rstrip: a pod made before the encoding ended each container with ";" is the same.
+        allocated = (have.get(vendor(spec.slices[0].vendor).allocated_annotation) or "").rstrip(";")
+        return (have.get("hami.io/vgpu-node") == spec.node
+                and allocated == encode_devices(spec.slices).rstrip(";"))
 
     def _await_gone(self, spec: PodSpec, seconds: float = 10.0) -> None:
         """Wait until a pod deleted with grace 0 is gone (immediate on the API server)."""
@@ -902,18 +952,37 @@ class KubernetesBackend:
                        {"metadata": {"annotations": {
                            BIND_PHASE: "allocating", "hami.io/bind-time": now, "hami.io/vgpu-time": now}}})
             self._bind(spec)
-            phase = self._await_bind_phase(spec, deadline)
+        except BackendError:
+            self._release_node_lock(spec)
+            raise
+        self._hami_conclude(spec, None, bound_at=int(now))
+
+    def _hami_conclude(self, spec: PodSpec, pod: Any, *, bound_at: int | None = None) -> None:
+        """Wait for the device plugin's answer to a bound pod's handshake, for at most
+        ``bind_poll()`` seconds of this call: BindPending if it has not answered and the bind
+        timeout (from ``hami.io/bind-time``) is not up, so the wait resumes in a later
+        dispatch instead of holding this worker. On ``failed`` or no answer in time the lock
+        is released (if still ours) and the pod deleted, so nothing is left half bound; the
+        caller requeues the job with the reason."""
+        if bound_at is None:
+            raw = (pod.metadata.annotations or {}).get("hami.io/bind-time", "")
+            bound_at = int(raw) if raw.isdigit() else int(time.time())
+        left = bound_at + bind_timeout() - time.time()
+        try:
+            phase = self._await_bind_phase(spec, time.monotonic() + max(0.0, min(left, bind_poll())))
         except BackendError:
             self._release_node_lock(spec)
             raise
         if phase == "success":
             return
+        if not phase and bound_at + bind_timeout() > time.time():
+            raise BindPending(f"HAMi's device plugin on node {spec.node} has not answered for pod "
+                              f"{spec.name} yet")
         self._release_node_lock(spec)
         self._call(self.core.delete_namespaced_pod, spec.name, spec.namespace, grace_period_seconds=0,
                    ok=(404,))
         if phase == "failed":
-            raise BackendError(f"HAMi's device plugin on node {spec.node} refused the GPUs of pod "
-                               f"{spec.name} (bind-phase failed)")
+            raise BackendError(refusal_message(spec.node, spec.name))
         raise BackendError(f"HAMi's device plugin on node {spec.node} did not answer for pod "
                            f"{spec.name} within {bind_timeout()} s (is it running?)")
 
@@ -931,6 +1000,8 @@ class KubernetesBackend:
                 return phase
             if (pod.status.phase if pod.status else "") in ("Running", "Succeeded"):
                 return "success"
+            if (pod.status.phase if pod.status else "") == "Failed":
+                return "failed"  # refused at the kubelet's admission
             if time.monotonic() >= deadline:
                 return ""
             self.sleep(delay)
@@ -990,9 +1061,12 @@ class KubernetesBackend:
                    {"metadata": {"annotations": {NODE_LOCK: None},
                                  "resourceVersion": node.metadata.resource_version}}, ok=(409,))
 
-    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None:
-        self._call(self.core.delete_namespaced_pod, name, namespace,
-                   grace_period_seconds=grace_seconds, ok=(404,))
+    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30, uid: str = "") -> None:
+        """Delete the pod (gone already: done). With ``uid``, only that pod (a precondition:
+        a later attempt's pod of the same name answers 409 and is left alone)."""
+        body = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid)) if uid else None
+        self._call(self.core.delete_namespaced_pod, name, namespace, body=body,
+                   grace_period_seconds=grace_seconds, ok=(404, 409))
 
     def pod_problem(self, namespace: str, name: str) -> str:
         """Why a Pending pod is not starting, as only its claims and events say (its own
@@ -1133,8 +1207,9 @@ class KubernetesBackend:
         result = self._call(self.core.list_pod_for_all_namespaces, label_selector=SELECTOR)
         assert result is not None
         pods = [_pod_status(p) for p in result.items]
-        # Filter again client-side: label selectors are a server convenience, not a guarantee.
-        return [p for p in pods if p.labels.get(MANAGED_BY) == "camp"], (
+        # Filter again client-side: label selectors are a server convenience, not a guarantee;
+        # and only this installation's and registration's pods (``own``).
+        return [p for p in pods if self.own(p.labels)], (
             result.metadata.resource_version or "")
 
     def list_pods(self) -> list[PodStatus]:
@@ -1166,7 +1241,7 @@ class KubernetesBackend:
                     if new_rv:
                         rv = new_rv
                     status = _pod_status(obj)
-                    if status.labels.get(MANAGED_BY) == "camp":
+                    if self.own(status.labels):
                         yield PodEvent(event["type"], status)
                     if time.monotonic() >= deadline:
                         w.stop()
@@ -1201,6 +1276,9 @@ def _pod_status(p: Any) -> PodStatus:
     message = (p.status.message if p.status else None) or ""
     conditions = (p.status.conditions if p.status else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    reason = (p.status.reason if p.status else None) or ""
+    bind_phase = (meta.annotations or {}).get(BIND_PHASE)
+    refused = phase == "Failed" and (reason == ADMISSION_ERROR or bind_phase == "failed")
     probed = any(c.readiness_probe is not None for c in ((p.spec.containers if p.spec else None) or []))
     unschedulable = next((c.message or c.reason or "" for c in conditions
                           if c.type == "PodScheduled" and c.status == "False"), "")
@@ -1213,7 +1291,9 @@ def _pod_status(p: Any) -> PodStatus:
     return PodStatus(name=meta.name, namespace=meta.namespace or "", phase=phase,
                      labels=dict(meta.labels or {}), message=message,
                      deleting=bool(meta.deletion_timestamp), ready=ready, probed=probed,
-                     reason=(p.status.reason if p.status else None) or "",
+                     reason=reason, uid=meta.uid or "",
+                     node=(p.spec.node_name if p.spec else None) or "", refused=refused,
+                     binding=phase == "Pending" and bind_phase == "allocating",
                      unschedulable=unschedulable if phase == "Pending" else "",
                      waiting_reason=(waiting.reason or "") if waiting else "",
                      waiting_message=(waiting.message or "") if waiting else "",
@@ -1392,6 +1472,17 @@ def access_problems(cluster: Cluster) -> dict[str, str]:
         return {"credentials": f"The ClusterRole {WORKLOADS_ROLE} does not grant "
                                + ", ".join(map(_described, missing)) + f": {chart}."}
     return {}
+
+
+def cluster_identity(cluster: Cluster) -> str:
+    """The cluster's identity: its ``kube-system`` namespace's UID (the same through every
+    endpoint and credentials, and different for every cluster); "" if it cannot be read."""
+    try:
+        backend = KubernetesBackend._connect(cluster)
+        ns = backend.core.read_namespace("kube-system", _request_timeout=CHECK_TIMEOUT_SECONDS)
+    except (BackendError, ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):
+        return ""
+    return str(ns.metadata.uid or "")
 
 
 def _reason(exc: BaseException) -> str:

@@ -162,7 +162,7 @@ class SimulatedBackend:
             return bool(updated)
         return True
 
-    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30) -> None:
+    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30, uid: str = "") -> None:
         SimulatedPod.objects.filter(
             cluster=self.cluster, namespace=namespace, name=name, deleted_at__isnull=True
         ).update(deleted_at=timezone.now())

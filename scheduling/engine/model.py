@@ -303,23 +303,6 @@ class PodPlacement:
     cpu_millicores: int = 0
     ram_mib: int = 0
 
-    def hami_devices_to_allocate(self) -> str:
-        """HAMi's ``hami.io/vgpu-devices-to-allocate``: ``UUID,VENDOR,<MiB>,<cores>:`` per device,
-        containers separated by ``;``."""
-        if not self.gpus:
-            return ""
-        n = max(g.container for g in self.gpus) + 1
-        parts = []
-        for c in range(n):
-            parts.append(
-                "".join(
-                    f"{g.uuid},{g.vendor},{g.gpu_memory_mib},{g.gpu_cores_percent}:"
-                    for g in self.gpus
-                    if g.container == c
-                )
-            )
-        return ";".join(parts) + ";"
-
 
 @dataclass(frozen=True, slots=True)
 class Placement:

@@ -166,6 +166,7 @@ from .reconcile import (
     _update_phases,
     cluster_reconcile,
     pod_event_apply,
+    pod_event_watch_apply,
 )
 
 __all__ = [
@@ -301,6 +302,7 @@ __all__ = [
     "_dispatch_lost",
     "_job_lost_pod",
     "pod_event_apply",
+    "pod_event_watch_apply",
     "_update_phases",
     "_end",
     "_stop_after_commit_now",

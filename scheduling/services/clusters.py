@@ -106,6 +106,23 @@ def _verify_cluster(cluster: Cluster) -> None:
     problems = access_problems(cluster)
     if problems:
         raise ValidationError({k: [v] for k, v in problems.items()})
+    from ..backends.kubernetes import cluster_identity
+
+    cluster.kube_system_uid = cluster_identity(cluster)
+    _refuse_registered_twice(cluster)
+
+
+def _refuse_registered_twice(cluster: Cluster) -> None:
+    """One registration per Kubernetes cluster, recognised by its kube-system namespace's UID
+    whatever the endpoint (a public and a private one): two registrations would each take the
+    other's pods for leftovers. A 400 on ``api_server``, in words."""
+    uid = cluster.kube_system_uid
+    other = Cluster.objects.filter(kube_system_uid=uid).exclude(pk=cluster.pk).first() if uid else None
+    if other is not None:
+        raise ValidationError({"api_server": [
+            f"This Kubernetes cluster is already registered in Camp as {other.name!r} (its "
+            f"kube-system namespace has the same UID, {uid}): register a cluster once; to reach "
+            f"it through another endpoint, change that registration's api_server."]})
 
 
 @transaction.atomic
@@ -126,6 +143,7 @@ def cluster_create(*, actor: User, name: str, credentials: dict[str, str] | None
         with transaction.atomic():
             cluster.save()
     except IntegrityError as exc:
+        _refuse_registered_twice(cluster)  # registered concurrently: say so in words
         raise ValidationError({"name": ["A cluster with this name already exists."]}) from exc
     audit_record(actor=actor, action="cluster.created", target=cluster,
                  after=_cluster_snapshot(cluster))
@@ -156,6 +174,7 @@ def cluster_update(*, actor: User, cluster: Cluster, credentials: dict[str, str]
         with transaction.atomic():
             cluster.save()
     except IntegrityError as exc:
+        _refuse_registered_twice(cluster)
         raise ValidationError({"name": ["A cluster with this name already exists."]}) from exc
     audit_record(actor=actor, action="cluster.updated", target=cluster, before=before,
                  after=_cluster_snapshot(cluster))

@@ -18,6 +18,7 @@ from tenants.models import Project, Quota, QuotaScope
 from .. import selectors, signals
 from ..backends import backend_for
 from ..backends.base import (
+    LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_JOB_ID,
     LABEL_PROJECT,
@@ -27,6 +28,7 @@ from ..backends.base import (
     LABEL_TENANT,
     MANAGED_BY,
     BackendError,
+    BindPending,
     JobObjects,
     NamespaceSpec,
     PodSpec,
@@ -36,6 +38,7 @@ from ..backends.naming import job_object_name, namespace_name
 from ..extensions import apply_job_spec_hooks
 from ..models import (
     ACTIVE_STATES,
+    FINAL_STATES,
     LOG_TAIL_BYTES,
     LOG_TAIL_LINES,
     Allocation,
@@ -142,7 +145,8 @@ def job_specs(job: Job, cluster: Cluster) -> tuple[NamespaceSpec, JobObjects, li
         pods.append(PodSpec(
             name=a.pod_name, namespace=ns.name, node=a.node.name, image=g.image,
             command=tuple(str(c) for c in (g.command or [])), env=env,
-            labels={**base_labels, LABEL_ROLE: g.name, LABEL_REPLICA: str(a.replica)},
+            labels={**base_labels, LABEL_ROLE: g.name, LABEL_REPLICA: str(a.replica),
+                    LABEL_ATTEMPT: str(job.attempts)},
             cpu_millicores=a.cpu_millicores, ram_mib=a.ram_mib, slices=slices, owner=owner,
             subdomain=owner if distributed else "", duration_seconds=job.duration_seconds,
         ))
@@ -222,18 +226,23 @@ def job_dispatch(*, job_id: int, final_attempt: bool = True) -> str:
     Once the pods exist, the job's state is checked again under its row lock; if it left
     STARTING meanwhile the dispatch is "aborted" and stops the job itself (pods deleted,
     resources released once they are gone), so GPUs are never free in the database while
-    pods run on them."""
+    pods run on them.
+
+    "pending": a pod is bound and HAMi's device plugin has not answered within
+    ``CAMP_HAMI_BIND_POLL_SECONDS``; the dispatch hands over (the task queues a follow-up
+    dispatch, which resumes the wait; reconcile re-requests one if that is lost)."""
     with _dispatching(job_id):
-        outcome = _dispatch(job_id, final_attempt)
+        outcome, attempt = _dispatch(job_id, final_attempt)
     if outcome == "aborted":
-        job_stop(job_id=job_id)
+        job_stop(job_id=job_id, attempt=attempt)
     return outcome
 
 
-def _dispatch(job_id: int, final_attempt: bool) -> str:
+def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
+    """``job_dispatch``'s work: (outcome, the attempt it dispatched)."""
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
     if job.state != JobState.STARTING:
-        return "skipped"
+        return "skipped", job.attempts
     cluster = job.placed_cluster
     # Tried even if its cluster was marked unreachable since the job's admission: after a
     # short outage the retries (job_dispatch's backoff) create its pods and keep those that
@@ -245,12 +254,16 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
         backend.ensure_job_objects(objs)
         for spec in pods:
             backend.create_pod(spec)
+    except BindPending:
+        # The device plugin has not answered yet: the pods stay as they are, and a follow-up
+        # dispatch (the task queues one) or the watcher concludes.
+        return "pending", job.attempts
     except BackendError as exc:
         if Job.objects.filter(pk=job_id, state=JobState.RUNNING).exists():
             # A redundant dispatch (redelivered after a worker died, or re-requested by
             # reconcile) of a job whose pods all run: its failure harms nothing, and
             # cleaning up would kill a healthy job.
-            return "running"
+            return "running", job.attempts
         if exc.retryable and not final_attempt:
             raise
         # Admitted just before its cluster stopped answering: requeued without counting the
@@ -266,12 +279,14 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
             # The cluster did not answer: not the job's fault, so not one of its attempts.
             # (Pods created before it went down are orphans to its reconcile, which deletes
             # them once it answers.)
-            requeued = _dispatch_unreachable(job_id, str(exc) if exc.unreachable else "")
-            return "requeued" if requeued else "aborted"
+            requeued = _dispatch_unreachable(job_id, str(exc) if exc.unreachable else "",
+                                             attempt=job.attempts)
+            return ("requeued" if requeued else "aborted"), job.attempts
         # A refusal may echo the pod spec: never an env value in a reason, decision or log.
         message = without_values(str(exc), (v for env in job.groups.values_list("env", flat=True)
                                             for v in (env or {}).values()))
-        return "failed" if _dispatch_failed(job_id, message) else "aborted"
+        failed = _dispatch_failed(job_id, message, attempt=job.attempts)
+        return ("failed" if failed else "aborted"), job.attempts
     with transaction.atomic():
         current = Job.objects.select_for_update(no_key=True).only("state").get(pk=job_id)
         if current.state == JobState.RUNNING:
@@ -279,19 +294,20 @@ def _dispatch(job_id: int, final_attempt: bool) -> str:
             # saw them start while this one was still going. Nothing to undo.
             Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(
                 phase=PodPhase.CREATED)
-            return "running"
+            return "running", job.attempts
         if current.state != JobState.STARTING:
-            return "aborted"  # stopped while its pods were being created
+            return "aborted", job.attempts  # stopped while its pods were being created
         Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(phase=PodPhase.CREATED)
-    return "created"
+    return "created", job.attempts
 
 
-def _dispatch_failed(job_id: int, message: str) -> bool:
+def _dispatch_failed(job_id: int, message: str, *, attempt: int | None = None) -> bool:
     """Release and requeue (or fail) a job whose pods could not be created; False if the
-    job had already left STARTING (its stop then takes over)."""
+    job had already left STARTING, or ``attempt`` is no longer its attempt (its stop, or
+    whoever requeued it, takes over)."""
     with transaction.atomic():
         job = _locked_job(job_id)
-        if job.state != JobState.STARTING:
+        if job.state != JobState.STARTING or (attempt is not None and job.attempts != attempt):
             return False
         _release(job)
         reason = f"Could not create its pods: {message}"[:500]
@@ -321,7 +337,7 @@ def _dispatch_failed(job_id: int, message: str) -> bool:
     return True
 
 
-def _dispatch_unreachable(job_id: int, error: str) -> bool:
+def _dispatch_unreachable(job_id: int, error: str, *, attempt: int | None = None) -> bool:
     """The job's cluster does not answer (``error``: what the dispatch got, to record on the
     cluster; "" when it is already marked unreachable): release and requeue the job without
     counting the attempt; a floating job goes back to the global queue (the cluster is not
@@ -337,7 +353,8 @@ def _dispatch_unreachable(job_id: int, error: str) -> bool:
         cluster_reachability_record(cluster_id=cluster_id, error=error)
     with transaction.atomic():
         job = _locked_job(job_id)
-        if job.state != JobState.STARTING or job.cluster_id != cluster_id:
+        if job.state != JobState.STARTING or job.cluster_id != cluster_id or (
+                attempt is not None and job.attempts != attempt):
             return False
         cluster = Cluster.objects.get(pk=cluster_id)
         why = cluster_closed_why(cluster)
@@ -356,9 +373,23 @@ def _dispatch_unreachable(job_id: int, error: str) -> bool:
     return True
 
 
-def job_stop(*, job_id: int) -> str:
-    """Delete a job's pods (with a grace period) and release its resources once gone."""
+STOPPING_STATES = (JobState.PREEMPTING, *FINAL_STATES)
+"""The states a queued stop acts in: a job back in the queue, or admitted again, is not its."""
+
+
+def job_stop(*, job_id: int, attempt: int | None = None, queued: bool = False) -> str:
+    """Delete a job's pods (with a grace period) and release its resources once gone.
+
+    A stop is tied to the attempt it was queued for: with ``attempt`` it does nothing
+    ("stale") once the job has been admitted again since, and a ``queued`` stop (the task)
+    acts only on a job that is stopping (preempting, or ended): a stop delivered late, or
+    twice, never touches the pods of a later attempt (their names are the same). Only pods
+    of the job's current attempt are deleted (``camp.io/attempt``; pods made before that
+    label existed count as current)."""
     job = Job.objects.select_related("tenant", "project", "cluster").get(pk=job_id)
+    if (attempt is not None and job.attempts != attempt) or (
+            queued and job.state not in STOPPING_STATES):
+        return "stale"
     backend = backend_for(job.placed_cluster)
     allocs = list(job.allocations.select_related("node", "group"))
     names = [a.pod_name for a in allocs]
@@ -367,8 +398,13 @@ def job_stop(*, job_id: int) -> str:
     ns = namespace_spec(job, job.placed_cluster).name
     gone, unreachable = _on_dead_nodes(allocs), _on_unreachable_nodes(allocs)
     _keep_log_tails(backend, job, ns, [a for a in allocs if a.node.ready and a.node.present])
+    listed = {p.name: p for p in backend.list_pods() if p.namespace == ns and p.name in names}
     for name in names:
-        backend.delete_pod(ns, name, grace_seconds=0 if name in gone else 30)
+        pod = listed.get(name)
+        if pod is not None and pod.labels.get(LABEL_ATTEMPT, str(job.attempts)) != str(job.attempts):
+            continue  # another attempt's pod of the same name: not this stop's
+        if pod is not None or name in gone:
+            backend.delete_pod(ns, name, grace_seconds=0 if name in gone else 30)
     remaining = ({p.name for p in backend.list_pods()} & set(names)) - gone - unreachable
     if remaining or not _pods_gone(job_id):
         # The reconcile task releases once the pods are gone (or the dispatch in flight,

@@ -202,7 +202,9 @@ def _after(t: Transition, jobs: list[Job], before: dict[int, str], countdown: fl
         else:
             enqueue_on_commit("jobs_dispatch", [j.pk for j in jobs])
     if len(stop) == 1:
-        _send_after_commit("job_stop", stop[0])
+        # Tied to the attempt being stopped (dispatch.job_stop): redelivered late, it never
+        # touches the next attempt's pods of the same names.
+        _send_after_commit("job_stop", stop[0], jobs[0].attempts)
     elif stop:
         _send_after_commit("jobs_stop", sorted(stop))
     for cluster_id in sorted(c for c in cycle if c is not None):

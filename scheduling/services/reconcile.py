@@ -17,7 +17,10 @@ from ..backends import backend_for, podcause
 from ..backends.base import (
     MANAGED_BY,
     BackendError,
+    PodEvent,
     PodStatus,
+    attempt_of,
+    refusal_message,
 )
 from ..models import (
     FINAL_STATES,
@@ -28,7 +31,7 @@ from ..models import (
     PodPhase,
 )
 from .common import MAX_ATTEMPTS, _locked_job, enqueue
-from .dispatch import _dispatch_in_flight, _on_dead_nodes, _on_unreachable_nodes, _pods_gone
+from .dispatch import _dispatch_failed, _dispatch_in_flight, _on_dead_nodes, _on_unreachable_nodes, _pods_gone
 from .jobs import job_evict
 from .lifecycle import transition
 
@@ -71,6 +74,7 @@ class ReconcileResult:
     released: list[int] = field(default_factory=list)
     redispatched: list[int] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)
     orphans_deleted: list[str] = field(default_factory=list)
     objects_deleted: list[str] = field(default_factory=list)
 
@@ -136,6 +140,9 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
     if not rows:
         return  # released meanwhile (another worker, an eviction): nothing left to converge
     job = rows[0].job
+    # Pod names repeat across attempts: a pod of another attempt (a late event, one still
+    # terminating) is not this attempt's pod (``camp.io/attempt``).
+    pods = {name: p for name, p in pods.items() if attempt_of(p, job.attempts)}
     present = [pods[a.pod_name] for a in rows if a.pod_name in pods]
     phases = [p.phase for p in present]
     if job.state in FINAL_STATES or job.state == JobState.PREEMPTING:
@@ -143,15 +150,22 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
         return
     # STARTING / RUNNING
     _update_phases(rows, pods)
+    refused = next((p for p in present if p.refused), None)
+    if refused is not None and job.state == JobState.STARTING:
+        # The node's device plugin refused the pod at admission: the dispatch failed (not the
+        # job), whichever sees it first; requeued with the reason, as on the dispatch's path.
+        if _admission_refused(backend, job, present, refused):
+            result.requeued.append(job_id)
+        return
     if "Failed" in phases:
         failed = next(p for p in present if p.phase == "Failed")
         if not _end(job_id, JobState.FAILED, f"Pod {failed.name} failed: {podcause.failure(failed)}"):
-            _stop_after_commit_now(job_id)  # ended meanwhile: its pods go all the same
+            _stop_after_commit_now(job_id, job.attempts)  # ended meanwhile: its pods go all the same
         result.finished.append(job_id)
         return
     if len(present) == len(rows) and all(ph == "Succeeded" for ph in phases):
         if not _end(job_id, JobState.SUCCEEDED, "All pods succeeded"):
-            _stop_after_commit_now(job_id)
+            _stop_after_commit_now(job_id, job.attempts)
         result.finished.append(job_id)
         return
     if job.state == JobState.RUNNING and not present:
@@ -172,12 +186,13 @@ def _reconcile_job(backend: Any, job_id: int, rows: list[Allocation], pods: dict
         if _job_lost_pod(job_id, lost[0]):
             result.lost.append(job_id)
         return
-    if len(present) < len(rows):
+    if len(present) < len(rows) or any(p.binding for p in present):
         admitted = job.admitted_at or timezone.now()
         if job.state == JobState.STARTING and complete and timezone.now() - admitted > dt.timedelta(
                 seconds=DISPATCH_GRACE_SECONDS) and _dispatch_lost(job_id):
-            # Admitted but pods missing and no dispatch running: it was lost with a killed
-            # worker (its Redis message only comes back after the visibility timeout).
+            # Admitted but pods missing (or a handshake left waiting) and no dispatch running:
+            # it was lost with a killed worker (its Redis message only comes back after the
+            # visibility timeout), or a follow-up dispatch was.
             enqueue("job_dispatch", job_id)
             result.redispatched.append(job_id)
         return
@@ -239,12 +254,31 @@ def _cannot_start(backend: Any, job: Job, present: list[PodStatus], result: Reco
     given_up = f"{reason} (gave up after {int(waited.total_seconds())} s)"
     if podcause.gives_up_by_failing(problem) or job.attempts >= MAX_ATTEMPTS:
         if not _end(job.pk, JobState.FAILED, given_up):
-            _stop_after_commit_now(job.pk)
+            _stop_after_commit_now(job.pk, job.attempts)
         result.finished.append(job.pk)
         return True
     if job_evict(job_id=job.pk, reason=given_up):
         result.lost.append(job.pk)
     return True
+
+
+def _admission_refused(backend: Any, job: Job, present: list[PodStatus], refused: PodStatus) -> bool:
+    """A starting job's pod was refused at admission (``PodStatus.refused``): its pods of this
+    attempt are deleted (by UID: a later attempt's pod of the same name is never touched) and
+    the job is requeued like a failed dispatch (``_dispatch_failed``: failed after
+    ``MAX_ATTEMPTS``). Left to the dispatch while one is in flight: its poll sees the same
+    refusal and concludes (False)."""
+    with transaction.atomic():
+        if _dispatch_in_flight(job.pk):
+            return False
+    for p in present:
+        with contextlib.suppress(BackendError):
+            backend.delete_pod(p.namespace, p.name, grace_seconds=0, uid=p.uid)
+    with transaction.atomic():
+        if _dispatch_in_flight(job.pk):
+            return False
+        return _dispatch_failed(job.pk, refusal_message(refused.node, refused.name),
+                                attempt=job.attempts)
 
 
 def _dispatch_lost(job_id: int) -> bool:
@@ -271,30 +305,52 @@ def _job_lost_pod(job_id: int, pod: str) -> bool:
     return job_evict(job_id=job_id, reason=f"{what}; restarting all its pods")
 
 
+def pod_event_watch_apply(*, cluster: Cluster, event: PodEvent, pods: dict[str, PodStatus]) -> str:
+    """One event of the watch stream (``camp_watch``): ``pods``, the watcher's view of the
+    cluster's managed pods by name, is updated, then ``pod_event_apply``. Matched by UID: a
+    DELETED for a pod whose name a newer pod has taken (a late event) leaves the newer one in
+    the view, and its pod's attempt decides which job attempt it concerns."""
+    pod = event.pod
+    current = pods.get(pod.name)
+    if event.type == "DELETED":
+        if current is not None and current.uid and pod.uid and current.uid != pod.uid:
+            return "stale"  # an earlier pod of that name; the one in the view is newer
+        pods.pop(pod.name, None)
+    else:
+        pods[pod.name] = pod
+    return pod_event_apply(cluster=cluster, pod_name=pod.name, pods=pods,
+                           deleted=event.type == "DELETED", pod=pod)
+
+
 def pod_event_apply(*, cluster: Cluster, pod_name: str, pods: dict[str, PodStatus],
-                    deleted: bool = False) -> str:
+                    deleted: bool = False, pod: PodStatus | None = None) -> str:
     """Apply one watched pod event: the reconcile rules, for the one job the pod belongs to.
 
     ``pods`` is the watcher's current view of the cluster's managed pods (by name) with the
-    event already applied; ``deleted``: the event was DELETED (the pod is gone). A pod that
-    belongs to no allocation is an orphan and deleted (the same rule as
-    ``cluster_reconcile``). Returns what was done, for logging."""
+    event already applied; ``deleted``: the event was DELETED (the pod is gone); ``pod``: the
+    event's pod. An event for a pod of another attempt than the job's current one (names
+    repeat across attempts: a late event) changes nothing ("stale"). A pod that belongs to no
+    allocation is an orphan and deleted (the same rule as ``cluster_reconcile``). Returns
+    what was done, for logging."""
     job_id = Allocation.objects.filter(cluster=cluster, pod_name=pod_name).values_list(
         "job_id", flat=True).first()
     if job_id is None:
-        pod = pods.get(pod_name)
-        if pod is None or pod.deleting or pod.labels.get(MANAGED_BY) != "camp":
+        orphan = pods.get(pod_name)
+        if orphan is None or orphan.deleting or orphan.labels.get(MANAGED_BY) != "camp":
             return "ignored"
         with contextlib.suppress(BackendError):
-            backend_for(cluster).delete_pod(pod.namespace, pod.name, grace_seconds=30)
+            backend_for(cluster).delete_pod(orphan.namespace, orphan.name, grace_seconds=30,
+                                            uid=orphan.uid)
         return "orphan-deleted"
     # The job's allocations may be released between the two queries (an eviction or a stop
     # on another worker): then there is nothing left to converge (``_reconcile_job``).
     allocs = list(Allocation.objects.filter(job_id=job_id).select_related("job", "node"))
+    if pod is not None and allocs and not attempt_of(pod, allocs[0].job.attempts):
+        return "stale"
     result = ReconcileResult()
     _reconcile_job(backend_for(cluster), job_id, allocs, pods, result, complete=False,
                    deleted=pod_name if deleted else "")
-    for name in ("started", "finished", "released", "lost", "redispatched"):
+    for name in ("started", "finished", "released", "lost", "redispatched", "requeued"):
         if job_id in getattr(result, name):
             return name
     return "observed" if allocs else "released-meanwhile"
@@ -320,5 +376,5 @@ def _end(job_id: int, state: str, reason: str) -> bool:
         return transition(job, "succeed" if state == JobState.SUCCEEDED else "fail", reason=reason)
 
 
-def _stop_after_commit_now(job_id: int) -> None:
-    enqueue("job_stop", job_id)
+def _stop_after_commit_now(job_id: int, attempt: int | None = None) -> None:
+    enqueue("job_stop", job_id, attempt)

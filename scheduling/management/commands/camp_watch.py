@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from typing import Any
 
@@ -27,7 +28,7 @@ from django.db import close_old_connections, connection
 from scheduling import services
 from scheduling.backends import backend_for
 from scheduling.backends.base import BackendError, PodStatus
-from scheduling.models import Cluster
+from scheduling.models import WATCH_HEARTBEAT_SECONDS, Cluster
 
 logger = logging.getLogger("scheduling.watch")
 
@@ -67,6 +68,32 @@ class Health:
         logger.warning("watch of %s: %s", self.name, message, exc_info=exc_info)
         Cluster.objects.filter(pk=self.cluster_id).update(watch_error=message,
                                                           watch_error_since=_now())
+
+
+def _heartbeat(name: str) -> threading.Event:
+    """Write the cluster's ``watch_heartbeat_at`` now and every ``WATCH_HEARTBEAT_SECONDS``
+    from a thread, until the returned event is set: health follows its age
+    (``Cluster.watch_healthy``), so a killed watcher reads unhealthy within
+    ``WATCH_HEARTBEAT_STALE_SECONDS``, with or without pod events."""
+    done = threading.Event()
+
+    def beat() -> None:
+        Cluster.objects.filter(name=name).update(watch_heartbeat_at=_now())
+
+    beat()
+
+    def run() -> None:
+        try:
+            while not done.wait(WATCH_HEARTBEAT_SECONDS):
+                try:
+                    beat()
+                except Exception:  # noqa: BLE001 (the database away: the next beat tries again)
+                    close_old_connections()
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name="camp-watch-heartbeat", daemon=True).start()
+    return done
 
 
 def _now() -> Any:
@@ -119,6 +146,14 @@ class Command(BaseCommand):
         # second); the watcher reports the outage itself, once.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         deadline = time.monotonic() + options["duration"] if options["duration"] else None
+        beating = _heartbeat(name)
+        try:
+            self._loop(name, options, stop, deadline)
+        finally:
+            beating.set()
+
+    def _loop(self, name: str, options: dict[str, Any], stop: dict[str, bool],
+              deadline: float | None) -> None:
         max_events = options["max_events"]
         seen = 0
         backoff = 1.0
@@ -148,15 +183,10 @@ class Command(BaseCommand):
             pods: dict[str, PodStatus] = {}  # rebuilt by each window's initial list
             try:
                 for event in backend_for(cluster).watch_pods(timeout_seconds=window):
-                    if event.type == "DELETED":
-                        pods.pop(event.pod.name, None)
-                    else:
-                        pods[event.pod.name] = event.pod
                     try:
                         stop["applying"] = True
-                        outcome = services.pod_event_apply(
-                            cluster=cluster, pod_name=event.pod.name, pods=pods,
-                            deleted=event.type == "DELETED")
+                        outcome = services.pod_event_watch_apply(cluster=cluster, event=event,
+                                                                 pods=pods)
                     except Exception as exc:  # noqa: BLE001 (one bad event must not stop the watch)
                         if not connection.in_atomic_block:
                             close_old_connections()

@@ -20,9 +20,14 @@ sources and saying which):
   ``hami.io/bind-time``, ``hami.io/bind-phase`` allocating and ``hami.io/vgpu-node`` equal to
   the node), ``pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go`` ``Allocate``
   (the devices in ``hami.io/vgpu-devices-to-allocate`` must exist on the node) and
-  ``plugin/util.go`` ``PodAllocationSuccess``/``PodAllocationFailed`` (set
-  ``hami.io/bind-phase`` to success/failed, then ``nodelock.ReleaseNodeLock``: drop
-  ``hami.io/mutex.lock`` if this pod holds it).
+  ``plugin/util.go``: on success ``patchErasedAnnotation`` first (the allocated containers'
+  device lists are erased from ``hami.io/vgpu-devices-to-allocate``, re-encoded by
+  ``EncodePodSingleDevice``: a one-container pod's becomes ``;``), then
+  ``PodAllocationTrySuccess``/``PodAllocationSuccess``; on refusal ``PodAllocationFailed``
+  (set ``hami.io/bind-phase`` to success/failed, then ``nodelock.ReleaseNodeLock``: drop
+  ``hami.io/mutex.lock`` if this pod holds it), and ``Allocate`` returns an error, on which the
+  kubelet fails the pod at admission (phase Failed, reason ``UnexpectedAdmissionError``) in the
+  same instant: the kubelet stand-in does both in one step, racing Camp as a real node does.
 * ``HamiWebhook``: HAMi's admission rule (``pkg/scheduler/webhook.go`` ``Handle``) served over
   HTTPS on 127.0.0.1 and registered with a ``MutatingWebhookConfiguration``, so the real
   apiserver runs it on every pod create: a pod asking for ``nvidia.com/gpu*`` whose
@@ -70,6 +75,8 @@ ALLOCATED = "hami.io/vgpu-devices-allocated"
 REGISTER = "hami.io/node-nvidia-register"
 HANDSHAKE = "hami.io/node-handshake"
 HAMI_SCHEDULER = "hami-scheduler"
+ADMISSION_ERROR = "UnexpectedAdmissionError"
+"""The reason a kubelet gives a pod it refused at admission (a device plugin's Allocate failed)."""
 GPU_RESOURCE_PREFIX = "nvidia.com/gpu"
 
 
@@ -317,6 +324,11 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _gone(exc: BaseException) -> bool:
+    """A pod deleted between a list and a write to it: a kubelet moves on."""
+    return isinstance(exc, ApiException) and exc.status == 404
+
+
 def _requests_gpu(pod: Any) -> bool:
     for c in pod.spec.containers or []:
         res = c.resources
@@ -354,24 +366,34 @@ class HamiDevicePlugin:
             return p
         return None
 
-    def allocate(self, node_name: str, pod: Any) -> bool:
-        """Allocate the devices of ``pod`` on ``node_name``; True when the container may start."""
+    def allocate(self, node_name: str, pod: Any) -> str:
+        """The device plugin's ``Allocate`` for ``pod`` on ``node_name``: "success" (the
+        container may start), "failed" (the plugin refused: bind-phase failed, and ``Allocate``
+        returned an error, so the kubelet fails the pod at admission), or "" (no answer: a
+        silent plugin, or no pod of this node in the handshake; the kubelet tries again)."""
         mode = self.mode.get(node_name, "ok")
         if mode == "silent":
-            return False
+            return ""
         pending = self._pending_pod(node_name)
         if pending is None or pending.metadata.uid != pod.metadata.uid:
             # Allocate answers an error: no pod of this node is in the bind handshake.
-            return False
+            return ""
         ann = pending.metadata.annotations or {}
         node = self.core.read_node(node_name)
         known = {d["id"] for d in json.loads((node.metadata.annotations or {}).get(REGISTER, "[]"))}
-        wanted = [e.split(",")[0] for c in ann.get(TO_ALLOCATE, "").split(";") for e in c.split(":") if e]
+        requested = ann.get(TO_ALLOCATE, "")
+        containers = requested.split(";")[:-1] if requested.endswith(";") else requested.split(";")
+        wanted = [e.split(",")[0] for c in containers for e in c.split(":") if e]
         ok = mode == "ok" and bool(wanted) and all(u in known for u in wanted)
+        if ok:
+            # patchErasedAnnotation: every container's list popped, EncodePodSingleDevice of
+            # the emptied lists (one ";" per container).
+            self.core.patch_namespaced_pod(pending.metadata.name, pending.metadata.namespace, {
+                "metadata": {"annotations": {TO_ALLOCATE: ";" * len(containers)}}})
         self._answer(node_name, pending, "success" if ok else "failed")
         if ok:
-            self.allocations.append((node_name, pending.metadata.name, ann.get(TO_ALLOCATE, "")))
-        return ok
+            self.allocations.append((node_name, pending.metadata.name, requested))
+        return "success" if ok else "failed"
 
     def _answer(self, node_name: str, pod: Any, phase: str) -> None:
         """PodAllocationSuccess/Failed: bind-phase, then ReleaseNodeLock (owner checked)."""
@@ -418,12 +440,25 @@ class Kubelet:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        # Woken by the pods' watch (a real kubelet reacts to a bind at once), with a pass at
+        # least every 0.2 s.
         while not self._stop.is_set():
             try:
                 self.sync()
+                stream = k8s_watch.Watch().stream(self.core.list_pod_for_all_namespaces,
+                                                  timeout_seconds=1, _request_timeout=2)
+                for event in stream:
+                    pod = event["object"]
+                    # Only a bound pod still Pending has something for the kubelet to do.
+                    if (pod.spec.node_name and (pod.status.phase or "Pending") == "Pending"
+                            and not pod.metadata.deletion_timestamp):
+                        self.sync()
+                    if self._stop.is_set():
+                        break
             except Exception as exc:  # noqa: BLE001 — a stand-in keeps running, and records why
-                self.errors.append(repr(exc))
-            self._stop.wait(0.2)
+                if not _gone(exc):
+                    self.errors.append(repr(exc))
+            self._stop.wait(0.05)
 
     def sync(self) -> None:
         """One pass over bound pods (also callable directly from a test)."""
@@ -454,11 +489,14 @@ class Kubelet:
                 continue
             if _requests_gpu(pod) and node in hami_nodes:
                 phase = (pod.metadata.annotations or {}).get(BIND_PHASE)
-                if phase == "failed":
-                    self._set_phase(pod, "Failed", "UnexpectedAdmissionError",
-                                    "Allocate failed due to device plugin allocation failure")
+                answer = phase if phase in ("success", "failed") else self.plugin.allocate(node, pod)
+                if answer == "failed":
+                    # Allocate returned an error: the kubelet's admission fails the pod in the
+                    # same instant (kubelet/cm/devicemanager → lifecycle.PodAdmitResult).
+                    self._set_phase(pod, "Failed", ADMISSION_ERROR,
+                                    "Pod Allocate failed due to device plugin allocation failure")
                     continue
-                if phase != "success" and not self.plugin.allocate(node, pod):
+                if answer != "success":
                     continue
             self._set_phase(pod, "Running")
 
@@ -510,7 +548,12 @@ class Kubelet:
         if reason:
             status["reason"] = reason
             status["message"] = message
-        self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
+        try:
+            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace,
+                                                  {"status": status})
+        except ApiException as exc:
+            if exc.status != 404:  # deleted meanwhile (Camp cleaned up): a kubelet moves on
+                raise
 
     def finish(self, namespace: str, name: str, *, succeeded: bool = True, message: str = "",
                exit_code: int | None = None, reason: str = "", container_message: str = "") -> None:

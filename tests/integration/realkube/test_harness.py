@@ -59,7 +59,7 @@ def test_bind_handshake_with_the_device_plugin_and_kubelet_standins(kube: Any) -
     devices = hami_devices(2)
     kube.node("gpu-a", devices=devices)
     kube.core.create_namespaced_pod("default", _gpu_pod("p1", schedulerName="camp-scheduler"))
-    entry = f"{devices[1]['id']},NVIDIA,20000,30:"
+    entry = f"{devices[1]['id']},NVIDIA,20000,30:;"
     # A scheduler's side of the handshake: lock the node, annotate, bind.
     node = kube.core.read_node("gpu-a")
     kube.core.patch_node("gpu-a", {"metadata": {
@@ -75,6 +75,9 @@ def test_bind_handshake_with_the_device_plugin_and_kubelet_standins(kube: Any) -
     pod = wait_until(lambda: (p := kube.core.read_namespaced_pod("p1", "default")).status.phase == "Running"
                      and p, "p1 Running")
     assert pod.metadata.annotations[BIND_PHASE] == "success"
+    # HAMi's patchErasedAnnotation: what was allocated is erased, one ";" per container.
+    assert pod.metadata.annotations[TO_ALLOCATE] == ";"
+    assert pod.metadata.annotations[ALLOCATED] == entry
     assert LOCK not in (kube.core.read_node("gpu-a").metadata.annotations or {})
     assert kube.plugin.allocations == [("gpu-a", "p1", entry)]
 
@@ -84,13 +87,16 @@ def test_a_device_the_node_lacks_fails_the_handshake(kube: Any) -> None:
     kube.core.create_namespaced_pod("default", _gpu_pod("p2", schedulerName="camp-scheduler"))
     kube.core.patch_namespaced_pod("p2", "default", {"metadata": {"annotations": {
         VGPU_NODE: "gpu-a", BIND_TIME: str(int(time.time())), BIND_PHASE: "allocating",
-        TO_ALLOCATE: "GPU-not-here,NVIDIA,1000,10:"}}})
+        TO_ALLOCATE: "GPU-not-here,NVIDIA,1000,10:;"}}})
     kube.core.create_namespaced_binding(
         "default", {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p2"},
                     "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-a"}},
         _preload_content=False)
-    wait_until(lambda: kube.core.read_namespaced_pod("p2", "default").status.phase == "Failed", "p2 Failed")
-    assert kube.core.read_namespaced_pod("p2", "default").metadata.annotations[BIND_PHASE] == "failed"
+    pod = wait_until(lambda: (p := kube.core.read_namespaced_pod("p2", "default")).status.phase
+                     == "Failed" and p, "p2 Failed")
+    # The refusal: bind-phase failed and, in the same step, the kubelet's admission error.
+    assert pod.metadata.annotations[BIND_PHASE] == "failed"
+    assert pod.status.reason == "UnexpectedAdmissionError"
 
 
 def test_camp_reads_the_inventory_of_a_real_cluster(world: Any, kube: Any) -> None:

@@ -54,8 +54,8 @@ def test_replicas_service_object_scale_and_delete_on_the_real_apiserver(
         (pod,) = _pods(kube, svc.pk)
         assert pod.metadata.namespace == ns and pod.spec.scheduler_name == "camp-scheduler"
         ann = pod.metadata.annotations
-        assert ann[BIND_PHASE] == "success" and ann[TO_ALLOCATE] == ann[ALLOCATED]
-        assert ann[TO_ALLOCATE].endswith(",NVIDIA,20000,25:")
+        assert ann[BIND_PHASE] == "success" and ann[TO_ALLOCATE] == ";"  # erased by the plugin
+        assert ann[ALLOCATED].endswith(",NVIDIA,20000,25:;")
         main = pod.spec.containers[0]
         probe = main.readiness_probe.http_get
         assert (probe.path, probe.port) == ("/health", "http")

@@ -68,8 +68,8 @@ def test_draft_and_target_share_a_node_and_the_ingress_lives_with_the_service(
             nodes.add(server.spec.node_name)
             for pod, slice_ in ((server, ",NVIDIA,40960,50:"), (draft, ",NVIDIA,20480,20:")):
                 ann = pod.metadata.annotations
-                assert ann[BIND_PHASE] == "success" and ann[TO_ALLOCATE] == ann[ALLOCATED]
-                assert ann[TO_ALLOCATE].endswith(slice_)
+                assert ann[BIND_PHASE] == "success" and ann[TO_ALLOCATE] == ";"
+                assert ann[ALLOCATED].endswith(slice_ + ";")
             assert [(p.name, p.container_port) for p in draft.spec.containers[0].ports] == [("http", 8001)]
             assert draft.metadata.labels[serving.LABEL_COMPANION] == "draft"
             assert serving.LABEL_SERVICE not in draft.metadata.labels

@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 
 from scheduling import services
 from scheduling.backends.kubernetes import KubernetesBackend, parse_hami_register
-from scheduling.models import GpuDevice, Job, JobState, Node
+from scheduling.models import GpuDevice, Job, JobState, Node, installation_id
 
 from .conftest import gpu_group, project_ns
 from .kmockserver import kmock_server, stored
@@ -128,6 +128,7 @@ def test_dispatch_creates_bound_annotated_pods(world: Any, kube: Any) -> None:
     k, core, _ = kube
     job, ns = _dispatched(world, kube, groups=[gpu_group(
         replicas=2, gpu_count=2, gpu_memory_mib=20000, gpu_cores_percent=30, image="pytorch:2")])
+    mine = {"camp.io/installation": installation_id(), "camp.io/registration": str(job.cluster_id)}
     assert not list(k[f"patch /api/v1/namespaces/{ns}"])  # Camp never relabels a namespace
     owner = f"ddp-{job.pk}"
     cm = stored(k, "configmaps", ns, owner)
@@ -143,7 +144,7 @@ def test_dispatch_creates_bound_annotated_pods(world: Any, kube: Any) -> None:
         assert pod["spec"]["nodeName"] == a.node.name == "gpu-a"  # T4s are whole-card only
         ann = pod["metadata"]["annotations"]
         devices = "".join(f"{s.gpu.uuid},NVIDIA,20000,30:"
-                          for s in sorted(a.slices.all(), key=lambda s: s.gpu.index))
+                          for s in sorted(a.slices.all(), key=lambda s: s.gpu.index)) + ";"
         # HAMi's contract: both encodings, Camp's scheduler name, bound through pods/binding
         # (kmock's stand-in sets nodeName from the Binding) and answered by the device plugin.
         assert ann["hami.io/vgpu-devices-to-allocate"] == devices
@@ -162,7 +163,7 @@ def test_dispatch_creates_bound_annotated_pods(world: Any, kube: Any) -> None:
         assert pod["metadata"]["labels"] == {
             "app.kubernetes.io/managed-by": "camp", "camp.io/tenant": "acme", "camp.io/project": "acme-p1",
             "camp.io/job": "ddp", "camp.io/job-id": str(job.pk), "camp.io/role": "worker",
-            "camp.io/replica": str(rank)}
+            "camp.io/replica": str(rank), "camp.io/attempt": "1", **mine}
         ref = pod["metadata"]["ownerReferences"][0]
         assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
             "ConfigMap", owner, f"uid-{owner}", True)

@@ -149,6 +149,9 @@ def test_a_deleted_pod_of_a_running_gang_requeues_the_whole_gang(world: Any, sim
 def test_a_gang_that_keeps_losing_pods_fails_with_the_reason(world: Any, sim_cluster: Any) -> None:
     job = _running(world, sim_cluster, "flaky", replicas=2)
     Job.objects.filter(pk=job.pk).update(attempts=services.MAX_ATTEMPTS)
+    for pod in SimulatedPod.objects.filter(name__in=_live_pods(job)):  # made by its last attempt
+        pod.labels = {**pod.labels, "camp.io/attempt": str(services.MAX_ATTEMPTS)}
+        pod.save(update_fields=["labels"])
     lost = _live_pods(job)[0]
     SimulatedPod.objects.filter(name=lost).update(deleted_at=timezone.now())
     services.cluster_reconcile(cluster=sim_cluster)

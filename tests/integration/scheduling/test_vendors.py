@@ -49,7 +49,7 @@ def test_ascend_910b_inventory_and_pod_annotations(world: Any) -> None:
         uuid = job.allocations.get().slices.get().gpu.uuid
         # 10000 MiB is aligned up to the smallest template (vir05_1c_16g: 16 GiB, 5 of 20 cores)
         assert pod["metadata"]["annotations"]["hami.io/Ascend910B-devices-to-allocate"] == (
-            f"{uuid},Ascend910B,16384,25:")
+            f"{uuid},Ascend910B,16384,25:;")
         assert pod["metadata"]["annotations"]["hami.io/vgpu-node"] == "npu-0"
         assert pod["spec"]["containers"][0]["resources"]["limits"] == {
             "cpu": "1000m", "memory": "1024Mi", "huawei.com/Ascend910B": "1",

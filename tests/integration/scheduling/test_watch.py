@@ -155,7 +155,7 @@ def test_watch_survives_a_bad_event_and_records_it(world: Any, kube: Any, monkey
     core.patch_namespaced_pod_status(pod, NS, {"status": {"phase": "Running"}})
     running = stored(k, "pods", NS, pod)
     k["get /api/v1/pods?watch=True"] << ({"type": "MODIFIED", "object": running},)
-    real = services.pod_event_apply
+    real = services.pod_event_watch_apply
     calls = {"n": 0}
 
     def first_one_breaks(**kw: Any) -> str:
@@ -164,7 +164,7 @@ def test_watch_survives_a_bad_event_and_records_it(world: Any, kube: Any, monkey
             raise RuntimeError("a malformed event")
         return real(**kw)
 
-    monkeypatch.setattr(services, "pod_event_apply", first_one_breaks)
+    monkeypatch.setattr(services, "pod_event_watch_apply", first_one_breaks)
     # 1: the initial list's event fails to apply; 2: the streamed one starts the job.
     call_command("camp_watch", cluster="kube", max_events=1, window=5)
     job.refresh_from_db()

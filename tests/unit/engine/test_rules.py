@@ -530,7 +530,7 @@ def test_admitted_jobs_reserve_for_later_jobs() -> None:
     assert isinstance(d1, Admit) and isinstance(d2, Wait)
 
 
-def test_multi_container_pod_and_hami_annotation() -> None:
+def test_multi_container_pod_gets_grants_per_container() -> None:
     p = PodRequest(
         "p",
         containers=(
@@ -541,10 +541,10 @@ def test_multi_container_pod_and_hami_annotation() -> None:
     placer = Placer(ClusterState(cluster(node("a", 2))), ResourcePolicy())
     pp = placer.place_pod(p)
     assert pp is not None
-    ann = pp.hami_devices_to_allocate()
-    c0, c1, tail = ann.split(";")
-    assert c0.count(":") == 2 and c1.count(":") == 1 and tail == ""
-    assert c1.endswith(",NVIDIA,2000,20:")
+    # Each container gets its own grants (HAMi's encoding, one list per container, is the
+    # backend's: kubernetes.encode_devices).
+    by_container = sorted((g.container, g.gpu_memory_mib, g.gpu_cores_percent) for g in pp.gpus)
+    assert by_container == [(0, 1000, 10), (0, 1000, 10), (1, 2000, 20)]
 
 
 # --------------------------------------------------------------------------------------------------
