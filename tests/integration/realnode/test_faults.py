@@ -47,8 +47,6 @@ def test_a_running_job_survives_a_containerd_restart(camp_node: Any, world: Any)
     assert _running(job_id)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 finding 7 (the 'pods' helper's branch): an OOM kill "
-                                       "reads 'Pod … failed' with no reason on main")
 def test_an_oom_killed_container_says_out_of_memory(camp_node: Any, world: Any) -> None:
     node = camp_node.node
     job_id = _submit(world, "hog", node.image("serve"),
@@ -58,8 +56,6 @@ def test_an_oom_killed_container_says_out_of_memory(camp_node: Any, world: Any) 
     assert "OOMKilled" in reason or "out of memory" in reason, reason
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 finding 6 (the 'pods' helper's branch): on main the "
-                                       "first NotReady sync evicts the node's jobs at once")
 def test_a_frozen_kubelet_makes_the_node_not_ready_and_keeps_its_jobs(camp_node: Any, world: Any) -> None:
     node = camp_node.node
     job_id = _submit(world, "patient", "localhost/busybox:v1", ["sleep", "3600"])

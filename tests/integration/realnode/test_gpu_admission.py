@@ -78,8 +78,6 @@ def _admission_refused(node: Any, world: Any, cluster: Any, job_id: int) -> bool
                for e in events)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27 finding 5 (the 'dispatch' helper): on main a pod the "
-                                       "kubelet refused at admission reads 'was lost (deleted or evicted)'")
 def test_camp_says_the_kubelet_refused_the_gpus(camp_node: Any, world: Any) -> None:
     node = camp_node.node
     with HamiNodePlugin(node.core, node.node_name, cards=2, sharers=10) as plugin:
