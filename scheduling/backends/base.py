@@ -268,7 +268,8 @@ def attempt_of(pod: PodStatus, attempt: int) -> bool:
 def refusal_message(node: str, pod: str) -> str:
     """What a job's reason says when the device plugin refused its pod's GPUs (both paths
     that see it: the dispatch's poll and the watcher)."""
-    return f"HAMi's device plugin on node {node} refused the GPUs of pod {pod} (bind-phase failed)"
+    return (f"HAMi's device plugin on node {node} refused the GPUs of pod {pod} at admission "
+            f"(bind-phase failed)")
 
 
 @dataclass(frozen=True)
