@@ -29,10 +29,12 @@ from .models import (
     Cluster,
     GpuDevice,
     GpuSlice,
+    Installation,
     Job,
     Node,
     NodePool,
     PodGroup,
+    PodLogTail,
     ProjectNamespace,
     SchedulingDecision,
     SimulatedPod,
@@ -75,3 +77,7 @@ def register_rules() -> None:
         register(model, Internal("the scheduler's bookkeeping, shown only within its job"))
     register(ProjectNamespace, Internal("named by the scheduler; shown within jobs"))
     register(SimulatedPod, Internal("the simulated backend's stand-in for a cluster's pods"))
+    # A finished pod's last lines: read by whoever reads its job (served within the job's logs).
+    register(PodLogTail, ProjectScoped(project="job__project", tenant="job__tenant",
+                                       view=PROJECT_MEMBER))
+    register(Installation, Internal("this installation's identity, written once by the backend"))

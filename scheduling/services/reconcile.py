@@ -298,6 +298,8 @@ def _job_lost_pod(job_id: int, pod: str) -> bool:
         job = _locked_job(job_id)
         if job.state not in (JobState.STARTING, JobState.RUNNING):
             return False
+        if job.state == JobState.STARTING and _dispatch_in_flight(job_id):
+            return False  # its dispatch deletes (a refusal) and makes pods as it goes: it concludes
         what = f"pod {pod} was lost (deleted or evicted from its node)"
         if job.attempts >= MAX_ATTEMPTS:
             return transition(job, "fail", reason=f"{what[0].upper()}{what[1:]}; failed after "

@@ -59,7 +59,8 @@ def test_member_launches_a_notebook_in_three_clicks(world: World, live_server: A
     main = page.locator("main")
     assert "My workloads" in main.inner_text()
     assert "Nothing of yours is running or waiting" in main.inner_text()  # says what to do next
-    assert "¼ A100 · 20 GB (32 free)" in page.locator("section[aria-label='What can start now']").inner_text()
+    free_now = page.locator("section[aria-label='What can start now']").inner_text()
+    assert "¼ A100 · 20 GB (32 you can start)" in free_now
     shot(page, "home-member-empty")
     page.click("text=Launch a notebook")  # 1
     page.click(f"label[for=preset-{portal['quarter'].pk}]")  # 2

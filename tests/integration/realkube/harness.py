@@ -474,6 +474,19 @@ class Kubelet:
             if pod.metadata.name in self.waiting:
                 self._wait(pod, *self.waiting[pod.metadata.name])
                 continue
+            # Admission first (the device plugin's Allocate), as the real kubelet admits a pod
+            # before its volume manager mounts anything.
+            if _requests_gpu(pod) and node in hami_nodes:
+                phase = (pod.metadata.annotations or {}).get(BIND_PHASE)
+                answer = phase if phase in ("success", "failed") else self.plugin.allocate(node, pod)
+                if answer == "failed":
+                    # Allocate returned an error: the kubelet's admission fails the pod in the
+                    # same instant (kubelet/cm/devicemanager → lifecycle.PodAdmitResult).
+                    self._set_phase(pod, "Failed", ADMISSION_ERROR,
+                                    "Pod Allocate failed due to device plugin allocation failure")
+                    continue
+                if answer != "success":
+                    continue
             unbound = [v for v in pod.spec.volumes or [] if v.persistent_volume_claim is not None
                        and (pod.metadata.namespace, v.persistent_volume_claim.claim_name) not in bound]
             if unbound:
@@ -487,17 +500,6 @@ class Kubelet:
                         f"Unable to attach or mount volumes: unmounted volumes=[{unbound[0].name}]: "
                         f"error processing PVC {pod.metadata.namespace}/{claim}: PVC is not bound"))
                 continue
-            if _requests_gpu(pod) and node in hami_nodes:
-                phase = (pod.metadata.annotations or {}).get(BIND_PHASE)
-                answer = phase if phase in ("success", "failed") else self.plugin.allocate(node, pod)
-                if answer == "failed":
-                    # Allocate returned an error: the kubelet's admission fails the pod in the
-                    # same instant (kubelet/cm/devicemanager → lifecycle.PodAdmitResult).
-                    self._set_phase(pod, "Failed", ADMISSION_ERROR,
-                                    "Pod Allocate failed due to device plugin allocation failure")
-                    continue
-                if answer != "success":
-                    continue
             self._set_phase(pod, "Running")
 
     def _bind_claims(self) -> set[tuple[str, str]]:
