@@ -38,13 +38,21 @@ class ImageSerializer(serializers.ModelSerializer[Image]):
     variant = serializers.ChoiceField(choices=Variant.choices)
     framework = serializers.ChoiceField(choices=Framework.choices, default=Framework.OTHER)
     architectures = serializers.ListField(
-        child=serializers.ChoiceField(choices=PLATFORMS), required=False, min_length=1,
-        help_text='Platforms the image is built for (default ["linux/amd64"]); a job using it '
-                  "only goes to nodes of one of them.")
+        child=serializers.ChoiceField(choices=PLATFORMS), required=False,
+        help_text='Platforms the image is built for (default ["linux/amd64"]; at least one when '
+                  "given); a job using it only goes to nodes of one of them. Read as [] for an "
+                  "image catalogued before platforms were recorded: no restriction.")
     command = serializers.ListField(
         child=serializers.CharField(), required=False,
         help_text='The container command, e.g. ["start-notebook.py"]; empty: Camp starts the variant '
                   "itself (JupyterLab: jupyter lab with the base URL, port and root dir).")
+
+    def validate_architectures(self, value: list[str]) -> list[str]:
+        # Not ``min_length=1`` on the field: the schema would then say every image read has
+        # one, and images catalogued before platforms were recorded read as [] (no restriction).
+        if not value:
+            raise serializers.ValidationError("Name at least one platform, e.g. [\"linux/amd64\"].")
+        return value
 
     class Meta:
         model = Image

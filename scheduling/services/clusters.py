@@ -305,6 +305,11 @@ def cluster_periodic(kind: str, cluster_id: int, run: Callable[[Cluster], T], *,
                     if not cache.add(probing, 1, timeout=_run_seconds() + 5):
                         return "busy"  # another run is probing it now
                     try:
+                        # Read again under the probe lock: a run that read the cluster before
+                        # another's probe failed must not probe it a second time.
+                        fresh = Cluster.objects.filter(pk=cluster_id).only("retry_at").first()
+                        if fresh is None or not cluster_due(fresh):
+                            return "backing-off"
                         backend_for(cluster).probe()  # type: ignore[attr-defined]
                     finally:
                         cache.delete(probing)

@@ -192,6 +192,27 @@ def _play_beat() -> None:
     wtasks.workspaces_tick.delay()
 
 
+def _wind_down(dead: list[Cluster], connections: list[int]) -> None:
+    """As an operator stops beat before the workers: nothing more queued, the dead ones' next
+    step far off, and a probe still on the wire (a hung server answers only at its timeout)
+    recorded before the worker is killed, so every connection can be matched to its record."""
+    from camp.celery import app
+
+    app.control.purge()
+    deadline = time.monotonic() + 120
+    while True:
+        seen = connections[0]
+        for cluster in dead:
+            _step_outlasts_test(cluster)
+        while Cluster.objects.get(name="hung").failures < connections[0]:
+            assert time.monotonic() < deadline, "a probe of the hung server was never recorded"
+            time.sleep(0.2)
+        for cluster in dead:  # the probe's record set a near retry time: far off again
+            _step_outlasts_test(cluster)
+        if connections[0] == seen:
+            return
+
+
 def test_a_job_on_the_healthy_cluster_runs_while_a_hung_and_a_refusing_cluster_are_registered(
         world: Any, kube: Any) -> None:
     from tests.integration.scheduling.test_concurrency import celery_worker
@@ -211,6 +232,7 @@ def test_a_job_on_the_healthy_cluster_runs_while_a_hung_and_a_refusing_cluster_a
             for _ in range(5):  # more rounds with the job running: the dead ones stay skipped
                 _play_beat()
                 time.sleep(1.0)
+            _wind_down(dead, connections)
     for cluster in dead:
         cluster.refresh_from_db()
         assert cluster.unreachable_since is not None and cluster.failures >= 1, cluster.name

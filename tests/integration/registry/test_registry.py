@@ -100,6 +100,14 @@ def test_bad_image_input_names_each_field(world: Any) -> None:
         format="json",
     )
     assert foreign.status_code == 400 and "tenant" in foreign.json()
+    no_platform = owner.post(
+        "/api/v1/images/",
+        {"tenant": world.a.tenant.pk, "name": "ok", "reference": "x:1", "variant": "training",
+         "architectures": []},
+        format="json",
+    )
+    assert no_platform.status_code == 400
+    assert "at least one platform" in no_platform.json()["architectures"][0]
 
 
 @pytest.mark.django_db
