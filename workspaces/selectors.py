@@ -65,7 +65,19 @@ def floating_trainings_on(cluster: Any) -> list[tuple[Any, int]]:
 # --- how to open ------------------------------------------------------------------------
 
 
-def workspace_base_url() -> str:
+# Where Camp itself answers for the web apps of workloads on a simulated cluster (the demo).
+SIMULATED_APPS_PREFIX = "/workspaces/simulated"
+
+
+def workspace_base_url(cluster: Any = None) -> str:
+    """Where a workload's web apps (JupyterLab, TensorBoard) open: the workspaces host that
+    the ingress serves. A simulated cluster runs no container, so nothing would answer
+    there: its links lead to Camp's own page under ``SIMULATED_APPS_PREFIX``, which says
+    what would open on a real cluster and counts as activity (issue 32)."""
+    from scheduling.models import Backend
+
+    if cluster is not None and cluster.backend == Backend.SIMULATED:
+        return getattr(settings, "CAMP_URL", "http://localhost:8000").rstrip("/") + SIMULATED_APPS_PREFIX
     return getattr(settings, "WORKSPACES_URL", "https://workspaces.camp.local").rstrip("/")
 
 
@@ -74,7 +86,20 @@ def environment_path(env: DevEnvironment) -> str:
 
 
 def environment_url(env: DevEnvironment) -> str:
-    return workspace_base_url() + environment_path(env)
+    return workspace_base_url(env.cluster) + environment_path(env)
+
+
+def tensorboard_url(t: TrainingJob) -> str:
+    """The training job's TensorBoard, or "" when it writes no event files."""
+    from .pods import tensorboard_path
+
+    return workspace_base_url(t.run_cluster) + tensorboard_path(t) if t.log_dir else ""
+
+
+def simulated_app(path: str) -> tuple[str, str]:
+    """(kind, slug) of a link under ``SIMULATED_APPS_PREFIX``, kind "ws" or "tb"."""
+    kind, _, slug = path.strip("/").partition("/")
+    return kind, slug.split("/", 1)[0]
 
 
 def ssh_command(env: DevEnvironment) -> str:

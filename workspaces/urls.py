@@ -27,4 +27,5 @@ urlpatterns = [
     path("ssh-keys/<int:pk>/delete/", views.ssh_key_delete, name="ssh-key-delete"),
     # ingress-nginx external auth for environment URLs (no login redirect: 200 or 401)
     path("auth/<int:pk>/", views.environment_auth, name="auth"),
+    path("simulated/<path:rest>", views.simulated_app, name="simulated-app"),
 ]

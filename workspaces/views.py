@@ -14,13 +14,13 @@ from django.contrib.auth.decorators import login_required
 from django.core import signing
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from scheduling.models import Cluster
+from scheduling.models import Backend, Cluster
 from tenants.forms import apply_service_errors
 from tenants.permissions import CHANGE, DELETE, actor_of, can, restrict
 
@@ -28,7 +28,6 @@ from . import presets, selectors, services
 from .filters import ServiceListFilter
 from .forms import EnvironmentForm, PolicyForm, PresetForm, ScaleForm, ServiceForm, SshKeyForm, TrainingForm
 from .models import DevEnvironment, ModelService, Profile, SshKey, TrainingJob
-from .pods import tensorboard_path
 
 COOKIE_MAX_AGE = 12 * 3600
 
@@ -203,7 +202,7 @@ def training_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "logs": selectors.job_logs(t.job, tail=100),
             "checkpoints": t.checkpoints.all()[:20],
             "depends_on": t.depends_on.all(),
-            "tensorboard": selectors.workspace_base_url() + tensorboard_path(t) if t.log_dir else "",
+            "tensorboard": selectors.tensorboard_url(t),
             "can_stop": t.state in ("waiting", "queued", "starting", "running")
             and can(request.user, CHANGE, t),
         },
@@ -425,3 +424,40 @@ def service_delete(request: HttpRequest, pk: int) -> HttpResponseBase:
         return redirect("workspaces:service", pk=svc.pk)
     messages.success(request, f"Model service {svc.name} deleted; its replicas are stopping.")
     return redirect("workspaces:services")
+
+
+@never_cache
+@login_required
+def simulated_app(request: HttpRequest, rest: str) -> HttpResponse:
+    """What an Open or TensorBoard link of a workload on a simulated cluster lands on: no
+    container runs there, so Camp says so, says what opens on a real cluster, and counts the
+    visit as activity, as the ingress's auth hook does for a real notebook. Only the owner
+    opens an environment (the rule of ``environment_open``); a training job's TensorBoard
+    is for whoever may see the job."""
+    from .services.access import environment_link_redeem
+
+    kind, slug = selectors.simulated_app(rest)
+    pk = slug.split("-", 1)[0]
+    context: dict[str, Any] = {"kind": kind, "workspaces_url": selectors.workspace_base_url()}
+    if kind == "ws" and pk.isdigit():
+        env = get_object_or_404(selectors.environment_list(user=request.user), pk=int(pk))
+        if env.cluster is None or env.cluster.backend != Backend.SIMULATED:
+            raise Http404  # its link is the real one
+        if env.owner_id != request.user.pk:
+            raise PermissionDenied("Only its owner opens an environment.")
+        token = request.GET.get("camp_token", "")
+        if token and selectors.environment_reachable(env):
+            environment_link_redeem(env_id=env.pk, token=token)  # spent, as on a real cluster
+        if selectors.environment_reachable(env):
+            services.environment_touch(env_id=env.pk)
+        context.update(env=env, running=selectors.environment_reachable(env),
+                       real_url=selectors.workspace_base_url() + selectors.environment_path(env))
+    elif kind == "tb" and pk.isdigit():
+        t = get_object_or_404(selectors.training_list(user=request.user), pk=int(pk))
+        if t.run_cluster is None or t.run_cluster.backend != Backend.SIMULATED:
+            raise Http404
+        context.update(t=t, real_url=selectors.workspace_base_url() + f"/tb/{slug}/")
+    else:
+        raise Http404
+    return render(request, "workspaces/simulated_app.html", context)
+

@@ -188,9 +188,7 @@ class TrainingSerializer(MaskedEnvMixin, serializers.ModelSerializer[TrainingJob
         return {"step": c.step, "path": c.path, "written_at": c.written_at} if c else None
 
     def get_tensorboard_url(self, t: TrainingJob) -> str | None:
-        from ..pods import tensorboard_path
-
-        return selectors.workspace_base_url() + tensorboard_path(t) if t.log_dir else None
+        return selectors.tensorboard_url(t) or None
 
 
 class CheckpointSerializer(serializers.ModelSerializer[TrainingCheckpoint]):

@@ -82,7 +82,7 @@ def test_notebook_and_ddp_job_through_api_and_cli(world: Any, live_server: Any, 
             "gpu_cores_percent": 20, "cpu_millicores": 1000, "ram_mib": 2048, "home_gib": 5}, timeout=30)
         assert r.status_code == 201, r.text
         nb = r.json()
-        assert nb["access_url"].startswith(f"https://workspaces.camp.local/ws/{nb['id']}-nb/?camp_token=")
+        assert nb["access_url"].startswith(f"http://localhost:8000/workspaces/simulated/ws/{nb['id']}-nb/?camp_token=")
         _until("the notebook runs", lambda: DevEnvironment.objects.get(pk=nb["id"]).state == "running")
         assert api.get(f"{base}/environments/{nb['id']}/", timeout=30).json()["access_url"] is None
 

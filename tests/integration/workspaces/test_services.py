@@ -47,7 +47,8 @@ def test_jupyter_launch_runs_with_url_and_hashed_token(world: Any, sim_cluster: 
     assert pod.annotations["camp.io/env"]["CAMP_WORKLOAD"] == "jupyter"
     assert pod.labels["camp.io/workspace"] == str(env.pk)
     url = services.environment_open(actor=world.a.member, env=env)
-    assert url.startswith(f"https://workspaces.camp.local/ws/{env.pk}-nb/?camp_token=")
+    # A simulated cluster runs no JupyterLab: the link is Camp's own page saying so.
+    assert url.startswith(f"http://localhost:8000/workspaces/simulated/ws/{env.pk}-nb/?camp_token=")
     env.refresh_from_db()
     assert not services.token_matches(env, token)  # a new link retires the old one
     assert services.token_matches(env, url.split("camp_token=")[1])
@@ -144,3 +145,34 @@ def test_bad_input_names_each_field(world: Any, sim_cluster: Any) -> None:
         with pytest.raises(ValidationError) as exc:
             _jupyter(world, sim_cluster, name="bad", **kw)
         assert field in exc.value.message_dict, (kw, exc.value.message_dict)
+
+
+def test_open_on_a_simulated_cluster_lands_on_camps_own_page_and_counts_as_activity(
+        world: Any, sim_cluster: Any) -> None:
+    """The demo's Open used to lead to workspaces.camp.local, which does not resolve (issue 32):
+    it now lands on Camp's page that says the cluster is simulated and what opens on a real one,
+    spends the link as a real cluster does, and withdraws a culling warning."""
+    from django.test import Client
+
+    env, _ = _jupyter(world, sim_cluster)
+    advance(sim_cluster)
+    later = timezone.now() + dt.timedelta(minutes=55)
+    assert services.environments_cull(now=later)["warned"] == [env.pk]
+    url = services.environment_open(actor=world.a.member, env=env)
+    path = url.removeprefix("http://localhost:8000")
+    DevEnvironment.objects.filter(pk=env.pk).update(cull_warning="idle", last_activity_at=None)
+    owner = Client()
+    owner.force_login(world.a.member)
+    page = owner.get(path)
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "simulated cluster" in text and f"https://workspaces.camp.local/ws/{env.pk}-nb/" in text
+    env.refresh_from_db()
+    assert env.cull_warning == "" and env.last_activity_at is not None
+    assert env.access_token_used_at is not None  # the one-time link is spent
+    colleague = Client()
+    colleague.force_login(world.a.project_admin)
+    assert colleague.get(path).status_code == 403  # only the owner opens it
+    stranger = Client()
+    stranger.force_login(world.b.member)
+    assert stranger.get(path).status_code == 404
