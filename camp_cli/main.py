@@ -631,6 +631,21 @@ def serve_rollout(ctx: click.Context, service: str, image_reference: str | None,
     click.echo(f"{done['name']}: rolling out revision {done['revision']}")
 
 
+@serve.command(name="api-key")
+@click.argument("service")
+@click.pass_context
+def serve_api_key(ctx: click.Context, service: str) -> None:
+    """A new API key for calls through the service's Ingress (the old one stops working).
+    Printed once, alone on stdout, so ``export CAMP_SERVICE_KEY=$(camp serve api-key NAME)``
+    works; keep it like a password."""
+    api = _api(ctx)
+    s = _service(api, service)
+    done = api.call("POST", f"services/{s['id']}/api-key/")
+    click.echo(f"{s['name']}: new API key for {done['external_endpoint']} (the previous one no "
+               "longer works)", err=True)
+    click.echo(done["api_key"])
+
+
 @serve.command(name="delete")
 @click.argument("service")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask")

@@ -399,6 +399,11 @@ class ModelService(models.Model):
     ingress_host = models.CharField(
         max_length=253, blank=True,
         help_text="On Kubernetes, an Ingress routes this host name to the service (empty: none).")
+    api_key_hash = models.CharField(
+        max_length=64, blank=True,
+        help_text="SHA-256 of the service's API key: callers through the Ingress send the key "
+                  "(Authorization: Bearer …); the key itself is shown once and never stored.")
+    api_key_created_at = models.DateTimeField(null=True, blank=True)
     revision = models.PositiveIntegerField(default=1)
     desired_replicas = models.PositiveSmallIntegerField(default=1)
     ready_replicas = models.PositiveSmallIntegerField(default=0)

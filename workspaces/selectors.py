@@ -335,6 +335,42 @@ def service_endpoint(service: ModelService) -> str:
     return f"http://{service.service_name}.{ns}.svc:{service.port}"
 
 
+def service_external_endpoint(service: ModelService) -> str:
+    """The URL callers outside the cluster use (its Ingress), or "" without one."""
+    return f"http://{service.ingress_host}/" if service.ingress_host else ""
+
+
+# Servers that speak OpenAI's API (vLLM's and TGI's OpenAI-compatible routes), by image name.
+OPENAI_COMPATIBLE = ("vllm", "text-generation-inference")
+
+
+def service_call_examples(service: ModelService) -> list[tuple[str, str]]:
+    """Copyable calls of the service from outside the cluster: (label, text). The key is read
+    from ``$CAMP_SERVICE_KEY``, never written into the example."""
+    url = service_external_endpoint(service)
+    if not url:
+        return []
+    auth = '-H "Authorization: Bearer $CAMP_SERVICE_KEY"'
+    examples = [("curl", f"curl {auth} {url}{service.health_path.lstrip('/')}")]
+    if any(name in service.image_reference for name in OPENAI_COMPATIBLE):
+        from .services.serving import _model_env
+
+        # The name the server was started with (CAMP_MODEL, as the replicas receive it).
+        model = _model_env({"model_source_kind": service.model_source_kind,
+                            "model_source": service.model_source})[0].get("CAMP_MODEL") or service.name
+        examples.append(("curl, chat", (
+            f"curl {auth} -H 'Content-Type: application/json' {url}v1/chat/completions \\\n"
+            f"  -d '{{\"model\": \"{model}\", "
+            '"messages": [{"role": "user", "content": "Hello"}]}\'')))
+        examples.append(("Python (openai)", (
+            "import os\nfrom openai import OpenAI\n\n"
+            f"client = OpenAI(base_url=\"{url}v1\", api_key=os.environ[\"CAMP_SERVICE_KEY\"])\n"
+            f"reply = client.chat.completions.create(model=\"{model}\", "
+            "messages=[{\"role\": \"user\", \"content\": \"Hello\"}])\n"
+            "print(reply.choices[0].message.content)")))
+    return examples
+
+
 def service_companions(service: ModelService) -> list[dict[str, Any]]:
     """The companions of a service (each run beside the main server on the same node in
     every replica) with their in-cluster endpoints; env values left out."""

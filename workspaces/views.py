@@ -372,10 +372,50 @@ def service_new(request: HttpRequest) -> HttpResponseBase:
 
 @login_required
 def service_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    return _service_page(request, pk)
+
+
+@login_required
+@require_POST
+def service_api_key(request: HttpRequest, pk: int) -> HttpResponse:
+    """A new API key, shown on this answer only (rendered, not redirected: a key must not
+    travel in a flash message or be replayed by a reload)."""
+    svc = get_object_or_404(restrict(ModelService.objects.all(), request.user), pk=pk)
+    try:
+        key = services.model_service_api_key_rotate(actor=actor_of(request), service=svc)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("workspaces:service", pk=svc.pk)
+    response = _service_page(request, pk, api_key=key)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@never_cache
+def service_auth(request: HttpRequest, pk: int) -> HttpResponse:
+    """The Ingress of a model service asks here before every call (ingress-nginx external
+    auth): 200 with the service's current API key (``Authorization: Bearer`` or
+    ``X-Api-Key``), else 401."""
+    svc = ModelService.objects.filter(pk=pk).only("pk", "ingress_host", "api_key_hash").first()
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        key = request.headers.get("X-Api-Key", "")
+    if svc is None or not svc.ingress_host or not services.service_key_matches(svc, key.strip()):
+        refused = HttpResponse(status=401)
+        refused["WWW-Authenticate"] = 'Bearer realm="camp model service"'
+        return refused
+    return HttpResponse(status=200)
+
+
+def _service_page(request: HttpRequest, pk: int, api_key: str = "") -> HttpResponse:
     svc = get_object_or_404(selectors.with_ready_now(selectors.model_services(request.user)), pk=pk)
     replicas = list(selectors.service_replicas(svc))
     return render(request, "workspaces/service.html", {
         "svc": svc,
+        "api_key": api_key,
+        "external": selectors.service_external_endpoint(svc),
+        "examples": selectors.service_call_examples(svc),
+        "simulated": svc.cluster.backend == Backend.SIMULATED,
         "endpoint": selectors.service_endpoint(svc),
         "companions": selectors.service_companions(svc),
         "unit": selectors.LOAD_UNITS.get(svc.autoscale_metric, ""),

@@ -325,6 +325,11 @@ class ModelServiceSerializer(MaskedEnvMixin, serializers.ModelSerializer[ModelSe
         help_text="On Kubernetes, an Ingress routes this host to the service. Set at creation.")
     replicas = serializers.SerializerMethodField()
     endpoint = serializers.SerializerMethodField()
+    external_endpoint = serializers.SerializerMethodField(
+        help_text="The Ingress URL callers outside the cluster use (with the service's API key); "
+                  "null without ingress_host.")
+    api_key_set = serializers.SerializerMethodField(
+        help_text="Whether the service has an API key (POST …/api-key/ makes a new one).")
 
     class Meta:
         model = ModelService
@@ -336,10 +341,10 @@ class ModelServiceSerializer(MaskedEnvMixin, serializers.ModelSerializer[ModelSe
                   "priority_class", "preemptible", "companions", "ingress_host", "revision",
                   "desired_replicas", "ready_replicas", "status", "status_reason", "load", "load_at",
                   "load_error", "latency_p50_seconds", "latency_p95_seconds", "replicas", "endpoint",
-                  "created_at", "updated_at"]
+                  "external_endpoint", "api_key_set", "api_key_created_at", "created_at", "updated_at"]
         read_only_fields = ["id", "revision", "desired_replicas", "ready_replicas", "status", "status_reason",
                             "load", "load_at", "load_error", "latency_p50_seconds", "latency_p95_seconds",
-                            "created_at", "updated_at"]
+                            "api_key_created_at", "created_at", "updated_at"]
         extra_kwargs = {"image_reference": {"required": False, "allow_blank": True},
                         "model_source": {"required": False, "allow_blank": True}}
         validators: list[Any] = []
@@ -364,6 +369,18 @@ class ModelServiceSerializer(MaskedEnvMixin, serializers.ModelSerializer[ModelSe
 
     def get_endpoint(self, svc: ModelService) -> str:
         return selectors.service_endpoint(svc)
+
+    def get_external_endpoint(self, svc: ModelService) -> str | None:
+        return selectors.service_external_endpoint(svc) or None
+
+    def get_api_key_set(self, svc: ModelService) -> bool:
+        return bool(svc.api_key_hash)
+
+
+class ServiceApiKeySerializer(serializers.Serializer[Any]):
+    api_key = serializers.CharField(help_text="Shown once: only its SHA-256 is kept.")
+    created_at = serializers.DateTimeField()
+    external_endpoint = serializers.CharField()
 
 
 class ModelServiceUpdateSerializer(ModelServiceSerializer):

@@ -40,6 +40,7 @@ from .serializers import (
     ProfileSerializer,
     RolloutSerializer,
     ScaleSerializer,
+    ServiceApiKeySerializer,
     SshKeySerializer,
     TrainingSerializer,
     WhySerializer,
@@ -465,6 +466,18 @@ class ModelServiceViewSet(
         svc = services.model_service_scale(actor=actor_of(request), service=self.get_object(),
                                           **body.validated_data)
         return self._answer(svc)
+
+    @extend_schema(request=None, responses=ServiceApiKeySerializer)
+    @action(detail=True, methods=["post"], url_path="api-key")
+    def api_key(self, request: Request, pk: str | None = None) -> Response:
+        """A new API key for calls through the service's Ingress; the previous one stops
+        working at once. The key is in this answer only (never stored, never replayed)."""
+        svc = self.get_object()
+        key = services.model_service_api_key_rotate(actor=actor_of(request), service=svc)
+        svc.refresh_from_db()
+        out = ServiceApiKeySerializer({"api_key": key, "created_at": svc.api_key_created_at,
+                                       "external_endpoint": selectors.service_external_endpoint(svc)})
+        return Response(out.data, headers={"Cache-Control": "no-store"})
 
     @extend_schema(request=RolloutSerializer, responses=ModelServiceSerializer)
     @action(detail=True, methods=["post"])

@@ -80,6 +80,7 @@ from .serving import (
     LABEL_REVISION,
     LABEL_SERVICE,
     SERVICE_KIND,
+    model_service_api_key_rotate,
     model_service_autoscale,
     model_service_create,
     model_service_delete,
@@ -88,6 +89,7 @@ from .serving import (
     model_service_scale,
     model_service_update,
     model_services_autoscale,
+    service_key_matches,
     service_manifest,
 )
 from .training import (
@@ -182,7 +184,9 @@ __all__ = [
     "service_manifest",
     "model_service_create",
     "model_service_update",
+    "model_service_api_key_rotate",
     "model_service_scale",
+    "service_key_matches",
     "model_service_rollout",
     "model_service_delete",
     "model_service_objects_sweep",

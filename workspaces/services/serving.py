@@ -178,9 +178,14 @@ def ingress_manifest(svc: ModelService) -> dict[str, Any]:
     ingress_class = getattr(settings, "SERVING_INGRESS_CLASS", "")
     if ingress_class:
         spec["ingressClassName"] = ingress_class
+    # Every call is checked by Camp first (ingress-nginx external auth): the service's own
+    # API key (model_service_api_key_rotate), refused until one is made.
+    camp = getattr(settings, "CAMP_URL", "http://localhost:8000").rstrip("/")
     return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
             "metadata": {"name": svc.service_name, "labels": {
-                LABEL_SERVICE: str(svc.pk), LABEL_PROJECT_ID: str(svc.project_id)}},
+                LABEL_SERVICE: str(svc.pk), LABEL_PROJECT_ID: str(svc.project_id)},
+                "annotations": {
+                    "nginx.ingress.kubernetes.io/auth-url": f"{camp}/workspaces/services/{svc.pk}/auth/"}},
             "spec": spec}
 
 
@@ -530,6 +535,43 @@ def model_service_create(*, actor: User, project: Project, cluster: Cluster, nam
         **_snapshot(svc), **({"preset": profile.name} if profile is not None else {})})
     _converge(svc, actor=actor, by=actor.get_username())
     return svc
+
+
+SERVICE_KEY_PREFIX = "cms_"
+
+
+@transaction.atomic
+def model_service_api_key_rotate(*, actor: User, service: ModelService) -> str:
+    """A new API key for calls through the service's Ingress (the old one stops working at
+    once). Returned once; only its SHA-256 is kept. A per-service key rather than a Camp API
+    token: the Ingress passes the caller's headers on to the model server, which project
+    members write, so what it receives must open this service and nothing else."""
+    import secrets
+
+    from .access import hash_token
+
+    svc = _locked(service.pk)
+    _require(actor, permissions.CHANGE, svc)
+    if not svc.ingress_host:
+        raise ValidationError({"ingress_host": [
+            "The service has no Ingress (set ingress_host): inside the cluster it is called "
+            "without a key."]})
+    key = SERVICE_KEY_PREFIX + secrets.token_urlsafe(32)
+    had = bool(svc.api_key_hash)
+    svc.api_key_hash, svc.api_key_created_at = hash_token(key), timezone.now()
+    svc.save(update_fields=["api_key_hash", "api_key_created_at", "updated_at"])
+    kind_audit(SERVICE_KIND, "api_key_rotated", svc, actor=actor, before={"api_key_set": had},
+               after={"api_key_set": True, "created_at": svc.api_key_created_at.isoformat()})
+    return key
+
+
+def service_key_matches(svc: ModelService, key: str) -> bool:
+    """Whether ``key`` is the service's current API key (constant-time)."""
+    import secrets
+
+    from .access import hash_token
+
+    return bool(svc.api_key_hash and key) and secrets.compare_digest(svc.api_key_hash, hash_token(key))
 
 
 @transaction.atomic
