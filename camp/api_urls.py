@@ -2,6 +2,7 @@
 
 from rest_framework.routers import DefaultRouter
 
+from portal import api as portal_api
 from registry.api import views as registry_views
 from scheduling.api import views as scheduling_views
 from tenants.api import views as tenant_views
@@ -27,5 +28,7 @@ router.register("services", workspace_views.ModelServiceViewSet, basename="model
 router.register("ssh-keys", workspace_views.SshKeyViewSet, basename="sshkey")
 router.register("images", registry_views.ImageViewSet, basename="image")
 router.register("registries", registry_views.RegistryViewSet, basename="registry")
+router.register("prices", portal_api.PriceViewSet, basename="price")
+router.register("usage", portal_api.UsageViewSet, basename="usage")
 
 urlpatterns = router.urls

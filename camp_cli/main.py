@@ -399,6 +399,29 @@ def stop(ctx: click.Context, job: str) -> None:
     click.echo(f"{done['name']}: {done['state']} ({done.get('stop_reason') or 'stopping'})")
 
 
+@cli.command()
+@click.argument("tenant")
+@click.option("--since", default=None, help="First day, YYYY-MM-DD (default: 30 days ago)")
+@click.option("--until", default=None, help="Last day, YYYY-MM-DD (default: today)")
+@click.option("--by", type=click.Choice(["project", "user"]), default="project")
+@click.pass_context
+def usage(ctx: click.Context, tenant: str, since: str | None, until: str | None, by: str) -> None:
+    """A tenant's usage and its cost (showback), per project or user, cluster and GPU model."""
+    params = {k: v for k, v in (("tenant", tenant), ("since", since), ("until", until), ("by", by)) if v}
+    report = _api(ctx).call("GET", "usage/", params=params)
+    cur = report["currency"]
+    click.echo(f"{report['tenant']}: {report['since']} to {report['until']}")
+    for r in report["rows"]:
+        who = f"{r['project']}" + (f"/{r['user']}" if r["user"] else "")
+        cost = "no price" if r["cost"] is None else f"{r['cost']} {cur}"
+        click.echo(f"  {who} · {r['cluster']} · {r['gpu_model'] or 'no GPU'}: {r['gpu_hours']:g} GPU-h, "
+                   f"{r['cpu_core_hours']:g} core-h, {r['ram_gib_hours']:g} GiB-h RAM · {cost}")
+    total = "" if report["cost"] is None else f" · {report['cost']} {cur}"
+    click.echo(f"total: {report['gpu_hours']:g} GPU-h{total}")
+    if report["unpriced"]:
+        click.echo(f"no price set for: {', '.join(report['unpriced'])}")
+
+
 @cli.command(name="rm")
 @click.argument("job")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask (an environment's home volume is deleted)")

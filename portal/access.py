@@ -6,9 +6,9 @@ dashboards, showback, /metrics) behind checks on the tenant or the platform admi
 
 from __future__ import annotations
 
-from tenants.permissions import Internal, register
+from tenants.permissions import TENANT_MEMBER, Internal, PlatformOnly, register
 
-from .models import ClusterSample, CycleStat, DemoLoad, DispatchError, UsageSample
+from .models import ClusterSample, CycleStat, DemoLoad, DispatchError, Price, UsageSample
 
 
 def register_rules() -> None:
@@ -16,3 +16,5 @@ def register_rules() -> None:
         register(model, Internal("a time series shown as aggregates (dashboards, showback, "
                                  "/metrics) behind tenant or platform-admin checks"))
     register(DemoLoad, Internal("the demo's load generator, switched by portal.services"))
+    # Prices are set by platform admins and read by everyone in a tenant (showback's cost).
+    register(Price, PlatformOnly(view=TENANT_MEMBER))

@@ -34,6 +34,9 @@ class UsageSample(models.Model):
     project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="+")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
                              related_name="+")
+    gpu_model = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="The model of the GPUs held (empty: no GPU); the price of an hour follows it.")
     gpu_share = models.FloatField()
     gpu_memory_mib = models.PositiveBigIntegerField()
     cpu_millicores = models.PositiveBigIntegerField()
@@ -41,6 +44,36 @@ class UsageSample(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "project"], name="usagesample_tenant_project")]
+
+
+class PriceKind(models.TextChoices):
+    GPU = "gpu", "GPU-hour (one GPU of a model)"
+    CPU = "cpu", "CPU core-hour"
+    RAM = "ram", "RAM GiB-hour"
+
+
+class Price(models.Model):
+    """What an hour of a resource costs in showback, set by platform admins: a GPU-hour per
+    GPU model (an A100-hour is not an L4-hour), a CPU core-hour, a RAM GiB-hour. Currency:
+    ``SHOWBACK_CURRENCY``. A resource without a price costs nothing (and says so)."""
+
+    kind = models.CharField(max_length=3, choices=PriceKind.choices)
+    gpu_model = models.CharField(max_length=64, blank=True, default="",
+                                 help_text="For kind gpu: the model as inventories name it (e.g. A100-80G).")
+    per_hour = models.DecimalField(max_digits=12, decimal_places=4)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["kind", "gpu_model"]
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "gpu_model"], name="price_kind_model_unique"),
+            models.CheckConstraint(condition=models.Q(per_hour__gte=0), name="price_not_negative"),
+            models.CheckConstraint(condition=models.Q(kind="gpu") | models.Q(gpu_model=""),
+                                   name="price_model_only_for_gpu"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.gpu_model}".strip()
 
 
 class CycleStat(models.Model):

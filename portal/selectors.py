@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
@@ -43,18 +44,29 @@ class Held:
         return float(getattr(self, resource))
 
 
-def held_by(allocations: QuerySet[Allocation]) -> dict[tuple[int, int, int | None], Held]:
+def held_by(allocations: QuerySet[Allocation], *,
+            by_model: bool = False) -> dict[tuple[Any, ...], Held]:
     """Held resources keyed by (tenant id, project id, owner id) for the given allocations (GPUs
-    in the one GPU unit, ``scheduling.accounting``)."""
-    out: dict[tuple[int, int, int | None], Held] = defaultdict(Held)
-    for tenant_id, project_id, owner_id, cpu, ram in (
-            allocations.order_by().values("job__tenant_id", "job__project_id", "job__owner_id")
-            .annotate(cpu=Sum("cpu_millicores"), ram=Sum("ram_mib"))
-            .values_list("job__tenant_id", "job__project_id", "job__owner_id", "cpu", "ram")):
-        held = out[(tenant_id, project_id, owner_id)]
+    in the one GPU unit, ``scheduling.accounting``); with ``by_model``, by (tenant id, project
+    id, owner id, GPU model) — an allocation's CPU and RAM go with the model of its GPUs ("" for
+    a CPU-only one), as showback prices them."""
+    from django.db.models import OuterRef, Subquery, Value
+    from django.db.models.functions import Coalesce
+
+    out: dict[tuple[Any, ...], Held] = defaultdict(Held)
+    owner = ("job__tenant_id", "job__project_id", "job__owner_id")
+    rows = allocations.order_by()
+    if by_model:
+        first_model = (GpuSlice.objects.filter(allocation=OuterRef("pk")).order_by("pk")
+                       .values("gpu__model")[:1])
+        rows = rows.annotate(model=Coalesce(Subquery(first_model), Value("")))
+    columns = (*owner, "model") if by_model else owner
+    for *key, cpu, ram in (rows.values(*columns).annotate(cpu=Sum("cpu_millicores"), ram=Sum("ram_mib"))
+                           .values_list(*columns, "cpu", "ram")):
+        held = out[tuple(key)]
         held.cpu_cores += (cpu or 0) / 1000
         held.ram_mib += ram or 0
-    keys = ("allocation__job__tenant_id", "allocation__job__project_id", "allocation__job__owner_id")
+    keys = tuple(f"allocation__{k}" for k in owner) + (("gpu__model",) if by_model else ())
     slices = GpuSlice.objects.filter(allocation__in=allocations)
     for key, (n, mib) in accounting.held(slices, *keys).items():
         out[key].gpus += n
@@ -420,35 +432,81 @@ class ShowbackRow:
     tenant: str
     project: str
     user: str
+    cluster: str
+    gpu_model: str
     gpu_hours: float
     gpu_memory_gib_hours: float
     cpu_core_hours: float
+    ram_gib_hours: float
+    cost: Decimal | None  # None: no price covers any of it
+
+
+@dataclass
+class Showback:
+    rows: list[ShowbackRow]
+    currency: str
+    unpriced: list[str]  # the resources used in the period that have no price ("GPU-hour of L4")
+
+    @property
+    def gpu_hours(self) -> float:
+        return round(sum(r.gpu_hours for r in self.rows), 3)
+
+    @property
+    def cost(self) -> Decimal | None:
+        costs = [r.cost for r in self.rows if r.cost is not None]
+        return sum(costs, Decimal(0)) if costs else None
+
+
+def prices() -> dict[tuple[str, str], Decimal]:
+    """(kind, GPU model) → price of an hour, as platform admins set them."""
+    from .models import Price
+
+    return {(p.kind, p.gpu_model): p.per_hour for p in Price.objects.all()}
 
 
 def showback(*, tenants: Iterable[int], since: dt.datetime, until: dt.datetime,
-             by: str = "project") -> list[ShowbackRow]:
-    """GPU-hours (and memory/CPU hours) per project or per user over [since, until).
+             by: str = "project") -> Showback:
+    """GPU-hours (and GPU memory, CPU and RAM hours) per project or per user, split by cluster
+    and GPU model, over [since, until), with their cost at today's prices.
 
     Each sample stands for the interval before it, so usage × interval summed over the
-    samples in the period is the area under the usage curve."""
+    samples in the period is the area under the usage curve. Cost: GPU-hours × the price of
+    that GPU model's hour + CPU core-hours × the CPU price + RAM GiB-hours × the RAM price."""
     if by not in ("project", "user"):
         raise ValueError("by must be 'project' or 'user'")
     q = Q(tenant_id__in=list(tenants), sample__at__gte=since, sample__at__lt=until)
     rows = UsageSample.objects.filter(q).values_list(
-        "tenant__name", "project__name", "user__username", "gpu_share", "gpu_memory_mib",
-        "cpu_millicores", "sample__interval_seconds")
-    acc: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    for tenant, project, user, share, mem, cpu, interval in rows:
-        key = (tenant, project, user or "—") if by == "user" else (tenant, project, "")
+        "tenant__name", "project__name", "user__username", "sample__cluster__name", "gpu_model",
+        "gpu_share", "gpu_memory_mib", "cpu_millicores", "ram_mib", "sample__interval_seconds")
+    acc: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for tenant, project, user, cluster, model, share, mem, cpu, ram, interval in rows:
+        who = (user or "—") if by == "user" else ""
+        key = (tenant, project, who, cluster, model)
         hours = interval / 3600
         acc[key][0] += share * hours
         acc[key][1] += mem / 1024 * hours
         acc[key][2] += cpu / 1000 * hours
-    return sorted(
-        (ShowbackRow(t, p, u, round(v[0], 3), round(v[1], 3), round(v[2], 3))
-         for (t, p, u), v in acc.items()),
-        key=lambda r: (-r.gpu_hours, r.tenant, r.project, r.user),
-    )
+        acc[key][3] += ram / 1024 * hours
+    price = prices()
+    unpriced: set[str] = set()
+    out = []
+    for (t, p, u, c, m), (gpu_h, mem_h, cpu_h, ram_h) in acc.items():
+        parts: list[Decimal] = []
+        for amount, kind, model, label in ((gpu_h, "gpu", m, f"GPU-hour of {m}"),
+                                           (cpu_h, "cpu", "", "CPU core-hour"),
+                                           (ram_h, "ram", "", "RAM GiB-hour")):
+            if amount <= 0 or (kind == "gpu" and not m):
+                continue
+            if (kind, model) in price:
+                parts.append(price[(kind, model)] * Decimal(str(round(amount, 6))))
+            else:
+                unpriced.add(label)
+        cost = sum(parts, Decimal(0)).quantize(Decimal("0.01")) if parts else None
+        out.append(ShowbackRow(t, p, u, c, m, round(gpu_h, 3), round(mem_h, 3), round(cpu_h, 3),
+                               round(ram_h, 3), cost))
+    out.sort(key=lambda r: (-r.gpu_hours, r.tenant, r.project, r.user, r.cluster, r.gpu_model))
+    return Showback(rows=out, currency=getattr(settings, "SHOWBACK_CURRENCY", "USD"),
+                    unpriced=sorted(unpriced))
 
 
 def active_jobs(cluster: Cluster) -> QuerySet[Job]:

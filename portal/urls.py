@@ -11,4 +11,5 @@ urlpatterns = [
     path("admin/clusters/<slug:cluster_name>/queues/", views.queues, name="queues"),
     path("admin/preemptions/", views.preemptions, name="preemptions"),
     path("admin/demo-load/", views.demo_load, name="demo-load"),
+    path("admin/prices/", views.prices, name="prices"),
 ]

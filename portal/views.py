@@ -17,10 +17,10 @@ from django.utils.dateparse import parse_date
 from django.views.decorators.http import require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from scheduling.models import Cluster
+from scheduling.models import Cluster, GpuDevice
 from tenants.api.views import csv_safe
 from tenants.models import AuditEvent, Project, Tenant
-from tenants.permissions import can, restrict, scope_of
+from tenants.permissions import actor_of, can, restrict, scope_of
 
 from . import selectors
 from .metrics import CampCollector
@@ -118,17 +118,20 @@ def tenant_usage(request: HttpRequest, tenant_name: str) -> HttpResponse:
         by = "project"
     since, until, period_errors = _period(request)
     errors.update(period_errors)
-    rows = [] if errors else selectors.showback(tenants=[tenant.pk], since=since, until=until, by=by)
+    report = selectors.showback(tenants=[tenant.pk] if not errors else [], since=since, until=until, by=by)
+    rows = report.rows
     if request.GET.get("format") == "csv" and not errors:
         response = HttpResponse(content_type="text/csv")
         response["Content-Disposition"] = f'attachment; filename="camp-usage-{tenant.name}.csv"'
         writer = csv.writer(response)
-        writer.writerow(["tenant", "project", "user", "gpu_hours", "gpu_memory_gib_hours",
-                         "cpu_core_hours", "since", "until"])
+        writer.writerow(["tenant", "project", "user", "cluster", "gpu_model", "gpu_hours",
+                         "gpu_memory_gib_hours", "cpu_core_hours", "ram_gib_hours", "cost", "currency",
+                         "since", "until"])
         for r in rows:
-            writer.writerow([csv_safe(r.tenant), csv_safe(r.project), csv_safe(r.user), r.gpu_hours,
-                             r.gpu_memory_gib_hours,
-                             r.cpu_core_hours, since.date().isoformat(),
+            writer.writerow([csv_safe(r.tenant), csv_safe(r.project), csv_safe(r.user), csv_safe(r.cluster),
+                             csv_safe(r.gpu_model), r.gpu_hours, r.gpu_memory_gib_hours,
+                             r.cpu_core_hours, r.ram_gib_hours, "" if r.cost is None else r.cost,
+                             report.currency, since.date().isoformat(),
                              (until - dt.timedelta(days=1)).date().isoformat()])
         return response
     bars, project_bars = selectors.tenant_quota_bars(tenant)
@@ -137,12 +140,42 @@ def tenant_usage(request: HttpRequest, tenant_name: str) -> HttpResponse:
     ctx: dict[str, Any] = {
         "tenant": tenant, "rows": rows, "by": by, "errors": errors,
         "since": since.date().isoformat(), "until": (until - dt.timedelta(days=1)).date().isoformat(),
-        "total": round(sum(r.gpu_hours for r in rows), 3), "csv_query": query.urlencode(),
+        "total": report.gpu_hours, "report": report, "csv_query": query.urlencode(),
         "bars": bars,
         "project_bars": [(p, project_bars[p.pk]) for p in restrict(
             Project.objects.filter(tenant=tenant), request.user) if p.pk in project_bars],
     }
     return render(request, "portal/usage.html", ctx, status=400 if errors else 200)
+
+
+@login_required
+def prices(request: HttpRequest) -> HttpResponse:
+    """Platform admins set what an hour of each resource costs in showback."""
+    from django.core.exceptions import ValidationError
+
+    from . import services
+    from .models import Price, PriceKind
+
+    _platform_admin(request)
+    errors: dict[str, list[str]] = {}
+    if request.method == "POST":
+        try:
+            if request.POST.get("delete"):
+                price = get_object_or_404(Price, pk=request.POST["delete"])
+                services.price_delete(actor=actor_of(request), price=price)
+            else:
+                services.price_set(actor=actor_of(request), kind=request.POST.get("kind", ""),
+                                   gpu_model=request.POST.get("gpu_model", ""),
+                                   per_hour=request.POST.get("per_hour", ""))
+        except ValidationError as exc:
+            errors = exc.message_dict
+        else:
+            return redirect("portal:prices")
+    models_seen = sorted(set(GpuDevice.objects.values_list("model", flat=True)))
+    return render(request, "portal/prices.html", {
+        "prices": Price.objects.all(), "kinds": PriceKind.choices, "errors": errors,
+        "gpu_models": models_seen, "currency": settings.SHOWBACK_CURRENCY, "form": request.POST,
+    }, status=400 if errors else 200)
 
 
 def _platform_admin(request: HttpRequest) -> None:

@@ -99,6 +99,7 @@ CELERY_BEAT_SCHEDULE["audit-anchor"] = {
 
 # --- Portal (portal/tasks.py): usage samples for charts, showback and /metrics ---------------
 USAGE_SAMPLE_SECONDS = env_int("USAGE_SAMPLE_SECONDS", 60)
+SHOWBACK_CURRENCY = env_str("SHOWBACK_CURRENCY", "USD")  # what the prices of showback are in
 USAGE_RETENTION_DAYS = env_int("USAGE_RETENTION_DAYS", 400)
 # When set, /metrics requires `Authorization: Bearer <METRICS_TOKEN>`. Without it, /metrics is
 # open only when METRICS_PUBLIC is true (the demo's default; production's is false, where a

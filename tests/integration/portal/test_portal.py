@@ -16,6 +16,7 @@ from portal import services as portal_services
 from portal.models import CycleStat, UsageSample
 from scheduling import services
 from tenants import services as tenant_services
+from tenants.models import AuditEvent
 from tests.conftest import World
 from tests.integration.scheduling.conftest import SMALL_INVENTORY, submit
 
@@ -83,16 +84,74 @@ def test_showback_sums_gpu_hours_per_project_and_user(world: World, cluster: Any
     client.force_login(world.a.owner)
     page = client.get("/t/acme/usage/", {"by": "project"})
     assert page.status_code == 200
-    rows = {r.project: r for r in page.context["rows"]}
-    # 2 cards + a half L4 for two hours = 5 GPU-hours in acme-p1; globex is not in acme's report
-    assert rows["acme-p1"].gpu_hours == pytest.approx(5.0, abs=0.01)
-    assert set(rows) == {"acme-p1"}
+    rows = {(r.project, r.cluster, r.gpu_model): r for r in page.context["rows"]}
+    # 2 cards + a half L4 for two hours = 5 GPU-hours in acme-p1, split by GPU model (an
+    # A100-hour is not an L4-hour); globex is not in acme's report
+    assert set(rows) == {("acme-p1", "sim", "A100-80G"), ("acme-p1", "sim", "L4")}
+    assert rows[("acme-p1", "sim", "A100-80G")].gpu_hours == pytest.approx(4.0, abs=0.01)
+    assert rows[("acme-p1", "sim", "L4")].gpu_hours == pytest.approx(1.0, abs=0.01)
+    assert page.context["total"] == pytest.approx(5.0, abs=0.01)
+    assert all(r.cost is None for r in rows.values()) and "no price" in page.content.decode()
     by_user = client.get("/t/acme/usage/", {"by": "user"}).context["rows"]
-    assert [(r.user, r.gpu_hours) for r in by_user] == [("acme-member", pytest.approx(5.0, abs=0.01))]
+    assert {r.user for r in by_user} == {"acme-member"}
+    assert sum(r.gpu_hours for r in by_user) == pytest.approx(5.0, abs=0.01)
     csv = client.get("/t/acme/usage/", {"by": "project", "format": "csv"})
     lines = csv.content.decode().strip().splitlines()
-    assert lines[0].startswith("tenant,project,user,gpu_hours")
-    assert lines[1].startswith("acme,acme-p1,,5.0")
+    assert lines[0].startswith("tenant,project,user,cluster,gpu_model,gpu_hours")
+    assert sorted(line.split(",")[:6] for line in lines[1:]) == [
+        ["acme", "acme-p1", "", "sim", "A100-80G", "4.0"], ["acme", "acme-p1", "", "sim", "L4", "1.0"]]
+
+
+def test_showback_costs_each_gpu_model_at_its_price(world: World, cluster: Any) -> None:
+    """Issue 32, finding 9: platform admins price an hour per GPU model (and CPU, RAM); the
+    owner's report costs each row at its model's price and names what has no price."""
+    from django.core.exceptions import PermissionDenied, ValidationError
+
+    from portal.models import Price
+
+    _running(world, cluster)
+    start = timezone.now() - dt.timedelta(hours=2)
+    for i in range(4):
+        portal_services.usage_sample_record(cluster=cluster, now=start + dt.timedelta(minutes=30 * i),
+                                            interval_seconds=1800)
+    admin = Client()
+    admin.force_login(world.admin)
+    for model, price in (("A100-80G", "2.50"), ("L4", "0.80")):
+        set_ = admin.post("/admin/prices/", {"kind": "gpu", "gpu_model": model, "per_hour": price})
+        assert set_.status_code == 302
+    portal_services.price_set(actor=world.admin, kind="cpu", per_hour="0.04")
+    bad = admin.post("/admin/prices/", {"kind": "gpu", "gpu_model": "", "per_hour": "-1"})
+    assert bad.status_code == 400 and b"gpu_model" in bad.content
+    with pytest.raises(ValidationError) as err:
+        portal_services.price_set(actor=world.admin, kind="ram", gpu_model="L4", per_hour="1")
+    assert "gpu_model" in err.value.message_dict
+    with pytest.raises(ValidationError) as err:
+        portal_services.price_set(actor=world.admin, kind="cpu", per_hour="NaN")
+    assert "per_hour" in err.value.message_dict
+    with pytest.raises(PermissionDenied):
+        portal_services.price_set(actor=world.a.owner, kind="cpu", per_hour="0")
+    owner = Client()
+    owner.force_login(world.a.owner)
+    assert owner.get("/admin/prices/").status_code == 404  # a platform page
+    page = owner.get("/t/acme/usage/")
+    report = page.context["report"]
+    rows = {r.gpu_model: r for r in report.rows}
+    for model, price in (("A100-80G", Decimal("2.50")), ("L4", Decimal("0.80"))):
+        r = rows[model]
+        expected = price * Decimal(str(r.gpu_hours)) + Decimal("0.04") * Decimal(str(r.cpu_core_hours))
+        assert r.cost == pytest.approx(expected, abs=Decimal("0.01"))
+    assert rows["A100-80G"].cost > Decimal("10")  # 4 A100-hours at 2.50 = 10, and its CPU
+    assert report.cost == rows["A100-80G"].cost + rows["L4"].cost
+    assert report.unpriced == ["RAM GiB-hour"]
+    assert "No price is set for: RAM GiB-hour" in page.content.decode()
+    csv = owner.get("/t/acme/usage/", {"format": "csv"}).content.decode().splitlines()
+    assert csv[0].endswith("cost,currency,since,until") and ",USD," in csv[1]
+    changes = AuditEvent.objects.filter(action="price.set").order_by("id")
+    assert [e.after["gpu_model"] for e in changes] == ["A100-80G", "L4", ""]
+    admin.post("/admin/prices/", {"kind": "gpu", "gpu_model": "L4", "per_hour": "1.00"})
+    assert Price.objects.get(gpu_model="L4").per_hour == Decimal("1.0000")
+    last = AuditEvent.objects.filter(action="price.set").order_by("id").last()
+    assert last is not None and last.before == {"per_hour": "0.8000"}
 
 
 def test_showback_period_is_validated(world: World) -> None:
@@ -153,8 +212,10 @@ def test_samples_record_who_holds_what(world: World, cluster: Any) -> None:
     sample = portal_services.usage_sample_record(cluster=cluster)
     assert (sample.gpus_total, sample.gpus_in_use) == (10, 4)
     assert sample.gpu_share_allocated == pytest.approx(3.5, abs=0.01)
-    per = {(u.project.name, u.user.username): round(u.gpu_share, 2) for u in UsageSample.objects.all()}
-    assert per == {("acme-p1", "acme-member"): 2.5, ("globex-p1", "globex-member"): 1.0}
+    per = {(u.project.name, u.user.username, u.gpu_model): round(u.gpu_share, 2)
+           for u in UsageSample.objects.all()}
+    assert per == {("acme-p1", "acme-member", "A100-80G"): 2.0, ("acme-p1", "acme-member", "L4"): 0.5,
+                   ("globex-p1", "globex-member", "A100-80G"): 1.0}
 
 
 def test_gpu_map_shows_slices_owners_and_health(world: World, cluster: Any) -> None:
@@ -262,3 +323,48 @@ def test_showback_csv_neutralises_formulas(world: World, cluster: Any) -> None:
     client.force_login(world.a.owner)
     body = client.get("/t/acme/usage/", {"by": "user", "format": "csv"}).content.decode()
     assert ",'=cmd|calc," in body and ",=cmd" not in body
+
+
+def test_prices_and_usage_through_the_api_and_cli(world: World, cluster: Any, live_server: Any,
+                                                  tmp_path: Any) -> None:
+    """The same report as the usage page, from /api/v1/usage/ and ``camp usage``; prices set
+    through /api/v1/prices/ by a platform admin only."""
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    from tests.conftest import client_for
+
+    _running(world, cluster)
+    portal_services.usage_sample_record(cluster=cluster, now=timezone.now() - dt.timedelta(hours=1),
+                                        interval_seconds=3600)
+    admin = client_for(world.admin)
+    made = admin.post("/api/v1/prices/", {"kind": "gpu", "gpu_model": "A100-80G", "per_hour": "3"},
+                      format="json")
+    assert made.status_code == 201 and made.json()["currency"] == "USD", made.content
+    no_model = admin.post("/api/v1/prices/", {"kind": "gpu", "per_hour": "3"}, format="json")
+    assert no_model.status_code == 400 and "gpu_model" in no_model.json()
+    owner = client_for(world.a.owner)
+    assert owner.post("/api/v1/prices/", {"kind": "cpu", "per_hour": "1"}, format="json").status_code == 403
+    assert [p["gpu_model"] for p in owner.get("/api/v1/prices/").json()["results"]] == ["A100-80G"]
+    report = owner.get("/api/v1/usage/", {"tenant": "acme"}).json()
+    page = Client()
+    page.force_login(world.a.owner)
+    shown = page.get("/t/acme/usage/").context["report"]
+    assert [(r["gpu_model"], r["gpu_hours"]) for r in report["rows"]] == [
+        (r.gpu_model, r.gpu_hours) for r in shown.rows]
+    assert report["cost"] == str(shown.cost) and report["unpriced"] == shown.unpriced
+    assert client_for(world.a.member).get("/api/v1/usage/", {"tenant": "acme"}).status_code == 403
+    assert client_for(world.b.owner).get("/api/v1/usage/", {"tenant": "acme"}).status_code == 404
+    assert owner.get("/api/v1/usage/").json() == {"tenant": ["Name the tenant."]}
+    assert "since" in owner.get("/api/v1/usage/", {"tenant": "acme", "since": "2026-13-45"}).json()
+    _, token = tenant_services.token_create(actor=world.a.owner, name="cli")
+    env = {**os.environ, "CAMP_URL": live_server.url, "CAMP_TOKEN": token,
+           "CAMP_CONFIG": str(tmp_path / "config.json")}
+    out = subprocess.run([sys.executable, "-m", "camp_cli", "usage", "acme"], env=env, cwd=settings.BASE_DIR,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "acme-p1 · sim · A100-80G: 2 GPU-h" in out.stdout and "USD" in out.stdout
+    assert "no price set for: " in out.stdout and "GPU-hour of L4" in out.stdout
