@@ -50,6 +50,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Only for unit-style runs that cannot start a worker; never in the demo or production.
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+# Celery's persistent scheduler, marking the beat's liveness at every tick (camp/liveness.py).
+CELERY_BEAT_SCHEDULER = "camp.beat:LivenessScheduler"
 
 # --- Scheduler (scheduling/tasks.py) ----------------------------------------------------------
 # A dead worker's task goes back to the queue (its cycle's transaction rolled back).

@@ -1,7 +1,8 @@
 {{/*
 One Deployment of Camp's image in a given role. Call with
 (dict "ctx" $ "component" "worker" "name" "..." "replicas" 2 "command" (list ...)
-      "resources" {...} "recreate" true "web" false "placement" {...} "extraLabels" {...}).
+      "resources" {...} "recreate" true "web" false "placement" {...} "extraLabels" {...}
+      "liveness" (list ...)).
 */}}
 {{- define "camp.deployment" -}}
 {{- $ := .ctx -}}
@@ -74,6 +75,17 @@ spec:
             httpGet: {path: /readyz, port: http}
             periodSeconds: 10
             timeoutSeconds: 5
+            failureThreshold: 3
+          {{- end }}
+          {{- with .liveness }}
+          # Restarted when its loop stops making progress (camp/liveness.py).
+          livenessProbe:
+            exec:
+              command:
+                {{- toYaml . | nindent 16 }}
+            initialDelaySeconds: 60
+            periodSeconds: 60
+            timeoutSeconds: 30
             failureThreshold: 3
           {{- end }}
           resources:
