@@ -25,7 +25,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
-from camp import liveness
+from camp import liveness, logs
 from scheduling import services
 from scheduling.backends import backend_for
 from scheduling.backends.base import BackendError, PodStatus
@@ -147,6 +147,7 @@ class Command(BaseCommand):
         # second); the watcher reports the outage itself, once.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         deadline = time.monotonic() + options["duration"] if options["duration"] else None
+        logs.bind(cluster=name)
         logger.info("camp_watch of %s starting (watch window %d s, liveness mark %s)",
                     name, options["window"], liveness.path("watcher"))
         beating = _heartbeat(name)
