@@ -112,3 +112,27 @@ def test_a_real_worker_logs_task_ids_and_its_tasks_reach_metrics(tmp_path: Path)
     task_lines = [r for r in records if r.get("job_id") == "987654"]
     assert task_lines, log.read_text()[-3000:]
     assert all(r["task"] == "scheduling.tasks.job_stop" and r["task_id"] for r in task_lines)
+
+
+@pytest.mark.django_db
+def test_the_grafana_dashboard_queries_only_metrics_camp_exposes() -> None:
+    """deploy/grafana/camp.json: every series a panel asks for is on /metrics (a renamed
+    metric would leave a panel silently empty)."""
+    import re
+
+    from scheduling.models import Cluster
+
+    Cluster.objects.create(name="dash", backend="simulated")
+    client = Client()
+    client.get("/metrics")  # one request, so the HTTP histograms have samples
+    body = client.get("/metrics").content.decode()
+    exposed = set(re.findall(r"^# TYPE (\S+) (\w+)", body, re.M))
+    names: set[str] = set()
+    for family, kind in exposed:
+        names.add(family)
+        names.update({f"{family}_total", f"{family}_bucket", f"{family}_sum", f"{family}_count"}
+                     if kind in ("counter", "histogram") else set())
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "camp.json").read_text())
+    queried = {m for panel in dashboard["panels"] for target in panel["targets"]
+               for m in re.findall(r"\b((?:camp|django)_[a-z_]+)\b", target["expr"])}
+    assert queried and queried <= names, queried - names
