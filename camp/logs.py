@@ -40,11 +40,6 @@ def bound(**fields: object) -> Iterator[None]:
         _context.reset(token)
 
 
-def bind(**fields: object) -> None:
-    """Add ``fields`` for the rest of this context (a long-running command's own ids)."""
-    _context.set({**_context.get(), **{k: str(v) for k, v in fields.items() if v is not None}})
-
-
 class ContextFilter(logging.Filter):
     """Copies the current ids onto each record (attached to the handler, so records of every
     logger, Celery's and uvicorn's included, get them)."""

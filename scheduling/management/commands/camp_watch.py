@@ -122,7 +122,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            self._handle(**options)
+            with logs.bound(cluster=options["cluster"]):  # on each of its log lines
+                self._handle(**options)
         except _Stopped:
             logger.info("camp_watch of %s stopped by a signal", options["cluster"])
 
@@ -147,7 +148,6 @@ class Command(BaseCommand):
         # second); the watcher reports the outage itself, once.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         deadline = time.monotonic() + options["duration"] if options["duration"] else None
-        logs.bind(cluster=name)
         logger.info("camp_watch of %s starting (watch window %d s, liveness mark %s)",
                     name, options["window"], liveness.path("watcher"))
         beating = _heartbeat(name)
