@@ -234,3 +234,34 @@ def test_day2_values_render_where_an_operator_expects_them(tools: dict[str, Path
                   "--namespace", "camp"])
     assert notes.returncode == 0, notes.stderr
     assert "python manage.py doctor" in notes.stdout and "helm test r1" in notes.stdout
+
+
+def test_a_changed_existing_secret_rolls_the_pods(
+    tools: dict[str, Path], kubeconfig: Path
+) -> None:
+    """Issue 33, finding 6: the pods' checksum follows your Secret's content (helm reads it from
+    the real apiserver at upgrade), so changing it and upgrading rolls every pod."""
+    kubectl = [tools["kubectl"], "--kubeconfig", kubeconfig]
+    assert _run([*kubectl, "create", "namespace", "camp-roll"]).returncode == 0
+
+    def checksum() -> str:
+        result = _run([tools["helm"], "template", "r1", CHART, "--namespace", "camp-roll",
+                       "--kubeconfig", kubeconfig, "--dry-run=server",
+                       *VALUE_SETS["existing-secret"]])
+        assert result.returncode == 0, result.stderr
+        web = next(d for d in yaml.safe_load_all(result.stdout)
+                   if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "r1-camp-web")
+        return str(web["spec"]["template"]["metadata"]["annotations"]["checksum/secret"])
+
+    def secret(key: str) -> None:
+        result = _run([*kubectl, "-n", "camp-roll", "create", "secret", "generic", "camp-settings",
+                       f"--from-literal=SECRET_KEY={key}", "--dry-run=client", "-o", "yaml"])
+        assert result.returncode == 0, result.stderr
+        applied = _run([*kubectl, "-n", "camp-roll", "apply", "-f", "-"], input=result.stdout)
+        assert applied.returncode == 0, applied.stderr
+
+    secret("first-key-" + "a" * 50)
+    first = checksum()
+    assert checksum() == first  # unchanged Secret: no roll
+    secret("second-key-" + "b" * 50)
+    assert checksum() != first
