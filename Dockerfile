@@ -1,4 +1,5 @@
-# syntax=docker/dockerfile:1
+# No `# syntax=` line: the Dockerfile frontend built into BuildKit (Docker 23+) handles
+# RUN --mount, so a build needs no image pulled from Docker Hub for the frontend.
 # Camp's image: one image for web (ASGI), worker, beat and the per-cluster watcher; the
 # command picks the role (docker-compose.yml, deploy/helm/camp).
 #
@@ -22,10 +23,19 @@ FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VENV=/opt/venv WHEELS=/wheels PATH=/opt/venv/bin:$PATH \
     DJANGO_SETTINGS_MODULE=camp.settings.production
+# docker build --build-arg VERSION=$(git describe --tags) --build-arg REVISION=$(git rev-parse HEAD)
+ARG VERSION=0.1.0
+ARG REVISION=""
+LABEL org.opencontainers.image.title="camp" \
+      org.opencontainers.image.description="Camp, the AI compute scheduling platform (web, worker, beat, watcher)" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
 # python-ldap's shared libraries; xmlsec1, with which pysaml2 checks SAML signatures.
 RUN apt-get update && apt-get install -y --no-install-recommends libldap-2.5-0 libsasl2-2 xmlsec1 \
     && rm -rf /var/lib/apt/lists/*
-RUN useradd --system --uid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin camp
+# A named group for gid 10001 too (without it Celery warns it runs "with superuser privileges").
+RUN groupadd --system --gid 10001 camp \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin camp
 WORKDIR /app
 COPY requirements.txt requirements-ldap.txt ./
 # The wheels are bind-mounted from the build stage, so they never become a layer here.

@@ -11,3 +11,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "camp.settings")
 app = Celery("camp")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+def _observe_tasks() -> None:
+    from . import logs, taskmetrics
+
+    logs.connect_celery_signals()
+    taskmetrics.connect_celery_signals()
+
+
+_observe_tasks()

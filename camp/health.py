@@ -75,6 +75,14 @@ def migrations_problem() -> str | None:
     return None
 
 
+READINESS_REQUIRES = ("database", "migrations")
+"""What a web process needs to serve pages; /readyz is 503 only when one of these fails.
+Redis is reported but not required: every web pod shares it, so an outage would take all of
+them out of the Service at once while pages (sessions and data live in PostgreSQL) still
+work; live updates and enqueued work wait for it, and the worker's liveness and the alerts
+(docs/DEPLOY.md "Day 2") watch it."""
+
+
 def readiness() -> dict[str, str]:
     """Each component → "ok" or what is wrong. Migrations are only asked of a reachable DB."""
     result: dict[str, str] = {}
@@ -108,5 +116,6 @@ class HealthCheckMiddleware:
         if request.path == "/healthz":
             return _json(200, {"status": "ok"})
         checks = readiness()
-        ready = all(value == "ok" for value in checks.values())
-        return _json(200 if ready else 503, {"status": "ok" if ready else "unavailable", "checks": checks})
+        ready = all(checks[name] == "ok" for name in READINESS_REQUIRES)
+        status = ("ok" if all(v == "ok" for v in checks.values()) else "degraded") if ready else "unavailable"
+        return _json(200 if ready else 503, {"status": status, "checks": checks})

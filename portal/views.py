@@ -15,8 +15,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.dateparse import parse_date
 from django.views.decorators.http import require_POST
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
+from camp.taskmetrics import CeleryCollector
 from scheduling.models import Cluster, GpuDevice
 from tenants.api.views import csv_safe
 from tenants.models import AuditEvent, Project, Tenant
@@ -40,7 +41,12 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return HttpResponse("set METRICS_TOKEN to scrape\n", status=401, content_type="text/plain")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CampCollector())
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    registry.register(CeleryCollector())
+    # The scheduler's and Celery's state (every process's, from the database and Redis), then
+    # this web process's own: HTTP rate, latency and status (django-prometheus) and the
+    # process's CPU and memory. Scrape every web pod to sum the HTTP series.
+    body = generate_latest(registry) + generate_latest(REGISTRY)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
 
 
 @login_required

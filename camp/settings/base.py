@@ -4,6 +4,7 @@ from pathlib import Path
 
 import django_stubs_ext
 
+from camp import logs
 from camp.env import env_bool, env_list, env_str
 
 # Lets ModelForm[Tenant] and Serializer[...] subscript at run time (typing only).
@@ -44,6 +45,9 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "tenants.middleware.RequestContextMiddleware",
+    # HTTP request rate, latency and status for /metrics (django-prometheus).
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "camp.logs.AccessLogMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     # The SAML session cookie (djangosaml2); does nothing unless SAML_ENABLED.
     "tenants.sso.saml_middleware.SAMLSessionMiddleware",
@@ -52,6 +56,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
     # Last, as django-axes requires: it turns a lockout into a 429 page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -112,13 +117,8 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {
-        # Never log request bodies or headers: they carry passwords and tokens.
-        "django.request": {"level": "ERROR"},
-    },
-}
+# One format for web, worker, beat and watcher, with request/task/job/cluster ids (camp/logs.py).
+# LOG_FORMAT: "text" here (the demo's terminal), "json" in production (camp/settings/production.py).
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
+LOGGING = logs.config(env_str("LOG_FORMAT", "text"), LOG_LEVEL)
+LOGGING_CONFIG = "camp.logs.configure"

@@ -3,10 +3,11 @@
 ``manage.py check --deploy --fail-level WARNING`` passes with these (a test checks it).
 """
 
+from camp import logs
 from camp.env import ImproperlyConfiguredEnv, env_bool, env_int, env_is_set, env_str
 
 from . import *  # noqa: F403
-from .base import ALLOWED_HOSTS  # noqa: F401
+from .base import ALLOWED_HOSTS, LOG_LEVEL  # noqa: F401
 
 DEBUG = False
 SECRET_KEY = env_str("SECRET_KEY")
@@ -34,3 +35,8 @@ WHITENOISE_USE_FINDERS = False
 METRICS_PUBLIC = env_bool("METRICS_PUBLIC", False)
 # The environment access cookie is Secure in production (the ingress auth request is HTTP).
 WORKSPACES_COOKIE_SECURE = env_bool("WORKSPACES_COOKIE_SECURE", True)
+
+# Logs: one JSON object a line with request/task/job/cluster ids (camp/logs.py); LOG_FORMAT=text
+# for key=value lines.
+
+LOGGING = logs.config(env_str("LOG_FORMAT", "json"), LOG_LEVEL)

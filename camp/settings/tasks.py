@@ -42,6 +42,8 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 CELERY_TASK_IGNORE_RESULT = True
+# Django's LOGGING (camp/logs.py) formats the worker's and beat's lines too, with task ids.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
@@ -50,6 +52,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Only for unit-style runs that cannot start a worker; never in the demo or production.
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+# Celery's persistent scheduler, marking the beat's liveness at every tick (camp/liveness.py).
+CELERY_BEAT_SCHEDULER = "camp.beat:LivenessScheduler"
 
 # --- Scheduler (scheduling/tasks.py) ----------------------------------------------------------
 # A dead worker's task goes back to the queue (its cycle's transaction rolled back).

@@ -55,6 +55,8 @@ class Command(BaseCommand):
             problems.append(("redis", "REDIS_URL is not set: Celery uses the filesystem broker and "
                              "Channels an in-memory layer (the demo's shape; one host only)"))
 
+        problems.extend(self._proxy(checks, oks))
+
         if checks["database"] == "ok" and checks["migrations"] == "ok":
             problems.extend(self._clusters(options["timeout"], oks))
 
@@ -65,6 +67,23 @@ class Command(BaseCommand):
         if problems:
             raise CommandError(f"{len(problems)} problem(s) found", returncode=1)
         self.stdout.write("Nothing missing.")
+
+    def _proxy(self, checks: dict[str, str], oks: list[str]) -> list[tuple[str, str]]:
+        """What the web processes saw of the proxies in front of them (the last day)."""
+        if "redis" in checks and checks["redis"] != "ok":
+            return []  # the note lives in the cache; Redis is already reported
+        from django.core.cache import cache
+
+        from tenants.middleware import PROXY_MISMATCH_CACHE_KEY
+
+        try:
+            note = cache.get(PROXY_MISMATCH_CACHE_KEY)
+        except Exception:  # noqa: BLE001 - reported by the redis check
+            return []
+        if note:
+            return [("proxy", str(note["problem"]))]
+        oks.append(f"client addresses (TRUSTED_PROXY_COUNT={settings.TRUSTED_PROXY_COUNT})")
+        return []
 
     def _clusters(self, timeout: float, oks: list[str]) -> list[tuple[str, str]]:
         from scheduling.backends.base import BackendError

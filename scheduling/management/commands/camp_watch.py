@@ -25,6 +25,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
+from camp import liveness, logs
 from scheduling import services
 from scheduling.backends import backend_for
 from scheduling.backends.base import BackendError, PodStatus
@@ -121,7 +122,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            self._handle(**options)
+            with logs.bound(cluster=options["cluster"]):  # on each of its log lines
+                self._handle(**options)
         except _Stopped:
             logger.info("camp_watch of %s stopped by a signal", options["cluster"])
 
@@ -146,6 +148,8 @@ class Command(BaseCommand):
         # second); the watcher reports the outage itself, once.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         deadline = time.monotonic() + options["duration"] if options["duration"] else None
+        logger.info("camp_watch of %s starting (watch window %d s, liveness mark %s)",
+                    name, options["window"], liveness.path("watcher"))
         beating = _heartbeat(name)
         try:
             self._loop(name, options, stop, deadline)
@@ -164,9 +168,11 @@ class Command(BaseCommand):
             if deadline is not None:
                 end = min(end, deadline)
             while not stop["now"] and time.monotonic() < end:
+                liveness.mark("watcher")  # waiting on purpose is progress
                 time.sleep(min(0.2, max(0.0, end - time.monotonic())))
 
         while not stop["now"] and (deadline is None or time.monotonic() < deadline):
+            liveness.mark("watcher")  # each window, retry and disabled-cluster wait
             if not connection.in_atomic_block:  # a long-lived process: drop dead connections
                 close_old_connections()
             cluster = Cluster.objects.filter(name=name).first()
@@ -183,6 +189,7 @@ class Command(BaseCommand):
             pods: dict[str, PodStatus] = {}  # rebuilt by each window's initial list
             try:
                 for event in backend_for(cluster).watch_pods(timeout_seconds=window):
+                    liveness.mark("watcher")
                     try:
                         stop["applying"] = True
                         outcome = services.pod_event_watch_apply(cluster=cluster, event=event,

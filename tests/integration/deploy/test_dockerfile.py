@@ -65,6 +65,7 @@ class Replay:
         subprocess.run([BASE_PYTHON, "-m", "venv", str(self.base)], check=True, timeout=120)
         self.apt: dict[str, list[str]] = {}
         self.user = "root"
+        self.accounts: list[str] = []
         self.cmd: list[str] = []
         self.stage_env: dict[str, dict[str, str]] = {}
 
@@ -128,7 +129,8 @@ class Replay:
         if command.startswith("apt-get"):
             self.apt[stage] = re.findall(r"(?<=\s)(lib[\w.+-]+|gcc|make)(?=\s|$)", command)
             return
-        if command.startswith("useradd"):
+        if command.startswith(("useradd", "groupadd")):
+            self.accounts.append(command)
             return
         result = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
                                 text=True, timeout=900)
@@ -226,3 +228,18 @@ def test_demo_install_set_needs_no_compiler_and_ldap_says_what_is_missing(tmp_pa
                           capture_output=True, text=True, timeout=120)
     assert asgi.returncode != 0
     assert "ImproperlyConfigured: LDAP_ENABLED is true but the LDAP extra is not installed" in asgi.stderr
+
+
+def test_image_user_has_a_group_labels_and_no_suite(image: Replay) -> None:
+    """Issue 33, finding 7: gid 10001 is a named group (Celery's 'superuser privileges'
+    warning otherwise), the image carries OCI labels, and tests/bench/docs stay out of it."""
+    (accounts,) = image.accounts
+    assert "groupadd --system --gid 10001 camp" in accounts
+    assert "--uid 10001 --gid 10001" in accounts
+    parser = DockerfileParser(path=str(ROOT / "Dockerfile"))
+    assert {"org.opencontainers.image.title", "org.opencontainers.image.version",
+            "org.opencontainers.image.revision"} <= set(parser.labels)
+    assert not parser.content.startswith("# syntax=")
+    shipped = _context_files()
+    assert not [p for p in shipped if p.split("/")[0] in ("tests", "bench", "docs")]
+    assert "manage.py" in shipped and "camp/liveness.py" in shipped

@@ -184,3 +184,84 @@ def test_camp_agent_rbac_grants_what_the_backend_needs_and_no_more(
                            ("create", "clusterrolebindings"), ("create", "pods/exec"),
                            ("update", "pods/status")]:
         assert not can(verb, resource), f"camp-agent may {verb} {resource}"
+
+
+def test_day2_values_render_where_an_operator_expects_them(tools: dict[str, Path]) -> None:
+    """Issue 33, findings 4, 6 and 7: scrape annotations and an optional ServiceMonitor,
+    extra env/volumes/annotations/priority/spread on every role, beat and watchers placeable,
+    a `helm test` pod, NOTES, and a migrations deadline inside helm's default --timeout."""
+    assert not [d for d in _render(tools["helm"], CHART, BASE_VALUES) if d["kind"] == "ServiceMonitor"]
+    docs = _render(tools["helm"], CHART, [
+        *BASE_VALUES, "--set", "watcher.clusters={prod}",
+        "--set", "metrics.scrapeAnnotations=true", "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "metrics.serviceMonitor.tokenSecret.name=camp-metrics",
+        "--set", "extraEnv[0].name=HTTPS_PROXY", "--set", "extraEnv[0].value=http://proxy:3128",
+        "--set", "extraVolumes[0].name=ca", "--set", "extraVolumes[0].configMap.name=corp-ca",
+        "--set", "extraVolumeMounts[0].name=ca", "--set", "extraVolumeMounts[0].mountPath=/etc/ca",
+        "--set", "podAnnotations.team=gpu", "--set", "priorityClassName=camp-critical",
+        "--set", "beat.nodeSelector.pool=system", "--set", "watcher.tolerations[0].operator=Exists",
+        "--set", "web.topologySpreadConstraints[0].maxSkew=1",
+        "--set", "web.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "--set", "web.topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway"])
+    deployments = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+                   for d in docs if d["kind"] == "Deployment"}
+    for role, deployment in deployments.items():
+        pod = deployment["spec"]["template"]
+        spec = pod["spec"]
+        assert pod["metadata"]["annotations"]["team"] == "gpu", role
+        assert spec["priorityClassName"] == "camp-critical", role
+        container = spec["containers"][0]
+        assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in container["env"], role
+        assert {"name": "ca", "mountPath": "/etc/ca"} in container["volumeMounts"], role
+        assert {"name": "ca", "configMap": {"name": "corp-ca"}} in spec["volumes"], role
+        assert ("prometheus.io/scrape" in pod["metadata"]["annotations"]) == (role == "web"), role
+    assert deployments["beat"]["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "system"}
+    assert deployments["watcher"]["spec"]["template"]["spec"]["tolerations"] == [{"operator": "Exists"}]
+    assert deployments["web"]["spec"]["template"]["spec"]["topologySpreadConstraints"][0]["maxSkew"] == 1
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert monitor["spec"]["endpoints"][0]["bearerTokenSecret"] == {"name": "camp-metrics",
+                                                                    "key": "METRICS_TOKEN"}
+    (test_pod,) = [d for d in docs if d["kind"] == "Pod"]
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert test_pod["spec"]["containers"][0]["command"][-1] == "http://r1-camp:80/readyz"
+    job = next(d for d in docs if d["kind"] == "Job")
+    assert job["spec"]["activeDeadlineSeconds"] < 300  # helm's default --timeout is 5m
+    # An existingSecret's content is in the pods' checksum, so a changed Secret rolls them.
+    existing = _render(tools["helm"], CHART, VALUE_SETS["existing-secret"])
+    web = next(d for d in existing if d["kind"] == "Deployment")
+    assert "checksum/secret" in web["spec"]["template"]["metadata"]["annotations"]
+    notes = _run([tools["helm"], "install", "r1", CHART, *BASE_VALUES, "--dry-run=client",
+                  "--namespace", "camp"])
+    assert notes.returncode == 0, notes.stderr
+    assert "python manage.py doctor" in notes.stdout and "helm test r1" in notes.stdout
+
+
+def test_a_changed_existing_secret_rolls_the_pods(
+    tools: dict[str, Path], kubeconfig: Path
+) -> None:
+    """Issue 33, finding 6: the pods' checksum follows your Secret's content (helm reads it from
+    the real apiserver at upgrade), so changing it and upgrading rolls every pod."""
+    kubectl = [tools["kubectl"], "--kubeconfig", kubeconfig]
+    assert _run([*kubectl, "create", "namespace", "camp-roll"]).returncode == 0
+
+    def checksum() -> str:
+        result = _run([tools["helm"], "template", "r1", CHART, "--namespace", "camp-roll",
+                       "--kubeconfig", kubeconfig, "--dry-run=server",
+                       *VALUE_SETS["existing-secret"]])
+        assert result.returncode == 0, result.stderr
+        web = next(d for d in yaml.safe_load_all(result.stdout)
+                   if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "r1-camp-web")
+        return str(web["spec"]["template"]["metadata"]["annotations"]["checksum/secret"])
+
+    def secret(key: str) -> None:
+        result = _run([*kubectl, "-n", "camp-roll", "create", "secret", "generic", "camp-settings",
+                       f"--from-literal=SECRET_KEY={key}", "--dry-run=client", "-o", "yaml"])
+        assert result.returncode == 0, result.stderr
+        applied = _run([*kubectl, "-n", "camp-roll", "apply", "-f", "-"], input=result.stdout)
+        assert applied.returncode == 0, applied.stderr
+
+    secret("first-key-" + "a" * 50)
+    first = checksum()
+    assert checksum() == first  # unchanged Secret: no roll
+    secret("second-key-" + "b" * 50)
+    assert checksum() != first

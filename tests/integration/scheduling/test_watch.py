@@ -134,6 +134,9 @@ def test_watch_during_an_outage_backs_off_quietly_and_reports_its_health(
     caplog.set_level(logging.DEBUG)
     call_command("camp_watch", cluster="dead", duration=6)
     noisy = [r for r in caplog.records if r.levelno >= logging.INFO]
+    # the start line (issue 33: the watcher says what it watches), then the outage, once
+    assert noisy[0].getMessage().startswith("camp_watch of dead starting")
+    noisy = noisy[1:]
     assert len(noisy) == 1, [r.getMessage() for r in noisy]
     assert noisy[0].getMessage().startswith("watch of dead: Kubernetes API unreachable")
     cluster.refresh_from_db()

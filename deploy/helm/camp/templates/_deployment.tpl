@@ -1,7 +1,8 @@
 {{/*
 One Deployment of Camp's image in a given role. Call with
 (dict "ctx" $ "component" "worker" "name" "..." "replicas" 2 "command" (list ...)
-      "resources" {...} "recreate" true "web" false "placement" {...} "extraLabels" {...}).
+      "resources" {...} "recreate" true "web" false "placement" {...} "extraLabels" {...}
+      "liveness" (list ...)).
 */}}
 {{- define "camp.deployment" -}}
 {{- $ := .ctx -}}
@@ -41,6 +42,18 @@ spec:
         checksum/config: {{ include "camp.configData" $ | sha256sum }}
         {{- if not $.Values.existingSecret.name }}
         checksum/secret: {{ include "camp.secretData" $ | sha256sum }}
+        {{- else }}
+        # Your Secret's current content (read at install/upgrade): changing it and running
+        # `helm upgrade` rolls the pods.
+        checksum/secret: {{ (lookup "v1" "Secret" $.Release.Namespace $.Values.existingSecret.name).data | toJson | sha256sum }}
+        {{- end }}
+        {{- if and .web $.Values.metrics.scrapeAnnotations }}
+        prometheus.io/scrape: "true"
+        prometheus.io/port: "8000"
+        prometheus.io/path: /metrics
+        {{- end }}
+        {{- with $.Values.podAnnotations }}
+        {{- toYaml . | nindent 8 }}
         {{- end }}
     spec:
       {{- include "camp.podSpecCommon" $ | nindent 6 }}
@@ -56,6 +69,9 @@ spec:
                 name: {{ include "camp.fullname" $ }}
           env:
             {{- include "camp.secretEnv" $ | trim | nindent 12 }}
+            {{- with $.Values.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
           {{- if .web }}
           ports:
             - name: http
@@ -76,14 +92,34 @@ spec:
             timeoutSeconds: 5
             failureThreshold: 3
           {{- end }}
+          {{- with .liveness }}
+          # Restarted when its loop stops making progress (camp/liveness.py).
+          livenessProbe:
+            exec:
+              command:
+                {{- toYaml . | nindent 16 }}
+            initialDelaySeconds: 60
+            periodSeconds: 60
+            timeoutSeconds: 30
+            failureThreshold: 3
+          {{- end }}
           resources:
             {{- toYaml .resources | nindent 12 }}
           securityContext:
             {{- toYaml $.Values.securityContext | nindent 12 }}
           volumeMounts:
             {{- include "camp.volumeMounts" $ | nindent 12 }}
+            {{- with $.Values.extraVolumeMounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
       volumes:
         {{- include "camp.volumes" (dict "secretName" (include "camp.secretName" $)) | nindent 8 }}
+        {{- with $.Values.extraVolumes }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with $.Values.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
       {{- with .placement }}
       {{- with .nodeSelector }}
       nodeSelector:
@@ -95,6 +131,10 @@ spec:
       {{- end }}
       {{- with .affinity }}
       affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .topologySpreadConstraints }}
+      topologySpreadConstraints:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       {{- end }}

@@ -63,6 +63,15 @@ REDIS_URL: {{ required "redis.url is required (redis://...), or set existingSecr
 {{- end }}
 {{- end -}}
 
+{{/* TRUSTED_PROXY_COUNT: the value, or 1 behind the chart's own ingress, else 0. */}}
+{{- define "camp.trustedProxyCount" -}}
+{{- if kindIs "invalid" .Values.trustedProxyCount -}}
+{{- ternary 1 0 .Values.ingress.enabled -}}
+{{- else -}}
+{{- int .Values.trustedProxyCount -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "camp.configData" -}}
 DJANGO_SETTINGS_MODULE: camp.settings.production
 ALLOWED_HOSTS: {{ join "," .Values.allowedHosts | quote }}
@@ -70,6 +79,9 @@ CSRF_TRUSTED_ORIGINS: {{ join "," .Values.csrfTrustedOrigins | quote }}
 CAMP_URL: {{ .Values.campUrl | default (printf "https://%s" (first .Values.ingress.hosts | default (first .Values.allowedHosts))) | quote }}
 SECURE_SSL_REDIRECT: {{ .Values.secureSslRedirect | toString | quote }}
 LOG_LEVEL: {{ .Values.logLevel | quote }}
+{{- if not (hasKey .Values.env "TRUSTED_PROXY_COUNT") }}
+TRUSTED_PROXY_COUNT: {{ include "camp.trustedProxyCount" . | quote }}
+{{- end }}
 {{- range $k, $v := .Values.env }}
 {{ $k }}: {{ $v | toString | quote }}
 {{- end }}
