@@ -65,6 +65,14 @@ class CampAxesHandler(AxesDatabaseHandler):
     accounts' and the address's count included).
     """
 
+    def user_login_failed(self, sender: Any, credentials: dict[str, Any], request: Any = None,
+                          **kwargs: Any) -> None:
+        # The directory did not answer: the password was never judged, so nothing is
+        # counted (a directory outage must lock nobody out; tenants/sso/ldap.py).
+        if getattr(request, "camp_directory_unavailable", False):
+            return
+        super().user_login_failed(sender, credentials, request, **kwargs)
+
     def reset_user_attempts(self, request: Any, credentials: dict[str, Any] | None = None) -> int:
         from axes.helpers import get_client_username
         from axes.models import AccessAttempt
