@@ -21,6 +21,15 @@ class LocalModelBackend(ModelBackend):
 
     def authenticate(self, request: HttpRequest | None, username: str | None = None,
                      password: str | None = None, **kwargs: Any) -> Any:
+        from tenants.models import User
+
+        if username and not User.objects.filter(username=username).exists():
+            # The login form hands over the canonical (case-folded) name; a local account
+            # from before usernames were normalised may differ from it in case only.
+            legacy = User.objects.filter(username__iexact=username, auth_source="local"
+                                         ).order_by("pk").first()
+            if legacy is not None:
+                username = legacy.username
         user = super().authenticate(request, username=username, password=password, **kwargs)
         if user is not None and getattr(user, "auth_source", "local") != "local":
             return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any, NoReturn
 from urllib.parse import urlencode
 
@@ -19,7 +18,14 @@ from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from tenants.models import User
 
 from .discovery import KeyChoiceError, ProviderError, choose_key, endpoints, forget_provider_metadata, jwks
-from .services import group_role_mapping, sso_login_refused, sso_sync_memberships, sso_user_created
+from .services import (
+    CONFUSABLE_MESSAGE,
+    group_role_mapping,
+    sso_login_refused,
+    sso_new_username,
+    sso_sync_memberships,
+    sso_user_created,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +61,6 @@ class TokenRefused(SuspiciousOperation):
         self.message = message
 
 
-_NOT_USERNAME = re.compile(r"[^\w.@+-]")
 
 
 def _setting(name: str) -> Any:
@@ -218,14 +223,15 @@ class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
             sso_issuer=issuer, sso_subject=subject).first()
         created = False
         if user is None:
-            username = _NOT_USERNAME.sub(
-                "-", str(claim(claims, _setting("OIDC_USERNAME_CLAIM")) or subject))[:150]
+            username, problem = sso_new_username(
+                str(claim(claims, _setting("OIDC_USERNAME_CLAIM")) or subject))
             if not _setting("OIDC_CREATE_USER"):
                 return None, (username, "no account for this identity and OIDC_CREATE_USER is off",
                               "You have no Camp account yet. Ask a platform admin.")
-            if User.objects.filter(username__iexact=username).exists():
-                return None, (username, "username clash with an existing account",
-                              CLASH_MESSAGE.format(username=username))
+            if problem == "confusable username":
+                return None, (username, problem, CONFUSABLE_MESSAGE.format(username=username))
+            if problem is not None:
+                return None, (username, problem, CLASH_MESSAGE.format(username=username))
             user = User(username=username, auth_source="oidc", sso_issuer=issuer,
                         sso_subject=subject)
             user.set_unusable_password()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import re
 import shutil
 from typing import Any
 
@@ -44,7 +43,14 @@ from saml2.saml import NAMEID_FORMAT_TRANSIENT
 from tenants.audit import audit_record
 from tenants.models import User
 
-from .services import group_role_mapping, sso_login_refused, sso_sync_memberships, sso_user_created
+from .services import (
+    CONFUSABLE_MESSAGE,
+    group_role_mapping,
+    sso_login_refused,
+    sso_new_username,
+    sso_sync_memberships,
+    sso_user_created,
+)
 
 logger = logging.getLogger(__name__)
 # pysaml2 loads its XML schemas per configuration; xmlschema says so at INFO every time.
@@ -66,7 +72,6 @@ CLASH_MESSAGE = (
     "The username “{username}” is already taken by another Camp account, so no account "
     "was created for this sign-in. Ask a platform admin to resolve the clash."
 )
-_NOT_USERNAME = re.compile(r"[^\w.@+-]")
 
 
 def _setting(name: str) -> Any:
@@ -250,13 +255,14 @@ class CampSAMLBackend(Saml2Backend):
             auth_source="saml", sso_issuer=issuer, sso_subject=subject).first()
         created = False
         if user is None:
-            username = _NOT_USERNAME.sub("-", _first(attributes, names["username"]) or subject)[:150]
+            username, problem = sso_new_username(_first(attributes, names["username"]) or subject)
             if not _setting("SAML_CREATE_USER"):
                 return None, (username, "no account for this identity and SAML_CREATE_USER is off",
                               "You have no Camp account yet. Ask a platform admin.")
-            if User.objects.filter(username__iexact=username).exists():
-                return None, (username, "username clash with an existing account",
-                              CLASH_MESSAGE.format(username=username))
+            if problem == "confusable username":
+                return None, (username, problem, CONFUSABLE_MESSAGE.format(username=username))
+            if problem is not None:
+                return None, (username, problem, CLASH_MESSAGE.format(username=username))
             user = User(username=username, auth_source="saml", sso_issuer=issuer,
                         sso_subject=subject)
             user.set_unusable_password()
