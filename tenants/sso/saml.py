@@ -425,3 +425,33 @@ class SAMLLogoutServiceView(_SAMLEnabledMixin, saml_views.LogoutView):
 
 class SAMLMetadataView(_SAMLEnabledMixin, saml_views.MetadataView):
     """Camp's SP metadata, at the stable URL /saml/metadata/ (also the default entity id)."""
+
+    def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        from saml2.metadata import entity_descriptor
+
+        entity = entity_descriptor(self.get_sp_config(request))
+        if entity.extensions is not None:
+            # pysaml2 lists every algorithm the local xmlsec1 knows (md5, sha1, dsa-sha1,
+            # ...); advertise only the SHA-2 ones Camp signs and digests with.
+            entity.extensions.extension_elements = [
+                e for e in entity.extensions.extension_elements
+                if getattr(e, "tag", "") not in ("DigestMethod", "SigningMethod")
+                or e.attributes.get("Algorithm") in ADVERTISED_ALGORITHMS
+            ]
+        return HttpResponse(content=str(entity).encode("utf-8"),
+                            content_type="text/xml; charset=utf-8")
+
+
+# SP metadata's alg:DigestMethod / alg:SigningMethod (SAML V2.0 Metadata Profile for
+# Algorithm Support): SHA-2 only.
+ADVERTISED_ALGORITHMS = frozenset({
+    "http://www.w3.org/2001/04/xmlenc#sha256",
+    "http://www.w3.org/2001/04/xmldsig-more#sha384",
+    "http://www.w3.org/2001/04/xmlenc#sha512",
+    "http://www.w3.org/2001/04/xmldsig-more#rsa-sha256",
+    "http://www.w3.org/2001/04/xmldsig-more#rsa-sha384",
+    "http://www.w3.org/2001/04/xmldsig-more#rsa-sha512",
+    "http://www.w3.org/2001/04/xmldsig-more#ecdsa-sha256",
+    "http://www.w3.org/2001/04/xmldsig-more#ecdsa-sha384",
+    "http://www.w3.org/2001/04/xmldsig-more#ecdsa-sha512",
+})

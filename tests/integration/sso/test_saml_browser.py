@@ -62,6 +62,10 @@ def test_sp_metadata_is_published_at_a_stable_url(saml_on: str) -> None:
     assert f'Location="{saml_on}/saml/acs/"' in xml
     assert 'WantAssertionsSigned="true"' in xml and 'AuthnRequestsSigned="true"' in xml
     assert "X509Certificate" in xml and f'Location="{saml_on}/saml/ls/"' in xml
+    # Only the SHA-2 algorithms are advertised (issue 31, item 6), not pysaml2's defaults.
+    assert "xmldsig-more#rsa-sha256" in xml and "xmlenc#sha256" in xml
+    for weak in ("md5", "#sha1", "rsa-sha1", "dsa-sha1", "ripemd160", "sha224"):
+        assert weak not in xml, weak
 
 
 def test_saml_login_maps_groups_single_logout_and_resync(
