@@ -302,6 +302,10 @@ def _failure_reason(exc: BaseException | None) -> tuple[str, str]:
         # pysaml2's VerificationError is its "Condition not OK": validity times or audience.
         return f"assertion conditions not met: validity period or audience ({name})", \
             UNVERIFIED_MESSAGE
+    if type(exc) is Exception and str(exc).startswith("AudienceRestrictions conditions not"):
+        # pysaml2 raises a bare Exception for an assertion addressed to another SP.
+        return ("assertion audience is not Camp's entity id (AudienceRestriction)",
+                UNVERIFIED_MESSAGE)
     if isinstance(exc, UnsolicitedResponse):
         return "response to no request of this session (unsolicited or replayed)", GENERIC_MESSAGE
     if isinstance(exc, StatusError):

@@ -263,6 +263,21 @@ def test_an_expired_assertion_is_refused(
     assert reason.startswith("assertion conditions not met: validity period"), reason
 
 
+def test_a_wrong_audience_is_refused_and_audited_by_name(
+        saml_on: str, saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
+    saml_idp.add_user("wendy", "wendy-pw", name_id="wendy-0001", attributes={"uid": ["wendy"]})
+    saml_idp.write(audience="https://other-sp.example.test/metadata")
+    try:
+        url, html, _ = browser.run(saml_login, browser.new_page(), saml_on, "wendy", "wendy-pw")
+    finally:
+        saml_idp.control.pop("audience")
+        saml_idp.write()
+    assert url.startswith(f"{saml_on}/login/") and UNVERIFIED_MESSAGE in html.replace("&#x27;", "'")
+    assert not User.objects.filter(username="wendy").exists()
+    reason = AuditEvent.objects.get(action="auth.login_refused").after["reason"]
+    assert reason == "assertion audience is not Camp's entity id (AudienceRestriction)", reason
+
+
 def test_an_unsigned_logout_request_does_not_end_the_camp_session(
         saml_on: str, saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
     saml_idp.add_user("lena", "lena-pw", name_id="lena-0001", attributes={"uid": ["lena"]})
