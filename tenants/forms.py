@@ -10,10 +10,15 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
 from .models import RESOURCE_LABELS, RESOURCES, Project, Quota, Role, Tenant, User
+from .validators import canonical_username
 
 
 class LoginForm(AuthenticationForm):
     username = forms.CharField(widget=forms.TextInput(attrs={"autofocus": True, "autocomplete": "username"}))
+
+    def clean_username(self) -> str:
+        # Normalised once, here: every backend, django-axes and the audit see one spelling.
+        return canonical_username(str(self.cleaned_data.get("username") or ""))
 
 
 class TenantForm(forms.ModelForm[Tenant]):
@@ -44,7 +49,8 @@ class MembershipForm(forms.Form):
 
     def clean_username(self) -> User:
         username = self.cleaned_data["username"].strip()
-        user = User.objects.filter(username=username, is_active=True).first()
+        user = User.objects.filter(username__in=[canonical_username(username), username],
+                                   is_active=True).order_by("username").first()
         if user is None:
             raise ValidationError("No active user with this username.")
         return user

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any
+
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from .validators import slug_validator
+from .validators import canonical_username, confusable_username_reason, slug_validator
 
 
 class User(AbstractUser):
@@ -41,6 +45,32 @@ class User(AbstractUser):
                 name="user_unique_sso_identity",
             )
         ]
+
+    @classmethod
+    def normalize_username(cls, username: str) -> str:
+        """NFKC + case folding (Django's own is NFKC only): one person, one username."""
+        return canonical_username(username) if isinstance(username, str) else username
+
+    _stored_username: str | None = None  # as loaded from the database (clean())
+
+    @classmethod
+    def from_db(cls, db: str | None, field_names: Collection[str], values: Collection[Any],
+                **kwargs: Any) -> User:
+        user = super().from_db(db, field_names, values, **kwargs)
+        user._stored_username = user.__dict__.get("username")
+        return user
+
+    def clean(self) -> None:
+        typed = self.username
+        super().clean()  # normalises the username
+        if self.pk is not None and typed == getattr(self, "_stored_username", None):
+            # An unchanged name is kept as stored: an account from before normalisation
+            # (a look-alike) can still be edited and deactivated.
+            self.username = typed
+            return
+        reason = confusable_username_reason(self.username)
+        if reason:
+            raise ValidationError({"username": [reason]})
 
     @property
     def platform_admin(self) -> bool:

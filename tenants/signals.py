@@ -31,6 +31,9 @@ def _login_failed(sender: Any, credentials: dict[str, Any], request: Any = None,
         # Refused by the lockout itself: one auth.locked_out event records the lockout,
         # so a flood of attempts cannot flood the audit log.
         return
+    if getattr(request, "camp_directory_unavailable", False):
+        # Not a failure: the directory did not answer (audited as auth.login_refused).
+        return
     username = str(credentials.get("username", ""))[:150]
     audit_record(actor=None, actor_username=username, action="auth.login_failed",
                  target_repr=username)

@@ -43,6 +43,7 @@ try:
         discovery_cache_seconds=env_int("OIDC_DISCOVERY_CACHE_SECONDS", 3600),
         jwks_cache_seconds=env_int("OIDC_JWKS_CACHE_SECONDS", 3600),
         logout_at_provider=env_bool("OIDC_LOGOUT_AT_PROVIDER", True),
+        token_auth_method=env_str("OIDC_TOKEN_AUTH_METHOD", ""),
     ))
     # --- SAML 2.0 service provider (djangosaml2 + pysaml2 + Debian xmlsec1) ------------------
     globals().update(_sso.saml_settings(

@@ -23,6 +23,9 @@ LDAP_GROUP_TYPES = (
 )
 
 
+# Client authentication at the token endpoint (tenants/sso/discovery.py decides when empty).
+TOKEN_AUTH_METHODS = ("client_secret_basic", "client_secret_post")
+
 SIGN_ALGOS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
               "HS256")
 
@@ -79,6 +82,7 @@ def oidc_settings(
     discovery_cache_seconds: int = 3600,
     jwks_cache_seconds: int = 3600,
     logout_at_provider: bool = True,
+    token_auth_method: str = "",
 ) -> dict[str, Any]:
     """mozilla-django-oidc settings: authorization code flow with PKCE (S256) and nonce.
 
@@ -99,6 +103,9 @@ def oidc_settings(
             raise AuthConfigError("OIDC_CLOCK_SKEW_SECONDS must be between 0 and 300")
         if sign_algo not in SIGN_ALGOS:
             raise AuthConfigError(f"OIDC_SIGN_ALGO must be one of {', '.join(SIGN_ALGOS)}")
+        if token_auth_method and token_auth_method not in TOKEN_AUTH_METHODS:
+            raise AuthConfigError("OIDC_TOKEN_AUTH_METHOD must be empty (from discovery) or "
+                                  f"one of {', '.join(TOKEN_AUTH_METHODS)}")
     return {
         "OIDC_ENABLED": enabled,
         "OIDC_ISSUER": issuer,
@@ -120,6 +127,7 @@ def oidc_settings(
         "OIDC_DISCOVERY_CACHE_SECONDS": discovery_cache_seconds,
         "OIDC_JWKS_CACHE_SECONDS": jwks_cache_seconds,
         "OIDC_LOGOUT_AT_PROVIDER": logout_at_provider,
+        "OIDC_TOKEN_AUTH_METHOD": token_auth_method,
         # The access token is never kept. The ID token is kept in the server-side session
         # only as the id_token_hint of RP-initiated logout (OpenID RP-Initiated Logout 1.0).
         "OIDC_STORE_ACCESS_TOKEN": False,

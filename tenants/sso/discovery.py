@@ -19,6 +19,8 @@ import requests
 from django.conf import settings
 from django.core.cache import cache
 
+from .config import TOKEN_AUTH_METHODS
+
 logger = logging.getLogger(__name__)
 
 _ENDPOINTS = {
@@ -169,3 +171,26 @@ def choose_key(keys: list[dict[str, Any]], *, kid: str | None, alg: str) -> dict
     raise KeyChoiceError(
         f"the ID token has no kid and the provider's JWKS has {len(usable)} {alg} keys; "
         "Camp cannot tell which one signed it")
+
+
+def token_auth_method() -> str:
+    """OIDC_TOKEN_AUTH_METHOD if set; else the provider's choice from discovery.
+
+    Discovery's ``token_endpoint_auth_methods_supported`` decides (basic first, the
+    RFC 6749 default every server must support); without discovery, or when the document
+    omits the list (Discovery 1.0 §3: the default is then ``client_secret_basic``), basic.
+    """
+    configured = str(getattr(settings, "OIDC_TOKEN_AUTH_METHOD", "") or "")
+    if configured:
+        return configured
+    values = {field: str(getattr(settings, name, "") or "") for field, name in _ENDPOINTS.items()}
+    if all(values[f] for f in _REQUIRED):
+        return TOKEN_AUTH_METHODS[0]  # discovery is not used at all
+    supported = provider_metadata().get("token_endpoint_auth_methods_supported")
+    if not isinstance(supported, list):
+        return TOKEN_AUTH_METHODS[0]
+    for method in TOKEN_AUTH_METHODS:
+        if method in supported:
+            return method
+    raise ProviderError("the provider supports neither client_secret_basic nor "
+                        "client_secret_post at its token endpoint")

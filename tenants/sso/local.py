@@ -21,6 +21,15 @@ class LocalModelBackend(ModelBackend):
 
     def authenticate(self, request: HttpRequest | None, username: str | None = None,
                      password: str | None = None, **kwargs: Any) -> Any:
+        from tenants.models import User
+
+        if username and not User.objects.filter(username=username).exists():
+            # The login form hands over the canonical (case-folded) name; a local account
+            # from before usernames were normalised may differ from it in case only.
+            legacy = User.objects.filter(username__iexact=username, auth_source="local"
+                                         ).order_by("pk").first()
+            if legacy is not None:
+                username = legacy.username
         user = super().authenticate(request, username=username, password=password, **kwargs)
         if user is not None and getattr(user, "auth_source", "local") != "local":
             return None
@@ -64,6 +73,14 @@ class CampAxesHandler(AxesDatabaseHandler):
     (axes' reset-on-success would delete every row of the address, the attacked
     accounts' and the address's count included).
     """
+
+    def user_login_failed(self, sender: Any, credentials: dict[str, Any], request: Any = None,
+                          **kwargs: Any) -> None:
+        # The directory did not answer: the password was never judged, so nothing is
+        # counted (a directory outage must lock nobody out; tenants/sso/ldap.py).
+        if getattr(request, "camp_directory_unavailable", False):
+            return
+        super().user_login_failed(sender, credentials, request, **kwargs)
 
     def reset_user_attempts(self, request: Any, credentials: dict[str, Any] | None = None) -> int:
         from axes.helpers import get_client_username

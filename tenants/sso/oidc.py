@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any, NoReturn
-from urllib.parse import urlencode
+from urllib.parse import quote_plus, urlencode
 
 import jwt
 import requests
@@ -15,11 +14,27 @@ from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
 from django.http import HttpRequest
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
+from requests.auth import HTTPBasicAuth
 
 from tenants.models import User
 
-from .discovery import KeyChoiceError, ProviderError, choose_key, endpoints, forget_provider_metadata, jwks
-from .services import group_role_mapping, sso_login_refused, sso_sync_memberships, sso_user_created
+from .discovery import (
+    KeyChoiceError,
+    ProviderError,
+    choose_key,
+    endpoints,
+    forget_provider_metadata,
+    jwks,
+    token_auth_method,
+)
+from .services import (
+    CONFUSABLE_MESSAGE,
+    group_role_mapping,
+    sso_login_refused,
+    sso_new_username,
+    sso_sync_memberships,
+    sso_user_created,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +70,12 @@ class TokenRefused(SuspiciousOperation):
         self.message = message
 
 
-_NOT_USERNAME = re.compile(r"[^\w.@+-]")
+
+
+def _public_numbers(jwk: jwt.PyJWK) -> Any:
+    """What identifies a public key (to tell a refetched key from the cached one)."""
+    public = getattr(jwk.key, "public_numbers", None)
+    return public() if callable(public) else jwk.key
 
 
 def _setting(name: str) -> Any:
@@ -120,6 +140,11 @@ class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
             # The cached endpoints may be stale (the provider moved): rediscover next time.
             forget_provider_metadata()
             status = getattr(getattr(exc, "response", None), "status_code", None)
+            if status == 401:
+                raise ProviderError(
+                    "the token endpoint refused Camp's client authentication (401): check "
+                    f"OIDC_CLIENT_SECRET and OIDC_TOKEN_AUTH_METHOD ({token_auth_method()})"
+                ) from exc
             raise ProviderError(
                 f"token or userinfo request failed ({type(exc).__name__}"
                 f"{f' {status}' if status else ''})") from exc
@@ -135,19 +160,47 @@ class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
         if alg != self.OIDC_RP_SIGN_ALGO:
             raise TokenRefused(f"ID token algorithm {str(alg)[:16]!r} is not OIDC_SIGN_ALGO")
         kid = None if kid is None else str(kid)
+        self._jwks_refreshed = False
         try:
             jwk = choose_key(jwks(self.OIDC_OP_JWKS_ENDPOINT)["keys"], kid=kid, alg=alg)
         except KeyChoiceError:
             # Key rotation: the provider may have published a key since the JWKS was cached.
-            try:
-                jwk = choose_key(jwks(self.OIDC_OP_JWKS_ENDPOINT, refresh=True)["keys"],
-                                 kid=kid, alg=alg)
-            except KeyChoiceError as exc:
-                raise TokenRefused(exc.reason) from exc
+            jwk = self._refreshed_key(kid, alg)
+        return self._pyjwk(jwk, alg)
+
+    def _refreshed_key(self, kid: str | None, alg: str) -> dict[str, Any]:
+        """The key chosen from a freshly fetched JWKS (at most once per login)."""
+        self._jwks_refreshed = True
+        try:
+            return choose_key(jwks(self.OIDC_OP_JWKS_ENDPOINT, refresh=True)["keys"],
+                              kid=kid, alg=alg)
+        except KeyChoiceError as exc:
+            raise TokenRefused(exc.reason) from exc
+
+    @staticmethod
+    def _pyjwk(jwk: dict[str, Any], alg: str) -> jwt.PyJWK:
         try:
             return jwt.PyJWK(jwk, algorithm=alg)
         except jwt.PyJWTError as exc:
             raise TokenRefused("the provider's signing key is unusable") from exc
+
+    def get_token(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The token request, authenticating the client as OIDC_TOKEN_AUTH_METHOD says.
+
+        ``client_secret_basic`` (RFC 6749 §2.3.1: id and secret form-urlencoded, then HTTP
+        Basic) or ``client_secret_post`` (both in the body).
+        """
+        auth = None
+        if token_auth_method() == "client_secret_basic":
+            payload = {k: v for k, v in payload.items() if k != "client_secret"}
+            auth = HTTPBasicAuth(quote_plus(str(self.OIDC_RP_CLIENT_ID)),
+                                 quote_plus(str(self.OIDC_RP_CLIENT_SECRET)))
+        response = requests.post(
+            self.OIDC_OP_TOKEN_ENDPOINT, data=payload, auth=auth,
+            verify=_setting("OIDC_VERIFY_SSL"), timeout=_setting("OIDC_TIMEOUT"))
+        self.raise_token_response_error(response)
+        data: dict[str, Any] = response.json()
+        return data
 
     def get_payload_data(self, token: str, key: Any) -> dict[str, Any]:
         """Verify signature, issuer, audience and times (OIDC Core §3.1.3.7), with leeway.
@@ -155,6 +208,7 @@ class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
         Replaces the library's check, which skips the audience, never allows unsigned
         tokens here, and lets PyJWT's time errors escape as server errors.
         """
+        jwk = key
         if isinstance(key, jwt.PyJWK):
             key = key.key
         try:
@@ -174,6 +228,17 @@ class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
         except jwt.InvalidIssuerError as exc:
             raise TokenRefused("ID token issuer does not match OIDC_ISSUER") from exc
         except jwt.InvalidSignatureError as exc:
+            if isinstance(jwk, jwt.PyJWK) and not getattr(self, "_jwks_refreshed", True):
+                # Verified with a cached key: the provider may have rotated its only key
+                # (tokens without kid cannot say so). Fetch the JWKS once more and retry
+                # with the key it gives, if that is another key.
+                header = jwt.get_unverified_header(token)
+                kid = header.get("kid")
+                fresh = self._pyjwk(self._refreshed_key(None if kid is None else str(kid),
+                                                        self.OIDC_RP_SIGN_ALGO),
+                                    self.OIDC_RP_SIGN_ALGO)
+                if fresh.key_id != jwk.key_id or _public_numbers(fresh) != _public_numbers(jwk):
+                    return self.get_payload_data(token, fresh)
             raise TokenRefused("ID token signature does not verify") from exc
         except jwt.PyJWTError as exc:
             raise TokenRefused(f"ID token invalid ({type(exc).__name__})") from exc
@@ -218,14 +283,15 @@ class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
             sso_issuer=issuer, sso_subject=subject).first()
         created = False
         if user is None:
-            username = _NOT_USERNAME.sub(
-                "-", str(claim(claims, _setting("OIDC_USERNAME_CLAIM")) or subject))[:150]
+            username, problem = sso_new_username(
+                str(claim(claims, _setting("OIDC_USERNAME_CLAIM")) or subject))
             if not _setting("OIDC_CREATE_USER"):
                 return None, (username, "no account for this identity and OIDC_CREATE_USER is off",
                               "You have no Camp account yet. Ask a platform admin.")
-            if User.objects.filter(username__iexact=username).exists():
-                return None, (username, "username clash with an existing account",
-                              CLASH_MESSAGE.format(username=username))
+            if problem == "confusable username":
+                return None, (username, problem, CONFUSABLE_MESSAGE.format(username=username))
+            if problem is not None:
+                return None, (username, problem, CLASH_MESSAGE.format(username=username))
             user = User(username=username, auth_source="oidc", sso_issuer=issuer,
                         sso_subject=subject)
             user.set_unusable_password()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import re
 import shutil
 from typing import Any
 
@@ -44,7 +43,14 @@ from saml2.saml import NAMEID_FORMAT_TRANSIENT
 from tenants.audit import audit_record
 from tenants.models import User
 
-from .services import group_role_mapping, sso_login_refused, sso_sync_memberships, sso_user_created
+from .services import (
+    CONFUSABLE_MESSAGE,
+    group_role_mapping,
+    sso_login_refused,
+    sso_new_username,
+    sso_sync_memberships,
+    sso_user_created,
+)
 
 logger = logging.getLogger(__name__)
 # pysaml2 loads its XML schemas per configuration; xmlschema says so at INFO every time.
@@ -66,7 +72,6 @@ CLASH_MESSAGE = (
     "The username “{username}” is already taken by another Camp account, so no account "
     "was created for this sign-in. Ask a platform admin to resolve the clash."
 )
-_NOT_USERNAME = re.compile(r"[^\w.@+-]")
 
 
 def _setting(name: str) -> Any:
@@ -250,13 +255,14 @@ class CampSAMLBackend(Saml2Backend):
             auth_source="saml", sso_issuer=issuer, sso_subject=subject).first()
         created = False
         if user is None:
-            username = _NOT_USERNAME.sub("-", _first(attributes, names["username"]) or subject)[:150]
+            username, problem = sso_new_username(_first(attributes, names["username"]) or subject)
             if not _setting("SAML_CREATE_USER"):
                 return None, (username, "no account for this identity and SAML_CREATE_USER is off",
                               "You have no Camp account yet. Ask a platform admin.")
-            if User.objects.filter(username__iexact=username).exists():
-                return None, (username, "username clash with an existing account",
-                              CLASH_MESSAGE.format(username=username))
+            if problem == "confusable username":
+                return None, (username, problem, CONFUSABLE_MESSAGE.format(username=username))
+            if problem is not None:
+                return None, (username, problem, CLASH_MESSAGE.format(username=username))
             user = User(username=username, auth_source="saml", sso_issuer=issuer,
                         sso_subject=subject)
             user.set_unusable_password()
@@ -296,6 +302,10 @@ def _failure_reason(exc: BaseException | None) -> tuple[str, str]:
         # pysaml2's VerificationError is its "Condition not OK": validity times or audience.
         return f"assertion conditions not met: validity period or audience ({name})", \
             UNVERIFIED_MESSAGE
+    if type(exc) is Exception and str(exc).startswith("AudienceRestrictions conditions not"):
+        # pysaml2 raises a bare Exception for an assertion addressed to another SP.
+        return ("assertion audience is not Camp's entity id (AudienceRestriction)",
+                UNVERIFIED_MESSAGE)
     if isinstance(exc, UnsolicitedResponse):
         return "response to no request of this session (unsolicited or replayed)", GENERIC_MESSAGE
     if isinstance(exc, StatusError):
@@ -419,3 +429,33 @@ class SAMLLogoutServiceView(_SAMLEnabledMixin, saml_views.LogoutView):
 
 class SAMLMetadataView(_SAMLEnabledMixin, saml_views.MetadataView):
     """Camp's SP metadata, at the stable URL /saml/metadata/ (also the default entity id)."""
+
+    def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        from saml2.metadata import entity_descriptor
+
+        entity = entity_descriptor(self.get_sp_config(request))
+        if entity.extensions is not None:
+            # pysaml2 lists every algorithm the local xmlsec1 knows (md5, sha1, dsa-sha1,
+            # ...); advertise only the SHA-2 ones Camp signs and digests with.
+            entity.extensions.extension_elements = [
+                e for e in entity.extensions.extension_elements
+                if getattr(e, "tag", "") not in ("DigestMethod", "SigningMethod")
+                or e.attributes.get("Algorithm") in ADVERTISED_ALGORITHMS
+            ]
+        return HttpResponse(content=str(entity).encode("utf-8"),
+                            content_type="text/xml; charset=utf-8")
+
+
+# SP metadata's alg:DigestMethod / alg:SigningMethod (SAML V2.0 Metadata Profile for
+# Algorithm Support): SHA-2 only.
+ADVERTISED_ALGORITHMS = frozenset({
+    "http://www.w3.org/2001/04/xmlenc#sha256",
+    "http://www.w3.org/2001/04/xmldsig-more#sha384",
+    "http://www.w3.org/2001/04/xmlenc#sha512",
+    "http://www.w3.org/2001/04/xmldsig-more#rsa-sha256",
+    "http://www.w3.org/2001/04/xmldsig-more#rsa-sha384",
+    "http://www.w3.org/2001/04/xmldsig-more#rsa-sha512",
+    "http://www.w3.org/2001/04/xmldsig-more#ecdsa-sha256",
+    "http://www.w3.org/2001/04/xmldsig-more#ecdsa-sha384",
+    "http://www.w3.org/2001/04/xmldsig-more#ecdsa-sha512",
+})

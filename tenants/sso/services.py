@@ -7,6 +7,7 @@ actor id and ``actor_username`` ``sso:oidc`` / ``sso:ldap`` / ``sso:saml``.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from tenants import permissions
 from tenants.audit import audit_record, snapshot
 from tenants.models import Membership, Project, Tenant, User
 from tenants.services import MEMBERSHIP_FIELDS, USER_FIELDS
+from tenants.validators import canonical_username, confusable_username_reason
 
 from .mapping import (
     PLATFORM_ADMIN,
@@ -30,6 +32,27 @@ from .mapping import (
 logger = logging.getLogger(__name__)
 
 SOURCES = ("ldap", "oidc", "saml")
+
+_NOT_USERNAME = re.compile(r"[^\w.@+-]")
+CONFUSABLE_MESSAGE = (
+    "The username “{username}” mixes letters of several scripts and could pass for another "
+    "person's name, so no account was created. Ask a platform admin."
+)
+
+
+def sso_new_username(hint: str) -> tuple[str, str | None]:
+    """The canonical username for a new SSO account, and what stops it (None, or a reason).
+
+    The identity provider's name is only a label: accounts are found by their stable
+    identifier (issuer + subject, IdP + NameID, directory DN). Normalised once, like every
+    other entrance (NFKC + case folding), so `ｖｉｃｔｉｍ` is `victim` and clashes with it.
+    """
+    username = canonical_username(_NOT_USERNAME.sub("-", canonical_username(hint)))[:150]
+    if confusable_username_reason(username):
+        return username, "confusable username"
+    if User.objects.filter(username__iexact=username).exists():
+        return username, "username clash with an existing account"
+    return username, None
 
 
 def group_role_mapping() -> GroupRoleMapping:

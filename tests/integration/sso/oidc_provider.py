@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, unquote_plus, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import jwt
@@ -109,7 +109,8 @@ class Provider:
             "subject_types_supported": ["public"],
             "id_token_signing_alg_values_supported": ["RS256"],
             "code_challenge_methods_supported": ["S256"],
-            "token_endpoint_auth_methods_supported": ["client_secret_post", "client_secret_basic"],
+            "token_endpoint_auth_methods_supported": control.get(
+                "token_auth_methods", ["client_secret_post", "client_secret_basic"]),
         })
 
     def jwks(self, environ: Environ) -> tuple[str, list[tuple[str, str]], bytes]:
@@ -138,12 +139,13 @@ class Provider:
         return self._redirect(q["redirect_uri"] + sep + urlencode({"code": code,
                                                                   "state": q.get("state", "")}))
 
-    def _client(self, environ: Environ, form: dict[str, str]) -> tuple[str, str]:
+    def _client(self, environ: Environ, form: dict[str, str]) -> tuple[str, str, str]:
+        """Client id, secret and the method used; RFC 6749 §2.3.1 (Basic: form-urlencoded)."""
         auth = environ.get("HTTP_AUTHORIZATION", "")
         if auth.startswith("Basic "):
             cid, _, secret = base64.b64decode(auth[6:]).decode().partition(":")
-            return cid, secret
-        return form.get("client_id", ""), form.get("client_secret", "")
+            return unquote_plus(cid), unquote_plus(secret), "client_secret_basic"
+        return form.get("client_id", ""), form.get("client_secret", ""), "client_secret_post"
 
     def token(self, environ: Environ) -> tuple[str, list[tuple[str, str]], bytes]:
         size = int(environ.get("CONTENT_LENGTH") or 0)
@@ -152,8 +154,11 @@ class Provider:
         if control.get("token_status", 200) != 200:
             return self._json({"error": "temporarily_unavailable"},
                               f"{control['token_status']} Unavailable")
-        client_id, secret = self._client(environ, form)
-        if (client_id, secret) != (control["client_id"], control["client_secret"]):
+        client_id, secret, method = self._client(environ, form)
+        self.count(f"token:{method}")
+        allowed = control.get("token_auth_methods", ["client_secret_post", "client_secret_basic"])
+        if method not in allowed or (client_id, secret) != (control["client_id"],
+                                                            control["client_secret"]):
             return self._json({"error": "invalid_client"}, "401 Unauthorized")
         grant = self.codes.pop(form.get("code", ""), None)
         if grant is None or grant["redirect_uri"] != form.get("redirect_uri") \

@@ -150,6 +150,8 @@ class IdP:
             sigalg=params.get("SigAlg"), signature=params.get("Signature"))
         user = control["users"][username]
         args = server.response_args(request.message, [BINDING_HTTP_POST])
+        if control.get("audience"):  # an assertion meant for another service provider
+            args["sp_entity_id"] = control["audience"]
         response = server.create_authn_response(
             identity=user["attributes"], userid=username,
             name_id=NameID(format=NAMEID_FORMAT_PERSISTENT, text=user["name_id"]),

@@ -62,6 +62,10 @@ def test_sp_metadata_is_published_at_a_stable_url(saml_on: str) -> None:
     assert f'Location="{saml_on}/saml/acs/"' in xml
     assert 'WantAssertionsSigned="true"' in xml and 'AuthnRequestsSigned="true"' in xml
     assert "X509Certificate" in xml and f'Location="{saml_on}/saml/ls/"' in xml
+    # Only the SHA-2 algorithms are advertised (issue 31, item 6), not pysaml2's defaults.
+    assert "xmldsig-more#rsa-sha256" in xml and "xmlenc#sha256" in xml
+    for weak in ("md5", "#sha1", "rsa-sha1", "dsa-sha1", "ripemd160", "sha224"):
+        assert weak not in xml, weak
 
 
 def test_saml_login_maps_groups_single_logout_and_resync(
@@ -257,6 +261,21 @@ def test_an_expired_assertion_is_refused(
     assert not User.objects.filter(username="olga").exists()
     reason = AuditEvent.objects.get(action="auth.login_refused").after["reason"]
     assert reason.startswith("assertion conditions not met: validity period"), reason
+
+
+def test_a_wrong_audience_is_refused_and_audited_by_name(
+        saml_on: str, saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
+    saml_idp.add_user("wendy", "wendy-pw", name_id="wendy-0001", attributes={"uid": ["wendy"]})
+    saml_idp.write(audience="https://other-sp.example.test/metadata")
+    try:
+        url, html, _ = browser.run(saml_login, browser.new_page(), saml_on, "wendy", "wendy-pw")
+    finally:
+        saml_idp.control.pop("audience")
+        saml_idp.write()
+    assert url.startswith(f"{saml_on}/login/") and UNVERIFIED_MESSAGE in html.replace("&#x27;", "'")
+    assert not User.objects.filter(username="wendy").exists()
+    reason = AuditEvent.objects.get(action="auth.login_refused").after["reason"]
+    assert reason == "assertion audience is not Camp's entity id (AudienceRestriction)", reason
 
 
 def test_an_unsigned_logout_request_does_not_end_the_camp_session(
