@@ -130,6 +130,7 @@ def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
         "owners": owners,
         "quota_rows": _quota_rows(quota),
         **_all_cluster_rows(quota, tenant, None),
+        "guarantee_view": extensions.guarantee_view(tenant.pk),
         "project_form": project_form,
         "owner_form": owner_form,
         "can_create_project": can(user, CREATE, Project(tenant=tenant)),
@@ -179,6 +180,7 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
         "role_choices": grantable,
         "quota_rows": _quota_rows(quota),
         **_all_cluster_rows(quota, tenant, project),
+        "guarantee_view": extensions.guarantee_view(tenant.pk, project.pk),
         "can_edit_quota": can(user, CHANGE, Quota(scope=QuotaScope.PROJECT, tenant=tenant,
                                                   project=project)),
         "can_delete_project": can(user, DELETE, project),
@@ -246,8 +248,12 @@ def _quota_edit(
             for line in extensions.guarantee_warnings(target["tenant"].pk if "tenant" in target else None):
                 messages.warning(request, f"This guarantee cannot be honoured: {line}")
             return back
+    # Per cluster and across all clusters: what can be given beside what is set (issue 32).
+    view = (extensions.guarantee_view(target["tenant"].pk,
+                                      target["project"].pk if "project" in target else None)
+            if "tenant" in target else [])
     return render(request, "console/quota_form.html", {
-        "form": form, "title": title,
+        "form": form, "title": title, "guarantee_view": view, "project": target.get("project"),
         "guarantee_warnings": extensions.guarantee_warnings(
             target["tenant"].pk if "tenant" in target else None)})
 
