@@ -59,6 +59,14 @@ def _quota_rows(quota: Quota | None) -> list[dict[str, Any]]:
     ]
 
 
+def _sets_gpus(quota: Quota | None) -> bool:
+    """Whether the quota sets any GPU guarantee or limit: the detail pages show the quota by
+    cluster only then (nothing to compare otherwise, and no usage read); the quota form always."""
+    return quota is not None and bool(
+        quota.gpus_guaranteed or quota.gpus_limit is not None or quota.gpus_guaranteed_all_clusters
+        or quota.gpus_limit_all_clusters is not None)
+
+
 def _all_cluster_rows(quota: Quota | None, tenant: Tenant, project: Project | None) -> dict[str, Any]:
     """The platform level beside the per-cluster rows: the quota across all clusters (GPUs
     guaranteed and at most; GPU memory per model class) with what is held on all clusters,
@@ -130,7 +138,7 @@ def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
         "owners": owners,
         "quota_rows": _quota_rows(quota),
         **_all_cluster_rows(quota, tenant, None),
-        "guarantee_view": extensions.guarantee_view(tenant.pk),
+        "guarantee_view": extensions.guarantee_view(tenant.pk) if _sets_gpus(quota) else [],
         "project_form": project_form,
         "owner_form": owner_form,
         "can_create_project": can(user, CREATE, Project(tenant=tenant)),
@@ -180,7 +188,7 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
         "role_choices": grantable,
         "quota_rows": _quota_rows(quota),
         **_all_cluster_rows(quota, tenant, project),
-        "guarantee_view": extensions.guarantee_view(tenant.pk, project.pk),
+        "guarantee_view": extensions.guarantee_view(tenant.pk, project.pk) if _sets_gpus(quota) else [],
         "can_edit_quota": can(user, CHANGE, Quota(scope=QuotaScope.PROJECT, tenant=tenant,
                                                   project=project)),
         "can_delete_project": can(user, DELETE, project),
