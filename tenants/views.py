@@ -296,7 +296,8 @@ def audit_log(request: HttpRequest) -> HttpResponseBase:
     if not permissions.scope_of(request.user).platform_admin and not permissions.scope_of(
         request.user
     ).owner_tenants:
-        raise PermissionDenied
+        raise PermissionDenied("The audit log is read by tenant owners and platform admins; "
+                               "your tenant owner can look up a change for you.")
     filterset = AuditEventFilter(request.GET, queryset=events)
     # Invalid filters show their errors and no rows, rather than silently everything.
     events = filterset.qs if filterset.is_valid() else events.none()

@@ -67,3 +67,25 @@ def duration_words(value: Any) -> str:
         return f"{h} h {m} min" if m else f"{h} h"
     d = seconds // 86400
     return f"{d} day{'s' if d != 1 else ''}"
+
+
+@register.filter
+def page_reason(job: Any) -> str:
+    """A job's reason as the pages show it (``workspaces.selectors.page_reason``: never empty
+    while it waits, no advice the page cannot follow)."""
+    from workspaces.selectors import page_reason as reason
+
+    return reason(job) if job is not None else ""
+
+
+@register.filter
+def pod_phase(allocation: Any, job: Any) -> str:
+    """A pod's phase as its job's page shows it: once the job is stopping or ended, a pod not
+    yet deleted is "Stopping" (its resources are held until it is gone), never "Running"."""
+    from scheduling.models import FINAL_STATES, JobState, PodPhase
+
+    live = (PodPhase.PENDING, PodPhase.CREATED, PodPhase.RUNNING)
+    if job is not None and allocation.phase in live and (
+            job.state == JobState.PREEMPTING or job.state in FINAL_STATES):
+        return "Stopping"
+    return str(allocation.get_phase_display())
