@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 
 from . import extensions, permissions, services
 from .api.views import AuditEventFilter, audit_csv_response
+from .audit import audit_changes
 from .forms import (
     MembershipForm,
     ProjectForm,
@@ -306,8 +307,14 @@ def audit_log(request: HttpRequest) -> HttpResponseBase:
     page = Paginator(events.order_by("-id"), 50).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
+    changes = audit_changes(page.object_list)
     return render(request, "console/audit.html", {
         "page": page, "filterset": filterset, "query": query.urlencode(),
+        "rows": [(e, changes.get(e.pk, [])) for e in page.object_list],
+        # The action picker: the actions this reader's events have (an indexed column).
+        "actions": list(restrict(AuditEvent.objects.all(), request.user).order_by("action")
+                        .values_list("action", flat=True).distinct()),
+        "time_zone": timezone.get_current_timezone_name(),
         "tenants": restrict(Tenant.objects.all(), request.user).filter(
             pk__in=permissions.scope_of(request.user).owner_tenants
         ) if not permissions.scope_of(request.user).platform_admin else Tenant.objects.all(),
