@@ -89,3 +89,20 @@ def pod_phase(allocation: Any, job: Any) -> str:
             job.state == JobState.PREEMPTING or job.state in FINAL_STATES):
         return "Stopping"
     return str(allocation.get_phase_display())
+
+
+@register.filter
+def mib(value: Any) -> str:
+    """Memory given in MiB as people read it, the one filter every page uses: GiB (binary, as
+    the cards and Kubernetes count) from 1 GiB up, one decimal only when it is not whole,
+    thousands separated: 1966080 → "1,920 GiB", 2554 → "2.5 GiB", 512 → "512 MiB"."""
+    if value is None or value == "":
+        return ""
+    try:
+        n = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if abs(n) < 1024:
+        return f"{n:,.0f} MiB"
+    g = n / 1024
+    return f"{g:,.0f} GiB" if abs(g - round(g)) < 0.05 else f"{g:,.1f} GiB"

@@ -47,3 +47,11 @@ def test_the_api_schema_is_built_once_per_process(world: Any) -> None:
     assert schema.schema_built_count() == 1  # answered from memory, not built again
     print(f"schema cold {cold:.2f} s, warm {warm:.2f} s")
     assert b"/api/v1/quotas/" in again.content
+
+
+def test_memory_reads_in_gib_with_thousands_separators() -> None:
+    from portal.templatetags.portal_tags import mib
+
+    assert mib(1966080.0) == "1,920 GiB"  # was "1966080.0"
+    assert mib(2554) == "2.5 GiB" and mib(20480) == "20 GiB" and mib(512) == "512 MiB"
+    assert mib(None) == ""
