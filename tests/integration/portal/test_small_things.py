@@ -55,3 +55,11 @@ def test_memory_reads_in_gib_with_thousands_separators() -> None:
     assert mib(1966080.0) == "1,920 GiB"  # was "1966080.0"
     assert mib(2554) == "2.5 GiB" and mib(20480) == "20 GiB" and mib(512) == "512 MiB"
     assert mib(None) == ""
+
+
+def test_presets_are_called_presets_wherever_a_user_reads_them(world: Any) -> None:
+    c = Client()
+    c.force_login(world.a.member)
+    for url in ("/", "/workspaces/environments/"):
+        page = c.get(url).content.decode()
+        assert ">Profiles</a>" not in page and ">Presets</a>" in page, url
