@@ -1,6 +1,9 @@
+from django.templatetags.static import static
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularSwaggerView
 
+from camp.schema import CachedSchemaView
 from portal import views as portal_views
 from tenants.sso.views import LoginView, LogoutView
 
@@ -11,12 +14,14 @@ urlpatterns = [
     path("saml/", include("tenants.sso.saml_urls")),
     path("logout/", LogoutView.as_view(), name="logout"),
     path("api/v1/", include("camp.api_urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/schema/", CachedSchemaView.as_view(), name="schema"),  # built once per process
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("scheduling/", include("scheduling.urls")),
     path("workspaces/", include("workspaces.urls")),
     path("registry/", include("registry.urls")),
     path("metrics", portal_views.metrics, name="metrics"),
+    # Browsers ask for /favicon.ico whatever the page links: no 404 on every page.
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("", include("portal.urls")),
     path("", include("tenants.urls")),
 ]

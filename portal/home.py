@@ -245,6 +245,7 @@ def home(user: Any) -> dict[str, Any]:
         "admin": admin_view() if scope.platform_admin else [],
         "guarantee_warnings": _guarantee_warnings() if scope.platform_admin else [],
         "global_queue": global_queue() if scope.platform_admin else None,
+        "scheduler_lag": _scheduler_lag() if scope.platform_admin else None,
         "demo_load": _demo_load() if scope.platform_admin else None,
     }
 
@@ -253,6 +254,16 @@ def _guarantee_warnings() -> list[str]:
     from scheduling.accounting import guarantee_warnings
 
     return guarantee_warnings()
+
+
+def _scheduler_lag() -> Any:
+    """Whether the workers keep up with the beat (``scheduling.services.scheduler_lag``)."""
+    from django.conf import settings
+
+    from scheduling.services import scheduler_lag
+
+    names = dict(Cluster.objects.filter(enabled=True).values_list("pk", "name"))
+    return {"lag": scheduler_lag(names), "limit": settings.SCHEDULER_LAG_SECONDS}
 
 
 def _demo_load() -> Any:

@@ -730,4 +730,5 @@ def estimate_start(job: Job, *, now: dt.datetime | None = None) -> StartEstimate
         return StartEstimate(now, "GPUs are free now; it starts at a coming cycle.")
     if at is not None:
         return StartEstimate(at, "If nothing ahead of it takes the GPUs first.")
-    return StartEstimate(None, "Unknown: running jobs do not say how long they run.")
+    return StartEstimate(None, "Not known: the running jobs do not say how long they run "
+                                 "(a declared duration would let it be estimated).")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Count, QuerySet, Sum
@@ -80,15 +81,9 @@ def device_free_gpus(g: GpuDevice) -> float:
     return card_free_gpus(*(getattr(g, c) for c in CARD_FREE_COLUMNS))
 
 
-def guarantee_warnings(tenant_id: int | None = None) -> list[str]:
-    """The guarantees the enabled clusters cannot honour (``engine.accounting.unhonourable_guarantees``),
-    from the quotas and each cluster's usable cards (present, healthy, not quarantined: each
-    one GPU); only those naming ``tenant_id``'s tenant when given (the cluster-wide ones too).
-    Three queries."""
-    from django.db.models import Q
-
-    from tenants.models import Quota, QuotaScope
-
+def usable_gpus() -> dict[str, float]:
+    """GPUs each enabled cluster can give (cluster name → its usable cards: present, healthy,
+    not quarantined, each one GPU in the unit). One query and the clusters'."""
     from .models import Cluster
 
     cards: dict[str, float] = {name: 0.0 for name in Cluster.objects.filter(enabled=True)
@@ -98,6 +93,87 @@ def guarantee_warnings(tenant_id: int | None = None) -> list[str]:
                     .order_by().values("node__cluster__name").annotate(n=Count("id"))
                     .values_list("node__cluster__name", "n")):
         cards[name] = float(n)
+    return cards
+
+
+@dataclass(frozen=True)
+class GuaranteeRow:
+    """One line of the quota-by-cluster view: where (a cluster, or all clusters together),
+    what it has, what the other guarantees drawn from it take, what this tenant or project can
+    still be guaranteed there (``engine.accounting.guarantee_room``), its guarantee and limit
+    there, what it holds there now, and whether the guarantee is more than the room."""
+
+    where: str
+    capacity: float
+    others: float
+    room: float
+    guaranteed: float
+    limit: float | None
+    used: float
+    over: bool
+
+
+def guarantee_view(tenant_id: int, project_id: int | None = None) -> list[GuaranteeRow]:
+    """Per enabled cluster, then all clusters together: the tenant's (or, with ``project_id``,
+    the project's) GPU guarantee and limit beside what can actually be given there. A tenant
+    draws on the cluster's cards beside the other tenants (a per-cluster guarantee applies on
+    every cluster; one across all clusters comes on top of them); a project draws on its
+    tenant's guarantee beside its sibling projects — the capacities
+    ``engine.accounting.unhonourable_guarantees`` checks. Other tenants appear only summed."""
+    from tenants.models import Quota, QuotaScope
+
+    cards = usable_gpus()
+    quotas = list(Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT])
+                  .values_list("scope", "tenant_id", "project_id", "gpus_guaranteed", "gpus_limit",
+                               "gpus_guaranteed_all_clusters", "gpus_limit_all_clusters"))
+    tenant_q = {t: (float(g or 0), lim, float(a or 0), alim)
+                for scope, t, _p, g, lim, a, alim in quotas if scope == QuotaScope.TENANT}
+    mine_t = tenant_q.get(tenant_id, (0.0, None, 0.0, None))
+    slices = GpuSlice.objects.filter(allocation__job__tenant_id=tenant_id)
+    if project_id is None:
+        g, lim, a, alim = mine_t
+        other_g = sum(v[0] for t, v in tenant_q.items() if t != tenant_id)
+        other_a = sum(v[2] for t, v in tenant_q.items() if t != tenant_id)
+        per_cluster_cap = dict(cards)
+        per_cluster_others = dict.fromkeys(cards, other_g)
+        across_cap = sum(cards.values())
+        across_others = A.guaranteed_across(per_cluster=other_g + g, clusters=len(cards), across=other_a)
+    else:
+        mine_p = next(((float(pg or 0), plim, float(pa or 0), palim) for scope, _t, p, pg, plim, pa, palim
+                       in quotas if scope == QuotaScope.PROJECT and p == project_id), (0.0, None, 0.0, None))
+        g, lim, a, alim = mine_p
+        siblings = [(float(pg or 0), float(pa or 0)) for scope, t, p, pg, _l, pa, _al in quotas
+                    if scope == QuotaScope.PROJECT and t == tenant_id and p != project_id]
+        per_cluster_cap = dict.fromkeys(cards, mine_t[0])
+        per_cluster_others = dict.fromkeys(cards, sum(s[0] for s in siblings))
+        across_cap = mine_t[2]
+        across_others = sum(s[1] for s in siblings)
+        slices = slices.filter(allocation__job__project_id=project_id)
+    used = held_gpus(slices, "allocation__cluster__name")
+    rows = []
+    for name in sorted(cards):
+        room = A.guarantee_room(capacity=per_cluster_cap[name], others=per_cluster_others[name])
+        rows.append(GuaranteeRow(name, per_cluster_cap[name], per_cluster_others[name], room, g,
+                                 float(lim) if lim is not None else None, round(used.get(name, 0.0), 2),
+                                 g > room + 1e-9))
+    room = A.guarantee_room(capacity=across_cap, others=across_others)
+    rows.append(GuaranteeRow("all clusters together", across_cap, across_others, room, a,
+                             float(alim) if alim is not None else None,
+                             round(sum(used.values()), 2), a > room + 1e-9))
+    return rows
+
+
+def guarantee_warnings(tenant_id: int | None = None) -> list[str]:
+    """The guarantees the enabled clusters cannot honour (``engine.accounting.unhonourable_guarantees``),
+    from the quotas and each cluster's usable cards (present, healthy, not quarantined: each
+    one GPU); only those naming ``tenant_id``'s tenant when given (the cluster-wide ones too).
+    Three queries."""
+    from django.db.models import Q
+
+    from tenants.models import Quota, QuotaScope
+
+
+    cards = usable_gpus()
     tenants: dict[str, tuple[float, float]] = {}
     projects: dict[str, tuple[str, float, float]] = {}
     rows = (Quota.objects.filter(scope__in=[QuotaScope.TENANT, QuotaScope.PROJECT])

@@ -7,9 +7,12 @@ back its transaction, loses its advisory lock with its connection, and runs agai
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+from typing import Any
 
 from celery import shared_task
+from django.conf import settings
 from django.db import OperationalError
 
 from . import services
@@ -164,9 +167,25 @@ def job_stop(job_id: int, attempt: int | None = None) -> str:
     return services.job_stop(job_id=job_id, attempt=attempt, queued=True)
 
 
-@shared_task(**_OPTS)
-def scheduler_tick() -> int:
-    """Beat: reconcile and schedule every enabled cluster."""
+def _beat_sent_at(expires: Any, entry: str) -> float | None:
+    """When the beat sent a tick: its absolute expiry (Celery's ``expires`` header) less the
+    entry's relative one (``CELERY_BEAT_SCHEDULE[entry]["options"]["expires"]``); None when
+    either is unknown (a tick queued by hand, an eager run)."""
+    beat: dict[str, Any] = settings.CELERY_BEAT_SCHEDULE.get(entry, {})
+    relative = (beat.get("options") or {}).get("expires")
+    if not expires or relative is None:
+        return None
+    at = expires if isinstance(expires, dt.datetime) else dt.datetime.fromisoformat(str(expires))
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=dt.UTC)
+    return at.timestamp() - float(relative)
+
+
+@shared_task(bind=True, **_OPTS)
+def scheduler_tick(self: Any) -> int:
+    """Beat: reconcile and schedule every enabled cluster (and record how long the tick
+    waited in the queue: the admin home's "scheduler lagging", ``services.scheduler_lag``)."""
+    services.scheduler_tick_ran(sent_at=_beat_sent_at(self.request.expires, "scheduler-tick"))
     n = 0
     for cluster in Cluster.objects.filter(enabled=True).only("pk", "retry_at"):
         # A cluster backing off is skipped until its retry time; a reconcile still queued

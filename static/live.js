@@ -32,6 +32,13 @@
         else { value = job[key] == null ? "" : String(job[key]); }
         if (f.textContent !== value) { f.textContent = value; }
       });
+      // A line whose live field is empty says nothing rather than a half sentence or "—"
+      // (no "Place in line:" without a number, no "Why:" without a reason).
+      el.querySelectorAll("[data-live-hide-empty]").forEach(function (line) {
+        var f = line.querySelector("[data-live-field]");
+        if (f && !f.textContent.trim()) { line.hidden = true; }
+        else if (f && !line.dataset.liveShow) { line.hidden = false; }
+      });
     });
   }
 

@@ -430,3 +430,80 @@ def verify_chain(
                    .order_by("id").values_list("pk", flat=True))
         for pk in partial:
             yield ChainBreak(pk, "its chain columns are only partly set (it is outside the chain)")
+
+
+# --- reading the log (the console's audit page, issue 32 finding 8) -------------------------
+
+AUDIT_NAMED_KEYS = {"user": "user", "owner": "user", "actor": "user", "tenant": "tenant",
+                    "project": "project", "cluster": "cluster"}
+"""Snapshot keys holding an id the audit page shows as a name (``snapshot`` stores ids)."""
+AUDIT_VALUE_CHARS = 48
+"""A value longer than this is cut in the compact change (the full one is in the detail)."""
+
+
+@dataclass(frozen=True)
+class AuditChange:
+    field: str
+    before: str | None  # None: the field did not exist before (created)
+    after: str | None  # None: it does not exist after (deleted)
+
+
+def _audit_names(events: list[AuditEvent]) -> dict[str, dict[Any, str]]:
+    """The names of the ids the events' snapshots hold: one query per kind named."""
+    from .extensions import cluster_model
+
+    ids: dict[str, set[Any]] = {kind: set() for kind in set(AUDIT_NAMED_KEYS.values())}
+    for e in events:
+        for side in (e.before, e.after):
+            if isinstance(side, dict):
+                for key, kind in AUDIT_NAMED_KEYS.items():
+                    if isinstance(side.get(key), int):
+                        ids[kind].add(side[key])
+    names: dict[str, dict[Any, str]] = {}
+    names["user"] = dict(User.objects.filter(pk__in=ids["user"]).values_list("pk", "username")) \
+        if ids["user"] else {}
+    names["tenant"] = dict(Tenant.objects.filter(pk__in=ids["tenant"]).values_list("pk", "name")) \
+        if ids["tenant"] else {}
+    names["project"] = {pk: f"{t}/{n}" for pk, t, n in Project.objects.filter(pk__in=ids["project"])
+                        .values_list("pk", "tenant__name", "name")} if ids["project"] else {}
+    names["cluster"] = dict(cluster_model()._default_manager.filter(pk__in=ids["cluster"])
+                            .values_list("pk", "name")) if ids["cluster"] else {}
+    return names
+
+
+def _audit_value(key: str, value: Any, names: dict[str, dict[Any, str]]) -> str:
+    kind = AUDIT_NAMED_KEYS.get(key)
+    if kind and isinstance(value, int):
+        return names.get(kind, {}).get(value, f"#{value} (deleted)")
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    text = value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "), default=str)
+    return text
+
+
+def audit_changes(events: Iterable[AuditEvent]) -> dict[int, list[AuditChange]]:
+    """Per event id, what changed, field by field, with names for the ids the snapshots hold
+    (users, tenants, projects, clusters): a created object's fields (no before), a deleted
+    one's (no after), an updated one's changed fields only. Values are whole; the page cuts
+    long ones (``AUDIT_VALUE_CHARS``) and shows them whole in the expandable detail."""
+    events = list(events)
+    names = _audit_names(events)
+    out: dict[int, list[AuditChange]] = {}
+    for e in events:
+        before = e.before if isinstance(e.before, dict) else ({} if e.before is None else {"value": e.before})
+        after = e.after if isinstance(e.after, dict) else ({} if e.after is None else {"value": e.after})
+        changes = []
+        for key in list(before) + [k for k in after if k not in before]:
+            b, a = before.get(key, _MISSING), after.get(key, _MISSING)
+            if b == a:
+                continue
+            changes.append(AuditChange(
+                key, None if b is _MISSING or e.before is None else _audit_value(key, b, names),
+                None if a is _MISSING or e.after is None else _audit_value(key, a, names)))
+        out[e.pk] = changes
+    return out
+
+
+_MISSING = object()

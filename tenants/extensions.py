@@ -91,3 +91,16 @@ def register_guarantee_warnings(provider: Callable[[int | None], list[str]]) -> 
 
 def guarantee_warnings(tenant_id: int | None = None) -> list[str]:
     return _guarantee_warnings[0](tenant_id) if _guarantee_warnings else []
+
+
+_guarantee_view: list[Callable[[int, int | None], list[Any]]] = []
+
+
+def register_guarantee_view(provider: Callable[[int, int | None], list[Any]]) -> None:
+    """``provider(tenant_id, project_id or None)`` → rows of the quota-by-cluster view (per
+    cluster, then all clusters together: what can be given beside the guarantee and limit)."""
+    _guarantee_view[:] = [provider]
+
+
+def guarantee_view(tenant_id: int, project_id: int | None = None) -> list[Any]:
+    return _guarantee_view[0](tenant_id, project_id) if _guarantee_view else []

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 
 from . import extensions, permissions, services
 from .api.views import AuditEventFilter, audit_csv_response
+from .audit import audit_changes
 from .forms import (
     MembershipForm,
     ProjectForm,
@@ -57,6 +58,14 @@ def _quota_rows(quota: Quota | None) -> list[dict[str, Any]]:
         }
         for r in RESOURCES
     ]
+
+
+def _sets_gpus(quota: Quota | None) -> bool:
+    """Whether the quota sets any GPU guarantee or limit: the detail pages show the quota by
+    cluster only then (nothing to compare otherwise, and no usage read); the quota form always."""
+    return quota is not None and bool(
+        quota.gpus_guaranteed or quota.gpus_limit is not None or quota.gpus_guaranteed_all_clusters
+        or quota.gpus_limit_all_clusters is not None)
 
 
 def _all_cluster_rows(quota: Quota | None, tenant: Tenant, project: Project | None) -> dict[str, Any]:
@@ -130,6 +139,7 @@ def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
         "owners": owners,
         "quota_rows": _quota_rows(quota),
         **_all_cluster_rows(quota, tenant, None),
+        "guarantee_view": extensions.guarantee_view(tenant.pk) if _sets_gpus(quota) else [],
         "project_form": project_form,
         "owner_form": owner_form,
         "can_create_project": can(user, CREATE, Project(tenant=tenant)),
@@ -179,6 +189,7 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
         "role_choices": grantable,
         "quota_rows": _quota_rows(quota),
         **_all_cluster_rows(quota, tenant, project),
+        "guarantee_view": extensions.guarantee_view(tenant.pk, project.pk) if _sets_gpus(quota) else [],
         "can_edit_quota": can(user, CHANGE, Quota(scope=QuotaScope.PROJECT, tenant=tenant,
                                                   project=project)),
         "can_delete_project": can(user, DELETE, project),
@@ -246,8 +257,12 @@ def _quota_edit(
             for line in extensions.guarantee_warnings(target["tenant"].pk if "tenant" in target else None):
                 messages.warning(request, f"This guarantee cannot be honoured: {line}")
             return back
+    # Per cluster and across all clusters: what can be given beside what is set (issue 32).
+    view = (extensions.guarantee_view(target["tenant"].pk,
+                                      target["project"].pk if "project" in target else None)
+            if "tenant" in target else [])
     return render(request, "console/quota_form.html", {
-        "form": form, "title": title,
+        "form": form, "title": title, "guarantee_view": view, "project": target.get("project"),
         "guarantee_warnings": extensions.guarantee_warnings(
             target["tenant"].pk if "tenant" in target else None)})
 
@@ -282,7 +297,8 @@ def audit_log(request: HttpRequest) -> HttpResponseBase:
     if not permissions.scope_of(request.user).platform_admin and not permissions.scope_of(
         request.user
     ).owner_tenants:
-        raise PermissionDenied
+        raise PermissionDenied("The audit log is read by tenant owners and platform admins; "
+                               "your tenant owner can look up a change for you.")
     filterset = AuditEventFilter(request.GET, queryset=events)
     # Invalid filters show their errors and no rows, rather than silently everything.
     events = filterset.qs if filterset.is_valid() else events.none()
@@ -291,8 +307,14 @@ def audit_log(request: HttpRequest) -> HttpResponseBase:
     page = Paginator(events.order_by("-id"), 50).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
+    changes = audit_changes(page.object_list)
     return render(request, "console/audit.html", {
         "page": page, "filterset": filterset, "query": query.urlencode(),
+        "rows": [(e, changes.get(e.pk, [])) for e in page.object_list],
+        # The action picker: the actions this reader's events have (an indexed column).
+        "actions": list(restrict(AuditEvent.objects.all(), request.user).order_by("action")
+                        .values_list("action", flat=True).distinct()),
+        "time_zone": timezone.get_current_timezone_name(),
         "tenants": restrict(Tenant.objects.all(), request.user).filter(
             pk__in=permissions.scope_of(request.user).owner_tenants
         ) if not permissions.scope_of(request.user).platform_admin else Tenant.objects.all(),

@@ -248,10 +248,18 @@ NEVER_PREEMPTIBLE_KINDS = frozenset(EnvKind.values)
 non-preemptible (``services.environments``)."""
 
 
+NOT_YET_SEEN = ("Waiting for the next scheduling cycle: it starts the job or says here why it "
+                "waits (usually within seconds).")
+NOT_YET_SEEN_FLOATING = "Not placed on a cluster yet (the next placement step chooses one)."
+"""What a queued job's page says before any cycle or placement step has looked at it (issue 32)."""
+
+
 def page_reason(job: Job) -> str:
     """The job's waiting reason as a page shows it: no action the page cannot do (issue 29).
     A notebook cannot be marked preemptible, so that advice becomes what its user can do."""
     reason = job.reason
+    if not reason and job.state == "queued":  # submitted, no cycle has looked at it yet
+        return NOT_YET_SEEN_FLOATING if job.floating and job.cluster_id is None else NOT_YET_SEEN
     if job.kind in NEVER_PREEMPTIBLE_KINDS and _PREEMPTIBLE_ADVICE.search(reason):
         reason = _PREEMPTIBLE_ADVICE.sub("", reason).replace("; , or ", "; ").rstrip("; ,")
         reason = reason.replace("), or ask for a larger guarantee", ")")
@@ -288,7 +296,6 @@ def job_why(job: Job | None) -> dict[str, Any]:
     if job.floating and job.cluster_id is None and job.state == "queued":
         hint = ("It waits in the global queue: Camp places it on the cluster where it starts "
                 "soonest among those it may use.")
-        reason = reason or "Not placed on a cluster yet (the next placement step chooses one)."
     return {"job": job.pk, "state": job.state, "reason": reason, "reason_kind": job.reason_kind,
             "queue_position": job.queue_position, "queue_length": job.queue_length, "hint": hint,
             "why_across_clusters": job.why_across_clusters, "as_of": as_of, "stale": stale}

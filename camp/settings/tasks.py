@@ -65,6 +65,9 @@ SCHEDULER_HEADS_PER_QUEUE = env_int("SCHEDULER_HEADS_PER_QUEUE", 8)
 # (scheduling.services.heads_per_queue), so a sweep is admitted in a few cycles.
 SCHEDULER_HEADS_FILL = env_bool("SCHEDULER_HEADS_FILL", True)
 SCHEDULER_INVENTORY_SECONDS = env_int("SCHEDULER_INVENTORY_SECONDS", 60)
+# The admin home says the scheduler is lagging when its tick waited longer than this in the
+# worker's queue (or a periodic cluster run this much longer than its run budget).
+SCHEDULER_LAG_SECONDS = env_int("SCHEDULER_LAG_SECONDS", 10)
 CELERY_BEAT_SCHEDULE.update({
     "scheduler-tick": {"task": "scheduling.tasks.scheduler_tick",
                        "schedule": float(SCHEDULER_TICK_SECONDS)},

@@ -67,3 +67,42 @@ def duration_words(value: Any) -> str:
         return f"{h} h {m} min" if m else f"{h} h"
     d = seconds // 86400
     return f"{d} day{'s' if d != 1 else ''}"
+
+
+@register.filter
+def page_reason(job: Any) -> str:
+    """A job's reason as the pages show it (``workspaces.selectors.page_reason``: never empty
+    while it waits, no advice the page cannot follow)."""
+    from workspaces.selectors import page_reason as reason
+
+    return reason(job) if job is not None else ""
+
+
+@register.filter
+def pod_phase(allocation: Any, job: Any) -> str:
+    """A pod's phase as its job's page shows it: once the job is stopping or ended, a pod not
+    yet deleted is "Stopping" (its resources are held until it is gone), never "Running"."""
+    from scheduling.models import FINAL_STATES, JobState, PodPhase
+
+    live = (PodPhase.PENDING, PodPhase.CREATED, PodPhase.RUNNING)
+    if job is not None and allocation.phase in live and (
+            job.state == JobState.PREEMPTING or job.state in FINAL_STATES):
+        return "Stopping"
+    return str(allocation.get_phase_display())
+
+
+@register.filter
+def mib(value: Any) -> str:
+    """Memory given in MiB as people read it, the one filter every page uses: GiB (binary, as
+    the cards and Kubernetes count) from 1 GiB up, one decimal only when it is not whole,
+    thousands separated: 1966080 → "1,920 GiB", 2554 → "2.5 GiB", 512 → "512 MiB"."""
+    if value is None or value == "":
+        return ""
+    try:
+        n = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if abs(n) < 1024:
+        return f"{n:,.0f} MiB"
+    g = n / 1024
+    return f"{g:,.0f} GiB" if abs(g - round(g)) < 0.05 else f"{g:,.1f} GiB"

@@ -171,9 +171,24 @@ def unhonourable_guarantees(*, clusters: Mapping[str, float], tenants: Mapping[s
             out.append(f"Tenant {tname}'s projects are guaranteed {sum(pa for _, pa in mine):g} GPUs across "
                        f"all clusters together, more than the tenant's {a:g}.")
     total = sum(clusters.values())
-    across = per_cluster * len(clusters) + sum(a for _g, a in tenants.values())
+    across = guaranteed_across(per_cluster=per_cluster, clusters=len(clusters),
+                               across=sum(a for _g, a in tenants.values()))
     if clusters and across > total + 1e-9 and any(a for _g, a in tenants.values()):
         out.append(f"All clusters together have {total:g} GPUs; the guarantees add up to {across:g} "
                    f"(per-cluster guarantees on each of {len(clusters)} clusters plus those across all "
                    f"clusters).")
     return out
+
+
+def guarantee_room(*, capacity: float, others: float) -> float:
+    """Rule (what a guarantee can still be given): the GPUs under ``capacity`` (a cluster's
+    cards, all clusters' cards, or the parent's guarantee) that ``others`` (every other
+    guarantee drawn from the same capacity) do not already take; never below zero. A guarantee
+    above it is one :func:`unhonourable_guarantees` flags."""
+    return max(0.0, round(capacity - others, 3))
+
+
+def guaranteed_across(*, per_cluster: float, clusters: int, across: float) -> float:
+    """Rule: GPUs guaranteed on all clusters together — each per-cluster guarantee once on
+    every cluster, plus the guarantees across all clusters on top."""
+    return per_cluster * clusters + across

@@ -33,6 +33,8 @@ from .clusters import (
     cluster_update,
     periodic_request,
     periodic_request_taken,
+    scheduler_lag,
+    scheduler_tick_ran,
 )
 from .common import (
     _CYCLE_LOCK_CLASS,
@@ -215,6 +217,8 @@ __all__ = [
     "cluster_periodic",
     "periodic_request",
     "periodic_request_taken",
+    "scheduler_lag",
+    "scheduler_tick_ran",
     "POOL_FIELDS",
     "_pool_snapshot",
     "_validate_pool",

@@ -258,11 +258,70 @@ def periodic_request(kind: str, cluster_id: int) -> bool:
     dropped when the run ends (``cluster_periodic``) or expires (a run lost with a killed
     worker holds back the next one this long at most)."""
     timeout = max(RECONCILE_REQUEST_SECONDS, 2 * _run_seconds())  # outlives a run in its budget
-    return bool(cache.add(f"camp:periodic:{kind}:{cluster_id}", 1, timeout=timeout))
+    # The value is when it was queued: the admin home reads the oldest (``scheduler_lag``).
+    return bool(cache.add(f"camp:periodic:{kind}:{cluster_id}", time.time(), timeout=timeout))
 
 
 def periodic_request_taken(kind: str, cluster_id: int) -> None:
     cache.delete(f"camp:periodic:{kind}:{cluster_id}")
+
+
+# --- is the scheduler keeping up? (issue 32, finding 2) ------------------------------------
+
+SCHEDULER_TICK_KEY = "camp:tick:scheduler"
+PERIODIC_KINDS = ("reconcile", "inventory")
+"""The per-cluster periodic runs the beat queues through ``periodic_request`` (their age is
+read by ``scheduler_lag``)."""
+
+
+def scheduler_tick_ran(*, sent_at: float | None, now: float | None = None) -> None:
+    """Record that the beat's scheduler tick ran now, and how long it waited in the queue
+    (``sent_at``: when the beat sent it; None when unknown, e.g. run by hand)."""
+    now = time.time() if now is None else now
+    waited = max(0.0, now - sent_at) if sent_at is not None else 0.0
+    try:
+        cache.set(SCHEDULER_TICK_KEY, {"ran": now, "waited": waited}, timeout=None)
+    except Exception:  # the cache is down: the tick itself goes on
+        logger.warning("scheduler tick not recorded (cache unavailable)")
+
+
+@dataclass(frozen=True)
+class SchedulerLag:
+    """How far behind the workers are. ``tick_age``: age of the oldest scheduler tick not run
+    yet, as far as can be told — the wait of the last one that ran, or, when none ran for
+    longer than a period, the time since (the next one has waited that long at least);
+    ``periodic_age``/``periodic_what``: the oldest periodic run queued or running (reconcile,
+    inventory) and which; ``lagging``: either is over ``SCHEDULER_LAG_SECONDS``."""
+
+    tick_age: float | None
+    periodic_age: float | None
+    periodic_what: str
+    lagging: bool
+
+
+def scheduler_lag(cluster_names: dict[int, str], *, now: float | None = None) -> SchedulerLag:
+    """The admin home's "is the scheduler lagging" (one cache read for the tick, one for the
+    periodic runs of ``cluster_names``: cluster id → name). No tick recorded yet (no beat
+    since the cache was emptied): ``tick_age`` None, nothing to say about it."""
+    now = time.time() if now is None else now
+    period = float(settings.SCHEDULER_TICK_SECONDS)
+    tick_age: float | None = None
+    try:
+        last = cache.get(SCHEDULER_TICK_KEY)
+        keys = {f"camp:periodic:{kind}:{pk}": f"{kind} of {name}"
+                for pk, name in cluster_names.items() for kind in PERIODIC_KINDS}
+        queued = cache.get_many(list(keys))
+    except Exception:  # the cache is down: nothing known
+        return SchedulerLag(None, None, "", False)
+    if isinstance(last, dict):
+        since = max(0.0, now - float(last["ran"]) - period)
+        tick_age = max(float(last["waited"]), since)
+    oldest = min(((float(v), keys[k]) for k, v in queued.items() if isinstance(v, (int, float))
+                  and not isinstance(v, bool) and v > 1), default=None)  # 1: a marker of before
+    periodic_age = max(0.0, now - oldest[0]) if oldest else None
+    limit = float(settings.SCHEDULER_LAG_SECONDS)
+    lagging = (tick_age or 0.0) > limit or (periodic_age or 0.0) > limit + _run_seconds()
+    return SchedulerLag(tick_age, periodic_age, oldest[1] if oldest else "", lagging)
 
 
 def cluster_periodic(kind: str, cluster_id: int, run: Callable[[Cluster], T], *,

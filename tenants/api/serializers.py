@@ -6,6 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from .. import extensions
 from ..extensions import cluster_model
 from ..models import (
     RESOURCES,
@@ -140,11 +141,25 @@ class QuotaSerializer(serializers.ModelSerializer[Quota]):
     project = VisiblePKField(queryset=Project.objects.all(), required=False, allow_null=True
     )
 
+    guarantee_warnings = serializers.SerializerMethodField(
+        help_text="GPU guarantees the enabled clusters cannot honour that concern this quota's "
+                  "tenant (or, for the cluster quota, any tenant), in sentences: a warning, not a "
+                  "refusal — the guarantee is saved as asked (capacity may be on its way).")
+
     class Meta:
         model = Quota
-        fields = ["id", "scope", "cluster", "tenant", "project", *_amount_fields, "updated_at"]
+        fields = ["id", "scope", "cluster", "tenant", "project", *_amount_fields,
+                  "guarantee_warnings", "updated_at"]
         read_only_fields = ["id", "updated_at"]
         validators: list[Any] = []
+
+    def get_guarantee_warnings(self, quota: Quota) -> list[str]:
+        # Once per tenant per answer (a list of quotas reads them once, not once per row).
+        context: dict[str, Any] = self.context  # type: ignore[assignment]  # DRF's is a dict
+        memo = context.setdefault("_guarantee_warnings", {})
+        if quota.tenant_id not in memo:
+            memo[quota.tenant_id] = extensions.guarantee_warnings(quota.tenant_id)
+        return list(memo[quota.tenant_id])
 
 
 class QuotaUpdateSerializer(serializers.ModelSerializer[Quota]):

@@ -243,8 +243,8 @@ def test_main_pages_pass_an_axe_core_scan(world: World, live_server: Any, page: 
                         f"/workspaces/environments/{env.pk}/", "/workspaces/profiles/",
                         "/workspaces/services/", "/workspaces/services/new/",
                         f"/workspaces/services/{svc.pk}/"],
-        "acme-owner": ["/"],
-        "root-admin": ["/", "/workspaces/profiles/new/"],
+        "acme-owner": ["/", "/audit/", "/t/acme/p/acme-p1/quota/"],
+        "root-admin": ["/", "/workspaces/profiles/new/", "/t/acme/quota/"],
     }
     found: dict[str, list[dict[str, Any]]] = {}
     for user, paths in pages.items():
@@ -303,9 +303,9 @@ def test_main_pages_fit_a_laptop_or_phone_screen(world: World, live_server: Any,
                         "/workspaces/environments/new/", "/workspaces/training/new/",
                         "/workspaces/services/", "/workspaces/services/new/",
                         f"/workspaces/environments/{env.pk}/"],
-        "acme-owner": ["/", f"/t/{tenant}/"],
+        "acme-owner": ["/", f"/t/{tenant}/", "/audit/", f"/t/{tenant}/p/acme-p1/quota/"],
         "root-admin": ["/", "/scheduling/jobs/", "/admin/clusters/sim/gpus/", "/admin/clusters/sim/queues/",
-                       f"/t/{tenant}/"],
+                       f"/t/{tenant}/", "/audit/", f"/t/{tenant}/quota/"],
     }
     width, height = size
     context = browser.new_context(viewport={"width": width, "height": height})

@@ -140,8 +140,8 @@ def test_the_gpu_map_never_mixes_free_memory_and_free_compute(world: Any, two: A
     east, _ = two
     _run(world, east, "s", gpu_memory_mib=40960, gpu_cores_percent=10)
     page = _page(world.admin, reverse("portal:gpu-map", args=["east"]))
-    assert "free: 0.5 GPU (40960 MiB memory, 90 % compute)" in page
-    assert "free: 1.0 GPU (81920 MiB memory, 100 % compute)" in page
+    assert "free: 0.5 GPU (40 GiB memory, 90 % compute)" in page
+    assert "free: 1.0 GPU (80 GiB memory, 100 % compute)" in page
     assert accounting.UNIT_WORDS.split(";")[0] in page
 
 

@@ -95,7 +95,7 @@ def test_a_pod_of_another_scheduler_holding_a_gpu_is_respected(
     admin_page = _console(world.admin).get("/scheduling/clusters/real/nodes/").content.decode()
     member_page = _console(world.a.member).get("/scheduling/clusters/real/nodes/").content.decode()
     assert "default/hami-pod" in admin_page and "default/plain-pod" in admin_page
-    assert "70000 MiB, 60%" in member_page and "hami-pod" not in member_page
+    assert "68.4 GiB, 60%" in member_page and "hami-pod" not in member_page
     # A re-sync keeps the figures (nothing changed on the cluster).
     services.inventory_sync(cluster=cluster)
     services.cycle_run(cluster=cluster)

@@ -100,7 +100,7 @@ def test_feed_reads_dcgm_and_hami_metrics_into_gpus(world: Any, prom: Any, clust
     assert node["gpus"][0]["utilization_percent"] == 93.0
     assert node["gpus"][0]["memory_used_mib"] == 74400
     page = client_for(world.a.member).get("/scheduling/clusters/sim/nodes/").content.decode()
-    assert "93% busy · 74400 MiB used" in page
+    assert "93% busy · 72.7 GiB used" in page
 
     # a100-1's exporter goes away: Prometheus marks its series stale, Camp forgets them
     _publish(url, exporter, _series("a100-0", {0: 93.0, 1: 40.0}), expect=4)
