@@ -4,10 +4,12 @@ scheduler's, in one GPU unit (``scheduling.engine.accounting``), on two simulate
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -145,24 +147,50 @@ def test_the_gpu_map_never_mixes_free_memory_and_free_compute(world: Any, two: A
     assert accounting.UNIT_WORDS.split(";")[0] in page
 
 
-def test_a_notebooks_reason_suggests_nothing_its_page_cannot_do(world: Any, two: Any) -> None:
-    """Saw: a notebook told to "mark it preemptible"; the notebook form has no such option."""
-    from scheduling.engine.cycle import _over_already  # noqa: F401 (the wording's neighbour)
-    from workspaces.selectors import _PREEMPTIBLE_ADVICE, page_reason
+ACTION = re.compile(r"\b(mark it|ask (for|a|an)|resubmit|click|choose|stop another)\b", re.I)
+"""Words that would make a reason suggest an action (a control some page may not have)."""
 
-    texts = [
-        "Non-preemptible jobs must fit within acme/acme-p1's GPUs guarantee of 8 (non-preemptible "
-        "jobs hold 27.7, more than the guarantee: admitted before it was lowered, or within a "
-        "guarantee across all clusters; job asks 1); mark it preemptible to borrow idle GPUs",
-        "Non-preemptible jobs must fit within acme/acme-p1's GPUs guarantee of 0.5, and the job asks 1; "
-        "mark it preemptible to borrow idle GPUs, or ask for a larger guarantee",
-    ]
-    for text in texts:
-        assert _PREEMPTIBLE_ADVICE.search(text)
-        nb = Job(kind="jupyter", reason=text)
-        assert "preemptible to borrow" not in page_reason(nb) and "a notebook always runs" in page_reason(nb)
-        batch = Job(kind="pytorch", reason=text)
-        assert page_reason(batch) == text  # the training form has the option
+
+def test_a_waiting_reason_suggests_nothing_a_page_cannot_do(world: Any, two: Any) -> None:
+    """Saw: a notebook told to "mark it preemptible"; the notebook form has no such option.
+    One rule, not a filter per page: a reason states the rule and the figures, no action; the
+    same words on the job's page, the home and the API."""
+    east, _ = two
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal(1), "gpus_limit": Decimal(8)})
+    held = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="np1",
+                               groups=[gpu_group(gpu_count=1)], preemptible=False)
+    waits = services.job_submit(actor=world.a.member, project=world.a.project, cluster=east, name="np2",
+                                groups=[gpu_group(gpu_count=1)], preemptible=False, kind="jupyter")
+    services.cycle_run(cluster=east)
+    held.refresh_from_db()
+    waits.refresh_from_db()
+    assert held.state == JobState.STARTING
+    assert waits.state == JobState.QUEUED and waits.reason_kind == "guarantee", waits.reason
+    assert "non-preemptible work does not borrow idle GPUs beyond a guarantee" in waits.reason
+    assert not ACTION.search(waits.reason), waits.reason
+    from workspaces.selectors import job_why
+    assert not ACTION.search(job_why(waits)["reason"])
+    page = _page(world.a.member, reverse("scheduling:job", args=[waits.pk]))
+    from django.utils.html import escape
+    assert f'<span data-live-field="reason">{escape(waits.reason)}</span>' in page
+    c = Client()
+    c.force_login(world.a.member)
+    api = c.get(f"/api/v1/jobs/{waits.pk}/").json()
+    assert api["reason"] == waits.reason
+    # The submit-time refusal states the rule too (the notebook form shows it as is).
+    from workspaces.quota import refuse_if_never_within_limits
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed": Decimal(2),
+                                      "gpus_guaranteed_all_clusters": Decimal(2)})
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal(1),
+                                      "gpus_guaranteed_all_clusters": Decimal(1), "gpus_limit": Decimal(8)})
+    with pytest.raises(ValidationError) as err:
+        refuse_if_never_within_limits(project=world.a.project, cluster=east,
+                                      groups=[gpu_group(gpu_count=4)], preemptible=False)
+    text = " ".join(err.value.message_dict["gpu_count"])
+    assert "could never start" in text and not ACTION.search(text), text
 
 
 def test_a_waiting_reason_says_when_it_was_computed_and_when_it_is_stale(world: Any, two: Any) -> None:
