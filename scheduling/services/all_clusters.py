@@ -223,11 +223,11 @@ def guarantee_refusal(limits: selectors.AllClusterLimits, use: selectors.AllClus
             # guarantee across all clusters: held = what the owner's non-preemptible work holds
             # beyond the per-cluster guarantee on every cluster; ask = what this job adds to it
             # (its GPUs here beyond the per-cluster guarantee). Adding nothing beyond, it goes.
-            held = _beyond(np, base)
+            beyond = _beyond(np, base)
             ask = max(0.0, np[cluster_id] + n - base) - max(0.0, np[cluster_id] - base)
-            if ask > EPS and nonpreemptible_refusal(held, ask, total):
+            if ask > EPS and nonpreemptible_refusal(beyond, ask, total):
                 return (f"over {_WHO[level]} GPU guarantee across all clusters for non-preemptible "
-                        f"work: with it, {held + ask:g} GPUs beyond the per-cluster guarantee on all "
+                        f"work: with it, {beyond + ask:g} GPUs beyond the per-cluster guarantee on all "
                         f"clusters (held, or asked by preemptors waiting for their victims), of "
                         f"{total:g} (it asks {n:g})")
         if reclaim and pid in limits.project_guarantee:
