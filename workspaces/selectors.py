@@ -225,23 +225,6 @@ def page_reason(job: Job) -> str:
     return job.reason
 
 
-def reason_as_of(job: Job) -> tuple[Any, bool]:
-    """(When the job's waiting reason was computed, whether it is stale). A queued job's reason
-    is recomputed by each cycle of its cluster: as of its cluster's last cycle; stale when that
-    cycle is older than ``SCHEDULER_REASON_STALE_SECONDS`` or the cluster takes no new work (its
-    cycle does not run). A job with no cluster yet: as of its last change."""
-    from django.utils import timezone
-
-    if job.state != "queued":
-        return None, False
-    cluster = job.cluster if job.cluster_id else None
-    at = cluster.last_cycle_at if cluster is not None else job.updated_at
-    limit = getattr(settings, "SCHEDULER_REASON_STALE_SECONDS", 300)
-    stale = at is None or (timezone.now() - at).total_seconds() > limit or (
-        cluster is not None and (not cluster.enabled or cluster.unreachable_since is not None))
-    return at, stale
-
-
 def job_why(job: Job | None) -> dict[str, Any]:
     """Why a job waits, where it stands in its queue and what would let it start."""
     if job is None:
@@ -249,6 +232,8 @@ def job_why(job: Job | None) -> dict[str, Any]:
                 "queue_position": None, "queue_length": None, "hint": ""}
     hint = _HINTS.get(job.reason_kind, "") if job.state == "queued" else ""
     reason = page_reason(job)
+    from scheduling.selectors import reason_as_of
+
     as_of, stale = reason_as_of(job)
     if job.floating and job.cluster_id is None and job.state == "queued":
         hint = ("It waits in the global queue: Camp places it on the cluster where it starts "

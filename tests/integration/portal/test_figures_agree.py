@@ -207,6 +207,10 @@ def test_a_waiting_reason_says_when_it_was_computed_and_when_it_is_stale(world: 
     assert job.state == JobState.QUEUED, (job.state, job.reason)
     why = job_why(job)
     assert why["as_of"] is not None and not why["stale"]
+    page = _page(world.a.owner, reverse("scheduling:job", args=[job.pk]))  # the job's own page too
+    assert "(as of " in page and "may be out of date" not in page
     Cluster.objects.filter(pk=east.pk).update(last_cycle_at=timezone.now() - dt.timedelta(hours=1))
     job = Job.objects.select_related("cluster").get(pk=job.pk)
     assert job_why(job)["stale"]
+    page = _page(world.a.owner, reverse("scheduling:job", args=[job.pk]))
+    assert "may be out of date" in page
