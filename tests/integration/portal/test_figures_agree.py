@@ -121,8 +121,44 @@ def test_free_now_says_what_this_user_can_start_and_why(world: Any, two: Any) ->
     page = _page(world.a.member)
     assert "Small notebook (¼ A100) <span class=\"small\">(" not in page
     assert "nothing you can start right now" in page
-    assert "fit on the free cards, your quota allows 0" in page
+    assert "fit on the free cards, you can start 0" in page
     assert "limit on east (1 GPUs, 1.00 in use there)" in page
+
+
+def test_free_now_counts_the_guarantee_a_notebook_must_fit_in(world: Any, two: Any) -> None:
+    """Saw: "Free now" ignored the guarantee; a notebook (non-preemptible) launched from it then
+    waited on the guarantee rule. The home's count is the accounting module's ``startable``
+    over the quota left and the guarantee's room, and the scheduler agrees."""
+    from workspaces import services as ws
+
+    east, west = two
+    Cluster.objects.filter(pk=west.pk).update(enabled=False)
+    ws.profile_create(actor=world.admin, name="a100-quarter", display_name="Small notebook (¼ A100)",
+                      gpu_model="A100-80G", gpu_count=1, gpu_memory_mib=20480, gpu_cores_percent=25,
+                      cpu_millicores=1000, ram_mib=2048)
+    for p in (world.a.project, world.a.other_project):
+        tenant_services.quota_set(actor=world.admin, scope="project", project=p,
+                                  values={"gpus_guaranteed": Decimal(1), "gpus_limit": Decimal(8)})
+    for p in (world.a.project, world.a.other_project):
+        services.job_submit(actor=world.a.owner, project=p, cluster=east, name=f"np-{p.pk}",
+                            groups=[gpu_group(gpu_memory_mib=20480, gpu_cores_percent=50)],
+                            preemptible=False)
+    services.cycle_run(cluster=east)
+    # Each project holds 0.5 of its 1-GPU guarantee with non-preemptible work: 0.5 GPU of room,
+    # two quarter-card notebooks (0.25 each), though many more fit on the free cards.
+    assert accounting.startable(30, 0.25, [(8.0, "limit"), (0.5, "guarantee")]) == (2, "guarantee")
+    page = _page(world.a.member)
+    assert "Small notebook (¼ A100) <span class=\"small\">(2 you can start)" in page, page
+    assert "you can start 2 (a notebook runs non-preemptible, within the project&#x27;s guarantee on " \
+           "east (1 GPUs, 0.50 held by non-preemptible jobs there))" in page
+    # The scheduler agrees: a third quarter-card non-preemptible job waits on the guarantee.
+    jobs = [services.job_submit(actor=world.a.member, project=world.a.project, cluster=east, name=f"nb{i}",
+                                groups=[gpu_group(gpu_memory_mib=20480, gpu_cores_percent=25)],
+                                preemptible=False, kind="jupyter") for i in range(3)]
+    services.cycle_run(cluster=east)
+    states = [Job.objects.get(pk=j.pk) for j in jobs]
+    assert [j.state for j in states] == [JobState.STARTING, JobState.STARTING, JobState.QUEUED]
+    assert states[2].reason_kind == "guarantee"
 
 
 def test_guarantees_the_clusters_cannot_honour_are_flagged(world: Any, two: Any) -> None:
