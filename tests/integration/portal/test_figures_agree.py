@@ -250,3 +250,20 @@ def test_a_waiting_reason_says_when_it_was_computed_and_when_it_is_stale(world: 
     assert job_why(job)["stale"]
     page = _page(world.a.owner, reverse("scheduling:job", args=[job.pk]))
     assert "may be out of date" in page
+
+
+def test_the_training_forms_default_image_follows_its_default_framework(world: Any) -> None:
+    """Issue 32 item 4: the training form preselected PaddlePaddle beside PyTorch DDP."""
+    from registry import services as reg
+    from registry.models import Image
+    from workspaces.forms import TrainingForm
+
+    Image.objects.filter(variant="training").update(enabled=False)
+    reg.image_create(actor=world.admin, name="paddle", reference="r.example/paddle:2", variant="training",
+                     framework="paddle")
+    torch = reg.image_create(actor=world.admin, name="torch", reference="r.example/torch:2",
+                             variant="training", framework="pytorch")
+    form = TrainingForm(user=world.a.member)
+    assert form.initial["framework"] == "pytorch" and form.initial["image"] == torch.pk
+    page = _page(world.a.member, reverse("workspaces:training-new"))
+    assert f'<option value="{torch.pk}" selected>' in page
