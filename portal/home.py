@@ -131,9 +131,12 @@ def _class_left(q: Quota | None, use: AllClusterUse) -> list[str]:
 
 
 def can_start_now(user: Any) -> list[dict[str, Any]]:
-    """Per cluster: the presets this user could start at once — what fits on the free cards,
-    bounded by what the quota of the user's best project there still allows
-    (``selectors.projects_left``) — and, when the quota bounds it, why."""
+    """Per cluster: the presets this user could start at once as a notebook (non-preemptible) —
+    what fits on the free cards, bounded by what the user's best project there may still
+    start: its quota left (``selectors.projects_left``) and, where its project or tenant
+    guarantees GPUs, the room the guarantee leaves its non-preemptible work (the engine's rule,
+    ``engine.guarantees.nonpreemptible_refusal``) — counted by ``engine.accounting.startable``,
+    with why when they bound it."""
     from scheduling.engine import accounting as unit
     from workspaces.presets import offered_presets, preset_cards
 
@@ -142,11 +145,10 @@ def can_start_now(user: Any) -> list[dict[str, Any]]:
     cards = preset_cards(offered, clusters, user)
     projects = list(restrict(Project.objects.select_related("tenant"), user))
     lefts = selectors.projects_left(projects, clusters)
+    rooms = selectors.guarantee_rooms(projects, clusters)
     largest = dict(GpuDevice.objects.order_by().values_list("model").annotate(m=Max("memory_mib")))
     out = []
     for i, c in enumerate(clusters):
-        here = [pl.clusters[i] for pl in lefts.values()]
-        room = max(here, key=lambda cl: (cl.left is None, cl.left or 0.0), default=None)
         free: list[tuple[str, int]] = []
         bounded: list[str] = []
         for card in cards:
@@ -158,12 +160,13 @@ def can_start_now(user: Any) -> list[dict[str, Any]]:
                 replicas=1, gpu_count=p.gpu_count, exclusive=p.exclusive, memory_mib=p.gpu_memory_mib,
                 memory_percent=0, cores_percent=p.gpu_cores_percent,
                 card_memory_mib=largest.get(p.gpu_model) or max(largest.values(), default=0))
-            allowed = n
-            if room is not None and room.left is not None and ask > 0:
-                allowed = min(n, int((room.left + 1e-9) // ask))
+            allowed, why = max(
+                (unit.startable(n, ask, [(pl.clusters[i].left, pl.clusters[i].why),
+                                         *rooms.get((pl.project.pk, c.pk), [])])
+                 for pl in lefts.values()), key=lambda x: x[0], default=(n, ""))
             if allowed < n:
-                bounded.append(f"{card.title}: {n} fit on the free cards, your quota allows {allowed} "
-                               f"({room.why if room else ''})")
+                bounded.append(f"{card.title}: {n} fit on the free cards, you can start {allowed} "
+                               f"({why})")
             if allowed:
                 free.append((card.title, allowed))
         out.append({"cluster": c, "free": free, "bounded": bounded})

@@ -329,6 +329,41 @@ def projects_left(projects: list[Project], clusters: list[Cluster],
     return out
 
 
+def guarantee_rooms(projects: list[Project], clusters: list[Cluster]
+                    ) -> dict[tuple[int, int], list[tuple[float, str]]]:
+    """(project id, cluster id) → the rooms the per-cluster GPU guarantees of the project and
+    of its tenant leave its non-preemptible work there (guarantee − what their non-preemptible
+    jobs hold on that cluster; a level guaranteeing nothing restricts nothing, as in the
+    engine), with the words naming each. One query for the guarantees; one grouped read of the
+    non-preemptible slices only when some guarantee is set."""
+    tids = sorted({p.tenant_id for p in projects})
+    g: dict[tuple[str, int], float] = {}
+    for scope, pid, tid, v in Quota.objects.filter(
+            Q(scope=QuotaScope.PROJECT, project__in=projects)
+            | Q(scope=QuotaScope.TENANT, tenant_id__in=tids), gpus_guaranteed__gt=0,
+    ).values_list("scope", "project_id", "tenant_id", "gpus_guaranteed"):
+        g[("project", pid) if scope == QuotaScope.PROJECT else ("tenant", tid)] = float(v)
+    if not g or not clusters:
+        return {}
+    held: dict[tuple[str, int, int], float] = defaultdict(float)
+    for (pid, tid, cid), n in accounting.held_gpus(
+            GpuSlice.objects.filter(allocation__job__tenant_id__in=tids, allocation__job__preemptible=False),
+            "allocation__job__project_id", "allocation__job__tenant_id", "allocation__cluster_id").items():
+        held[("project", pid, cid)] += n
+        held[("tenant", tid, cid)] += n
+    out: dict[tuple[int, int], list[tuple[float, str]]] = {}
+    for p in projects:
+        for c in clusters:
+            for who, key in (("the project's", ("project", p.pk)),
+                             (f"tenant {p.tenant.name}'s", ("tenant", p.tenant_id))):
+                if key in g:
+                    np = held[(*key, c.pk)]
+                    out.setdefault((p.pk, c.pk), []).append((g[key] - np, (
+                        f"a notebook runs non-preemptible, within {who} guarantee on {c.name} "
+                        f"({g[key]:g} GPUs, {np:.2f} held by non-preemptible jobs there)")))
+    return out
+
+
 # --- cluster state ---------------------------------------------------------------------
 
 

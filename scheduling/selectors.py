@@ -1023,3 +1023,20 @@ def all_cluster_held(tenant_id: int, project_id: int | None) -> dict[str, Any]:
             used = use.guarantee_used(level, key, base, total, book.preempting)
             out["guarantee_left"] = (round(max(0.0, total - used), 2), total)
     return out
+
+
+def reason_as_of(job: Job) -> tuple[Any, bool]:
+    """(When the job's waiting reason was computed, whether it is stale). A queued job's reason
+    is recomputed by each cycle of its cluster: as of its cluster's last cycle; stale when that
+    cycle is older than ``SCHEDULER_REASON_STALE_SECONDS`` or the cluster takes no new work (its
+    cycle does not run). A job with no cluster yet: as of its last change."""
+    from django.utils import timezone
+
+    if job.state != "queued":
+        return None, False
+    cluster = job.cluster if job.cluster_id else None
+    at = cluster.last_cycle_at if cluster is not None else job.updated_at
+    limit = getattr(settings, "SCHEDULER_REASON_STALE_SECONDS", 300)
+    stale = at is None or (timezone.now() - at).total_seconds() > limit or (
+        cluster is not None and (not cluster.enabled or cluster.unreachable_since is not None))
+    return at, stale

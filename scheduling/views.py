@@ -216,8 +216,10 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # A preemptor is linked only if the reader may see it (another tenant's job is not named).
     preemptors = restrict(Job.objects.filter(
         pk__in={d.preemptor_id for d in decisions if d.preemptor_id}), request.user)
+    as_of, stale = selectors.reason_as_of(job)
     return render(request, "scheduling/job.html", {
-        "job": job, "groups": job.groups.all(), "allocations": allocations,
+        "job": job, "why": {"as_of": as_of, "stale": stale}, "groups": job.groups.all(),
+        "allocations": allocations,
         "decisions": decisions, "visible_preemptors": set(preemptors.values_list("pk", flat=True)),
         "pods_total": sum(g.replicas for g in job.groups.all()),
         "can_cancel": not job.is_final and can(request.user, "delete", job)})

@@ -35,6 +35,13 @@ def _default_name(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(2)}"
 
 
+IMAGE_FRAMEWORK: dict[str, str] = {
+    TrainingFramework.PYTORCH: "pytorch", TrainingFramework.DEEPSPEED: "pytorch",
+    TrainingFramework.TENSORFLOW: "tensorflow",
+}
+"""The image framework (``registry.models.Framework``) a training framework runs on (MPI: any)."""
+
+
 class _ImageChoice(forms.ModelChoiceField):  # type: ignore[type-arg]
     def label_from_instance(self, obj: Any) -> str:
         badges = [obj.get_framework_display()] if obj.framework and obj.framework != "other" else []
@@ -226,7 +233,12 @@ class TrainingForm(_WorkloadForm):
         if labels:
             fields["cluster_labels"].help_text += f" Labels of your clusters: {', '.join(labels)}."
         self.initial.setdefault("name", _default_name("train"))
-        first_image = fields["image"].queryset.first()
+        # The default image follows the default framework (issue 32 item 4: PaddlePaddle was
+        # preselected beside PyTorch DDP): the first image built for it, else the first image.
+        self.initial.setdefault("framework", TrainingFramework.PYTORCH)
+        images = fields["image"].queryset
+        wanted = IMAGE_FRAMEWORK.get(str(self.initial["framework"]))
+        first_image = (images.filter(framework=wanted).first() if wanted else None) or images.first()
         if first_image is not None:
             self.initial.setdefault("image", first_image.pk)
         _default_preset(self, slice_first=False)

@@ -69,7 +69,7 @@ def refuse_if_never_within_all_clusters(*, project: Project, job: E.Job,
     level's per-cluster guarantee + its guarantee across all clusters (a level guaranteeing
     nothing across all clusters restricts nothing here, as in the cycle). One query when the
     tenant has no such quota."""
-    from scheduling.engine.guarantees import nonpreemptible_refusal
+    from scheduling.engine.guarantees import beyond_words, nonpreemptible_refusal
     from scheduling.engine.multicluster import job_gpus, job_memory, never_all_clusters, usable_classes
     from scheduling.engine.placement import model_family
     from scheduling.selectors import all_cluster_limits
@@ -107,7 +107,7 @@ def refuse_if_never_within_all_clusters(*, project: Project, job: E.Job,
             raise ValidationError({"gpu_count": [
                 f"This non-preemptible job asks {ask:g} GPUs, more than {who}'s GPU guarantee can ever "
                 f"cover ({base:g} per cluster + {total:g} on all clusters together): it could never "
-                f"start. Mark it preemptible to borrow idle GPUs, or ask for a larger guarantee."]})
+                f"start; {beyond_words()}."]})
 
 
 def refuse_if_over_storage(*, project: Project, extra_gib: int, field: str,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,21 +230,16 @@ _HINTS = {
                 "request (fewer GPUs, a fractional slice, fewer workers).",
     "behind": "Jobs ahead of it in its project's queue go first; it moves up as they start.",
     "preempting": "Lower-priority jobs are being stopped for it; it starts once their GPUs are released.",
-    "never-fits": "It can never run as asked: no node is large enough. Ask for less per pod.",
-    "over-limit": "It asks more than a quota limit allows: ask for less or ask an admin for more.",
+    "never-fits": "It can never run as asked: no node is large enough; a job asking less per pod could.",
+    "over-limit": "It asks more than a quota limit allows: a smaller job, or a larger limit, could run.",
+    "guarantee": "It starts when the project's (or tenant's) other non-preemptible work ends, or "
+                 "when a tenant owner raises the guarantee.",
+    "over-guarantee": "It can never run as asked: a non-preemptible job must fit within the "
+                      "guarantee. A smaller job, a preemptible one, or a larger guarantee could.",
     "unknown-queue": "Its project has no queue on this cluster.",
     "cluster": "Its cluster takes no new work now (disabled, or its API server does not answer); "
                "it starts there once the cluster is enabled or answers again.",
 }
-
-
-_PREEMPTIBLE_ADVICE = re.compile(r"[;,]? ?[mM]ark it preemptible to borrow idle [A-Za-z ]+?(?=, or |$)")
-"""The advice the scheduler's guarantee reasons end with (``engine.cycle._over_guarantee``,
-``services.all_clusters``); a test holds them to this pattern."""
-
-NEVER_PREEMPTIBLE_KINDS = frozenset(EnvKind.values)
-"""Job kinds whose launch form has no "preemptible" option: notebooks (VS Code, SSH) always run
-non-preemptible (``services.environments``)."""
 
 
 NOT_YET_SEEN = ("Waiting for the next scheduling cycle: it starts the job or says here why it "
@@ -255,34 +249,14 @@ NOT_YET_SEEN_FLOATING = "Not placed on a cluster yet (the next placement step ch
 
 
 def page_reason(job: Job) -> str:
-    """The job's waiting reason as a page shows it: no action the page cannot do (issue 29).
-    A notebook cannot be marked preemptible, so that advice becomes what its user can do."""
-    reason = job.reason
-    if not reason and job.state == "queued":  # submitted, no cycle has looked at it yet
+    """The job's waiting reason as every page shows it: the scheduler's own words. One rule
+    for every page (issue 29): a reason states facts (which rule, which figures) and suggests
+    no action, so none a page cannot do; what would let the job start is the hint for its
+    kind (``_HINTS``), worded as conditions, never as a control of the page. Before any cycle
+    has looked at a queued job, it says that it waits for one (issue 32)."""
+    if not job.reason and job.state == "queued":
         return NOT_YET_SEEN_FLOATING if job.floating and job.cluster_id is None else NOT_YET_SEEN
-    if job.kind in NEVER_PREEMPTIBLE_KINDS and _PREEMPTIBLE_ADVICE.search(reason):
-        reason = _PREEMPTIBLE_ADVICE.sub("", reason).replace("; , or ", "; ").rstrip("; ,")
-        reason = reason.replace("), or ask for a larger guarantee", ")")
-        reason += ("; a notebook always runs non-preemptible: stop another of the project's "
-                   "non-preemptible workloads, or ask a tenant owner for a larger guarantee")
-    return reason
-
-
-def reason_as_of(job: Job) -> tuple[Any, bool]:
-    """(When the job's waiting reason was computed, whether it is stale). A queued job's reason
-    is recomputed by each cycle of its cluster: as of its cluster's last cycle; stale when that
-    cycle is older than ``SCHEDULER_REASON_STALE_SECONDS`` or the cluster takes no new work (its
-    cycle does not run). A job with no cluster yet: as of its last change."""
-    from django.utils import timezone
-
-    if job.state != "queued":
-        return None, False
-    cluster = job.cluster if job.cluster_id else None
-    at = cluster.last_cycle_at if cluster is not None else job.updated_at
-    limit = getattr(settings, "SCHEDULER_REASON_STALE_SECONDS", 300)
-    stale = at is None or (timezone.now() - at).total_seconds() > limit or (
-        cluster is not None and (not cluster.enabled or cluster.unreachable_since is not None))
-    return at, stale
+    return job.reason
 
 
 def job_why(job: Job | None) -> dict[str, Any]:
@@ -292,6 +266,8 @@ def job_why(job: Job | None) -> dict[str, Any]:
                 "queue_position": None, "queue_length": None, "hint": ""}
     hint = _HINTS.get(job.reason_kind, "") if job.state == "queued" else ""
     reason = page_reason(job)
+    from scheduling.selectors import reason_as_of
+
     as_of, stale = reason_as_of(job)
     if job.floating and job.cluster_id is None and job.state == "queued":
         hint = ("It waits in the global queue: Camp places it on the cluster where it starts "

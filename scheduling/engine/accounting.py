@@ -139,6 +139,24 @@ def shape_ask_gpus(*, replicas: int, gpu_count: int, exclusive: bool, memory_mib
         memory_mib=memory_mib, card_memory_mib=card_memory_mib) / MILLI
 
 
+def startable(fit: int, ask: float, rooms: Iterable[tuple[float | None, str]]) -> tuple[int, str]:
+    """Rule (what one user can start now: "free now"): of ``fit`` copies of a shape asking
+    ``ask`` GPUs each that fit on the free cards, as many as the tightest of ``rooms`` allows —
+    each room is (GPUs left, in this unit, under a quota limit or, for non-preemptible work,
+    within a guarantee; None: no bound) and the words naming it. Returns the number and the
+    words of the room that bounds it ("" when the free cards do)."""
+    n, why = fit, ""
+    if ask <= 0:
+        return n, why
+    for room, words in rooms:
+        if room is None:
+            continue
+        k = max(0, int((room + 1e-9) // ask))
+        if k < n:
+            n, why = k, words
+    return n, why
+
+
 def gpus(milli: float) -> float:
     """Milli-GPUs as the GPUs a page shows (two decimals)."""
     return round(milli / MILLI, 2)

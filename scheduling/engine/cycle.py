@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from scheduling.engine.candidates import enumerate_takes, fits_without
 from scheduling.engine.fragmentation import shape_key
+from scheduling.engine.guarantees import beyond_words
 from scheduling.engine.model import (
     Admit,
     ClusterSnapshot,
@@ -363,7 +364,7 @@ class QueueCycle:
         return (
             f"Non-preemptible jobs must fit within {tree.label(n)}'s {RESOURCE_NAMES[r]} "
             f"guarantee of {format_amount(r, g)}, and the job asks {format_amount(r, ask[r])}; "
-            f"mark it preemptible to borrow idle {_borrow_what(r)}, or ask for a larger guarantee"
+            f"{beyond_words(_borrow_what(r))}"
         )
 
     def ask(self, job: Job) -> tuple[int, ...]:
@@ -517,7 +518,7 @@ class QueueCycle:
             f"guarantee of {format_amount(r, tree.guaranteed[n][r])} (non-preemptible jobs hold "
             f"{format_amount(r, tree.np_usage[n][r])}"
             f"{_over_already(tree.np_usage[n][r], tree.guaranteed[n][r])}; job asks "
-            f"{format_amount(r, ask[r])}); mark it preemptible to borrow idle {_borrow_what(r)}"
+            f"{format_amount(r, ask[r])}); {beyond_words(_borrow_what(r))}"
         )
 
     def admission_block(self, job: Job, amount: Sequence[int]) -> tuple[str, str] | None:

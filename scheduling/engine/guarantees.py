@@ -52,6 +52,13 @@ def nonpreemptible_refusal(held: float, ask: float, guarantee: float, ever: floa
     return ""
 
 
+def beyond_words(what: str = "GPUs") -> str:
+    """Why the rule holds, in the words every reason of it ends with: a fact, never an action
+    (issue 29: a reason suggests nothing, so it suggests nothing a page cannot do; what would
+    let a job start is the page's hint for its kind, ``workspaces.selectors.job_why``)."""
+    return f"non-preemptible work does not borrow idle {what} beyond a guarantee (it could not be reclaimed)"
+
+
 K = TypeVar("K", bound=Hashable)
 """A cluster's key (its id in the services, any hashable in tests)."""
 

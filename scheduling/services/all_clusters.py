@@ -26,7 +26,7 @@ from decimal import Decimal
 
 from scheduling import engine as E
 from scheduling.engine.cycle import JobStatus, Kind
-from scheduling.engine.guarantees import EPS, Holding, Owner, claim_held, nonpreemptible_refusal
+from scheduling.engine.guarantees import EPS, Holding, Owner, beyond_words, claim_held, nonpreemptible_refusal
 from scheduling.engine.multicluster import (
     AllClusterOwner,
     card_classes,
@@ -140,15 +140,13 @@ def over_guarantee_here(limits: selectors.AllClusterLimits, use: selectors.AllCl
         if verdict == "never":
             return "over-guarantee", (
                 f"Non-preemptible jobs must fit within {_WHO[level]} GPU guarantee ({base:g} per "
-                f"cluster + {total:g} across all clusters), and the job asks {ask:g}; mark it "
-                f"preemptible to borrow idle GPUs, or ask for a larger guarantee")
+                f"cluster + {total:g} across all clusters), and the job asks {ask:g}; {beyond_words()}")
         if verdict:
             return "guarantee", (
                 f"Non-preemptible jobs must fit within {_WHO[level]} GPU guarantee on this "
                 f"cluster ({here:g} of {base + part:g} held by non-preemptible jobs; {part:g} of "
                 f"its {total:g} across all clusters is this cluster's part now, the rest is "
-                f"held or waited for on other clusters; job asks {ask:g}); mark it preemptible "
-                f"to borrow idle GPUs")
+                f"held or waited for on other clusters; job asks {ask:g}); {beyond_words()}")
     return "", ""
 
 
@@ -220,13 +218,18 @@ def guarantee_refusal(limits: selectors.AllClusterLimits, use: selectors.AllClus
             # count against the guarantee, so non-preemptible work is not let in beside them).
             np = {c: use.np_by_cluster.get((level, key, c), 0.0) + book.relied_asks(level, key, c, but=job_id)
                   for c in book.clusters}
-            np[cluster_id] = np.get(cluster_id, 0.0) + n
-            used = _beyond(np, base)
-            if np[cluster_id] > base + EPS and used > total + EPS:
+            np.setdefault(cluster_id, 0.0)
+            # The guaranteed-GPU rule (``nonpreemptible_refusal``, its one definition) over the
+            # guarantee across all clusters: held = what the owner's non-preemptible work holds
+            # beyond the per-cluster guarantee on every cluster; ask = what this job adds to it
+            # (its GPUs here beyond the per-cluster guarantee). Adding nothing beyond, it goes.
+            beyond = _beyond(np, base)
+            ask = max(0.0, np[cluster_id] + n - base) - max(0.0, np[cluster_id] - base)
+            if ask > EPS and nonpreemptible_refusal(beyond, ask, total):
                 return (f"over {_WHO[level]} GPU guarantee across all clusters for non-preemptible "
-                        f"work: with it, {used:g} GPUs beyond the per-cluster guarantee on all "
+                        f"work: with it, {beyond + ask:g} GPUs beyond the per-cluster guarantee on all "
                         f"clusters (held, or asked by preemptors waiting for their victims), of "
-                        f"{total:g} (it asks {n:g}); mark it preemptible to borrow idle GPUs")
+                        f"{total:g} (it asks {n:g})")
         if reclaim and pid in limits.project_guarantee:
             held = _reclaim_held(use, book, limits, level, key)
             held[cluster_id] = held.get(cluster_id, 0.0) + n

@@ -4,10 +4,12 @@ scheduler's, in one GPU unit (``scheduling.engine.accounting``), on two simulate
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -119,8 +121,44 @@ def test_free_now_says_what_this_user_can_start_and_why(world: Any, two: Any) ->
     page = _page(world.a.member)
     assert "Small notebook (¼ A100) <span class=\"small\">(" not in page
     assert "nothing you can start right now" in page
-    assert "fit on the free cards, your quota allows 0" in page
+    assert "fit on the free cards, you can start 0" in page
     assert "limit on east (1 GPUs, 1.00 in use there)" in page
+
+
+def test_free_now_counts_the_guarantee_a_notebook_must_fit_in(world: Any, two: Any) -> None:
+    """Saw: "Free now" ignored the guarantee; a notebook (non-preemptible) launched from it then
+    waited on the guarantee rule. The home's count is the accounting module's ``startable``
+    over the quota left and the guarantee's room, and the scheduler agrees."""
+    from workspaces import services as ws
+
+    east, west = two
+    Cluster.objects.filter(pk=west.pk).update(enabled=False)
+    ws.profile_create(actor=world.admin, name="a100-quarter", display_name="Small notebook (¼ A100)",
+                      gpu_model="A100-80G", gpu_count=1, gpu_memory_mib=20480, gpu_cores_percent=25,
+                      cpu_millicores=1000, ram_mib=2048)
+    for p in (world.a.project, world.a.other_project):
+        tenant_services.quota_set(actor=world.admin, scope="project", project=p,
+                                  values={"gpus_guaranteed": Decimal(1), "gpus_limit": Decimal(8)})
+    for p in (world.a.project, world.a.other_project):
+        services.job_submit(actor=world.a.owner, project=p, cluster=east, name=f"np-{p.pk}",
+                            groups=[gpu_group(gpu_memory_mib=20480, gpu_cores_percent=50)],
+                            preemptible=False)
+    services.cycle_run(cluster=east)
+    # Each project holds 0.5 of its 1-GPU guarantee with non-preemptible work: 0.5 GPU of room,
+    # two quarter-card notebooks (0.25 each), though many more fit on the free cards.
+    assert accounting.startable(30, 0.25, [(8.0, "limit"), (0.5, "guarantee")]) == (2, "guarantee")
+    page = _page(world.a.member)
+    assert "Small notebook (¼ A100) <span class=\"small\">(2 you can start)" in page, page
+    assert "you can start 2 (a notebook runs non-preemptible, within the project&#x27;s guarantee on " \
+           "east (1 GPUs, 0.50 held by non-preemptible jobs there))" in page
+    # The scheduler agrees: a third quarter-card non-preemptible job waits on the guarantee.
+    jobs = [services.job_submit(actor=world.a.member, project=world.a.project, cluster=east, name=f"nb{i}",
+                                groups=[gpu_group(gpu_memory_mib=20480, gpu_cores_percent=25)],
+                                preemptible=False, kind="jupyter") for i in range(3)]
+    services.cycle_run(cluster=east)
+    states = [Job.objects.get(pk=j.pk) for j in jobs]
+    assert [j.state for j in states] == [JobState.STARTING, JobState.STARTING, JobState.QUEUED]
+    assert states[2].reason_kind == "guarantee"
 
 
 def test_guarantees_the_clusters_cannot_honour_are_flagged(world: Any, two: Any) -> None:
@@ -145,24 +183,50 @@ def test_the_gpu_map_never_mixes_free_memory_and_free_compute(world: Any, two: A
     assert accounting.UNIT_WORDS.split(";")[0] in page
 
 
-def test_a_notebooks_reason_suggests_nothing_its_page_cannot_do(world: Any, two: Any) -> None:
-    """Saw: a notebook told to "mark it preemptible"; the notebook form has no such option."""
-    from scheduling.engine.cycle import _over_already  # noqa: F401 (the wording's neighbour)
-    from workspaces.selectors import _PREEMPTIBLE_ADVICE, page_reason
+ACTION = re.compile(r"\b(mark it|ask (for|a|an)|resubmit|click|choose|stop another)\b", re.I)
+"""Words that would make a reason suggest an action (a control some page may not have)."""
 
-    texts = [
-        "Non-preemptible jobs must fit within acme/acme-p1's GPUs guarantee of 8 (non-preemptible "
-        "jobs hold 27.7, more than the guarantee: admitted before it was lowered, or within a "
-        "guarantee across all clusters; job asks 1); mark it preemptible to borrow idle GPUs",
-        "Non-preemptible jobs must fit within acme/acme-p1's GPUs guarantee of 0.5, and the job asks 1; "
-        "mark it preemptible to borrow idle GPUs, or ask for a larger guarantee",
-    ]
-    for text in texts:
-        assert _PREEMPTIBLE_ADVICE.search(text)
-        nb = Job(kind="jupyter", reason=text)
-        assert "preemptible to borrow" not in page_reason(nb) and "a notebook always runs" in page_reason(nb)
-        batch = Job(kind="pytorch", reason=text)
-        assert page_reason(batch) == text  # the training form has the option
+
+def test_a_waiting_reason_suggests_nothing_a_page_cannot_do(world: Any, two: Any) -> None:
+    """Saw: a notebook told to "mark it preemptible"; the notebook form has no such option.
+    One rule, not a filter per page: a reason states the rule and the figures, no action; the
+    same words on the job's page, the home and the API."""
+    east, _ = two
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal(1), "gpus_limit": Decimal(8)})
+    held = services.job_submit(actor=world.a.owner, project=world.a.project, cluster=east, name="np1",
+                               groups=[gpu_group(gpu_count=1)], preemptible=False)
+    waits = services.job_submit(actor=world.a.member, project=world.a.project, cluster=east, name="np2",
+                                groups=[gpu_group(gpu_count=1)], preemptible=False, kind="jupyter")
+    services.cycle_run(cluster=east)
+    held.refresh_from_db()
+    waits.refresh_from_db()
+    assert held.state == JobState.STARTING
+    assert waits.state == JobState.QUEUED and waits.reason_kind == "guarantee", waits.reason
+    assert "non-preemptible work does not borrow idle GPUs beyond a guarantee" in waits.reason
+    assert not ACTION.search(waits.reason), waits.reason
+    from workspaces.selectors import job_why
+    assert not ACTION.search(job_why(waits)["reason"])
+    page = _page(world.a.member, reverse("scheduling:job", args=[waits.pk]))
+    from django.utils.html import escape
+    assert f'<span data-live-field="reason">{escape(waits.reason)}</span>' in page
+    c = Client()
+    c.force_login(world.a.member)
+    api = c.get(f"/api/v1/jobs/{waits.pk}/").json()
+    assert api["reason"] == waits.reason
+    # The submit-time refusal states the rule too (the notebook form shows it as is).
+    from workspaces.quota import refuse_if_never_within_limits
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed": Decimal(2),
+                                      "gpus_guaranteed_all_clusters": Decimal(2)})
+    tenant_services.quota_set(actor=world.admin, scope="project", project=world.a.project,
+                              values={"gpus_guaranteed": Decimal(1),
+                                      "gpus_guaranteed_all_clusters": Decimal(1), "gpus_limit": Decimal(8)})
+    with pytest.raises(ValidationError) as err:
+        refuse_if_never_within_limits(project=world.a.project, cluster=east,
+                                      groups=[gpu_group(gpu_count=4)], preemptible=False)
+    text = " ".join(err.value.message_dict["gpu_count"])
+    assert "could never start" in text and not ACTION.search(text), text
 
 
 def test_a_waiting_reason_says_when_it_was_computed_and_when_it_is_stale(world: Any, two: Any) -> None:
@@ -179,6 +243,27 @@ def test_a_waiting_reason_says_when_it_was_computed_and_when_it_is_stale(world: 
     assert job.state == JobState.QUEUED, (job.state, job.reason)
     why = job_why(job)
     assert why["as_of"] is not None and not why["stale"]
+    page = _page(world.a.owner, reverse("scheduling:job", args=[job.pk]))  # the job's own page too
+    assert "(as of " in page and "may be out of date" not in page
     Cluster.objects.filter(pk=east.pk).update(last_cycle_at=timezone.now() - dt.timedelta(hours=1))
     job = Job.objects.select_related("cluster").get(pk=job.pk)
     assert job_why(job)["stale"]
+    page = _page(world.a.owner, reverse("scheduling:job", args=[job.pk]))
+    assert "may be out of date" in page
+
+
+def test_the_training_forms_default_image_follows_its_default_framework(world: Any) -> None:
+    """Issue 32 item 4: the training form preselected PaddlePaddle beside PyTorch DDP."""
+    from registry import services as reg
+    from registry.models import Image
+    from workspaces.forms import TrainingForm
+
+    Image.objects.filter(variant="training").update(enabled=False)
+    reg.image_create(actor=world.admin, name="paddle", reference="r.example/paddle:2", variant="training",
+                     framework="paddle")
+    torch = reg.image_create(actor=world.admin, name="torch", reference="r.example/torch:2",
+                             variant="training", framework="pytorch")
+    form = TrainingForm(user=world.a.member)
+    assert form.initial["framework"] == "pytorch" and form.initial["image"] == torch.pk
+    page = _page(world.a.member, reverse("workspaces:training-new"))
+    assert f'<option value="{torch.pk}" selected>' in page

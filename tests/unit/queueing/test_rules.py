@@ -493,8 +493,8 @@ def _np_waits_beyond_guarantee(r: CycleResult) -> None:
     assert s.kind == Kind.GUARANTEE and isinstance(s.decision, Wait)
     assert reason(r, "np") == (
         "Non-preemptible jobs must fit within Project vision/detection's GPU guarantee of 8 "
-        "(non-preemptible jobs hold 6; job asks 4); mark it preemptible to borrow idle "
-        "GPUs — 1st of 1 in vision/detection"
+        "(non-preemptible jobs hold 6; job asks 4); non-preemptible work does not borrow idle "
+        "GPUs beyond a guarantee (it could not be reclaimed) — 1st of 1 in vision/detection"
     )
     assert r.evicted == ()
 
@@ -542,7 +542,7 @@ def _np_unguaranteed_resource(r: CycleResult) -> None:
     assert r.statuses["second"].kind == Kind.GUARANTEE
     assert reason(r, "second").startswith(
         "Non-preemptible jobs must fit within Project t/p's CPU guarantee of 8 cores (non-preemptible "
-        "jobs hold 4 cores; job asks 6 cores); mark it preemptible to borrow idle CPU"
+        "jobs hold 4 cores; job asks 6 cores); non-preemptible work does not borrow idle CPU"
     )
 
 
@@ -564,7 +564,8 @@ def _np_never_within(r: CycleResult) -> None:
     assert isinstance(d, Reject) and r.statuses["np"].kind == Kind.OVER_GUARANTEE
     assert d.reason == (
         "Non-preemptible jobs must fit within Project vision/detection's GPU guarantee of 8, and "
-        "the job asks 12; mark it preemptible to borrow idle GPUs, or ask for a larger guarantee"
+        "the job asks 12; non-preemptible work does not borrow idle GPUs beyond a guarantee (it "
+        "could not be reclaimed)"
     )
     assert r.statuses["pre"].kind == Kind.ADMITTED
 
