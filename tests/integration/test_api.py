@@ -64,7 +64,13 @@ def test_membership_role_must_match_scope(world: World) -> None:
     response = client.post("/api/v1/memberships/", {
         "user": "nobody-here", "tenant": world.a.tenant.pk, "project": world.a.project.pk,
         "role": "boss"}, format="json")
-    assert response.status_code == 400 and {"user", "role"} <= set(response.json())
+    # where and which role are read first (permission is checked on them before any username
+    # is looked up, issue 30 item 8); the username's error comes once they are valid
+    assert response.status_code == 400 and set(response.json()) == {"role"}
+    response = client.post("/api/v1/memberships/", {
+        "user": "nobody-here", "tenant": world.a.tenant.pk, "project": world.a.project.pk,
+        "role": "project_member"}, format="json")
+    assert response.status_code == 400 and set(response.json()) == {"user"}
 
 
 def test_project_admin_cannot_make_a_tenant_owner(world: World) -> None:
