@@ -3,15 +3,27 @@
 ``manage.py check --deploy --fail-level WARNING`` passes with these (a test checks it).
 """
 
-from camp.env import ImproperlyConfiguredEnv, env_bool, env_int, env_is_set, env_str
+from camp.env import ImproperlyConfiguredEnv, env_bool, env_int, env_is_set, env_list, env_str
 
 from . import *  # noqa: F403
-from .base import ALLOWED_HOSTS  # noqa: F401
 
 DEBUG = False
+# Sessions, CSRF, password-reset tokens and the key that encrypts cluster credentials rest on
+# SECRET_KEY: refuse one a guesser could find (Django's own check asks for 50 characters).
+SECRET_KEY_MIN_LENGTH = 50
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY or SECRET_KEY.startswith("django-insecure"):
-    raise RuntimeError("SECRET_KEY (or SECRET_KEY_FILE) must be set to a long random value")
+    raise ImproperlyConfiguredEnv("SECRET_KEY (or SECRET_KEY_FILE) must be set to a long random value in "
+                                  "production: python3 -c 'import secrets; print(secrets.token_urlsafe(50))'")
+if len(SECRET_KEY) < SECRET_KEY_MIN_LENGTH:
+    raise ImproperlyConfiguredEnv(f"SECRET_KEY has {len(SECRET_KEY)} characters; production needs at least "
+                                  f"{SECRET_KEY_MIN_LENGTH} random ones: python3 -c 'import secrets; "
+                                  "print(secrets.token_urlsafe(50))'")
+# No silent fallback to the development hosts (which include "testserver").
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [])
+if not ALLOWED_HOSTS:
+    raise ImproperlyConfiguredEnv("ALLOWED_HOSTS must name the host names Camp answers to in production "
+                                  "(comma-separated, e.g. camp.example.com)")
 # Production never falls back to the demo's SQLite file ("unable to open database file" at the
 # first request, or worse, a private database per container).
 if not env_is_set("DATABASE_URL"):
