@@ -31,6 +31,13 @@ if not env_is_set("DATABASE_URL"):
                                   "postgres://user:password@host:5432/camp")
 
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+if not SECURE_SSL_REDIRECT:
+    # docker-compose's localhost convenience: said at every process's start, so nobody runs a
+    # public host this way unawares (`manage.py doctor` fails on it for a non-loopback host).
+    import sys
+
+    sys.stderr.write("WARNING: SECURE_SSL_REDIRECT=false: plain HTTP is accepted; fine on localhost "
+                     "only. Behind a TLS proxy set SECURE_SSL_REDIRECT=true (docs/DEPLOY.md).\n")
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = True

@@ -95,3 +95,11 @@ def test_production_refuses_empty_allowed_hosts_in_one_line(tmp_path: Path) -> N
     env = _production_env(tmp_path)
     env.pop("ALLOWED_HOSTS")
     _refused_in_one_line(_manage("check", env=env), "ALLOWED_HOSTS")
+
+
+def test_production_says_loudly_at_start_up_when_the_https_redirect_is_off(tmp_path: Path) -> None:
+    off = _manage("check", env=_production_env(tmp_path, SECURE_SSL_REDIRECT="false"))
+    assert off.returncode == 0, off.stderr
+    assert "WARNING: SECURE_SSL_REDIRECT=false" in off.stderr
+    on = _manage("check", env=_production_env(tmp_path))
+    assert "SECURE_SSL_REDIRECT" not in on.stderr
