@@ -36,6 +36,7 @@ from django.utils import timezone
 from scheduling.models import Cluster, Job, JobState
 from tenants.audit import audit_record
 from tenants.models import Membership, Project, Role, User
+from tenants.permissions import CHANGE, acts_as_platform_admin
 
 from .models import DemoLoad
 
@@ -65,7 +66,7 @@ def state() -> DemoLoad | None:
 @transaction.atomic
 def set_paused(*, actor: User, paused: bool) -> DemoLoad:
     """Pause or resume the generator (platform admins; audited)."""
-    if not getattr(actor, "platform_admin", False):
+    if not acts_as_platform_admin(actor, CHANGE):
         raise PermissionDenied("Only platform admins pause the demo load.")
     row = DemoLoad.objects.select_for_update().order_by("pk").first()
     if row is None:

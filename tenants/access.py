@@ -62,14 +62,21 @@ def _membership_can(user: Any, scope: Scope, action: str, obj: Membership) -> bo
 
 
 def _token_visible(scope: Scope, user: Any) -> Q:
-    # Tokens are private to their user (platform admins, as everywhere, see all).
-    return Q(user_id=user.pk)
+    # Tokens are private to their user (platform admins, as everywhere, see all); a
+    # project-scoped token reaches only the user's tokens of that same project.
+    q = Q(user_id=user.pk)
+    parent: ApiToken | None = getattr(user, "camp_token", None)
+    if parent is not None and parent.project_id is not None:
+        q &= Q(project_id=parent.project_id)
+    return q
 
 
 def _token_can(user: Any, scope: Scope, action: str, obj: ApiToken) -> bool:
     if user.pk is None or obj.user_id != user.pk:
         return False
     parent: ApiToken | None = getattr(user, "camp_token", None)
+    if parent is not None and parent.project_id is not None and obj.project_id != parent.project_id:
+        return False  # a project token acts on its own project's tokens only
     if action == CREATE and parent is not None and not _no_broader(obj, parent):
         return False
     if action == CREATE and obj.project_id is not None:

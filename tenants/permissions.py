@@ -545,6 +545,17 @@ def can(user: Any, action: str, obj: Model) -> bool:
     return checker.allows(user, scope, action, obj)
 
 
+def acts_as_platform_admin(user: Any, action: str = VIEW) -> bool:
+    """May ``user`` take a platform-wide ``action`` that no model row carries (pausing the
+    demo load, the platform's pages)? Read from the request's scope, so a platform admin's
+    project-scoped token is not a platform admin and a read-only one only reads. Services
+    ask this (or ``can``), never ``user.platform_admin`` (tests/unit/test_access_layering.py)."""
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r}")
+    scope = scope_of(user)
+    return scope.platform_admin and (action == VIEW or not scope.read_only)
+
+
 # --- restrict ----------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from scheduling import engine as E
 from scheduling.engine.queueing import RESOURCE_NAMES, TreeState, format_amount, job_ask
 from scheduling.models import Cluster, GpuDevice
 from scheduling.selectors import queue_name, queue_tree
+from scheduling.services.common import STORAGE_LOCK_CLASS, xact_locks
 from tenants.models import Project
 
 # The request field that carries each engine resource (GPU, GPU memory, CPU, RAM).
@@ -112,13 +113,17 @@ def refuse_if_never_within_all_clusters(*, project: Project, job: E.Job,
 
 def refuse_if_over_storage(*, project: Project, extra_gib: int, field: str,
                            exclude_env: int | None = None) -> None:
-    """Home and checkpoint volumes count against the project's storage limit."""
+    """Home and checkpoint volumes count against the project's storage limit. Counted under
+    the project's storage lock (``xact_locks``, as the GPU quotas across clusters are), held
+    to the caller's commit: concurrent launches are counted one after the other, each
+    seeing the volumes the earlier ones saved, so together they never exceed the limit."""
     from .models import DevEnvironment, TrainingJob
     from .selectors import policy_for
 
     limit = policy_for(project).storage_gib_limit
     if limit is None or extra_gib <= 0:
         return
+    xact_locks(STORAGE_LOCK_CLASS, [project.pk])
     envs = DevEnvironment.objects.filter(project=project)
     if exclude_env is not None:
         envs = envs.exclude(pk=exclude_env)

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_POST
 
 from scheduling.models import Backend, Cluster
 from tenants.forms import apply_service_errors
-from tenants.permissions import CHANGE, DELETE, actor_of, can, restrict
+from tenants.permissions import CHANGE, CREATE, DELETE, actor_of, can, restrict
 
 from . import presets, selectors, services
 from .filters import ServiceListFilter
@@ -259,14 +259,14 @@ def profile_list(request: HttpRequest) -> HttpResponse:
         profiles, restrict(Cluster.objects.filter(enabled=True), request.user), request.user)}
     return render(request, "workspaces/profiles.html", {
         "rows": [(p, cards[p.pk]) for p in profiles],
-        "can_edit": getattr(request.user, "platform_admin", False)})
+        "can_edit": can(request.user, CREATE, Profile())})
 
 
 @login_required
 def preset_edit(request: HttpRequest, pk: int | None = None) -> HttpResponseBase:
     """Platform admins define compute presets here (or through /api/v1/profiles/)."""
     profile = get_object_or_404(Profile, pk=pk) if pk else None
-    if not getattr(request.user, "platform_admin", False):
+    if not can(request.user, CHANGE if profile else CREATE, profile or Profile()):
         raise PermissionDenied
     form = PresetForm(request.POST or None, instance=profile)
     if request.method == "POST" and form.is_valid():

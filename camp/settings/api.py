@@ -1,6 +1,6 @@
 """REST API: DRF, django-filter and drf-spectacular."""
 
-from camp.env import env_int
+from camp.env import env_bool, env_int
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -27,6 +27,7 @@ REST_FRAMEWORK = {
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 
+API_SCHEMA_PUBLIC = env_bool("API_SCHEMA_PUBLIC", False)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Camp API",
     "DESCRIPTION": (
@@ -36,6 +37,10 @@ SPECTACULAR_SETTINGS = {
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/schema/ and /api/docs/ map every endpoint and field: for signed-in users (session
+    # or token) unless API_SCHEMA_PUBLIC=true (issue 30, item 9).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny" if API_SCHEMA_PUBLIC
+                          else "rest_framework.permissions.IsAuthenticated"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from camp.filters import CampFilterSet
 from tenants.api.idempotency import IdempotentCreateMixin
 from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
-from tenants.permissions import actor_of
+from tenants.permissions import CHANGE, CREATE, actor_of
 
 from .. import selectors, services
 from ..models import Allocation, Cluster, GpuDevice, GpuSlice, Job, Node, NodePool, SchedulingDecision
@@ -139,6 +139,15 @@ class NodePoolViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retri
 
     def get_queryset(self) -> QuerySet[Any]:
         return super().get_queryset().select_related("cluster").prefetch_related("tenants")
+
+    # Permission before the body's cluster and tenant names are resolved (issue 30, item 8).
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        self.require_before_parsing(CREATE, NodePool())
+        return super().create(request, *args, **kwargs)
+
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        self.require_before_parsing(CHANGE, self.get_object())
+        return super().update(request, *args, **kwargs)
 
     def perform_create(self, serializer: Any) -> None:
         data = dict(serializer.validated_data)

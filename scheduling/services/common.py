@@ -7,7 +7,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -67,6 +67,25 @@ def _locked_job(pk: int) -> Job:
 _CYCLE_LOCK_CLASS = 0x43414D50  # "CAMP": first key of the two-int advisory lock
 _DISPATCH_LOCK_CLASS = 0x43414D44  # "CAMD": a job's dispatch in flight (key 2: job id)
 _ALL_CLUSTERS_LOCK_CLASS = 0x43414D55  # "CAMU": a tenant's GPU use across clusters (key 2: tenant id)
+STORAGE_LOCK_CLASS = 0x43414D53  # "CAMS": a project's volumes against its storage limit (key 2: project id)
+
+
+def xact_locks(key_class: int, keys: Iterable[int]) -> None:
+    """PostgreSQL transaction-level advisory locks ``(key_class, key)``, taken in ascending
+    key order (two holders never wait on each other in a circle) and released at commit or
+    rollback, when what the holder counted and wrote is visible to the next one. This is how
+    a quota checked by counting rows holds under concurrent writers: the GPU quotas across
+    clusters (``cycle._lock_all_clusters``) and the storage limit (``workspaces.quota``).
+    Taken again in the same transaction, a lock is already held: no wait. Must run inside
+    ``transaction.atomic`` (outside one it would be released at once); other databases
+    (the SQLite demo) serialise writers anyway and take nothing."""
+    if connection.vendor != "postgresql":
+        return
+    if not connection.in_atomic_block:
+        raise RuntimeError("xact_locks() needs a transaction: it would be released at once.")
+    with connection.cursor() as cursor:
+        for key in sorted(set(keys)):
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [key_class, key])
 
 
 @contextlib.contextmanager

@@ -48,6 +48,7 @@ from .common import (
     _update_from_values,
     logger,
     session_try_lock,
+    xact_locks,
 )
 from .dispatch import project_namespace_ensure
 from .jobs import _preempted_reason
@@ -559,10 +560,7 @@ def _lock_all_clusters(tenant_ids: Iterable[int]) -> None:
     """The per-tenant advisory locks of the quotas across all clusters (ascending ids, so two
     cycles never wait on each other in a circle; released at commit). Taken again by the same
     transaction, a lock is already held: no wait."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            for tid in sorted(tenant_ids):
-                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_ALL_CLUSTERS_LOCK_CLASS, tid])
+    xact_locks(_ALL_CLUSTERS_LOCK_CLASS, tenant_ids)
 
 
 def _guaranteed_preemptions(admits: list[tuple[Job, E.Placement, JobStatus]],

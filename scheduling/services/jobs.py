@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
@@ -331,14 +331,22 @@ def job_evict(*, job_id: int, reason: str) -> bool:
 def job_checkpoint_record(*, job: Job, path: str, actor: User | None = None) -> Job:
     """Remember a checkpoint-capable job's latest checkpoint: when the job is preempted or
     rescheduled off broken hardware, its next pods get ``CAMP_RESUME_FROM=<path>``.
-    Workloads (or the job itself) report checkpoints; ``actor`` None means the platform."""
+    Workloads (or the job itself) report checkpoints; ``actor`` None means the platform.
+
+    Who may report (docs/SECURITY.md): the job's owner (while they may change it; a
+    project-scoped or read-only token narrows this as everywhere), platform admins, and
+    Camp itself. Not a project admin or tenant owner on someone else's job: the path
+    decides what data the owner's job resumes from, and they could point it at their own.
+    Every change is audited (``job.checkpointed``, before and after)."""
     path = path.strip()
     if not path or len(path) > 500:
         raise ValidationError({"path": ["A checkpoint path of 1 to 500 characters."]})
     with transaction.atomic():
         locked = _locked_job(job.pk)
-        if actor is not None:
+        if actor is not None and not permissions.acts_as_platform_admin(actor, permissions.CHANGE):
             _require(actor, permissions.CHANGE, locked)
+            if locked.owner_id != actor.pk:
+                raise PermissionDenied("Only the job's owner reports its checkpoints.")
         if not locked.checkpoint_capable:
             raise ValidationError({"path": ["This job is not checkpoint-capable."]})
         before = locked.last_checkpoint

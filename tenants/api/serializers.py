@@ -82,8 +82,23 @@ class UserBriefSerializer(serializers.ModelSerializer[User]):
         read_only_fields = fields
 
 
+# One answer for a username nobody has and for an account that cannot be invited
+# (deactivated): the error names neither case, nor echoes the name.
+NOT_INVITABLE = "No user who can be invited has this username."
+
+
+class MembershipTargetSerializer(serializers.Serializer[Any]):
+    """Where a new role would be granted, and which: read before the user is looked up."""
+
+    tenant = VisiblePKField(queryset=Tenant.objects.all())
+    project = VisiblePKField(queryset=Project.objects.all(), required=False, allow_null=True)
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
 class MembershipSerializer(serializers.ModelSerializer[Membership]):
-    user = serializers.SlugRelatedField(slug_field="username", queryset=User.objects.filter(is_active=True))
+    user = serializers.SlugRelatedField(
+        slug_field="username", queryset=User.objects.filter(is_active=True),
+        error_messages={"does_not_exist": NOT_INVITABLE, "invalid": NOT_INVITABLE})
     tenant = VisiblePKField(queryset=Tenant.objects.all())
     project = VisiblePKField(queryset=Project.objects.all(), required=False, allow_null=True
     )

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import django_filters
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -20,13 +21,14 @@ from camp.filters import CampFilterSet
 
 from .. import services
 from ..models import ApiToken, AuditEvent, Membership, Project, Quota, Tenant, User
-from ..permissions import actor_of, restrict
+from ..permissions import CREATE, actor_of, can, restrict
 from .idempotency import IdempotentCreateMixin
 from .serializers import (
     ApiTokenCreatedSerializer,
     ApiTokenSerializer,
     AuditEventSerializer,
     MembershipSerializer,
+    MembershipTargetSerializer,
     MembershipUpdateSerializer,
     ProjectSerializer,
     QuotaSerializer,
@@ -57,6 +59,13 @@ class CampViewSet(viewsets.GenericViewSet):  # type: ignore[type-arg]
 
     def get_queryset(self) -> QuerySet[Any]:
         return restrict(self.model.objects.all(), self.request.user)
+
+    def require_before_parsing(self, action: str, obj: Any) -> None:
+        """403 before the body's names are resolved, when the caller may not take ``action``
+        on ``obj`` whatever the body says: otherwise "does not exist" (400) for a name and
+        403 for another tell a caller without the right which names exist (issue 30, 8)."""
+        if not can(self.request.user, action, obj):
+            raise PermissionDenied(f"You may not {action} this {obj._meta.verbose_name}.")
 
 
 @extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
@@ -139,6 +148,15 @@ class MembershipViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Ret
 
     def get_queryset(self) -> QuerySet[Any]:
         return super().get_queryset().select_related("user", "tenant", "project")
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        # Where and what role first (403 if the caller may not grant it there), the user
+        # only then: a username is looked up only for someone who may invite, and unknown
+        # and not-invitable usernames answer alike (MembershipSerializer.user).
+        target = MembershipTargetSerializer(data=request.data, context=self.get_serializer_context())
+        target.is_valid(raise_exception=True)
+        self.require_before_parsing(CREATE, Membership(**target.validated_data))
+        return super().create(request, *args, **kwargs)
 
     def perform_create(self, serializer: Any) -> None:
         serializer.instance = services.membership_create(

@@ -64,7 +64,13 @@ def test_membership_role_must_match_scope(world: World) -> None:
     response = client.post("/api/v1/memberships/", {
         "user": "nobody-here", "tenant": world.a.tenant.pk, "project": world.a.project.pk,
         "role": "boss"}, format="json")
-    assert response.status_code == 400 and {"user", "role"} <= set(response.json())
+    # where and which role are read first (permission is checked on them before any username
+    # is looked up, issue 30 item 8); the username's error comes once they are valid
+    assert response.status_code == 400 and set(response.json()) == {"role"}
+    response = client.post("/api/v1/memberships/", {
+        "user": "nobody-here", "tenant": world.a.tenant.pk, "project": world.a.project.pk,
+        "role": "project_member"}, format="json")
+    assert response.status_code == 400 and set(response.json()) == {"user"}
 
 
 def test_project_admin_cannot_make_a_tenant_owner(world: World) -> None:
@@ -285,6 +291,14 @@ def test_openapi_schema_and_docs_are_served(world: World) -> None:
         assert path in doc["paths"]
     assert "bearerAuth" in doc["components"]["securitySchemes"]
     assert client.get("/api/docs/").status_code == 200
+
+
+def test_schema_and_docs_need_a_signed_in_user_by_default(world: World) -> None:
+    anonymous = APIClient()
+    for path in ("/api/schema/", "/api/docs/"):
+        assert anonymous.get(path).status_code in (401, 403), path
+    _, plaintext = services.token_create(actor=world.a.member, name="schema")
+    assert bearer(plaintext).get("/api/schema/?format=json").status_code == 200
 
 
 def test_committed_schema_matches_the_code() -> None:

@@ -75,3 +75,31 @@ def test_a_secret_file_that_is_not_there_is_named(tmp_path: Path) -> None:
     env = _production_env(tmp_path, SECRET_KEY_FILE=str(tmp_path / "not-mounted"))
     _refused_in_one_line(_manage("check", env=env), "SECRET_KEY_FILE", "not-mounted",
                          "No such file")
+
+
+def test_production_refuses_a_short_secret_key_in_one_line(tmp_path: Path) -> None:
+    for short in ("x", "a" * 49):
+        env = _production_env(tmp_path, SECRET_KEY=short)
+        env.pop("SECRET_KEY_FILE")
+        line = _refused_in_one_line(_manage("check", env=env), "SECRET_KEY", "at least 50")
+        assert "a" * 49 not in line  # the refusal names the variable, never echoes the secret
+    env = _production_env(tmp_path, SECRET_KEY="k" * 50)
+    env.pop("SECRET_KEY_FILE")
+    assert _manage("check", env=env).returncode == 0
+
+
+def test_production_refuses_empty_allowed_hosts_in_one_line(tmp_path: Path) -> None:
+    for value in ("", " , "):
+        _refused_in_one_line(_manage("check", env=_production_env(tmp_path, ALLOWED_HOSTS=value)),
+                             "ALLOWED_HOSTS")
+    env = _production_env(tmp_path)
+    env.pop("ALLOWED_HOSTS")
+    _refused_in_one_line(_manage("check", env=env), "ALLOWED_HOSTS")
+
+
+def test_production_says_loudly_at_start_up_when_the_https_redirect_is_off(tmp_path: Path) -> None:
+    off = _manage("check", env=_production_env(tmp_path, SECURE_SSL_REDIRECT="false"))
+    assert off.returncode == 0, off.stderr
+    assert "WARNING: SECURE_SSL_REDIRECT=false" in off.stderr
+    on = _manage("check", env=_production_env(tmp_path))
+    assert "SECURE_SSL_REDIRECT" not in on.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from tenants import permissions
@@ -76,8 +76,9 @@ def profile_create(
     **fields: Any,
 ) -> Profile:
     profile = Profile(name=name, **fields)
-    if not actor.platform_admin:
-        raise PermissionDenied("Only platform admins define profiles.")
+    # The access rule decides (platform admins only, and not through a project-scoped or
+    # read-only token): a preset is offered to every tenant.
+    _require(actor, permissions.CREATE, profile)
     return _profile_save(actor, profile, tenants, projects, "profile.created", None)
 
 

@@ -16,6 +16,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from camp import health
 
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
 
 class Command(BaseCommand):
     help = "Print what this deployment lacks (settings, services, clusters); exit 1 on problems."
@@ -30,12 +32,21 @@ class Command(BaseCommand):
         problems: list[tuple[str, str]] = []
         oks: list[str] = []
 
+        # Without the HTTPS redirect, sessions and tokens travel in clear: a problem for any
+        # host but loopback (docker-compose's localhost convenience, SECURE_SSL_REDIRECT=false).
+        loopback_only = bool(settings.ALLOWED_HOSTS) and all(
+            h in LOOPBACK_HOSTS for h in settings.ALLOWED_HOSTS)
         for message in run_checks(include_deployment_checks=True):
+            if message.id == "security.W008" and loopback_only:
+                continue
             if message.level >= WARNING:
                 text = str(message.msg).strip()
                 if message.hint:
                     text += f" ({message.hint})"
                 problems.append((message.id or "check", text))
+        if not settings.SECURE_SSL_REDIRECT and not loopback_only:
+            problems.append(("tls", "SECURE_SSL_REDIRECT=false while ALLOWED_HOSTS names a host that "
+                             "is not loopback: passwords, sessions and tokens may travel in clear"))
         if "*" in settings.ALLOWED_HOSTS:
             problems.append(("hosts", "ALLOWED_HOSTS contains '*': name the hosts Camp serves"))
         if not getattr(settings, "CAMP_ENCRYPTION_KEYS", []):

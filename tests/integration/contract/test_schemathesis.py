@@ -117,7 +117,8 @@ def test_api_contract(world: Any, live_server: Any, role: str) -> None:
     user = world.admin if role == "platform_admin" else getattr(world.a, role)
     _, token = services.token_create(actor=user, name=f"fuzz-{role}")
     schema = schemathesis.openapi.from_url(f"{live_server.url}/api/schema/?format=json",
-                                           config=_config(token, role))
+                                           config=_config(token, role),
+                                           headers={"Authorization": f"Bearer {token}"})
     started = time.monotonic()
     failures: list[str] = []
     errors: list[str] = []

@@ -60,6 +60,7 @@ def test_doctor_names_each_missing_piece(tmp_path: Path) -> None:
     assert result.returncode == 1
     out = result.stdout
     assert "PROBLEM  security.W008" in out  # no HTTPS redirect
+    assert "PROBLEM  tls: SECURE_SSL_REDIRECT=false" in out  # and a host that is not loopback
     assert "PROBLEM  security.W004" in out  # no HSTS
     assert "PROBLEM  hosts: ALLOWED_HOSTS contains '*'" in out
     assert "PROBLEM  encryption: CAMP_ENCRYPTION_KEY is not set" in out
@@ -81,3 +82,15 @@ def test_doctor_on_the_demo_settings_names_the_insecure_defaults(tmp_path: Path)
     assert "PROBLEM  database: unreachable" in result.stdout
     assert "PROBLEM  redis: REDIS_URL is not set" in result.stdout
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_doctor_lets_loopback_go_without_the_https_redirect_but_no_other_host(tmp_path: Path) -> None:
+    env = _production_env(tmp_path)
+    env.update({"SECURE_SSL_REDIRECT": "false", "ALLOWED_HOSTS": "localhost,127.0.0.1"})
+    local = _doctor(env)
+    assert "tls" not in local.stdout and "security.W008" not in local.stdout, local.stdout
+    env["ALLOWED_HOSTS"] = "localhost,camp.example.com"
+    public = _doctor(env)
+    assert public.returncode == 1
+    assert "PROBLEM  tls: SECURE_SSL_REDIRECT=false" in public.stdout

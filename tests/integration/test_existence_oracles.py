@@ -1,0 +1,89 @@
+"""No answer tells a caller which names exist that they may not see (issue 30, item 8).
+
+Permission is checked before the body's names are resolved, so a caller without the right
+gets the same 403 whether the cluster, tenant or username they named exists or not; and
+someone who may invite gets the same 400 for a username nobody has and for an account
+that cannot be invited (deactivated).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduling import services as scheduling
+from scheduling.models import NodePool
+from tenants import services
+from tenants.models import Membership
+from tests.conftest import World, client_for, make_user
+from tests.integration.scheduling.conftest import SMALL_INVENTORY
+
+pytestmark = pytest.mark.django_db
+
+
+def _same(a: Any, b: Any) -> None:
+    assert (a.status_code, a.json()) == (b.status_code, b.json()), (a.content, b.content)
+
+
+@pytest.mark.parametrize("role", ["owner", "project_admin", "member", "outsider"])
+def test_pool_create_answers_the_same_for_real_and_made_up_names(world: World, role: str) -> None:
+    scheduling.cluster_create(actor=world.admin, name="sim", backend="simulated",
+                              inventory=SMALL_INVENTORY)
+    client = client_for(world.user(role))
+    real = client.post("/api/v1/pools/", {"cluster": "sim", "name": "p", "dedicated": True,
+                                          "tenants": ["globex"]}, format="json")
+    made_up = client.post("/api/v1/pools/", {"cluster": "no-such-cluster", "name": "p",
+                                             "dedicated": True, "tenants": ["no-such-tenant"]},
+                          format="json")
+    assert real.status_code == 403
+    _same(real, made_up)
+    assert not NodePool.objects.exists()
+
+
+def test_pool_update_answers_the_same_for_real_and_made_up_tenants(world: World) -> None:
+    cluster = scheduling.cluster_create(actor=world.admin, name="sim", backend="simulated",
+                                        inventory=SMALL_INVENTORY)
+    pool = scheduling.nodepool_create(actor=world.admin, cluster=cluster, name="shared",
+                                      selector={"pool": "shared"})
+    client = client_for(world.a.owner)  # sees the shared pool, may not change it
+    real = client.patch(f"/api/v1/pools/{pool.pk}/", {"tenants": ["globex"]}, format="json")
+    made_up = client.patch(f"/api/v1/pools/{pool.pk}/", {"tenants": ["no-such-tenant"]},
+                           format="json")
+    assert real.status_code == 403
+    _same(real, made_up)
+    # the platform admin still gets the field error that names the unknown tenant
+    admin = client_for(world.admin).patch(f"/api/v1/pools/{pool.pk}/",
+                                          {"tenants": ["no-such-tenant"]}, format="json")
+    assert admin.status_code == 400 and "tenants" in admin.json()
+
+
+def _invite(client: Any, world: World, username: str) -> Any:
+    return client.post("/api/v1/memberships/", {
+        "user": username, "tenant": world.a.tenant.pk, "project": world.a.project.pk,
+        "role": "project_member"}, format="json")
+
+
+def test_membership_create_checks_permission_before_the_username(world: World) -> None:
+    member = client_for(world.a.member)  # may not invite
+    real, made_up = _invite(member, world, "outsider"), _invite(member, world, "nobody-xyz")
+    assert real.status_code == 403
+    _same(real, made_up)
+    # someone with no role in the tenant reads it as missing, and learns nothing of users
+    outsider = client_for(world.outsider)
+    real, made_up = _invite(outsider, world, "acme-owner"), _invite(outsider, world, "nobody-xyz")
+    assert real.status_code == 400 and set(real.json()) == {"tenant", "project"}
+    _same(real, made_up)
+    assert not Membership.objects.filter(user=world.outsider).exists()
+
+
+def test_unknown_and_not_invitable_usernames_answer_alike(world: World) -> None:
+    gone = make_user("gone-user")
+    services.user_update(actor=world.admin, user=gone, is_active=False)
+    admin = client_for(world.a.project_admin)
+    unknown, inactive = _invite(admin, world, "nobody-xyz"), _invite(admin, world, "gone-user")
+    assert unknown.status_code == 400 and set(unknown.json()) == {"user"}
+    _same(unknown, inactive)
+    assert "nobody-xyz" not in unknown.content.decode()
+    # and a real, invitable user is invited
+    assert _invite(admin, world, "outsider").status_code == 201
