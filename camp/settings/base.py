@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "axes",
     "camp",
     "tenants",
+    "tenants.scim",
     "scheduling",
     "workspaces",
     "registry",

@@ -29,7 +29,7 @@ from .mapping import (
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("ldap", "oidc", "saml")
+SOURCES = ("ldap", "oidc", "saml", "scim")  # scim: tenants/scim (provisioning)
 
 
 def group_role_mapping() -> GroupRoleMapping:
