@@ -101,6 +101,11 @@ class CampScimUser(SCIMUser):
         super().__init__(obj, request=request)
         self._fields: UserFields | None = None
 
+    @classmethod
+    def resource_type_dict(cls, request: HttpRequest | None = None) -> dict[str, Any]:
+        # RFC 7643 §6: the endpoint is relative to the base URL (/scim/v2), not the host.
+        return {**super().resource_type_dict(request), "endpoint": "/Users"}
+
     # -- reading ----------------------------------------------------------------------
     def current_fields(self) -> UserFields:
         user = self.obj.user
@@ -277,6 +282,10 @@ class CampScimGroup(SCIMGroup):
     @property
     def display_name(self) -> str:
         return self.obj.display_name
+
+    @classmethod
+    def resource_type_dict(cls, request: HttpRequest | None = None) -> dict[str, Any]:
+        return {**super().resource_type_dict(request), "endpoint": "/Groups"}
 
     @property
     def members(self) -> list[dict[str, Any]]:

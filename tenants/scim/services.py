@@ -147,7 +147,7 @@ def provision_user(*, provider: ScimProvider, fields: UserFields) -> ScimUser:
     if links.filter(user_name__iexact=fields.user_name).exists():
         raise _conflict(f"A user with userName {fields.user_name!r} already exists.")
     subject = fields.external_id or fields.user_name
-    user = (User.objects.select_for_update()
+    user = (User.objects.select_for_update(of=("self",))
             .filter(auth_source=provider.sso_source, sso_issuer=provider.sso_issuer,
                     sso_subject=subject, scim_link__isnull=True).first())
     adopted = user is not None
