@@ -116,13 +116,13 @@ class ScimBearerAuth(SCIMAuthCheckMiddleware):
                  if scheme.lower() == "bearer" else None)
         if token is None:
             throttle = _Throttle(f"fail_{client_ip(request)}", settings.SCIM_AUTH_FAILURE_RATE)
-            if not throttle.allow_request(request, None):
+            if not throttle.allow_request(request, None):  # type: ignore[arg-type]
                 return _error(429, "Too many failed SCIM authentications.",
                               **{"Retry-After": str(int(throttle.wait() or 1))})
             return _error(401, "A SCIM bearer token is required (manage.py scim_token).",
                           **{"WWW-Authenticate": 'Bearer realm="camp-scim"'})
         throttle = _Throttle(f"token_{token.pk}", settings.SCIM_THROTTLE_RATE)
-        if not throttle.allow_request(request, None):
+        if not throttle.allow_request(request, None):  # type: ignore[arg-type]
             return _error(429, "Too many SCIM requests; slow down.",
                           **{"Retry-After": str(int(throttle.wait() or 1))})
         request.scim_token = token  # type: ignore[attr-defined]

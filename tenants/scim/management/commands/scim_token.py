@@ -50,12 +50,12 @@ class Command(BaseCommand):
             return
         admin = self._admin(options["admin"])
         if action == "revoke":
-            token = ScimToken.objects.select_related("provider").filter(
+            found = ScimToken.objects.select_related("provider").filter(
                 prefix=options["prefix"]).first()
-            if token is None:
+            if found is None:
                 raise CommandError(f"prefix: no SCIM token {options['prefix']!r}.")
-            scim_token_revoke(actor=admin, token=token)
-            self.stdout.write(f"Revoked {token.prefix}.")
+            scim_token_revoke(actor=admin, token=found)
+            self.stdout.write(f"Revoked {found.prefix}.")
             return
         provider = ScimProvider.objects.filter(name=options["provider"]).first()
         source, issuer = options["sso_source"], options["sso_issuer"]
