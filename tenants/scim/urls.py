@@ -17,8 +17,8 @@ urlpatterns = [
     re_path(r"^Me$", scim_views.SCIMView.as_view(implemented=False), name="me"),
     re_path(r"^ServiceProviderConfig$", scim_views.ServiceProviderConfigView.as_view(),
             name="service-provider-config"),
-    re_path(r"^ResourceTypes(?:/(?P<uuid>[^/]+))?$", scim_views.ResourceTypesView.as_view(),
+    re_path(r"^ResourceTypes(?:/(?P<uuid>[^/]+))?$", views.ResourceTypesView.as_view(),
             name="resource-types"),
-    re_path(r"^Schemas(?:/(?P<uuid>[^/]+))?$", scim_views.SchemasView.as_view(), name="schemas"),
+    re_path(r"^Schemas(?:/(?P<uuid>[^/]+))?$", views.SchemasView.as_view(), name="schemas"),
     re_path(r"^Bulk$", scim_views.SCIMView.as_view(implemented=False), name="bulk"),
 ]
