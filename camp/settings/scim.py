@@ -13,6 +13,7 @@ SCIM_SERVICE_PROVIDER = {
     "BASE_LOCATION_GETTER": "tenants.scim.hooks.base_location",
     "GET_EXTRA_MODEL_FILTER_KWARGS_GETTER": "tenants.scim.hooks.provider_filter",
     "AUTH_CHECK_MIDDLEWARE": "tenants.scim.hooks.ScimBearerAuth",
+    "SCHEMAS_GETTER": "tenants.scim.hooks.schemas",
     # Mandatory in django-scim2 but unused: locations come from the request (base_location).
     "NETLOC": "camp",
     "AUTHENTICATION_SCHEMES": [{"type": "oauthbearertoken", "name": "Bearer token"}],

@@ -89,6 +89,26 @@ def _checked_email(value: Any) -> str:
     return address
 
 
+ALWAYS_RETURNED = frozenset({"id", "schemas", "meta"})
+
+
+def project(d: dict[str, Any], request: HttpRequest | None) -> dict[str, Any]:
+    """``attributes`` / ``excludedAttributes`` (RFC 7644 §3.9) on top-level attributes;
+    Entra asks for groups with ``excludedAttributes=members``."""
+    if request is None:
+        return d
+
+    def names(param: str) -> set[str]:
+        raw = request.GET.get(param, "") if request is not None else ""
+        return {_strip_schema(_strip_schema(n.strip(), CORE_USER), CORE_GROUP)
+                .split(".")[0].lower() for n in raw.split(",") if n.strip()}
+
+    wanted, excluded = names("attributes"), names("excludedAttributes")
+    return {k: v for k, v in d.items()
+            if k in ALWAYS_RETURNED or ((not wanted or k.lower() in wanted)
+                                         and k.lower() not in excluded)}
+
+
 def _request_provider(request: HttpRequest) -> Any:
     return request.scim_provider  # type: ignore[attr-defined]
 
@@ -151,7 +171,7 @@ class CampScimUser(SCIMUser):
         }
         if self.obj.external_id:
             d["externalId"] = self.obj.external_id
-        return d
+        return project(d, self._request)
 
     # -- writing ----------------------------------------------------------------------
     def validate_dict(self, d: dict[str, Any]) -> None:
@@ -304,7 +324,7 @@ class CampScimGroup(SCIMGroup):
                              "meta": self.meta}
         if self.obj.external_id:
             d["externalId"] = self.obj.external_id
-        return d
+        return project(d, self._request)
 
     def validate_dict(self, d: dict[str, Any]) -> None:
         if not isinstance(d, dict):

@@ -128,3 +128,26 @@ class ScimBearerAuth(SCIMAuthCheckMiddleware):
         request.scim_token = token  # type: ignore[attr-defined]
         request.scim_provider = token.provider  # type: ignore[attr-defined]
         return None
+
+
+def schemas() -> list[dict[str, Any]]:
+    """django-scim2's schemas, with the Group's displayName required (Camp needs it: it
+    is the group name SSO_GROUP_ROLES maps; RFC 7643 leaves it optional) and the members'
+    ``display`` that Camp returns described."""
+    import copy
+
+    from django_scim.schemas import ALL
+
+    published = copy.deepcopy(ALL)
+    for schema in published:
+        if schema.get("id") == "urn:ietf:params:scim:schemas:core:2.0:Group":
+            for attribute in schema.get("attributes", []):
+                if attribute.get("name") == "displayName":
+                    attribute["required"] = True
+                if attribute.get("name") == "members":  # as Okta, Entra and Camp send it
+                    attribute["subAttributes"].append({
+                        "name": "display", "type": "string", "multiValued": False,
+                        "description": "The member's userName.", "required": False,
+                        "caseExact": False, "mutability": "readOnly", "returned": "default",
+                        "uniqueness": "none"})
+    return published

@@ -108,3 +108,13 @@ def test_bad_input_is_a_400_naming_the_attribute(entra: Scim) -> None:
     unknown = entra.call("POST", "/Groups", {"displayName": "g", "members": [{"value": "nobody"}]})
     assert unknown.status_code == 400 and "members" in unknown.json()["detail"]
     assert entra.call("GET", "/Users/not-a-uuid").status_code == 404
+
+
+def test_entra_group_query_without_members(entra: Scim) -> None:
+    body = _create(entra)
+    entra.call("POST", "/Groups", {"displayName": "camp-acme-ml", "members": [{"value": body["id"]}]})
+    found = entra.call("GET", '/Groups?excludedAttributes=members&filter=displayName eq "camp-acme-ml"')
+    group = found.json()["Resources"][0]
+    assert "members" not in group and group["displayName"] == "camp-acme-ml"
+    only = entra.call("GET", f"/Users/{body['id']}?attributes=userName").json()
+    assert set(only) == {"id", "schemas", "meta", "userName"}
