@@ -1,6 +1,19 @@
 """SCIM 2.0 provisioning (tenants/scim on django-scim2; docs/AUTH.md, "SCIM provisioning")."""
 
+import re
+
+from django.core.exceptions import ImproperlyConfigured
+
 from camp.env import env_str
+
+
+def _rate(name: str, default: str) -> str:
+    """A DRF rate, ``<n>/<s|sec|min|hour|day>``; anything else stops start-up naming ``name``."""
+    value = env_str(name, default)
+    if not re.fullmatch(r"[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)", value):
+        raise ImproperlyConfigured(f"{name} must look like 600/min, not {value!r}")
+    return value
+
 
 SCIM_SERVICE_PROVIDER = {
     "USER_MODEL_GETTER": "tenants.scim.hooks.user_model",
@@ -20,6 +33,6 @@ SCIM_SERVICE_PROVIDER = {
     "WWW_AUTHENTICATE_HEADER": 'Bearer realm="camp-scim"',
 }
 # Requests per SCIM token (Okta sends at most a few hundred a minute in a full push).
-SCIM_THROTTLE_RATE = env_str("SCIM_THROTTLE_RATE", "1200/min")
+SCIM_THROTTLE_RATE = _rate("SCIM_THROTTLE_RATE", "1200/min")
 # Failed SCIM authentications per client address.
-SCIM_AUTH_FAILURE_RATE = env_str("SCIM_AUTH_FAILURE_RATE", "30/min")
+SCIM_AUTH_FAILURE_RATE = _rate("SCIM_AUTH_FAILURE_RATE", "30/min")
