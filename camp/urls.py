@@ -14,6 +14,8 @@ urlpatterns = [
     path("saml/", include("tenants.sso.saml_urls")),
     path("logout/", LogoutView.as_view(), name="logout"),
     path("api/v1/", include("camp.api_urls")),
+    # SCIM 2.0 provisioning for identity providers (tenants/scim; docs/AUTH.md).
+    path("scim/v2/", include("tenants.scim.urls")),
     path("api/schema/", CachedSchemaView.as_view(), name="schema"),  # built once per process
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("scheduling/", include("scheduling.urls")),

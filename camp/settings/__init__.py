@@ -9,4 +9,5 @@ from .api import *  # noqa: F403
 from .auth import *  # noqa: F403
 from .base import *  # noqa: F403
 from .database import *  # noqa: F403
+from .scim import *  # noqa: F403
 from .tasks import *  # noqa: F403

@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "axes",
     "camp",
     "tenants",
+    "tenants.scim",
     "scheduling",
     "workspaces",
     "registry",

@@ -31,7 +31,7 @@ from .mapping import (
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("ldap", "oidc", "saml")
+SOURCES = ("ldap", "oidc", "saml", "scim")  # scim: tenants/scim (provisioning)
 
 _NOT_USERNAME = re.compile(r"[^\w.@+-]")
 CONFUSABLE_MESSAGE = (
