@@ -55,6 +55,7 @@ from .base import (
     LABEL_PROJECT_ID,
     LABEL_REGISTRATION,
     MANAGED_BY,
+    RENDEZVOUS_PORT,
     BackendError,
     BindPending,
     CallBudget,
@@ -72,6 +73,7 @@ from .base import (
     split_lines,
 )
 from .credentials import decrypt_credentials, kubeconfig_problems
+from .naming import rendezvous_service_name
 from .vendors import VENDORS, template_dicts, vendor
 
 logger = logging.getLogger(__name__)
@@ -657,7 +659,11 @@ class KubernetesBackend:
                                    f"{GRANT_WAIT_SECONDS} s", retryable=True)
             self.sleep(0.1)
 
-    def ensure_job_objects(self, objs: JobObjects) -> None:
+    def ensure_job_objects(self, objs: JobObjects) -> str:
+        """The job's ConfigMap (its pods' owner), for a distributed job its headless Service
+        (each pod's DNS name, for hostfiles and ``TF_CONFIG``) and a ClusterIP Service
+        selecting rank 0, whose IP is returned: the rendezvous address, which needs no
+        cluster DNS and exists before any pod does (docs/KUBERNETES.md)."""
         objs = dataclasses.replace(objs, labels={**objs.labels, **self.owner})
         cm = {"apiVersion": "v1", "kind": "ConfigMap",
               "metadata": {"name": objs.name, "namespace": objs.namespace, "labels": dict(objs.labels)},
@@ -669,13 +675,30 @@ class KubernetesBackend:
                                 "labels": dict(objs.labels)},
                    "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                             "selector": {LABEL_JOB_ID: objs.labels[LABEL_JOB_ID]},
-                            "ports": [{"name": "rendezvous", "port": 29500}]}}
+                            "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}]}}
             refs = self._owner_refs(objs.namespace, objs.name)
             if refs:
                 svc["metadata"]["ownerReferences"] = refs
             self._call(self.core.create_namespaced_service, objs.namespace, svc, ok=(409,))
         for extra in objs.extra:
             self._ensure_extra(objs, extra)
+        return self._ensure_rendezvous(objs) if objs.headless_service and objs.rendezvous else ""
+
+    def _ensure_rendezvous(self, objs: JobObjects) -> str:
+        """The rank-0 Service (an owned extra: deleted with the job's objects) and its
+        ClusterIP, allocated by the API server when the Service is created (read back when an
+        earlier dispatch made it). "" when the server gives none (the pods keep rank 0's DNS
+        name)."""
+        name = rendezvous_service_name(objs.name)
+        svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+               "spec": {"selector": dict(objs.rendezvous), "publishNotReadyAddresses": True,
+                        "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT,
+                                   "targetPort": RENDEZVOUS_PORT}]}}
+        made = self._ensure_extra(objs, ExtraObject(svc))
+        if made is None:
+            made = self._call(self.core.read_namespaced_service, name, objs.namespace, ok=(404,))
+        ip = str(getattr(getattr(made, "spec", None), "cluster_ip", None) or "")
+        return "" if ip in ("", "None") else ip
 
     # Extra objects of workloads (scheduling/extensions.py): kind → (API, method suffix).
     _EXTRA_KINDS = {"Service": ("core", "service"), "Secret": ("core", "secret"),
@@ -689,7 +712,9 @@ class KubernetesBackend:
         api, suffix = self._EXTRA_KINDS[kind]
         return getattr(self, api), suffix
 
-    def _ensure_extra(self, objs: JobObjects, extra: ExtraObject) -> None:
+    def _ensure_extra(self, objs: JobObjects, extra: ExtraObject) -> Any:
+        """Create it (None when it already existed: 409); a Secret or ConfigMap that existed
+        is brought up to date."""
         body = json.loads(json.dumps(dict(extra.manifest)))
         meta = body.setdefault("metadata", {})
         meta["namespace"] = objs.namespace
@@ -710,6 +735,7 @@ class KubernetesBackend:
             # since an earlier run created it.
             self._call(self.core.patch_namespaced_config_map, meta["name"], objs.namespace,
                        {"data": body.get("data", {})})
+        return created
 
     def delete_object(self, namespace: str, kind: str, name: str) -> None:
         api, suffix = self._extra_api(kind)
@@ -1345,7 +1371,8 @@ REQUIRED_ACCESS: dict[str, tuple[Access, ...]] = {
         ("get", "", "pods/proxy", ""),  # a notebook server's own activity (workspaces/services/culling.py)
         *((v, "", "resourcequotas", "") for v in ("create", "patch")),
         *((v, "", "configmaps", "") for v in ("get", "create", "patch", "delete")),
-        *((v, "", "services", "") for v in ("create", "delete")),
+        # get: a job's rendezvous address, the ClusterIP of a Service an earlier dispatch made
+        *((v, "", "services", "") for v in ("get", "create", "delete")),
         *((v, "", "secrets", "") for v in ("create", "patch", "delete")),
         *((v, "", "persistentvolumeclaims", "") for v in ("get", "create", "delete")),
         ("list", "", "events", ""),  # why a pod cannot start: its Warning events (podcause.py)
