@@ -49,7 +49,8 @@ def test_a_replica_is_ready_only_once_its_readiness_probe_passes(camp_node: Any,
         "name": "echo", "project": world.a.project.pk, "cluster": "node",
         "image_reference": node.image("serve"),
         "model_source": "hf://camp/tiny", "port": 8000, "health_path": "/healthz",
-        "args": ["--load-seconds", str(LOAD_SECONDS)], "gpu_count": 0, "cpu_millicores": 200, "ram_mib": 256,
+        "args": ["--load-seconds", str(LOAD_SECONDS)], "gpu_count": 0, "gpu_memory_mib": 0,
+        "gpu_cores_percent": 0, "cpu_millicores": 200, "ram_mib": 256,
         "min_replicas": 1, "max_replicas": 1}, format="json")
     assert r.status_code == 201, r.content
     sid = r.json()["id"]
