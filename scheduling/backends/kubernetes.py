@@ -692,16 +692,16 @@ class KubernetesBackend:
     def _ensure_rendezvous(self, objs: JobObjects) -> str:
         """The rank-0 Service (an owned extra: deleted with the job's objects) and its
         ClusterIP, allocated by the API server when the Service is created (read back when an
-        earlier dispatch made it). "" when the server gives none (the pods keep rank 0's DNS
-        name)."""
+        earlier dispatch made it). "" when the server gives none or Camp may not read it back
+        (the pods keep rank 0's DNS name)."""
         name = rendezvous_service_name(objs.name)
         svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
                "spec": {"selector": dict(objs.rendezvous), "publishNotReadyAddresses": True,
                         "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT,
                                    "targetPort": RENDEZVOUS_PORT}]}}
         made = self._ensure_extra(objs, ExtraObject(svc))
-        if made is None:
-            made = self._call(self.core.read_namespaced_service, name, objs.namespace, ok=(404,))
+        if made is None:  # (403: a chart older than ``get services``; its pods keep the DNS name)
+            made = self._call(self.core.read_namespaced_service, name, objs.namespace, ok=(403, 404))
         ip = str(getattr(getattr(made, "spec", None), "cluster_ip", None) or "")
         return "" if ip in ("", "None") else ip
 

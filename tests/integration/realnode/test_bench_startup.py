@@ -1,6 +1,7 @@
 """Submit → running on the real node, measured (``bench/realnode_startup.py`` runs it with
-CAMP_BENCH=1; skipped otherwise, so the tier stays short). Notebooks one after another (each
-from its API submit until Camp says running), split at the pod's binding: Camp's part
+CAMP_BENCH=1; skipped otherwise, so the tier stays short). Notebooks, then 2-worker jobs, one
+after another (each from its API submit until Camp says running; the next submitted once the
+previous one has stopped), split at the pod's binding: Camp's part
 (submit → the pod bound: ``PodScheduled``), the node's part (bound → container started,
 kubelet's ``startedAt``) and Jupyter's (→ Ready). Results: bench/results/realnode_startup.json."""
 
