@@ -66,8 +66,21 @@ def test_submit_to_running_on_the_real_node(camp_node: Any, world: Any) -> None:
             "ram_mib": 512, "home_gib": 1}, format="json")
         assert r.status_code == 201, r.content
         env_id = r.json()["id"]
-        wait(lambda env_id=env_id: api.get(f"/api/v1/environments/{env_id}/").json()["state"] == "running",
-             f"notebook {i} to run", timeout=300)
+        seen: list[Any] = []
+
+        def running(env_id: int = env_id, seen: list[Any] = seen) -> bool:
+            body = api.get(f"/api/v1/environments/{env_id}/").json()
+            seen[:] = [body]
+            return bool(body["state"] == "running")
+
+        try:
+            wait(running, f"notebook {i} to run", timeout=300)
+        except AssertionError:
+            pods = node.core.list_namespaced_pod(ns, label_selector=f"camp.io/workspace={env_id}").items
+            listed = node.core.list_namespaced_persistent_volume_claim(ns).items
+            claims = [(c.metadata.name, c.status.phase) for c in listed]
+            raise AssertionError(f"notebook {i} never ran: {seen}; pods {[p.status for p in pods]}; "
+                                 f"claims {claims}; done so far {_summary(rows) if rows else None}") from None
         t_camp = time.time()
         pod = node.core.list_namespaced_pod(ns, label_selector=f"camp.io/workspace={env_id}").items[0]
         bound = _cond(pod, "PodScheduled")
@@ -75,6 +88,9 @@ def test_submit_to_running_on_the_real_node(camp_node: Any, world: Any) -> None:
         ready = _cond(pod, "Ready")
         rows.append({"submit_to_bound": bound - t0, "bound_to_started": started - bound,
                      "started_to_ready": ready - started, "submit_to_camp_running": t_camp - t0})
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps({"partial": True, "notebooks": _summary(rows),
+                                       "loadavg_now": os.getloadavg()}, indent=2) + "\n")
         # stop it and wait until it is (the next one then starts on an idle node, and its
         # submit → bound is Camp's own time, not a wait for this one's resources)
         assert api.post(f"/api/v1/environments/{env_id}/stop/", format="json").status_code in (200, 202)
