@@ -107,8 +107,13 @@ def test_submit_to_running_on_the_real_node(camp_node: Any, world: Any) -> None:
                         "image": "localhost/busybox:v1", "command": ["sleep", "3600"]}]}, format="json")
         assert r.status_code == 201, r.content
         job_id = r.json()["id"]
-        wait(lambda job_id=job_id: Job.objects.get(pk=job_id).state == JobState.RUNNING,
-             f"2-worker job {i} to run", timeout=300)
+        try:
+            wait(lambda job_id=job_id: Job.objects.get(pk=job_id).state == JobState.RUNNING,
+                 f"2-worker job {i} to run", timeout=300)
+        except AssertionError:
+            job = Job.objects.get(pk=job_id)
+            raise AssertionError(f"2-worker job {i} never ran: {job.state}: {job.reason}; done so far "
+                                 f"{_summary(jobs) if jobs else None}") from None
         t_camp = time.time()
         pods = node.core.list_pod_for_all_namespaces(label_selector=f"camp.io/job-id={job_id}").items
         bound = max(_cond(p, "PodScheduled") for p in pods)
@@ -119,7 +124,8 @@ def test_submit_to_running_on_the_real_node(camp_node: Any, world: Any) -> None:
         wait(lambda job_id=job_id: Job.objects.get(pk=job_id).state == JobState.CANCELLED and not
              node.core.list_pod_for_all_namespaces(label_selector=f"camp.io/job-id={job_id}").items,
              f"2-worker job {i} to end", timeout=300)
-    result = {"notebooks": _summary(rows), "two_worker_jobs": _summary(jobs), "loadavg_before": load_before,
+    result = {"notebooks": _summary(rows) if rows else None, "two_worker_jobs": _summary(jobs),
+              "loadavg_before": load_before,
               "loadavg_after": os.getloadavg(), "cpus": os.cpu_count(),
               "note": "Kubernetes condition times have 1-s resolution"}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
