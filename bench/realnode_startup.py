@@ -1,6 +1,8 @@
 """Submit → running on a real Kubernetes node (issue 28): median and p95 over 20 notebooks and
-one 2-worker job, split into Camp's part (submit → bound) and the node's (bound → started →
-Ready). Needs what the real-node tier needs (root, ../shared/tools/node); ~10 min.
+five 2-worker jobs (one at a time), split into Camp's part (submit → bound) and the node's
+(bound → started → Ready). Needs what the real-node tier needs (root, ../shared/tools/node);
+~15 min on the shared 2-core machine. ``CAMP_BENCH_NOTEBOOKS``, ``CAMP_BENCH_JOBS`` change the
+counts.
 
     .venv/bin/python bench/realnode_startup.py     # writes bench/results/realnode_startup.json
 """

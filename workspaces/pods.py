@@ -27,7 +27,15 @@ from django.conf import settings
 
 from registry.models import ExternalRegistry
 from registry.services import pull_secret_manifest, registry_for_reference
-from scheduling.backends.base import LABEL_JOB_ID, LABEL_REPLICA, LABEL_ROLE, ExtraObject, JobObjects, PodSpec
+from scheduling.backends.base import (
+    LABEL_JOB_ID,
+    LABEL_REPLICA,
+    LABEL_ROLE,
+    RENDEZVOUS_PORT,
+    ExtraObject,
+    JobObjects,
+    PodSpec,
+)
 from scheduling.models import Job
 from scheduling.selectors import project_namespace_name
 
@@ -256,13 +264,14 @@ def _training_specs(t: TrainingJob, ns: str, objs: JobObjects,
         if p.name in rank_of:
             i = rank_of[p.name]
             env.update({"RANK": str(i), "NODE_RANK": str(i), "WORLD_SIZE": str(len(workers)),
-                        "MASTER_ADDR": master, "MASTER_PORT": "29500", "LOCAL_WORLD_SIZE": str(slots)})
+                        "MASTER_ADDR": master, "MASTER_PORT": str(RENDEZVOUS_PORT),
+                        "LOCAL_WORLD_SIZE": str(slots)})
             if t.framework == TrainingFramework.PYTORCH:
                 # torchrun reads its arguments from PET_* variables.
                 env.update({"PET_NNODES": str(len(workers)), "PET_NODE_RANK": str(i),
                             "PET_NPROC_PER_NODE": str(slots), "PET_MASTER_ADDR": master,
-                            "PET_MASTER_PORT": "29500"})
-                ports = ({"name": "rendezvous", "containerPort": 29500},)
+                            "PET_MASTER_PORT": str(RENDEZVOUS_PORT)})
+                ports = ({"name": "rendezvous", "containerPort": RENDEZVOUS_PORT},)
             elif t.framework == TrainingFramework.TENSORFLOW:
                 env["TF_CONFIG"] = json.dumps({
                     "cluster": {"worker": [f"{h}:{TF_PORT}" for h in hosts]},
@@ -271,7 +280,8 @@ def _training_specs(t: TrainingJob, ns: str, objs: JobObjects,
             else:
                 ports = ({"name": "ssh", "containerPort": 22},)
         elif t.framework == TrainingFramework.DEEPSPEED:
-            env.update({"DS_HOSTFILE": "/etc/camp/hostfile", "MASTER_ADDR": master, "MASTER_PORT": "29500"})
+            env.update({"DS_HOSTFILE": "/etc/camp/hostfile", "MASTER_ADDR": master,
+                        "MASTER_PORT": str(RENDEZVOUS_PORT)})
         elif t.framework == TrainingFramework.MPI:
             env.update({"OMPI_MCA_orte_default_hostfile": "/etc/camp/hostfile",
                         "CAMP_MPI_WORLD_SIZE": str(len(workers) * slots)})
@@ -279,7 +289,10 @@ def _training_specs(t: TrainingJob, ns: str, objs: JobObjects,
                                        volume_mounts=tuple(mounts), image_pull_secrets=secrets,
                                        command=p.command or tuple(getattr(t.image, "command", None) or ()),
                                        **run_as(t.image)))
-    return dataclasses.replace(objs, data=data, extra=tuple(extra)), out
+    # rank 0 (the first worker) hosts the rendezvous: the backend's address for it selects it
+    rendezvous = ({LABEL_JOB_ID: workers[0].labels[LABEL_JOB_ID], LABEL_ROLE: "worker", LABEL_REPLICA:
+                   workers[0].labels[LABEL_REPLICA]} if distributed and workers else {})
+    return dataclasses.replace(objs, data=data, extra=tuple(extra), rendezvous=rendezvous), out
 
 
 def environment_of_job(job: Job) -> DevEnvironment | None:

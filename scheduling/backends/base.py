@@ -34,6 +34,13 @@ across attempts; this (with the placement, ``KubernetesBackend._same_placement``
 attempt a pod is, and HAMi never rewrites it (its device plugin does rewrite
 ``…-devices-to-allocate``)."""
 
+RENDEZVOUS_PORT = 29500
+"""Where rank 0 of a distributed job listens for its peers (``MASTER_PORT``: torch's default)."""
+RENDEZVOUS_ENV = ("MASTER_ADDR", "PET_MASTER_ADDR")
+"""The variables that name a distributed job's rendezvous host (torch.distributed, torchrun,
+DeepSpeed): set to rank 0's DNS name from rows, replaced at dispatch by the address the
+backend gives it (``ClusterBackend.ensure_job_objects``)."""
+
 
 class BackendError(Exception):
     """A cluster call failed for good (after retries); ``message`` is for users."""
@@ -207,6 +214,11 @@ class JobObjects:
     data: Mapping[str, str]
     headless_service: bool = False
     extra: tuple[ExtraObject, ...] = ()
+    rendezvous: Mapping[str, str] = field(default_factory=dict)
+    """Labels of the pod that hosts the job's rendezvous (rank 0, ``MASTER_ADDR``). A backend
+    that can give it an address needing no DNS returns that address from
+    ``ensure_job_objects`` (Kubernetes: a ClusterIP Service selecting that pod) and the
+    dispatch writes it into the pods' ``RENDEZVOUS_ENV``."""
 
 
 @dataclass(frozen=True)
@@ -288,7 +300,10 @@ class ClusterBackend(Protocol):
 
     def ensure_namespace(self, spec: NamespaceSpec) -> None: ...
 
-    def ensure_job_objects(self, objs: JobObjects) -> None: ...
+    def ensure_job_objects(self, objs: JobObjects) -> str:
+        """Create the job's objects; the address of its rendezvous when the backend gives
+        one that needs no DNS (``JobObjects.rendezvous``), else ""."""
+        ...
 
     def create_pod(self, spec: PodSpec) -> bool:
         """Create the pod; False when it already existed (409 Conflict means done)."""

@@ -55,6 +55,7 @@ from .base import (
     LABEL_PROJECT_ID,
     LABEL_REGISTRATION,
     MANAGED_BY,
+    RENDEZVOUS_PORT,
     BackendError,
     BindPending,
     CallBudget,
@@ -72,6 +73,7 @@ from .base import (
     split_lines,
 )
 from .credentials import decrypt_credentials, kubeconfig_problems
+from .naming import rendezvous_service_name
 from .vendors import VENDORS, template_dicts, vendor
 
 logger = logging.getLogger(__name__)
@@ -79,6 +81,10 @@ T = TypeVar("T")
 
 RETRYABLE = {429, 500, 502, 503, 504}
 NODE_LOCK = "hami.io/mutex.lock"
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+"""On an unbound claim of a ``WaitForFirstConsumer`` StorageClass: the node its volume is to be
+provisioned for (kube-scheduler's VolumeBinding plugin writes it; Camp, binding pods itself, too)."""
+NO_PROVISIONER = "kubernetes.io/no-provisioner"
 BIND_PHASE = "hami.io/bind-phase"
 HANDSHAKE_STALE_SECONDS = 60  # HAMi's CheckHealth: a Requesting_ handshake unanswered this long
 
@@ -284,6 +290,7 @@ class KubernetesBackend:
         self.api = api_client
         self.core = k8s.CoreV1Api(api_client)
         self.networking = k8s.NetworkingV1Api(api_client)
+        self.storage = k8s.StorageV1Api(api_client)
         # Retries of one call and the first backoff step (doubling each try): settings
         # CAMP_KUBE_API_RETRIES and CAMP_KUBE_API_BACKOFF_MS (4 and 200 ms: 3 s per call at most).
         self.retries = int(getattr(settings, "CAMP_KUBE_API_RETRIES", 4)) if retries is None else retries
@@ -657,7 +664,11 @@ class KubernetesBackend:
                                    f"{GRANT_WAIT_SECONDS} s", retryable=True)
             self.sleep(0.1)
 
-    def ensure_job_objects(self, objs: JobObjects) -> None:
+    def ensure_job_objects(self, objs: JobObjects) -> str:
+        """The job's ConfigMap (its pods' owner), for a distributed job its headless Service
+        (each pod's DNS name, for hostfiles and ``TF_CONFIG``) and a ClusterIP Service
+        selecting rank 0, whose IP is returned: the rendezvous address, which needs no
+        cluster DNS and exists before any pod does (docs/KUBERNETES.md)."""
         objs = dataclasses.replace(objs, labels={**objs.labels, **self.owner})
         cm = {"apiVersion": "v1", "kind": "ConfigMap",
               "metadata": {"name": objs.name, "namespace": objs.namespace, "labels": dict(objs.labels)},
@@ -669,13 +680,30 @@ class KubernetesBackend:
                                 "labels": dict(objs.labels)},
                    "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                             "selector": {LABEL_JOB_ID: objs.labels[LABEL_JOB_ID]},
-                            "ports": [{"name": "rendezvous", "port": 29500}]}}
+                            "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}]}}
             refs = self._owner_refs(objs.namespace, objs.name)
             if refs:
                 svc["metadata"]["ownerReferences"] = refs
             self._call(self.core.create_namespaced_service, objs.namespace, svc, ok=(409,))
         for extra in objs.extra:
             self._ensure_extra(objs, extra)
+        return self._ensure_rendezvous(objs) if objs.headless_service and objs.rendezvous else ""
+
+    def _ensure_rendezvous(self, objs: JobObjects) -> str:
+        """The rank-0 Service (an owned extra: deleted with the job's objects) and its
+        ClusterIP, allocated by the API server when the Service is created (read back when an
+        earlier dispatch made it). "" when the server gives none or Camp may not read it back
+        (the pods keep rank 0's DNS name)."""
+        name = rendezvous_service_name(objs.name)
+        svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+               "spec": {"selector": dict(objs.rendezvous), "publishNotReadyAddresses": True,
+                        "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT,
+                                   "targetPort": RENDEZVOUS_PORT}]}}
+        made = self._ensure_extra(objs, ExtraObject(svc))
+        if made is None:  # (403: a chart older than ``get services``; its pods keep the DNS name)
+            made = self._call(self.core.read_namespaced_service, name, objs.namespace, ok=(403, 404))
+        ip = str(getattr(getattr(made, "spec", None), "cluster_ip", None) or "")
+        return "" if ip in ("", "None") else ip
 
     # Extra objects of workloads (scheduling/extensions.py): kind → (API, method suffix).
     _EXTRA_KINDS = {"Service": ("core", "service"), "Secret": ("core", "secret"),
@@ -689,7 +717,9 @@ class KubernetesBackend:
         api, suffix = self._EXTRA_KINDS[kind]
         return getattr(self, api), suffix
 
-    def _ensure_extra(self, objs: JobObjects, extra: ExtraObject) -> None:
+    def _ensure_extra(self, objs: JobObjects, extra: ExtraObject) -> Any:
+        """Create it (None when it already existed: 409); a Secret or ConfigMap that existed
+        is brought up to date."""
         body = json.loads(json.dumps(dict(extra.manifest)))
         meta = body.setdefault("metadata", {})
         meta["namespace"] = objs.namespace
@@ -710,6 +740,7 @@ class KubernetesBackend:
             # since an earlier run created it.
             self._call(self.core.patch_namespaced_config_map, meta["name"], objs.namespace,
                        {"data": body.get("data", {})})
+        return created
 
     def delete_object(self, namespace: str, kind: str, name: str) -> None:
         api, suffix = self._extra_api(kind)
@@ -891,11 +922,44 @@ class KubernetesBackend:
         created = existing is None and self._call(
             self.core.create_namespaced_pod, spec.namespace, self.pod_body(spec, hami=hami),
             ok=(409,)) is not None
+        self._select_node_for_claims(spec)
         if hami:
             self._hami_bind(spec)
         else:
             self._bind(spec)
         return created
+
+    def _select_node_for_claims(self, spec: PodSpec) -> None:
+        """What kube-scheduler's VolumeBinding plugin does before it binds a pod: each claim
+        the pod mounts that is not bound yet and whose StorageClass binds at the first
+        consumer (``WaitForFirstConsumer``, e.g. local-path, the default class of k3s and
+        kind) is annotated with the chosen node, so that its provisioner makes the volume
+        there. Camp binds pods itself, so without this such a claim would wait forever. A
+        class with no provisioner (pre-made local volumes) is left to ``pod_problem``'s
+        reason: only kube-scheduler binds those, and Camp does not."""
+        for volume in spec.volumes:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if not claim:
+                continue
+            pvc = self._call(self.core.read_namespaced_persistent_volume_claim, claim, spec.namespace,
+                             ok=(404,))
+            if pvc is None or (pvc.status and pvc.status.phase == "Bound") or pvc.spec.volume_name:
+                continue
+            if (pvc.metadata.annotations or {}).get(SELECTED_NODE) == spec.node:
+                continue
+            cls = self._storage_class(pvc.spec.storage_class_name)
+            if (cls is None or cls.volume_binding_mode != "WaitForFirstConsumer"
+                    or cls.provisioner == NO_PROVISIONER):
+                continue
+            self._call(self.core.patch_namespaced_persistent_volume_claim, claim, spec.namespace,
+                       {"metadata": {"annotations": {SELECTED_NODE: spec.node}}})
+
+    def _storage_class(self, name: str | None) -> Any:
+        """The StorageClass ``name`` (None: none named, gone, or not readable: a chart older
+        than ``get storageclasses``, which then behaves as before)."""
+        if not name:
+            return None
+        return self._call(self.storage.read_storage_class, name, ok=(403, 404))
 
     def _same_placement(self, pod: Any, spec: PodSpec, hami: bool) -> bool:
         """Whether an existing pod is the one ``spec`` describes: of the same attempt
@@ -1105,6 +1169,16 @@ class KubernetesBackend:
                 return (f"volume claim {claim} is not bound ({phase}): it names no StorageClass and the "
                         "cluster has no default one, so no volume will be provisioned (mark a "
                         "StorageClass default, or set WORKSPACES_STORAGE_CLASS)")
+            try:
+                cls = self._storage_class(storage_class)
+            except BackendError:  # (the reason below without it)
+                cls = None
+            if (cls is not None and cls.volume_binding_mode == "WaitForFirstConsumer"
+                    and cls.provisioner == NO_PROVISIONER and not pvc.spec.volume_name):
+                return (f"volume claim {claim} is not bound ({phase}): its StorageClass {storage_class} "
+                        "has no provisioner and binds pre-made volumes when kube-scheduler places "
+                        "the pod, which Camp does itself, so nothing will bind it (use a class with "
+                        "a provisioner, or Immediate binding)")
             said = self._latest_warning(namespace, "PersistentVolumeClaim", claim)
             return (f"volume claim {claim} is not bound ({phase}, StorageClass {storage_class})"
                     + (f": {said}" if said else ""))
@@ -1334,6 +1408,8 @@ REQUIRED_ACCESS: dict[str, tuple[Access, ...]] = {
         ("list", "", "configmaps", ""),
         ("list", "", "services", ""),
         ("list", "networking.k8s.io", "ingresses", ""),
+        # a claim's binding mode: one that waits for its first consumer gets Camp's node
+        ("get", "storage.k8s.io", "storageclasses", ""),
         ("create", "rbac.authorization.k8s.io", "rolebindings", ""),
         ("bind", "rbac.authorization.k8s.io", "clusterroles", WORKLOADS_ROLE),
         ("get", "rbac.authorization.k8s.io", "clusterroles", WORKLOADS_ROLE),
@@ -1345,9 +1421,11 @@ REQUIRED_ACCESS: dict[str, tuple[Access, ...]] = {
         ("get", "", "pods/proxy", ""),  # a notebook server's own activity (workspaces/services/culling.py)
         *((v, "", "resourcequotas", "") for v in ("create", "patch")),
         *((v, "", "configmaps", "") for v in ("get", "create", "patch", "delete")),
-        *((v, "", "services", "") for v in ("create", "delete")),
+        # get: a job's rendezvous address, the ClusterIP of a Service an earlier dispatch made
+        *((v, "", "services", "") for v in ("get", "create", "delete")),
         *((v, "", "secrets", "") for v in ("create", "patch", "delete")),
-        *((v, "", "persistentvolumeclaims", "") for v in ("get", "create", "delete")),
+        # patch: the selected-node annotation of a WaitForFirstConsumer claim (_select_node_for_claims)
+        *((v, "", "persistentvolumeclaims", "") for v in ("get", "create", "patch", "delete")),
         ("list", "", "events", ""),  # why a pod cannot start: its Warning events (podcause.py)
         *((v, "networking.k8s.io", "ingresses", "") for v in ("create", "delete")),
     ),

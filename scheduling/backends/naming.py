@@ -35,5 +35,10 @@ def job_object_name(job_name: str, job_id: int) -> str:
     return dns_label(job_name[:40], str(job_id))
 
 
+def rendezvous_service_name(job_object: str) -> str:
+    """The ClusterIP Service of a job's rendezvous (a ``job_object_name``: at most 61 long)."""
+    return dns_label(job_object, "rdzv")
+
+
 def pod_name(job_name: str, job_id: int, group: str, replica: int) -> str:
     return dns_label(job_name[:30], str(job_id), group[:12], str(replica))

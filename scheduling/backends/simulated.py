@@ -128,8 +128,8 @@ class SimulatedBackend:
     def ensure_namespace(self, spec: NamespaceSpec) -> None:
         return None  # namespaces are implicit in the simulation
 
-    def ensure_job_objects(self, objs: JobObjects) -> None:
-        return None
+    def ensure_job_objects(self, objs: JobObjects) -> str:
+        return ""  # the simulated pods keep rank 0's name
 
     def create_pod(self, spec: PodSpec) -> bool:
         if spec.node not in {n.name for n in self.nodes}:

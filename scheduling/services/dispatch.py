@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import math
 from collections.abc import Iterator
@@ -27,6 +28,8 @@ from ..backends.base import (
     LABEL_ROLE,
     LABEL_TENANT,
     MANAGED_BY,
+    RENDEZVOUS_ENV,
+    RENDEZVOUS_PORT,
     BackendError,
     BindPending,
     JobObjects,
@@ -132,7 +135,7 @@ def job_specs(job: Job, cluster: Cluster) -> tuple[NamespaceSpec, JobObjects, li
         if job.checkpoint_capable and job.last_checkpoint:
             env["CAMP_RESUME_FROM"] = job.last_checkpoint
         if distributed:
-            env.update({"MASTER_ADDR": master, "MASTER_PORT": "29500", "WORLD_SIZE": str(world),
+            env.update({"MASTER_ADDR": master, "MASTER_PORT": str(RENDEZVOUS_PORT), "WORLD_SIZE": str(world),
                         "RANK": str(rank), "NODE_RANK": str(rank),
                         "LOCAL_WORLD_SIZE": str(max(1, g.gpu_count))})
         slices = tuple(
@@ -154,10 +157,22 @@ def job_specs(job: Job, cluster: Cluster) -> tuple[NamespaceSpec, JobObjects, li
     if job.kind == "mpi":
         data["hostfile"] = "\n".join(hostfile) + "\n"
     objs = JobObjects(name=owner, namespace=ns.name, labels=base_labels, data=data,
-                      headless_service=distributed)
+                      headless_service=distributed,
+                      rendezvous=({LABEL_JOB_ID: str(job.pk), LABEL_ROLE: pods[0].labels[LABEL_ROLE],
+                                   LABEL_REPLICA: pods[0].labels[LABEL_REPLICA]} if distributed else {}))
     # Workloads (workspaces/) add ports, volumes, pull secrets and objects (scheduling/extensions.py).
     objs, pods = apply_job_spec_hooks(job, ns, objs, pods)
     return ns, objs, pods
+
+
+def with_rendezvous(pods: list[PodSpec], address: str) -> list[PodSpec]:
+    """The pods with ``address`` (the backend's, e.g. a ClusterIP: no DNS needed) as their
+    rendezvous host wherever their environment names one (``RENDEZVOUS_ENV``); unchanged
+    when the backend gives none (rank 0's DNS name stays)."""
+    if not address:
+        return pods
+    return [dataclasses.replace(p, env={**p.env, **{k: address for k in RENDEZVOUS_ENV if k in p.env}})
+            for p in pods]
 
 
 MPI_LAUNCHER = "launcher"
@@ -251,7 +266,7 @@ def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
     ns, objs, pods = job_specs(job, cluster)
     try:
         backend.ensure_namespace(ns)
-        backend.ensure_job_objects(objs)
+        pods = with_rendezvous(pods, backend.ensure_job_objects(objs))
         for spec in pods:
             backend.create_pod(spec)
     except BindPending:

@@ -307,12 +307,21 @@ def _scan_checkpoints(t: TrainingJob) -> None:
         for line in log.text.splitlines():
             m = CHECKPOINT_LINE.match(line.strip())
             if m:
-                at = (
-                    dt.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
-                    if m.group(1)
-                    else None
-                )
+                at = _log_time(m.group(1)) if m.group(1) else None
                 training_report_checkpoint(training=t, step=int(m.group(2)), path=m.group(3), at=at)
+
+
+def _log_time(stamp: str) -> dt.datetime | None:
+    """A log line's timestamp: RFC 3339 in UTC as the kubelet writes it, with nanoseconds
+    (``2026-11-28T03:07:42.664896684Z``), cut to the microseconds Python keeps; None when it
+    is not one (the line's checkpoint is then dated when it is read)."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    digits = (fraction or "0")[:6].ljust(6, "0")
+    try:
+        at = dt.datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    return at.replace(microsecond=int(digits) if digits.isdigit() else 0, tzinfo=dt.UTC)
 
 
 def _gpu_share(t: TrainingJob) -> float:

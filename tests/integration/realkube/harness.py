@@ -503,15 +503,24 @@ class Kubelet:
             self._set_phase(pod, "Running")
 
     def _bind_claims(self) -> set[tuple[str, str]]:
-        """The PV controller's part (with a provisioner behind every StorageClass): a claim
-        naming a StorageClass is bound; one naming none (made when the cluster had no
+        """The PV controller's part (with a provisioner behind every StorageClass that names
+        one): a claim naming a StorageClass is bound — one of a ``WaitForFirstConsumer`` class
+        only once it carries ``volume.kubernetes.io/selected-node`` (the provisioner waits for
+        the scheduler's choice), never one of a class without provisioner (its pre-made
+        volumes only kube-scheduler binds); one naming none (made when the cluster had no
         default class) stays Pending forever. The bound claims, as (namespace, name)."""
         bound = set()
+        storage = k8s.StorageV1Api(self.core.api_client)
+        classes = {c.metadata.name: c for c in storage.list_storage_class().items}
         for pvc in self.core.list_persistent_volume_claim_for_all_namespaces().items:
             key = (pvc.metadata.namespace, pvc.metadata.name)
+            cls = classes.get(pvc.spec.storage_class_name or "")
+            waits = cls is not None and cls.volume_binding_mode == "WaitForFirstConsumer" and (
+                cls.provisioner == "kubernetes.io/no-provisioner"
+                or "volume.kubernetes.io/selected-node" not in (pvc.metadata.annotations or {}))
             if (pvc.status.phase if pvc.status else None) == "Bound":
                 bound.add(key)
-            elif pvc.spec.storage_class_name:
+            elif pvc.spec.storage_class_name and not waits:
                 self.core.patch_namespaced_persistent_volume_claim_status(
                     pvc.metadata.name, pvc.metadata.namespace, {"status": {"phase": "Bound"}})
                 bound.add(key)

@@ -107,6 +107,70 @@ def test_a_home_volume_nothing_can_bind_says_so_and_the_job_is_requeued(world: A
     assert job.state == JobState.QUEUED and job.reason.startswith("Requeued: Pod ")
 
 
+def _storage_class(kube: Any, name: str, provisioner: str) -> None:
+    from kubernetes import client as k8s
+    from kubernetes.client.rest import ApiException
+
+    storage = k8s.StorageV1Api(kube.server.client())
+    try:
+        storage.delete_storage_class(name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    storage.create_storage_class({"metadata": {"name": name}, "provisioner": provisioner,
+                                  "volumeBindingMode": "WaitForFirstConsumer"})
+
+
+def _notebook(world: Any, cluster: Any) -> Any:
+    from workspaces import services as ws
+
+    env, _ = ws.environment_launch(actor=world.a.member, project=world.a.project, cluster=cluster,
+                                   name="nb", kind="jupyter", image_reference="jupyter/base:1",
+                                   gpu_count=0, cpu_millicores=1000, ram_mib=1024)
+    return env
+
+
+def test_a_claim_that_waits_for_its_first_consumer_is_given_camps_node_and_binds(
+        world: Any, kube: Any) -> None:
+    """Camp binds pods itself, so it does what kube-scheduler's volume binding does: the
+    home claim of a WaitForFirstConsumer class (local-path, k3s' and kind's default) is
+    annotated with the chosen node, its provisioner binds it and the notebook runs."""
+    _storage_class(kube, "local-path", "rancher.io/local-path")
+    kube.node("cpu-a")
+    cluster = kube.register(world)
+    with override_settings(WORKSPACES_STORAGE_CLASS="local-path"):
+        env = _notebook(world, cluster)
+        _admit(kube, cluster, env.job)
+    wait_running(cluster, env.job)
+    ns = Job.objects.get(pk=env.job.pk).namespace
+    pvc = kube.core.read_namespaced_persistent_volume_claim(env.home_claim, ns)
+    assert pvc.metadata.annotations["volume.kubernetes.io/selected-node"] == "cpu-a"
+    assert pvc.status.phase == "Bound"
+
+
+def test_a_claim_of_a_class_without_provisioner_says_nothing_will_bind_it(world: Any, kube: Any) -> None:
+    _storage_class(kube, "local-storage", "kubernetes.io/no-provisioner")
+    kube.node("cpu-a")
+    cluster = kube.register(world)
+    with override_settings(WORKSPACES_STORAGE_CLASS="local-storage", CAMP_POD_START_PROBLEM_SECONDS=3600):
+        env = _notebook(world, cluster)
+        _admit(kube, cluster, env.job)
+        from scheduling.services import reconcile
+
+        reconcile.PROBLEM_READ_SECONDS, before = 0, reconcile.PROBLEM_READ_SECONDS
+        try:
+            job = _reason_until(cluster, env.job, "has no provisioner")
+        finally:
+            reconcile.PROBLEM_READ_SECONDS = before
+    assert f"volume claim {env.home_claim} is not bound" in job.reason
+    assert "StorageClass local-storage" in job.reason
+    with override_settings(CAMP_POD_START_PROBLEM_SECONDS=0):  # gives up: requeued, not waiting forever
+        services.cluster_reconcile(cluster=cluster)
+    job.refresh_from_db()
+    assert job.state == JobState.PREEMPTING and "has no provisioner" in job.reason
+    _release(kube, cluster, job)
+
+
 def test_a_failed_mount_event_is_the_reason(world: Any, kube: Any) -> None:
     from scheduling.services import reconcile
 

@@ -74,3 +74,48 @@ def test_an_image_that_declares_nothing_runs_as_its_own_user_from_its_home(world
     (c,) = pod.spec.containers
     assert pod.spec.security_context is None or pod.spec.security_context.run_as_user is None
     assert c.working_dir == "/home/jovyan" and "--ServerApp.root_dir=/home/jovyan" in c.command
+
+
+def test_a_distributed_job_meets_at_rank_0s_cluster_ip_with_no_dns(world: Any, kube: Any) -> None:
+    """The rendezvous needs no cluster DNS: Camp gives every worker the ClusterIP of a Service
+    selecting rank 0 (made before the pods, read back by a second dispatch with the chart's
+    rights), the headless Service still names each pod for hostfiles, and both go with the
+    job's objects."""
+    from scheduling.backends import backend_for
+    from scheduling.backends.naming import rendezvous_service_name
+    from workspaces import services as ws
+
+    kube.node("cpu-a")
+    cluster = kube.register(world)
+    t = ws.training_submit(actor=world.a.member, project=world.a.project, cluster=cluster, name="ddp",
+                           framework="pytorch", image_reference="registry.example.com/team/train:1",
+                           workers=2, gpu_count=0, cpu_millicores=500, ram_mib=512)
+    services.cycle_run(cluster=cluster)
+    job = t.job
+    assert services.job_dispatch(job_id=job.pk) == "created", job.reason
+    job.refresh_from_db()
+    pods = sorted((p for p in camp_pods(kube.core) if p.metadata.labels["camp.io/job-id"] == str(job.pk)),
+                  key=lambda p: p.metadata.labels["camp.io/replica"])
+    assert len(pods) == 2
+    owner = pods[0].spec.subdomain
+    rdzv = kube.core.read_namespaced_service(rendezvous_service_name(owner), job.namespace)
+    ip = rdzv.spec.cluster_ip
+    assert ip and ip != "None"
+    assert rdzv.spec.selector == {"camp.io/job-id": str(job.pk), "camp.io/role": "worker",
+                                  "camp.io/replica": "0"}
+    assert [p.port for p in rdzv.spec.ports] == [29500]
+    for rank, pod in enumerate(pods):
+        env = {e.name: e.value for e in pod.spec.containers[0].env}
+        assert (env["MASTER_ADDR"], env["PET_MASTER_ADDR"], env["MASTER_PORT"], env["RANK"]) == (
+            ip, ip, "29500", str(rank))
+    # the headless Service (each pod's DNS name) stays for hostfiles and TF_CONFIG
+    assert kube.core.read_namespaced_service(owner, job.namespace).spec.cluster_ip == "None"
+    # a second dispatch of the same attempt finds the Service made and the same address
+    backend = backend_for(cluster)
+    from scheduling.services.dispatch import job_specs
+
+    _, objs, _ = job_specs(job, cluster)
+    assert backend.ensure_job_objects(objs) == ip
+    backend.delete_job_objects(job.namespace, owner)
+    names = {s.metadata.name for s in kube.core.list_namespaced_service(job.namespace).items}
+    assert not names & {owner, rendezvous_service_name(owner)}
