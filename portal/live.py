@@ -121,7 +121,10 @@ def push_jobs(job_ids: list[int], service_ids: list[int] | tuple[int, ...] = ())
     if layer is None:
         return 0
     jobs = list(Job.objects.filter(pk__in=job_ids).only(
-        "pk", "project_id", "state", "reason", "kind", "queue_position", "queue_length"))
+        # every field job_payload reads (page_reason: floating, cluster): a deferred one would
+        # be a query inside the event loop below, refused there, and the push lost
+        "pk", "project_id", "state", "reason", "kind", "queue_position", "queue_length", "floating",
+        "cluster"))
     svc_ids = set(service_ids)
     if jobs:
         svc_ids.update(ServiceReplica.objects.filter(job_id__in=[j.pk for j in jobs])

@@ -36,6 +36,9 @@ def test_the_api_schema_is_built_once_per_process(world: Any) -> None:
 
     schema._built.clear()
     c = Client()
+    assert c.get("/api/schema/").status_code == 401  # signed-in readers only (API_SCHEMA_PUBLIC)
+    assert schema.schema_built_count() == 0  # refused before anything is built
+    c.force_login(world.a.member)
     t0 = time.perf_counter()
     first = c.get("/api/schema/")
     cold = time.perf_counter() - t0

@@ -138,7 +138,8 @@ def test_a_non_preemptible_job_beyond_what_the_guarantees_can_cover_is_refused(
     assert refused.status_code == 400
     assert refused.json()["gpu_count"][0].startswith(
         f"This non-preemptible job asks 6 GPUs, more than {_who(world)}'s GPU guarantee can ever cover "
-        f"(0 per cluster + 4 on all clusters together): it could never start.")
+        f"(0 per cluster + 4 on all clusters together): it could never start; non-preemptible work "
+        f"does not borrow idle GPUs beyond a guarantee")
     assert _post(world, "np-any", 3, 2, preemptible=False).status_code == 400
     # Preemptible, it borrows idle GPUs; non-preemptible within g + G: both accepted.
     assert _post(world, "borrows", 3, 2, cluster="east", preemptible=True).status_code == 201

@@ -84,7 +84,7 @@ def test_hostile_list_parameters_answer_200_and_say_what_is_wrong(world: Any, jo
                   "per_page=-1", "page=999", "cluster=%00", "q=" + "x" * 5000, "kind=<script>"):
         r = c.get(f"/scheduling/jobs/?{query}")
         assert r.status_code == 200, query
-        assert "<script>" not in r.content.decode().split("<main>")[1], query
+        assert "<script>" not in r.content.decode().split("<main")[1], query
     bad = c.get("/scheduling/jobs/?state=nope").content.decode()
     assert "Select a valid choice" in bad and "<strong>0</strong> jobs" in bad
 

@@ -37,7 +37,7 @@ def test_entra_create_query_and_update(entra: Scim) -> None:
     absent = entra.call("GET", '/Users?filter=userName eq "Test_User_dfeef4c5-5681-4387-b016-bdf221e82081"')
     assert absent.status_code == 200 and absent.json()["Resources"] == []
     body = _create(entra)
-    user = User.objects.get(username=ENTRA_USER["userName"])
+    user = User.objects.get(username__iexact=ENTRA_USER["userName"])
     # Entra's SAML NameID user.objectid is the externalId mapped from objectId.
     assert (user.auth_source, user.sso_issuer, user.sso_subject) == (
         "saml", ENTRA_ISSUER, "0a21f0f2-8d2a-4f8e-bf98-7363c4aed4ef")
@@ -58,7 +58,7 @@ def test_entra_disables_with_a_string_boolean(entra: Scim) -> None:
     response = entra.call("PATCH", f"/Users/{body['id']}", {"schemas": [PATCH_OP], "Operations": [
         {"op": "Replace", "path": "active", "value": "False"}]})
     assert response.status_code == 200 and response.json()["active"] is False
-    user = User.objects.get(username=ENTRA_USER["userName"])
+    user = User.objects.get(username__iexact=ENTRA_USER["userName"])
     assert not user.is_active
     assert AuditEvent.objects.filter(action="user.deactivated", actor_username="scim:entra",
                                      target_id=str(user.pk)).exists()
@@ -76,7 +76,7 @@ def test_entra_groups_and_members(entra: Scim, world: Any) -> None:
     found = entra.call("GET", '/Groups?excludedAttributes=members&filter=displayName eq "camp-acme-ml"')
     assert [g["id"] for g in found.json()["Resources"]] == [gid]
 
-    user = User.objects.get(username=ENTRA_USER["userName"])
+    user = User.objects.get(username__iexact=ENTRA_USER["userName"])
     entra.call("PATCH", f"/Groups/{gid}", {"schemas": [PATCH_OP], "Operations": [
         {"op": "Add", "path": "members", "value": [{"$ref": None, "value": body["id"]}]}]})
     assert Membership.objects.get(user=user, project=world.a.project).role == "project_member"
