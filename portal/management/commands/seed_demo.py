@@ -33,11 +33,13 @@ DEMO_JOBS: list[tuple[str, str, str, str, str, list[dict[str, Any]], int]] = [
      [_g(replicas=2, gpu_count=8, gpu_models=["H100-80G"])], 150),
     ("language", "llm-pretrain", "leo", "eval-sweep", "normal",
      [_g(gpu_count=1, gpu_memory_mib=11264, gpu_cores_percent=50, gpu_models=["L4"])], 45),
-    ("language", "chatbot", "lena", "chatbot-serve", "inference",
+    # A plain job may not take "inference" (model services only) nor, as a member, "high"
+    # (project admins and above): scheduling.services.jobs.priority_class_refusal.
+    ("language", "chatbot", "lena", "chatbot-eval", "normal",
      [_g(replicas=2, gpu_count=1, gpu_models=["L4"])], 600),
     ("language", "llm-pretrain", "lily", "ascend-test", "normal",
      [_g(gpu_count=1, gpu_memory_mib=16000, gpu_cores_percent=20, gpu_models=["Ascend910B"])], 60),
-    ("vision", "detection", "vince", "big-sweep", "high",
+    ("vision", "detection", "victor", "big-sweep", "high",
      [_g(replicas=3, gpu_count=8, gpu_models=["A100-80G", "H100-80G"])], 100),
     ("language", "llm-pretrain", "leo", "too-big", "normal", [_g(gpu_count=12)], 60),
 ]
