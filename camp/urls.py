@@ -1,11 +1,18 @@
+from django.http import HttpRequest, HttpResponsePermanentRedirect
 from django.templatetags.static import static
 from django.urls import include, path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularSwaggerView
 
 from camp.schema import CachedSchemaView
 from portal import views as portal_views
 from tenants.sso.views import LoginView, LogoutView
+
+
+def favicon(request: HttpRequest) -> HttpResponsePermanentRedirect:
+    # Resolved per request, not when the URLconf loads: with the manifest storage of
+    # production a name is known only after collectstatic, and every command loads the URLs.
+    return HttpResponsePermanentRedirect(static("favicon.svg"))
+
 
 urlpatterns = [
     # Local, LDAP, OIDC and SAML login; logout ends the provider session too (docs/AUTH.md).
@@ -23,7 +30,7 @@ urlpatterns = [
     path("registry/", include("registry.urls")),
     path("metrics", portal_views.metrics, name="metrics"),
     # Browsers ask for /favicon.ico whatever the page links: no 404 on every page.
-    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
+    path("favicon.ico", favicon),
     path("", include("portal.urls")),
     path("", include("tenants.urls")),
 ]
