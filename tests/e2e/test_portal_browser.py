@@ -60,7 +60,9 @@ def test_member_launches_a_notebook_in_three_clicks(world: World, live_server: A
     assert "My workloads" in main.inner_text()
     assert "Nothing of yours is running or waiting" in main.inner_text()  # says what to do next
     free_now = page.locator("section[aria-label='What can start now']").inner_text()
-    assert "¼ A100 · 20 GB (32 you can start)" in free_now
+    # 32 quarters fit on the free cards; a notebook runs non-preemptible, so within the
+    # project's 4-GPU guarantee on sim: 16 (issue 29: free now counts the guarantee)
+    assert "¼ A100 · 20 GB (16 you can start)" in free_now
     shot(page, "home-member-empty")
     page.click("text=Launch a notebook")  # 1
     page.click(f"label[for=preset-{portal['quarter'].pk}]")  # 2
