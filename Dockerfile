@@ -48,6 +48,7 @@ COPY . .
 # throwaway one exists only for this build step and is not kept in the image.
 RUN SECRET_KEY=collectstatic-at-build-time-only-not-a-runtime-secret-0123456789 \
     DATABASE_URL=sqlite:////tmp/collectstatic-needs-no-database.sqlite3 \
+    ALLOWED_HOSTS=collectstatic.invalid \
     python manage.py collectstatic --noinput
 RUN mkdir -p /var/lib/camp-anchor && chown 10001:10001 /var/lib/camp-anchor
 USER 10001:10001
