@@ -33,8 +33,10 @@ class Command(BaseCommand):
         revoke.add_argument("--admin", required=True)
 
     def _admin(self, username: str) -> User:
+        from tenants.permissions import CHANGE, acts_as_platform_admin
+
         admin = User.objects.filter(username=username).first()
-        if admin is None or not admin.platform_admin:
+        if admin is None or not admin.is_active or not acts_as_platform_admin(admin, CHANGE):
             raise CommandError(f"--admin: {username!r} is not an active platform admin.")
         return admin
 
