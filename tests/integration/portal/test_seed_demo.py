@@ -15,6 +15,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_the_demo_seeds_through_every_rule_and_twice_is_the_same() -> None:
+    from registry.catalog import seed_base_images
+    from registry.models import Image
+
+    # The base images a migration seeds (a transactional test before this one flushed them).
+    seed_base_images(Image)
     call_command("seed_demo")
     jobs, envs, services = Job.objects.count(), DevEnvironment.objects.count(), ModelService.objects.count()
     assert jobs > 10 and envs >= 1 and services >= 1
