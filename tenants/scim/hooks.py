@@ -20,6 +20,16 @@ from .models import ScimGroup, ScimUser
 from .services import scim_token_authenticate
 
 
+def _raw_search(query: Any, model: Any, filter_query: str, request: Any) -> Any:
+    """The rows a SCIM filter selects (the library's SQL over ``model``'s table); none for a
+    filter that names nothing Camp keeps."""
+    q = query.query_class(filter_query, query.table_name(), query.attr_map, query.joins)
+    if q.where_sql is None:
+        return model.objects.none()
+    sql, params = query.get_raw_args(q, request)
+    return model.objects.raw(sql, params)
+
+
 class CampUserFilter(UserFilterQuery):
     model_getter = ScimUser  # type: ignore[assignment]
     attr_map = {
@@ -34,11 +44,7 @@ class CampUserFilter(UserFilterQuery):
 
     @classmethod
     def search(cls, filter_query: str, request: Any = None) -> Any:
-        q = cls.query_class(filter_query, cls.table_name(), cls.attr_map, cls.joins)
-        if q.where_sql is None:
-            return ScimUser.objects.none()
-        sql, params = cls.get_raw_args(q, request)
-        return ScimUser.objects.raw(sql, params).prefetch_related("user")
+        return _raw_search(cls, ScimUser, filter_query, request).prefetch_related("user")
 
 
 class CampGroupFilter(GroupFilterQuery):
@@ -55,11 +61,7 @@ class CampGroupFilter(GroupFilterQuery):
 
     @classmethod
     def search(cls, filter_query: str, request: Any = None) -> Any:
-        q = cls.query_class(filter_query, cls.table_name(), cls.attr_map, cls.joins)
-        if q.where_sql is None:
-            return ScimGroup.objects.none()
-        sql, params = cls.get_raw_args(q, request)
-        return ScimGroup.objects.raw(sql, params)
+        return _raw_search(cls, ScimGroup, filter_query, request)
 
 
 def user_model() -> type[ScimUser]:
