@@ -139,9 +139,10 @@ class Command(BaseCommand):
             if not stop["applying"]:
                 raise _Stopped
 
+        previous: dict[int, Any] = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
-                signal.signal(sig, _stop)
+                previous[sig] = signal.signal(sig, _stop)
             except ValueError:  # not the main thread (tests): stop via --max-events/--duration
                 pass
         # The client's connection pool logs every retry of a dead server (several lines a
@@ -155,6 +156,10 @@ class Command(BaseCommand):
             self._loop(name, options, stop, deadline)
         finally:
             beating.set()
+            # Run in-process (call_command in tests, a shell), the handlers must not outlive
+            # the command: a later SIGTERM would raise _Stopped in unrelated code.
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _loop(self, name: str, options: dict[str, Any], stop: dict[str, bool],
               deadline: float | None) -> None:

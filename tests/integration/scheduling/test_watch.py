@@ -10,6 +10,7 @@ uid are canned. Lists, creates, status patches and deletes are kmock's own.
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import pytest
@@ -78,8 +79,12 @@ def test_watch_consumer_deletes_orphans(world: Any, kube: Any) -> None:
         "name": "stray", "namespace": NS, "labels": {"app.kubernetes.io/managed-by": "camp"}},
         "spec": {"containers": [{"name": "c", "image": "x"}]}})
     k["get /api/v1/pods?watch=True"] << ()
+    before = signal.getsignal(signal.SIGTERM)
     call_command("camp_watch", cluster="kube", max_events=1, window=2)
     assert core.list_namespaced_pod(NS).items == []
+    # Run in-process, the watcher puts the SIGTERM handler back: a later SIGTERM (a test
+    # runner's timeout) must not raise the watcher's stop in unrelated code.
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_422_is_a_clear_job_error_without_retries(world: Any, kube: Any) -> None:
