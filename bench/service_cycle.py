@@ -145,7 +145,9 @@ def _group_fields(tp: Any) -> dict[str, Any]:
 
 def _bulk_jobs(admin: Any, cluster: Any, projects: list[Any], specs: list[dict[str, Any]],
                state: str, prefix: str) -> list[Any]:
-    """Jobs with the rows ``job_submit`` writes (job, groups, decision, audit), in bulk."""
+    """Jobs with the rows ``job_submit`` writes (job, groups, decision, audit), in bulk.
+    ``cluster`` is one cluster for every job, or a spec's own ``cluster`` (None: floating, in
+    the global queue) when it is None."""
     import datetime as dt
 
     from django.db import transaction
@@ -160,7 +162,9 @@ def _bulk_jobs(admin: Any, cluster: Any, projects: list[Any], specs: list[dict[s
     for i, s in enumerate(specs):
         project = projects[s["project"]]
         pc = s["priority_class"]
-        job = Job(tenant=project.tenant, project=project, owner=admin, cluster=cluster,
+        where = cluster if cluster is not None else s.get("cluster")
+        job = Job(tenant=project.tenant, project=project, owner=admin, cluster=where,
+                  floating=where is None,
                   name=f"{prefix}-{i}", kind="batch", priority_class=pc,
                   priority=PRIORITY_VALUES[pc], preemptible=pc == "batch",
                   checkpoint_capable=s.get("checkpoint", False), gang=True,
@@ -177,7 +181,7 @@ def _bulk_jobs(admin: Any, cluster: Any, projects: list[Any], specs: list[dict[s
             g.job = job
         PodGroup.objects.bulk_create(groups, batch_size=2000)
         SchedulingDecision.objects.bulk_create(
-            [SchedulingDecision(job=j, cluster_id=cluster.pk, kind=DecisionKind.SUBMITTED,
+            [SchedulingDecision(job=j, cluster_id=j.cluster_id, kind=DecisionKind.SUBMITTED,
                                 reason="Queued; waiting for the next scheduling cycle")
              for j in jobs], batch_size=2000)
         for job, g in zip(jobs, groups, strict=True):
