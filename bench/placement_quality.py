@@ -77,6 +77,7 @@ def run_one(args: tuple[str, str, int]) -> dict[str, object]:
     alloc100: float | None = None
     failed = 0
     t0 = time.perf_counter()
+    c0 = time.process_time()
     stream = workload(pods, capacity, seed)
     for p in stream:
         if alloc100 is None and arrived + p.gpus > capacity:
@@ -87,6 +88,7 @@ def run_one(args: tuple[str, str, int]) -> dict[str, object]:
         else:
             failed += 1
     elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     if alloc100 is None:
         alloc100 = allocated
     return {
@@ -98,6 +100,8 @@ def run_one(args: tuple[str, str, int]) -> dict[str, object]:
         "unalloc100": 100.0 - 100.0 * alloc100 / capacity,
         "unalloc130": 100.0 - 100.0 * allocated / capacity,
         "seconds": elapsed,
+        "cpu_seconds": cpu,
+        "pods_per_cpu_second": len(stream) / cpu if cpu > 0 else 0.0,
     }
 
 

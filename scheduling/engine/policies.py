@@ -293,6 +293,11 @@ class FragmentationPolicy:
       typical pod no longer fits;
     * ``scarcity_weight``: taking a card of a model that model-restricted pods need (more demand
       than supply for them) is charged, so flexible pods go elsewhere while they can;
+    * ``waste_weight``: look-ahead on the chosen cards — the decrease of their expected waste
+      (:func:`expected_waste`: what a gap ends as when the profile's pods keep filling it), on
+      only when slices of a card carry at least ``waste_min_sharing`` of the profile's GPU
+      demand (measured on openb: −0.16/−0.20 points on gpushare80/100; neutral to slightly
+      worse at 64 % sharing and worse on cpu250, so off there);
     * card share is memory weighted (memory cannot be compressed) and RAM is part of the fit;
     * multi-GPU containers prefer one NVLink island / NUMA node (``topology_weight``, or required
       with ``strict_topology``); cards with low measured load are preferred (``load_weight``).
@@ -305,6 +310,8 @@ class FragmentationPolicy:
     balance_weight: float = 1.0
     scarcity_weight: float = 1.0
     card_weight: float = 0.0
+    waste_weight: float = 0.25
+    waste_min_sharing: float = 0.75
     topology_weight: float = 0.05
     load_weight: float = 0.02
     strict_topology: bool = False
@@ -354,12 +361,28 @@ class _CampScorer(_FragScorerBase):
         self.strict_topology = p.strict_topology
         self.cpu_per_card = cpu_per_card(p.profile)
         self.scarcity = model_scarcity(p.profile, state) if p.scarcity_weight else {}
+        self.waste = (
+            expected_waste(p.profile)
+            if p.waste_weight and sharing_share(p.profile) >= p.waste_min_sharing
+            else []
+        )
 
     def starved(self, cpu_free: int, free_cards: float) -> float:
         """Free cards the node's remaining CPU cannot feed at the workload's CPU-per-card."""
         if self.cpu_per_card <= 0:
             return 0.0
         return max(0.0, free_cards - max(0, cpu_free) / self.cpu_per_card)
+
+    def waste_delta(self, ns: NodeState, take: Take) -> float:
+        """Decrease of the chosen cards' expected waste (:func:`expected_waste`), in cards."""
+        mem, cores, _, _ = after_usage(ns, take)
+        w = self.waste
+        dw = 0.0
+        for i in {i for _, i, _ in take}:
+            b = int(round(100 * (1.0 - used_share(ns, ns.mem_used, ns.cores_used, i))))
+            a = int(round(100 * (1.0 - used_share(ns, mem, cores, i))))
+            dw += w[max(0, b)] - w[max(0, a)]
+        return dw
 
     def score(self, ns: NodeState, pod: PodRequest, take: Take) -> float:
         d, free_after, free_before = self.delta(ns, pod, take)
@@ -369,6 +392,8 @@ class _CampScorer(_FragScorerBase):
                 - self.starved(ns.cpu_free, free_before)
             )
         n = len(ns.static.gpus) or 1
+        if self.waste and take:
+            d += self.p.waste_weight * self.waste_delta(ns, take)
         if self.p.quantum:
             d = math.floor(d / self.p.quantum + 0.5) * self.p.quantum
         if self.scarcity and take:
@@ -388,6 +413,42 @@ class _CampScorer(_FragScorerBase):
             s += self.p.topology_weight * topology_term(ns, take)
             s -= self.p.load_weight * load_term(ns, take)
         return s
+
+
+def expected_waste(profile: WorkloadProfile) -> list[float]:
+    """Rule (look-ahead on a card): per free share of one card (0..100 %), the share (in cards)
+    expected to stay unusable if the profile's pods keep arriving — a fitting shape is drawn in
+    proportion to its weight, the remainder is filled again, until no shape fits.
+
+    Only the observed workload (the profile) is used, never the pods still to come. FGD counts
+    a gap as fragmented for every typical pod too large for it *now*; this asks what the gap
+    ends as once smaller typical pods have filled it (0.53 of a card after a 0.47 pod is no
+    loss when 0.47 pods are common; 0.19 after a 0.81 pod is, unless tiny pods are)."""
+    shares: dict[int, float] = {}
+    for shape, w in profile.shapes:
+        if not shape.containers:
+            continue
+        c = shape.containers[0]
+        pct = 100 if c.whole_cards else (c.gpu_memory_percent or c.gpu_cores_percent)
+        if 0 < pct <= 100:
+            shares[pct] = shares.get(pct, 0.0) + w
+    out = [0.0] * 101
+    for f in range(1, 101):
+        fit = [(s, w) for s, w in shares.items() if s <= f]
+        q = sum(w for _, w in fit)
+        out[f] = sum(w * out[f - s] for s, w in fit) / q if fit else f / 100.0
+    return out
+
+
+def sharing_share(profile: WorkloadProfile) -> float:
+    """The share of the profile's GPU demand (in cards) asked for as slices of a card."""
+    sliced = total = 0.0
+    for shape, w in profile.shapes:
+        cards = w * card_share(shape)
+        total += cards
+        if any(not c.whole_cards for c in shape.containers):
+            sliced += cards
+    return sliced / total if total else 0.0
 
 
 def card_share(p: PodRequest) -> float:

@@ -35,6 +35,7 @@ from scheduling.engine import (
     schedule,
 )
 from scheduling.engine.model import GpuDevice, GpuGrant
+from scheduling.engine.policies import expected_waste, sharing_share
 from tests.unit.engine.builders import cluster, job, node
 
 # --------------------------------------------------------------------------------------------------
@@ -583,3 +584,62 @@ def test_camp_policy_terms(case: str) -> None:
     snap, prof, p, want = CAMP_CASES[case]
     got = Placer(ClusterState(snap), FragmentationPolicy(prof)).find(p)
     assert got is not None and got.node == want
+
+
+# --------------------------------------------------------------------------------------------------
+# Camp's look-ahead on a card (issue 35): where a slice leaves the more usable remainder
+# --------------------------------------------------------------------------------------------------
+
+
+def _slice(name: str, pct: int) -> PodRequest:
+    return pod(name, gpu_count=1, gpu_memory_percent=pct, gpu_cores_percent=pct, cpu_millicores=1000)
+
+
+SHARING_PROFILE = _profile((_slice("big", 80), 3), (_slice("mid", 40), 2), (_slice("small", 30), 1))
+
+
+def _two_partly_used_cards() -> ClusterState:
+    """Card of node a 55 % used (45 % free), card of node b 40 % used (60 % free)."""
+    state = ClusterState(cluster(node("a", 1), node("b", 1)))
+    setup = Placer(state, ResourcePolicy())
+    for name, pct in (("a", 55), ("b", 40)):
+        placed = setup.find(_slice(f"on-{name}", pct), only=[name])
+        assert placed is not None
+        state.reserve(placed)
+    return state
+
+
+def test_slice_goes_where_its_remainder_stays_usable() -> None:
+    """A 30 % slice on a sharing-heavy workload: on a's card it would leave 15 %, which no typical
+    pod can use; on b's card it leaves 30 %, exactly a typical small pod (and a's 45 % still takes
+    a 40 % pod). Camp puts it on b; FGD's gradient alone prefers a, since it counts b's 60 % as
+    lost to the 80 % pods already."""
+    p = _slice("new", 30)
+    camp = Placer(_two_partly_used_cards(), FragmentationPolicy(SHARING_PROFILE)).find(p)
+    assert camp is not None and camp.node == "b"
+    gradient_only = Placer(
+        _two_partly_used_cards(), FragmentationPolicy(SHARING_PROFILE, waste_weight=0.0)
+    ).find(p)
+    assert gradient_only is not None and gradient_only.node == "a"
+
+
+def test_look_ahead_stays_off_when_whole_cards_dominate() -> None:
+    """With whole-card pods carrying most of the GPU demand, the look-ahead is off: Camp decides
+    exactly as without it (measured: it cost cpu250 on the openb trace)."""
+    prof = _profile((WHOLE, 6), (_slice("mid", 40), 2), (_slice("small", 30), 1))
+    assert sharing_share(prof) < FragmentationPolicy(prof).waste_min_sharing
+    p = _slice("new", 30)
+    on = Placer(_two_partly_used_cards(), FragmentationPolicy(prof)).find(p)
+    off = Placer(_two_partly_used_cards(), FragmentationPolicy(prof, waste_weight=0.0)).find(p)
+    assert on is not None and off is not None
+    assert (on.node, on.gpus[0].index) == (off.node, off.gpus[0].index)
+
+
+def test_expected_waste_of_a_gap() -> None:
+    """A gap a typical pod fills exactly is no loss; one below every typical slice is all loss;
+    an empty card ends with what its most likely fillings leave."""
+    waste = expected_waste(SHARING_PROFILE)
+    assert waste[30] == 0.0
+    assert waste[15] == pytest.approx(0.15)
+    assert waste[45] == pytest.approx((2 * 0.05 + 1 * 0.15) / 3)
+    assert 0.0 < waste[100] < waste[15]
