@@ -138,9 +138,10 @@ def camp(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Camp]:
     admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
     admin.execute(f'CREATE DATABASE "{name}"')
     password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
+    server = f"{db['HOST']}:{db['PORT'] or 5432}"
     env.update({"DJANGO_SETTINGS_MODULE": "camp.settings.test",
                 "CAMP_TEST_RUN_ID": f"backup-{os.getpid()}",
-                "DATABASE_URL": f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT'] or 5432}/{name}"})
+                "DATABASE_URL": f"postgres://{db['USER']}{password}@{server}/{name}"})
     try:
         yield Camp(env, tmp_path)
     finally:
