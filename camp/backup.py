@@ -40,6 +40,7 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 PG_DUMP = "database.dump"
 SQLITE_COPY = "database.sqlite3"
+RESTORE_ACTOR = "manage.py restore"
 
 
 class BackupError(Exception):
@@ -247,10 +248,16 @@ def _extract(archive: Path, name: str, into: Path, sha256: str) -> Path:
 
 
 def _replace_postgres(dump: Path) -> None:
+    from django.db import DatabaseError
+
     # Everything Camp has lives in the public schema: empty it, then load the dump into it.
-    with connection.cursor() as cursor:
-        cursor.execute("DROP SCHEMA public CASCADE")
-        cursor.execute("CREATE SCHEMA public")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP SCHEMA public CASCADE")
+            cursor.execute("CREATE SCHEMA public")
+    except DatabaseError as exc:
+        raise BackupError("Cannot empty the database (restore needs the owner's DATABASE_URL, as "
+                          f"migrate does, and no other process connected): {exc}".strip()) from exc
     connection.close()
     _run_pg([_tool("pg_restore"), "--no-owner", "--no-privileges", "--exit-on-error",
              "--single-transaction", "--dbname", _pg_env()["PGDATABASE"], str(dump)])
@@ -282,7 +289,23 @@ def restore(archive: Path) -> RestoreReport:
             _replace_sqlite(dump)
     call_command("migrate", "--noinput", verbosity=0)
     report.problems.extend(verify(info, report.notes))
+    _record(info, report)
     return report
+
+
+def _record(info: dict[str, Any], report: RestoreReport) -> None:
+    """The restore itself, as the restored chain's next event (after the checks)."""
+    from django.db import transaction
+
+    from tenants.audit import audit_record, seal
+
+    with transaction.atomic():
+        audit_record(actor=None, actor_username=RESTORE_ACTOR, action="backup.restored",
+                     target_repr=f"backup of {info['created_at']}",
+                     after={"camp_version": info["camp_version"], "backup_created_at": info["created_at"],
+                            "key_fingerprint": info["encryption_key"]["fingerprint"],
+                            "problems": len(report.problems)})
+    seal(wait=True)
 
 
 def verify(info: dict[str, Any], notes: list[str]) -> list[str]:
