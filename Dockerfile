@@ -3,6 +3,12 @@
 # Camp's image: one image for web (ASGI), worker, beat and the per-cluster watcher; the
 # command picks the role (docker-compose.yml, deploy/helm/camp).
 #
+# Multi-architecture (linux/amd64 and linux/arm64, e.g. GH200 hosts): the base image is a
+# multi-arch official image, every package comes from Debian's apt or pip (built in the build
+# stage where no wheel exists), and nothing names an architecture. A binary ever downloaded
+# here must be chosen by BuildKit's TARGETARCH (`ARG TARGETARCH`), never a literal one:
+#   docker buildx build --platform linux/amd64,linux/arm64 -t registry.example.com/camp:0.1.0 --push .
+#
 # RUN lines use the ENV paths ($WHEELS, $VENV), never literal ones: the suite runs every
 # RUN line of this file in a fresh virtualenv (tests/integration/deploy/test_dockerfile.py),
 # since no Docker daemon runs on the project's machines.
@@ -30,8 +36,10 @@ LABEL org.opencontainers.image.title="camp" \
       org.opencontainers.image.description="Camp, the AI compute scheduling platform (web, worker, beat, watcher)" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}"
-# python-ldap's shared libraries; xmlsec1, with which pysaml2 checks SAML signatures.
+# python-ldap's shared libraries; xmlsec1, with which pysaml2 checks SAML signatures;
+# pg_dump/pg_restore (PostgreSQL 15's client) for `manage.py backup` / `restore`.
 RUN apt-get update && apt-get install -y --no-install-recommends libldap-2.5-0 libsasl2-2 xmlsec1 \
+    postgresql-client-15 \
     && rm -rf /var/lib/apt/lists/*
 # A named group for gid 10001 too (without it Celery warns it runs "with superuser privileges").
 RUN groupadd --system --gid 10001 camp \

@@ -4,10 +4,13 @@ from typing import Any
 
 import dj_database_url
 
-from camp.env import ImproperlyConfiguredEnv, env_int, env_str
+from camp.env import ImproperlyConfiguredEnv, env_bool, env_int, env_str
 
 from .base import BASE_DIR
 
+# The Helm chart's evaluation mode (evaluation.enabled): an in-chart PostgreSQL and Redis for a
+# trial. `manage.py doctor` reports it as a problem: not for production.
+CAMP_EVALUATION = env_bool("CAMP_EVALUATION", False)
 DEMO_DATABASE_URL = f"sqlite:///{BASE_DIR / 'var' / 'camp.sqlite3'}"
 DATABASE_URL = env_str("DATABASE_URL", DEMO_DATABASE_URL)
 

@@ -2,10 +2,11 @@
 """Create docker-compose's secrets once, and never again: ``python3 deploy/compose/make-secrets.py``.
 
 Writes, next to docker-compose.yml, ``secrets/secret_key``, ``secrets/encryption_key`` (a Fernet
-key for cluster credentials), ``secrets/db_password`` and ``secrets/database_url``. A file that
-exists is kept as it is: re-running this (or ``docker compose up`` again) never rotates a key, so
-sessions survive a restart and stored cluster credentials stay readable. Rotation is deliberate
-and documented (docs/DEPLOY.md, "Day 2").
+key for cluster credentials), ``secrets/db_password``, ``secrets/database_url`` and
+``secrets/admin_password`` (the first platform admin's, used by the ``initial-admin`` service;
+change it after signing in). A file that exists is kept as it is: re-running this (or
+``docker compose up`` again) never rotates a key, so sessions survive a restart and stored
+cluster credentials stay readable. Rotation is deliberate and documented (docs/DEPLOY.md, "Day 2").
 
 Compose mounts each file at /run/secrets/<name> and Camp reads it through its ``*_FILE``
 settings, so no secret sits in a container's environment or in ``docker inspect``. The
@@ -31,6 +32,7 @@ def _values() -> dict[str, str]:
         "encryption_key": base64.urlsafe_b64encode(os.urandom(32)).decode(),
         "db_password": password,
         "database_url": f"postgres://camp:{password}@postgres:5432/camp",
+        "admin_password": secrets.token_urlsafe(18),
     }
 
 

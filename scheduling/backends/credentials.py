@@ -11,6 +11,7 @@ the stored credentials unreadable.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from typing import Any
 
@@ -28,10 +29,20 @@ def _derived_key() -> bytes:
     return base64.urlsafe_b64encode(hkdf.derive(settings.SECRET_KEY.encode()))
 
 
+def _keys() -> list[bytes]:
+    """The keys that decrypt, the encrypting one first."""
+    keys = [k.encode() for k in getattr(settings, "CAMP_ENCRYPTION_KEYS", []) if k]
+    return keys or [_derived_key()]
+
+
 def _fernet() -> MultiFernet:
-    keys = [k for k in getattr(settings, "CAMP_ENCRYPTION_KEYS", []) if k]
-    fernets = [Fernet(k.encode()) for k in keys] or [Fernet(_derived_key())]
-    return MultiFernet(fernets)
+    return MultiFernet([Fernet(k) for k in _keys()])
+
+
+def key_fingerprints() -> list[str]:
+    """A short SHA-256 of each key, the encrypting one first: says which key a backup needs
+    without holding it (camp/backup.py)."""
+    return ["sha256:" + hashlib.sha256(k.strip()).hexdigest()[:32] for k in _keys()]
 
 
 def encrypt_credentials(values: dict[str, str]) -> str:

@@ -53,6 +53,10 @@ class Command(BaseCommand):
             problems.append(("encryption", "CAMP_ENCRYPTION_KEY is not set: cluster credentials are "
                              "encrypted with a key derived from SECRET_KEY, so rotating SECRET_KEY "
                              "would make them unreadable"))
+        if getattr(settings, "CAMP_EVALUATION", False):
+            problems.append(("evaluation", "evaluation mode (the chart's evaluation.enabled): the "
+                             "in-chart PostgreSQL and Redis have no backups, replication or tuning; "
+                             "for production set database.url and redis.url to databases run for it"))
         if not problems:
             oks.append("settings (secret key, hosts, TLS, cookies)")
 

@@ -243,3 +243,40 @@ def test_image_user_has_a_group_labels_and_no_suite(image: Replay) -> None:
     shipped = _context_files()
     assert not [p for p in shipped if p.split("/")[0] in ("tests", "bench", "docs")]
     assert "manage.py" in shipped and "camp/liveness.py" in shipped
+
+
+ARCH_LITERAL = re.compile(r"\b(amd64|x86_64|x86-64|aarch64|arm64|armv\d\w*|i386|i686)\b", re.IGNORECASE)
+
+
+def test_the_recipe_names_no_architecture_so_it_builds_for_arm64_too() -> None:
+    """Issue 33, item 7: no step is amd64-only. Nothing outside comments names an architecture
+    (no `FROM --platform`, no arch-specific package or download), a download (curl, wget, ADD of
+    a URL) picks its binary by BuildKit's TARGETARCH declared in its stage, and the runtime
+    stage installs PostgreSQL's client tools (backup/restore) from apt, for whichever arch.
+    An arm64 build itself cannot run here (no Docker daemon, no emulation): docs/DEPLOY.md
+    gives the `docker buildx build --platform linux/amd64,linux/arm64` command."""
+    parser = DockerfileParser(path=str(ROOT / "Dockerfile"))
+    stage_args: set[str] = set()
+    for instruction in parser.structure:
+        name, value = instruction["instruction"], instruction["value"]
+        if name == "COMMENT":
+            continue
+        assert not ARCH_LITERAL.search(value), f"line {instruction['startline'] + 1}: {value}"
+        if name == "FROM":
+            assert "--platform" not in value, value
+            stage_args = set()
+        if name == "ARG":
+            stage_args.add(value.split("=", 1)[0].strip())
+        downloads = re.search(r"\b(curl|wget)\b|https?://", value) and name in ("RUN", "ADD")
+        if downloads:
+            assert "TARGETARCH" in value and "TARGETARCH" in stage_args, \
+                f"line {instruction['startline'] + 1} downloads without TARGETARCH: {value}"
+    runtime_apt = [i["value"] for i in parser.structure
+                   if i["instruction"] == "RUN" and "apt-get install" in i["value"]][-1]
+    assert "postgresql-client-15" in runtime_apt.split()
+    status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", "postgresql-client-15"],
+                            capture_output=True, text=True)
+    assert "installed" in status.stdout  # a real Debian 12 package (its pg_dump is the suite's)
+    # The documented multi-arch build names both platforms.
+    deploy = (ROOT / "docs" / "DEPLOY.md").read_text()
+    assert "docker buildx build --platform linux/amd64,linux/arm64" in deploy

@@ -94,3 +94,12 @@ def test_doctor_lets_loopback_go_without_the_https_redirect_but_no_other_host(tm
     public = _doctor(env)
     assert public.returncode == 1
     assert "PROBLEM  tls: SECURE_SSL_REDIRECT=false" in public.stdout
+
+
+@pytest.mark.django_db(transaction=True)
+def test_doctor_says_evaluation_mode_is_not_for_production(tmp_path: Path) -> None:
+    """Issue 33, item 7: the chart's evaluation.enabled sets CAMP_EVALUATION=true."""
+    env = {**_production_env(tmp_path), "CAMP_EVALUATION": "true"}
+    result = _doctor(env)
+    assert result.returncode == 1
+    assert "PROBLEM  evaluation: evaluation mode" in result.stdout

@@ -8,6 +8,7 @@ and stopped in a finaliser.
 
 from __future__ import annotations
 
+import base64
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +42,9 @@ VALUE_SETS: dict[str, list[str]] = {
                         "--set", "web.replicas=1", "--set", "worker.replicas=1",
                         "--set", "networkPolicy.enabled=false", "--set", "beat.enabled=false",
                         "--set", "migrations.enabled=false"],
+    # Issue 33, item 7: a one-command trial (in-chart PostgreSQL and Redis) with an initial admin.
+    "evaluation": ["--set", "evaluation.enabled=true", "--set", "initialAdmin.username=platform",
+                   "--set", "initialAdmin.password=first-Install-password-7731"],
 }
 
 
@@ -265,3 +269,125 @@ def test_a_changed_existing_secret_rolls_the_pods(
     assert checksum() == first  # unchanged Secret: no roll
     secret("second-key-" + "b" * 50)
     assert checksum() != first
+
+
+def _by_name(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def test_evaluation_mode_runs_its_own_databases_and_says_it_is_not_for_production(
+    tools: dict[str, Path]
+) -> None:
+    """Issue 33, item 7: `--set evaluation.enabled=true` alone is a whole install: an in-chart
+    PostgreSQL and Redis (a PVC each, hardened pods), generated secrets Camp's URLs agree with,
+    migrations that wait for the database instead of a pre-install hook, and the warnings."""
+    docs = _render(tools["helm"], CHART, ["--set", "evaluation.enabled=true"])
+    sets = _by_name(docs, "StatefulSet")
+    assert set(sets) == {"r1-camp-postgresql", "r1-camp-redis"}
+    for sts in sets.values():
+        spec = sts["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        container = spec["containers"][0]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert container["readinessProbe"] and container["livenessProbe"]
+        assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
+    secrets = _by_name(docs, "Secret")
+    generated = secrets["r1-camp-evaluation"]
+    assert generated["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    password = base64.b64decode(generated["data"]["password"]).decode()
+    assert len(password) >= 32
+    camp = {k: base64.b64decode(v).decode() for k, v in secrets["r1-camp"]["data"].items()}
+    assert camp["DATABASE_URL"] == f"postgres://camp:{password}@r1-camp-postgresql:5432/camp"
+    assert camp["REDIS_URL"] == f"redis://:{password}@r1-camp-redis:6379/0"
+    assert f"requirepass {password}" in base64.b64decode(generated["data"]["redis.conf"]).decode()
+    assert camp["SECRET_KEY"] == base64.b64decode(generated["data"]["secretKey"]).decode()
+    # The migrate hook's own copy of the settings agrees with the release's.
+    assert secrets["r1-camp-migrate"]["data"] == secrets["r1-camp"]["data"]
+    # No secret in the database pods' environment: PostgreSQL reads a file, Redis a config file.
+    postgres = sets["r1-camp-postgresql"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "POSTGRES_PASSWORD_FILE", "value": "/run/secrets/evaluation/password"} in postgres["env"]
+    assert password not in yaml.safe_dump(sets)
+    # Migrations cannot run before the in-chart database exists: a release Job (one per
+    # revision), retried while it starts; not a pre-install hook.
+    (job,) = _by_name(docs, "Job").values()
+    assert job["metadata"]["name"] == "r1-camp-migrate-1"
+    assert "helm.sh/hook" not in (job["metadata"].get("annotations") or {})
+    assert job["spec"]["backoffLimit"] >= 10
+    assert _by_name(docs, "ConfigMap")["r1-camp"]["data"]["CAMP_EVALUATION"] == "true"
+    # Only this release's pods reach the databases.
+    policies = _by_name(docs, "NetworkPolicy")
+    assert policies["r1-camp-postgresql"]["spec"]["ingress"][0]["ports"] == [{"port": 5432}]
+    notes = _run([tools["helm"], "install", "r1", CHART, "--set", "evaluation.enabled=true",
+                  "--dry-run=client", "--namespace", "camp"])
+    assert notes.returncode == 0, notes.stderr
+    assert "EVALUATION MODE" in notes.stdout and "NOT FOR PRODUCTION" in notes.stdout
+    # Without evaluation mode nothing of it renders (the production shape: external databases).
+    plain = _render(tools["helm"], CHART, BASE_VALUES)
+    assert not _by_name(plain, "StatefulSet") and "r1-camp-evaluation" not in _by_name(plain, "Secret")
+    assert "CAMP_EVALUATION" not in _by_name(plain, "ConfigMap")["r1-camp"]["data"]
+
+
+def test_initial_admin_values_run_initial_admin_after_migrate_with_the_password_as_a_file(
+    tools: dict[str, Path]
+) -> None:
+    """Issue 33, item 7: initialAdmin.* makes the migrations Job run `initial_admin` after
+    `migrate` (an init container first), the password mounted from a Secret, never in env."""
+    default_job = next(d for d in _render(tools["helm"], CHART, BASE_VALUES) if d["kind"] == "Job")
+    assert "initContainers" not in default_job["spec"]["template"]["spec"]
+
+    docs = _render(tools["helm"], CHART, [*BASE_VALUES, "--set", "initialAdmin.username=platform",
+                                          "--set", "initialAdmin.email=ops@example.com",
+                                          "--set", "initialAdmin.password=first-Install-password-7731"])
+    job = next(d for d in docs if d["kind"] == "Job")
+    spec = job["spec"]["template"]["spec"]
+    assert spec["initContainers"][0]["command"][-2:] == ["migrate", "--noinput"]
+    (admin,) = spec["containers"]
+    assert admin["command"] == ["python", "manage.py", "initial_admin"]
+    env = {e["name"]: e.get("value") for e in admin["env"]}
+    assert env["CAMP_ADMIN_USERNAME"] == "platform" and env["CAMP_ADMIN_EMAIL"] == "ops@example.com"
+    assert env["CAMP_ADMIN_PASSWORD_FILE"] == "/run/secrets/camp-admin/password"
+    assert "first-Install" not in yaml.safe_dump(job)
+    hook_secret = _by_name(docs, "Secret")["r1-camp-admin"]
+    assert base64.b64decode(hook_secret["data"]["password"]).decode() == "first-Install-password-7731"
+    assert hook_secret["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == \
+        "before-hook-creation,hook-succeeded"
+    admin_volume = {"name": "admin", "secret": {"secretName": "r1-camp-admin", "defaultMode": 0o440}}
+    assert admin_volume in spec["volumes"]
+
+    # A Secret you manage: username and password both read from it, the chart makes none.
+    docs = _render(tools["helm"], CHART, [*BASE_VALUES, "--set", "initialAdmin.existingSecret=camp-admin",
+                                          "--set", "initialAdmin.passwordKey=pw"])
+    assert "r1-camp-admin" not in _by_name(docs, "Secret")
+    spec = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["CAMP_ADMIN_USERNAME_FILE"] == "/run/secrets/camp-admin/username"
+    assert env["CAMP_ADMIN_PASSWORD_FILE"] == "/run/secrets/camp-admin/pw"
+    assert {"name": "admin", "secret": {"secretName": "camp-admin", "defaultMode": 0o440}} in spec["volumes"]
+
+    missing = _run([tools["helm"], "template", "r1", CHART, *BASE_VALUES,
+                    "--set", "initialAdmin.username=platform"])
+    assert missing.returncode != 0 and "initialAdmin.password is required" in missing.stderr
+
+
+def test_every_pod_meets_pod_security_restricted_on_a_real_apiserver(
+    tools: dict[str, Path], kubeconfig: Path, tmp_path: Path
+) -> None:
+    """The default and evaluation renders in a namespace enforcing (and warning on) Pod Security
+    "restricted": the apiserver's admission accepts them without a single warning, the
+    in-chart PostgreSQL and Redis included."""
+    kubectl = [tools["kubectl"], "--kubeconfig", kubeconfig]
+    for name in ("defaults", "evaluation"):
+        namespace = f"camp-restricted-{name}"
+        assert _run([*kubectl, "create", "namespace", namespace]).returncode == 0
+        labelled = _run([*kubectl, "label", "namespace", namespace,
+                         "pod-security.kubernetes.io/enforce=restricted",
+                         "pod-security.kubernetes.io/warn=restricted"])
+        assert labelled.returncode == 0, labelled.stderr
+        docs = _render(tools["helm"], CHART, VALUE_SETS[name], namespace)
+        manifest = tmp_path / f"{name}.yaml"
+        manifest.write_text(yaml.safe_dump_all(docs))
+        result = _run([*kubectl, "apply", "--dry-run=server", "-n", namespace, "-f", manifest])
+        assert result.returncode == 0, f"{name}: {result.stderr}"
+        assert "violate PodSecurity" not in result.stderr and "Warning" not in result.stderr, result.stderr
+        assert result.stdout.count("(server dry run)") == len(docs)

@@ -109,10 +109,10 @@ def test_compose_secrets_are_made_once_and_never_sit_in_the_environment(tmp_path
     never rewrites a file, no secret value is in compose's environment, and PostgreSQL's
     password is the one in Camp's database URL."""
     first = _secrets(tmp_path / "s")
-    assert first.returncode == 0 and first.stdout.count("created") == 4, first.stdout
+    assert first.returncode == 0 and first.stdout.count("created") == 5, first.stdout
     before = {p.name: p.read_text() for p in (tmp_path / "s").iterdir()}
     again = _secrets(tmp_path / "s")
-    assert again.returncode == 0 and again.stdout.count("kept") == 4, again.stdout
+    assert again.returncode == 0 and again.stdout.count("kept") == 5, again.stdout
     assert {p.name: p.read_text() for p in (tmp_path / "s").iterdir()} == before
     assert oct((tmp_path / "s").stat().st_mode & 0o777) == "0o700"
     assert before["db_password"].strip() in before["database_url"]
@@ -160,6 +160,42 @@ def compose_database() -> Iterator[str]:
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_compose_initial_admin_is_created_once_with_the_kept_password(
+    compose_database: str, tmp_path: Path
+) -> None:
+    """Issue 33, item 7: compose's initial-admin service (after migrate) creates the platform
+    admin with secrets/admin_password; a later `up` leaves a changed password alone."""
+    services = _compose()["services"]
+    assert services["initial-admin"]["depends_on"]["migrate"] == {
+        "condition": "service_completed_successfully"}
+    env = _compose_env("initial-admin", tmp_path, compose_database)
+    env.update({"ALLOWED_HOSTS": "localhost", "CAMP_ADMIN_USERNAME": "admin"})
+    venv_bin = str(Path(sys.executable).parent)
+
+    def run(service: str) -> str:
+        cmd = [f"{venv_bin}/python" if c == "python" else c for c in services[service]["command"]]
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    run("migrate")
+    assert "Created platform admin admin" in run("initial-admin")
+    password = (tmp_path / "secrets" / "admin_password").read_text().strip()
+    check = ("from tenants.models import User; u = User.objects.get(username='admin'); "
+             "print(u.is_platform_admin, u.check_password({!r}))")
+    shell = [sys.executable, "manage.py", "shell", "-c"]
+    done = subprocess.run([*shell, check.format(password)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.split()[-2:] == ["True", "True"], done.stdout + done.stderr
+    subprocess.run([*shell, "from tenants.models import User; u = User.objects.get(username='admin'); "
+                    "u.set_password('changed-after-sign-in-4410'); u.save()"],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
+    assert "left as it is" in run("initial-admin")
+    done = subprocess.run([*shell, check.format("changed-after-sign-in-4410")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.split()[-2:] == ["True", "True"], done.stdout + done.stderr
 
 
 def test_compose_migrate_then_web_serves_ready(compose_database: str, tmp_path: Path) -> None:

@@ -53,14 +53,54 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* The Secret's data: the chart refuses to render without the three it cannot guess. */}}
+{{/* Evaluation mode: the generated password and secret key, kept across upgrades (read back
+from the evaluation Secret when it exists), generated once per render otherwise. */}}
+{{- define "camp.evaluation" -}}
+{{- if not (hasKey .Values.evaluation "generated") -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (printf "%s-evaluation" (include "camp.fullname" .)) | default dict -}}
+{{- $data := get $existing "data" | default dict -}}
+{{- $password := get $data "password" | b64dec | default (randAlphaNum 32) -}}
+{{- $secretKey := get $data "secretKey" | b64dec | default (randAlphaNum 64) -}}
+{{- $_ := set .Values.evaluation "generated" (dict "password" $password "secretKey" $secretKey) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "camp.secretKeyValue" -}}
+{{- if .Values.secretKey -}}{{ .Values.secretKey }}
+{{- else if .Values.evaluation.enabled -}}{{ include "camp.evaluation" . }}{{ .Values.evaluation.generated.secretKey }}
+{{- else -}}{{ required "secretKey is required (a long random string), or set existingSecret.name" .Values.secretKey }}
+{{- end -}}
+{{- end -}}
+
+{{- define "camp.databaseUrl" -}}
+{{- if .Values.database.url -}}{{ .Values.database.url }}
+{{- else if .Values.evaluation.enabled -}}{{ include "camp.evaluation" . }}postgres://camp:{{ .Values.evaluation.generated.password }}@{{ include "camp.fullname" . }}-postgresql:5432/camp
+{{- else -}}{{ required "database.url is required (postgres://...), or set existingSecret.name" .Values.database.url }}
+{{- end -}}
+{{- end -}}
+
+{{- define "camp.redisUrl" -}}
+{{- if .Values.redis.url -}}{{ .Values.redis.url }}
+{{- else if .Values.evaluation.enabled -}}{{ include "camp.evaluation" . }}redis://:{{ .Values.evaluation.generated.password }}@{{ include "camp.fullname" . }}-redis:6379/0
+{{- else -}}{{ required "redis.url is required (redis://...), or set existingSecret.name" .Values.redis.url }}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret's data: the chart refuses to render without the three it cannot guess
+(outside evaluation mode). */}}
 {{- define "camp.secretData" -}}
-SECRET_KEY: {{ required "secretKey is required (a long random string), or set existingSecret.name" .Values.secretKey | b64enc | quote }}
-DATABASE_URL: {{ required "database.url is required (postgres://...), or set existingSecret.name" .Values.database.url | b64enc | quote }}
-REDIS_URL: {{ required "redis.url is required (redis://...), or set existingSecret.name" .Values.redis.url | b64enc | quote }}
+SECRET_KEY: {{ include "camp.secretKeyValue" . | b64enc | quote }}
+DATABASE_URL: {{ include "camp.databaseUrl" . | b64enc | quote }}
+REDIS_URL: {{ include "camp.redisUrl" . | b64enc | quote }}
 {{- range $k, $v := .Values.extraSecrets }}
 {{ $k }}: {{ $v | toString | b64enc | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* The initial admin (manage.py initial_admin in the migrations Job): on when a username
+or a Secret is given. */}}
+{{- define "camp.initialAdmin" -}}
+{{- if or .Values.initialAdmin.username .Values.initialAdmin.existingSecret -}}true{{- end -}}
 {{- end -}}
 
 {{/* TRUSTED_PROXY_COUNT: the value, or 1 behind the chart's own ingress, else 0. */}}
@@ -79,6 +119,9 @@ CSRF_TRUSTED_ORIGINS: {{ join "," .Values.csrfTrustedOrigins | quote }}
 CAMP_URL: {{ .Values.campUrl | default (printf "https://%s" (first .Values.ingress.hosts | default (first .Values.allowedHosts))) | quote }}
 SECURE_SSL_REDIRECT: {{ .Values.secureSslRedirect | toString | quote }}
 LOG_LEVEL: {{ .Values.logLevel | quote }}
+{{- if .Values.evaluation.enabled }}
+CAMP_EVALUATION: "true"
+{{- end }}
 {{- if not (hasKey .Values.env "TRUSTED_PROXY_COUNT") }}
 TRUSTED_PROXY_COUNT: {{ include "camp.trustedProxyCount" . | quote }}
 {{- end }}
