@@ -39,7 +39,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         for sub in ("queue", "processed", "control"):
-            (settings.BASE_DIR / "var" / "celery" / sub).mkdir(parents=True, exist_ok=True)
+            (settings.VAR_DIR / "celery" / sub).mkdir(parents=True, exist_ok=True)
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo")
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get(
@@ -49,7 +49,7 @@ class Command(BaseCommand):
         worker = subprocess.Popen(  # noqa: S603 (fixed argv: this interpreter running celery)
             [sys.executable, "-m", "celery", "-A", "camp", "worker", "--beat", "--loglevel=WARNING",
              f"--concurrency={DEMO_WORKER_PROCESSES}",
-             "--schedule", str(settings.BASE_DIR / "var" / "celerybeat-schedule")],
+             "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")],
             env=env, start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
         self.stdout.write(f"Celery worker started (pid {worker.pid}).")
