@@ -49,6 +49,7 @@ LAUNCHES = (("/workspaces/environments/new/", r"/workspaces/environments/(\d+)/$
             ("/workspaces/services/new/", r"/workspaces/services/(\d+)/$"))
 # Never followed: they end the session or change something.
 SKIP = re.compile(r"/logout/|/delete/|/stop/|/api-key/|[?&]format=csv|\.csv$")
+OPEN_WITHIN_S = 180  # a notebook from the defaults runs within this (the worker keeping up)
 STARTUP_S = 300  # migrate and seed a fresh SQLite file on a busy machine
 
 # Where a reason, a place in line or an estimate belongs: visible and neither empty nor "—".
@@ -63,7 +64,9 @@ DEAD_ENDS_JS = """() => {
     const state = row && row.querySelector('[data-live-field=state]');
     if (state && state.textContent.trim() !== 'Queued') continue;
     const t = el.textContent.trim();
-    if (t === '' || t === '—' || /:\\s*—$/.test(t)) {
+    // a list's place in line may be blank (not in a project queue: the global one); a reason may not
+    const blankOk = row && el.matches('[data-live-field=queue]');
+    if ((t === '' && !blankOk) || t === '—' || /:\\s*—$/.test(t)) {
       const where = row ? row.textContent.replace(/\\s+/g, ' ').trim().slice(0, 120) + ' → ' : '';
       bad.push(where + el.outerHTML.slice(0, 160));
     }
@@ -198,14 +201,17 @@ def _launch(page: Any, walk: Walk, who: str, base: str) -> list[str]:
 def _open_notebook(page: Any, walk: Walk, who: str, url: str) -> None:
     """Wait for the notebook to run (the live page shows Open), then Open it: Camp's own page
     for a simulated cluster, never a host that does not resolve."""
-    page.goto(url)
     button = page.locator("main form[action$='/open/'] button")
-    try:
-        button.wait_for(state="visible", timeout=120_000)
-    except Exception:  # noqa: BLE001 (a Playwright timeout: say what the page shows)
-        state = page.locator("h1").inner_text()
-        walk.fail(who, f"the notebook at {url} never offered Open (page: {state!r})")
-        return
+    deadline = time.monotonic() + OPEN_WITHIN_S
+    while True:  # as a user would: look, and reload now and then
+        page.goto(url)
+        if button.count() and button.is_visible():
+            break
+        if time.monotonic() > deadline:
+            heading = page.locator("h1").inner_text()
+            walk.fail(who, f"the notebook at {url} never offered Open (page: {heading!r})")
+            return
+        page.wait_for_timeout(5000)
     with page.expect_popup() as popup_info:
         button.click()
     popup = popup_info.value
