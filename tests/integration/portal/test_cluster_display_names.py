@@ -45,3 +45,20 @@ def test_pages_name_the_cluster_by_its_display_name(world: Any) -> None:
         text = re.sub(r"<[^>]+>", " ", page)
         seen = re.findall(rf".{{0,40}}(?<![\w-]){NAME}(?![\w-]).{{0,40}}", text)
         assert not seen, (url, seen)
+
+
+def test_quota_by_cluster_names_clusters_by_display_name(world: Any) -> None:
+    from decimal import Decimal
+
+    from tenants import services as tenant_services
+
+    cluster = scheduling.cluster_create(actor=world.admin, name=NAME, display_name=DISPLAY,
+                                        backend="simulated", inventory=SMALL_INVENTORY)
+    scheduling.inventory_sync(cluster=cluster)
+    tenant_services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                              values={"gpus_guaranteed": Decimal(2), "gpus_limit": Decimal(4)})
+    c = Client()
+    c.force_login(world.a.owner)
+    page = c.get(f"/t/{world.a.tenant.name}/").content.decode()
+    assert f'<th scope="row">{DISPLAY}</th>' in page
+    assert f'<th scope="row">{NAME}</th>' not in page
