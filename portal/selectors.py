@@ -644,8 +644,8 @@ def queue_tree(cluster: Cluster) -> list[QueueRow]:
         total.add(held)
     cluster_quota = Quota.objects.filter(scope=QuotaScope.CLUSTER, cluster=cluster).first()
     all_jobs = [sum(v[0] for v in jobs.values()), sum(v[1] for v in jobs.values())]
-    here = f"on {cluster.name}"
-    rows.append(QueueRow("cluster", cluster.name, 0, quota_bars(cluster_quota, total, here),
+    here = f"on {cluster}"
+    rows.append(QueueRow("cluster", str(cluster), 0, quota_bars(cluster_quota, total, here),
                          _fair(cluster_quota, total), *all_jobs))
     for tenant in Tenant.objects.prefetch_related("projects").order_by("name"):
         projects = list(tenant.projects.all())

@@ -150,10 +150,14 @@ def guarantee_view(tenant_id: int, project_id: int | None = None) -> list[Guaran
         across_others = sum(s[1] for s in siblings)
         slices = slices.filter(allocation__job__project_id=project_id)
     used = held_gpus(slices, "allocation__cluster__name")
+    from .models import Cluster
+
+    shown = {c.name: str(c) for c in Cluster.objects.filter(name__in=list(cards))}  # display names
     rows = []
     for name in sorted(cards):
         room = A.guarantee_room(capacity=per_cluster_cap[name], others=per_cluster_others[name])
-        rows.append(GuaranteeRow(name, per_cluster_cap[name], per_cluster_others[name], room, g,
+        rows.append(GuaranteeRow(shown.get(name, name), per_cluster_cap[name], per_cluster_others[name],
+                                 room, g,
                                  float(lim) if lim is not None else None, round(used.get(name, 0.0), 2),
                                  g > room + 1e-9))
     room = A.guarantee_room(capacity=across_cap, others=across_others)

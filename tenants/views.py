@@ -42,6 +42,7 @@ from .models import (
     User,
 )
 from .permissions import CHANGE, CREATE, DELETE, actor_of, can, restrict
+from .validators import canonical_username
 
 
 def visible(request: HttpRequest, model: type[Any], **lookup: Any) -> Any:
@@ -150,6 +151,34 @@ def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
     return render(request, "console/tenant.html", ctx)
 
 
+def _member_picker(tenant: Tenant, project: Project) -> list[Any]:
+    """The users a project's members are picked from: the tenant's active users not in the
+    project yet (issue 32, finding 10). Nobody outside the tenant is listed."""
+    in_project = Membership.objects.filter(project=project).values("user")
+    return list(User.objects.filter(memberships__tenant=tenant, is_active=True)
+                .exclude(pk__in=in_project).distinct().order_by("username"))
+
+
+def _outside_tenant(request: HttpRequest, tenant: Tenant) -> str:
+    """The typed username when it is none of the tenant's users and the adder has not yet
+    confirmed it: the page then warns before anything is looked up, so the warning is the same
+    whether or not such a user exists (no existence oracle)."""
+    typed = request.POST.get("member-username", "").strip()
+    if not typed or request.POST.get("member-outside_ok"):
+        return ""
+    known = set(Membership.objects.filter(tenant=tenant).values_list("user__username", flat=True))
+    return "" if canonical_username(typed) in known or typed in known else typed
+
+
+def _with_picker(form: MembershipForm) -> MembershipForm:
+    widget = form.fields["username"].widget
+    widget.attrs.update({"list": "tenant-users", "autocomplete": "off"})
+    form.fields["username"].label = "User"
+    form.fields["username"].help_text = ("Pick one of the tenant's users (start typing a name) "
+                                         "or type a username.")
+    return form
+
+
 @login_required
 def project_detail(request: HttpRequest, tenant_name: str, project_name: str) -> HttpResponse:
     project = visible(request, Project, tenant__name=tenant_name, name=project_name)
@@ -162,9 +191,15 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
     ]
     member_form = MembershipForm(prefix="member", roles=grantable,
                                  initial={"role": Role.PROJECT_MEMBER})
+    picker = _member_picker(tenant, project)
+    outside = ""
     if request.method == "POST":
         member_form = MembershipForm(request.POST, prefix="member", roles=grantable)
-        if member_form.is_valid():
+        outside = _outside_tenant(request, tenant)
+        if outside:  # ask first, unbound: nothing is looked up before the adder confirms
+            member_form = MembershipForm(prefix="member", roles=grantable, initial={
+                "username": outside, "role": request.POST.get("member-role", Role.PROJECT_MEMBER)})
+        elif member_form.is_valid():
             try:
                 services.membership_create(
                     actor=user, tenant=tenant, project=project,
@@ -184,7 +219,9 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
             {"m": m, "can_change": can(user, CHANGE, m), "can_delete": can(user, DELETE, m)}
             for m in members
         ],
-        "member_form": member_form,
+        "member_form": _with_picker(member_form),
+        "tenant_users": picker,
+        "outside_tenant": outside,
         "can_add_member": bool(grantable),
         "role_choices": grantable,
         "quota_rows": _quota_rows(quota),

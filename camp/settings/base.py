@@ -11,6 +11,9 @@ from camp.env import env_bool, env_list, env_str
 django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
+# The demo's working files (SQLite database, Celery's filesystem queue, beat schedule, locks,
+# shared cache); VAR_DIR moves them, so a second demo (the newcomer browser test) runs beside one.
+VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
 
 # The demo default is deliberately marked insecure; production requires SECRET_KEY.
 SECRET_KEY = env_str("SECRET_KEY", "django-insecure-camp-demo-key-change-me")
@@ -101,7 +104,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 # collectstatic's target (the container image collects at build time into /app/var/static).
-STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "var" / "static")))
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "static")))
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

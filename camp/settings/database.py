@@ -1,4 +1,4 @@
-"""Database and cache: SQLite and local memory by default; PostgreSQL and Redis by URL."""
+"""Database and cache: SQLite and a file cache (the demo) by default; PostgreSQL and Redis by URL."""
 
 from typing import Any
 
@@ -6,12 +6,12 @@ import dj_database_url
 
 from camp.env import ImproperlyConfiguredEnv, env_bool, env_int, env_str
 
-from .base import BASE_DIR
+from .base import VAR_DIR
 
 # The Helm chart's evaluation mode (evaluation.enabled): an in-chart PostgreSQL and Redis for a
 # trial. `manage.py doctor` reports it as a problem: not for production.
 CAMP_EVALUATION = env_bool("CAMP_EVALUATION", False)
-DEMO_DATABASE_URL = f"sqlite:///{BASE_DIR / 'var' / 'camp.sqlite3'}"
+DEMO_DATABASE_URL = f"sqlite:///{VAR_DIR / 'camp.sqlite3'}"
 DATABASE_URL = env_str("DATABASE_URL", DEMO_DATABASE_URL)
 
 
@@ -62,4 +62,8 @@ if REDIS_URL:
         }
     }
 else:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    # The demo: one cache for the web server and every worker process (files under VAR_DIR),
+    # so a periodic run queued by one process is seen as queued by the others and the admin
+    # home reads the tick the workers recorded (a per-process memory cache showed no lag ever).
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+                          "LOCATION": str(VAR_DIR / "cache"), "KEY_PREFIX": "camp"}}

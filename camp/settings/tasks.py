@@ -8,10 +8,10 @@ production with no server at all, and Channels uses its in-memory layer.
 from camp.env import env_bool, env_int, env_list, env_str
 from workspaces import serving_load as _serving_load  # PromQL defaults (no Django imports)
 
-from .base import BASE_DIR
+from .base import VAR_DIR
 from .database import REDIS_URL
 
-_queue_dir = BASE_DIR / "var" / "celery"
+_queue_dir = VAR_DIR / "celery"
 
 # channels_redis waits for a live page's messages with BZPOPMIN, which Redis answers after
 # ``brpop_timeout`` (5 s) when nothing came; redis-py 8 reads with a 5-s socket timeout by

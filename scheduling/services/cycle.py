@@ -68,7 +68,7 @@ def cycle_lock(cluster_id: int) -> Iterator[bool]:
         with session_try_lock(_CYCLE_LOCK_CLASS, cluster_id) as got:
             yield got
         return
-    lock_dir = settings.BASE_DIR / "var" / "locks"
+    lock_dir = settings.VAR_DIR / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / f"cycle-{cluster_id}.lock", "w") as fh:
         try:

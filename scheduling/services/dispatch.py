@@ -223,7 +223,7 @@ def _dispatch_in_flight(job_id: int) -> bool:
 
 
 def _dispatch_lock_path(job_id: int) -> Any:
-    lock_dir = settings.BASE_DIR / "var" / "locks"
+    lock_dir = settings.VAR_DIR / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
     return lock_dir / f"dispatch-{job_id}.lock"
 

@@ -39,17 +39,22 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         for sub in ("queue", "processed", "control"):
-            (settings.BASE_DIR / "var" / "celery" / sub).mkdir(parents=True, exist_ok=True)
+            (settings.VAR_DIR / "celery" / sub).mkdir(parents=True, exist_ok=True)
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo")
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get(
+        # Links Camp makes to itself (a simulated notebook's Open, the ingress auth hook) name
+        # the address served here, not the default localhost:8000: another port, or 127.0.0.1
+        # against localhost (another cookie jar, so signed out), led nowhere (issue 32).
+        camp_url = os.environ.get("CAMP_URL") or f"http://{options['addr']}:{options['port']}"
+        settings.CAMP_URL = camp_url
+        env = {**os.environ, "CAMP_URL": camp_url, "DJANGO_SETTINGS_MODULE": os.environ.get(
             "DJANGO_SETTINGS_MODULE", "camp.settings"),
             # the living demo: the worker's beat runs portal.tasks.demo_load_tick
             "DEMO_LOAD": os.environ.get("DEMO_LOAD", "true")}
         worker = subprocess.Popen(  # noqa: S603 (fixed argv: this interpreter running celery)
             [sys.executable, "-m", "celery", "-A", "camp", "worker", "--beat", "--loglevel=WARNING",
              f"--concurrency={DEMO_WORKER_PROCESSES}",
-             "--schedule", str(settings.BASE_DIR / "var" / "celerybeat-schedule")],
+             "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")],
             env=env, start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
         self.stdout.write(f"Celery worker started (pid {worker.pid}).")
