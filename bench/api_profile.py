@@ -41,12 +41,19 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="cProfile the counted requests; print the N costliest functions (cumulative)")
     ap.add_argument("--json", default="", help="write the figures to this file")
+    ap.add_argument("--connections", choices=["persistent", "per-request", "pool"], default="persistent",
+                    help="persistent: one connection for the run (no connect cost); per-request: "
+                         "each request opens and closes its own (DB_CONN_MAX_AGE=0, the default); "
+                         "pool: DB_POOL_MAX_SIZE=4, each request takes one and gives it back")
     args = ap.parse_args()
     os.environ["DJANGO_SETTINGS_MODULE"] = "camp.settings.production"
     os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
     os.environ["SECURE_SSL_REDIRECT"] = "0"
     os.environ.setdefault("ALLOWED_HOSTS", "testserver")  # production refuses an empty one
-    os.environ["DB_CONN_MAX_AGE"] = "60"  # one connection for the whole run: no connect cost
+    # persistent: one connection for the whole run, no connect cost
+    os.environ["DB_CONN_MAX_AGE"] = "60" if args.connections == "persistent" else "0"
+    if args.connections == "pool":
+        os.environ["DB_POOL_MAX_SIZE"] = "4"
     sc._setup_django(args.db)
     import logging
 
@@ -155,6 +162,8 @@ def main() -> None:
                 response = call()
                 if hasattr(response, "streaming_content"):
                     b"".join(response.streaming_content)
+                if args.connections != "persistent":
+                    connection.close()  # what request_finished does (the test client skips it)
                 elapsed, spent = time.perf_counter() - t0, time.process_time() - c0
                 if profiler is not None and i:
                     profiler.disable()

@@ -19,7 +19,7 @@ from .conftest import gpu_group, submit
 pytestmark = pytest.mark.django_db
 
 # Statements of one request through a member's API token, after-commit callbacks run (the live
-# push's read). Measured on this branch (the submit took 23 before issue 35, reading every node
+# push's read). Measured on this branch (the submit took 22 before issue 35, reading every node
 # and GPU of its cluster); a change that adds a statement per request must raise these on
 # purpose (docs/BENCHMARKS.md §13 lists each one).
 SUBMIT_MAX = 12
