@@ -100,6 +100,7 @@ def _free_port() -> int:
 def _env(db: str, static_root: str) -> dict[str, str]:
     return {**os.environ, "DJANGO_SETTINGS_MODULE": "camp.settings.production", "DATABASE_URL": db,
             "SECRET_KEY": secrets.token_urlsafe(50), "SECURE_SSL_REDIRECT": "0", "REDIS_URL": "",
+            "ALLOWED_HOSTS": "127.0.0.1",  # production refuses an empty one
             "CELERY_BROKER_URL": "memory://", "STATIC_ROOT": static_root,
             # 0: under ASGI each request runs in its own thread, and kept connections pile up
             "DB_CONN_MAX_AGE": "0"}

@@ -3,19 +3,25 @@
 One request at a time, in process (Django's test client through the full middleware stack,
 ``camp.settings.production`` less the TLS redirect), against the database of
 ``bench/api_load.py`` (seeded there). For each endpoint: the median wall time of ``--repeat``
-requests, the statements one request runs and their total time, and the slowest statements
+requests and the median CPU time of this process (``time.process_time``: Django, DRF, the ORM
+and the client; PostgreSQL's own CPU is not in it, and the machine's load does not inflate it
+the way it does wall time), the statements one request runs and their total time, and the slowest statements
 (``--sql`` prints them; ``--explain`` runs EXPLAIN ANALYZE on the slowest one); for a write,
 how long the audit chain's lock was held by the seal after its commit (from acquiring it to
 the seal's commit; writers themselves no longer take it, round 3). A job's
 "why" is its ``reason`` and queue position, part of the one-job answer.
 
     .venv/bin/python -m bench.api_profile --db postgres://postgres@127.0.0.1:5432/bench_r3i13b
+    .venv/bin/python -m bench.api_profile --only submit --profile 40   # cProfile, 40 costliest
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import json
 import os
+import pstats
 import secrets
 import statistics
 import sys
@@ -32,12 +38,26 @@ def main() -> None:
     ap.add_argument("--sql", action="store_true", help="print every statement of one request")
     ap.add_argument("--explain", action="store_true", help="EXPLAIN ANALYZE the slowest statement")
     ap.add_argument("--only", default="", help="run the endpoints whose label contains this")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="cProfile the counted requests; print the N costliest functions (cumulative)")
+    ap.add_argument("--json", default="", help="write the figures to this file")
+    ap.add_argument("--connections", choices=["persistent", "per-request", "pool"], default="persistent",
+                    help="persistent: one connection for the run (no connect cost); per-request: "
+                         "each request opens and closes its own (DB_CONN_MAX_AGE=0, the default); "
+                         "pool: DB_POOL_MAX_SIZE=4, each request takes one and gives it back")
     args = ap.parse_args()
     os.environ["DJANGO_SETTINGS_MODULE"] = "camp.settings.production"
     os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
     os.environ["SECURE_SSL_REDIRECT"] = "0"
-    os.environ["DB_CONN_MAX_AGE"] = "60"  # one connection for the whole run: no connect cost
+    os.environ.setdefault("ALLOWED_HOSTS", "testserver")  # production refuses an empty one
+    # persistent: one connection for the whole run, no connect cost
+    os.environ["DB_CONN_MAX_AGE"] = "60" if args.connections == "persistent" else "0"
+    if args.connections == "pool":
+        os.environ["DB_POOL_MAX_SIZE"] = "4"
     sc._setup_django(args.db)
+    import logging
+
+    logging.disable(logging.INFO)  # the access log's line per request is not what is measured
 
     from django.conf import settings
     from django.db import connection, transaction
@@ -110,10 +130,14 @@ def main() -> None:
                 {"project": project_id, "cluster": "openb", "name": f"p{run}-{next(counter)}",
                  "groups": [group]} for _ in range(100)]}, content_type="application/json")),
     ]
+    results: dict[str, Any] = {"load_average": os.getloadavg(),
+                               "jobs": selectors.job_list(user=admin_user).count()}
     for label, call in endpoints:
         if args.only and args.only not in label:
             continue
         timings: list[float] = []
+        cpu: list[float] = []
+        profiler = cProfile.Profile(time.process_time) if args.profile else None  # CPU, not wall
         holds: list[float] = []
         statements: list[tuple[float, str, Any]] = []
         status = 0
@@ -132,20 +156,33 @@ def main() -> None:
                         transaction.on_commit(lambda: holds.append(time.perf_counter() - locked))
 
             with connection.execute_wrapper(wrapper):
-                t0 = time.perf_counter()
+                if profiler is not None and i:
+                    profiler.enable()
+                t0, c0 = time.perf_counter(), time.process_time()
                 response = call()
                 if hasattr(response, "streaming_content"):
                     b"".join(response.streaming_content)
-                elapsed = time.perf_counter() - t0
+                if args.connections != "persistent":
+                    connection.close()  # what request_finished does (the test client skips it)
+                elapsed, spent = time.perf_counter() - t0, time.process_time() - c0
+                if profiler is not None and i:
+                    profiler.disable()
             status = response.status_code
             if i:
                 timings.append(elapsed)
+                cpu.append(spent)
                 statements = log
         sql_ms = sum(t for t, _, _ in statements) * 1000
         wall = statistics.median(timings) * 1000
         hold = f"  chain lock held {statistics.median(holds) * 1000:.1f} ms" if holds else ""
-        print(f"{label:<44} {status} {wall:>8.1f} ms  {len(statements):>3} statements "
+        cpu_ms = statistics.median(cpu) * 1000
+        results[label] = {"status": status, "wall_ms": wall, "cpu_ms": cpu_ms,
+                          "statements": len(statements), "sql_ms": sql_ms}
+        print(f"{label:<44} {status} {wall:>8.1f} ms  {cpu_ms:>7.1f} ms CPU  {len(statements):>3} statements "
               f"{sql_ms:>7.1f} ms SQL  {wall - sql_ms:>7.1f} ms other{hold}", flush=True)
+        if profiler is not None:
+            stats = pstats.Stats(profiler)
+            stats.sort_stats("cumulative").print_stats(args.profile)
         if args.sql:
             for t, sql, _ in statements:
                 print(f"    {t * 1000:>7.2f} ms  {sql[:220]}")
@@ -155,6 +192,10 @@ def main() -> None:
                 with connection.cursor() as cur:
                     cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
                     print("\n".join("      " + r[0] for r in cur.fetchall()))
+    results["load_average_end"] = os.getloadavg()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
     sys.stdout.flush()
 
 

@@ -114,6 +114,7 @@ def push_jobs(job_ids: list[int], service_ids: list[int] | tuple[int, ...] = ())
     services of those jobs that are replicas, and ``service_ids``, are sent too (their
     ready count follows their replicas' state)."""
     from scheduling.models import Job
+    from scheduling.services import SERVICE_JOB_KIND
     from workspaces.models import ModelService, ServiceReplica
     from workspaces.selectors import with_ready_now
 
@@ -126,8 +127,9 @@ def push_jobs(job_ids: list[int], service_ids: list[int] | tuple[int, ...] = ())
         "pk", "project_id", "state", "reason", "kind", "queue_position", "queue_length", "floating",
         "cluster"))
     svc_ids = set(service_ids)
-    if jobs:
-        svc_ids.update(ServiceReplica.objects.filter(job_id__in=[j.pk for j in jobs])
+    replicas = [j.pk for j in jobs if j.kind == SERVICE_JOB_KIND]  # only services run replicas
+    if replicas:
+        svc_ids.update(ServiceReplica.objects.filter(job_id__in=replicas)
                        .values_list("service_id", flat=True))
     svcs = list(with_ready_now(ModelService.objects.filter(pk__in=svc_ids)).only(
         "pk", "project_id", "status", "desired_replicas", "min_replicas", "max_replicas")) if svc_ids else []

@@ -343,6 +343,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
 
     def get_last_decision(self, job: Job) -> dict[str, Any] | None:
         latest = getattr(job, "latest_decisions", None)  # prefetched by the list (one query)
+        if latest is None and "decisions" in getattr(job, "_prefetched_objects_cache", {}):
+            latest = sorted(job.decisions.all(), key=lambda d: d.pk, reverse=True)  # a new job's
         d = latest[0] if latest else None if latest is not None else job.decisions.order_by("-id").first()
         if d is None:
             return None

@@ -211,17 +211,32 @@ def job_submit(
         checkpoint_capable=checkpoint_capable, gang=gang, duration_seconds=duration_seconds,
         mixed_gpu_models=mixed_gpu_models, affinity=affinity, refuse_unrunnable=refuse_unrunnable)
     with audit_batch():
+        # No savepoint of its own: a taken name ends this function's transaction (or, nested,
+        # its savepoint) with the ValidationError, and nothing runs in it after the failure.
         try:
-            with transaction.atomic():
-                job.save()
+            job.save()
         except IntegrityError as exc:
             raise ValidationError({"name": ["This project already has a job with this name."]}) from exc
         for g in rows:
             g.job = job
         PodGroup.objects.bulk_create(rows)
-        _job_submitted(actor, job, rows).save()
+        decision = _job_submitted(actor, job, rows)
+        decision.save()
         _request_for(job.cluster_id)
+    _known_relations(job, groups=rows, allocations=[], decisions=[decision])
     return job
+
+
+def _known_relations(job: Job, **related: list[Any]) -> None:
+    """Give a job just written the rows of its relations it was written with, as a
+    ``prefetch_related`` would (``job.groups.all()`` then reads no row): the submit's answer
+    is built without reading back its pod groups, allocations (none yet) and decision."""
+    cache = job.__dict__.setdefault("_prefetched_objects_cache", {})
+    for name, rows in related.items():
+        qs = getattr(job, name).all()
+        qs._result_cache = list(rows)
+        qs._prefetch_done = True
+        cache[name] = qs
 
 
 def _request_for(cluster_id: int | None) -> None:

@@ -24,7 +24,7 @@ from django.core.exceptions import ValidationError
 from scheduling.engine.placement import model_family
 
 from ..models import Cluster
-from .placement import ChoiceContext, cluster_views
+from .placement import ChoiceContext
 
 
 def _platforms(arches: Iterable[str]) -> str:
@@ -36,16 +36,17 @@ def refuse_never_runs_on(
 ) -> None:
     """Refuse pod ``groups`` of a job pinned to ``cluster`` (as ``project`` sees the image catalog)
     whose image has no variant for any of its nodes' architectures, or whose allowed GPU models
-    none of its nodes has."""
+    none of its nodes has. The cluster's nodes are read only when a group asks something of them
+    (an image whose platforms the catalog records, or GPU models): most submits read none."""
     ctx = context or ChoiceContext()
-    if cluster.pk not in ctx.synced():
-        return
-    view = ctx.views().get(cluster.pk) if cluster.enabled else None
-    if view is None:
-        view = cluster_views([cluster])[cluster.pk]
     arches = ctx.arches(project, {str(g.get("image") or "busybox") for g in groups})
-    for i, g in enumerate(groups):
-        need = arches.get(str(g.get("image") or "busybox"))
+    asks = [(arches.get(str(g.get("image") or "busybox")), _models(g)) for g in groups]
+    if not any(need or wanted for need, wanted in asks):
+        return  # no image with recorded platforms, no GPU model asked: nothing to compare
+    view = ctx.view_of(cluster)
+    if view is None:
+        return
+    for i, (need, wanted) in enumerate(asks):
         if need and not need & view.arches:
             raise ValidationError(
                 {
@@ -56,7 +57,6 @@ def refuse_never_runs_on(
                     ]
                 }
             )
-        wanted = _models(g)
         if wanted and not wanted & view.gpu_models:
             have = ", ".join(sorted(view.gpu_models)) or "no GPUs"
             raise ValidationError(

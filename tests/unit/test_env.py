@@ -50,3 +50,18 @@ def test_client_ip_behind_trusted_proxies(settings: object) -> None:
     assert client_ip(spoofed) == "203.0.113.7"  # what our proxy saw, not what the client claimed
     bad = rf.get("/", HTTP_X_FORWARDED_FOR="not-an-ip", REMOTE_ADDR="10.0.0.2")
     assert client_ip(bad) == "10.0.0.2"
+
+
+def test_a_connection_pool_is_opt_in_and_excludes_persistent_connections() -> None:
+    """DB_POOL_MAX_SIZE gives PostgreSQL a psycopg pool (issue 35); nothing changes without it
+    or on SQLite, and it refuses to run beside DB_CONN_MAX_AGE (Django would at the first query)."""
+    from camp.settings.database import parse_database_url, pool_options
+
+    pg = parse_database_url("postgres://camp:pw@db:5432/camp")
+    assert pool_options(pg, 0) == pg
+    pooled = pool_options(pg, 8, min_size=2, timeout=5)
+    assert pooled["OPTIONS"]["pool"] == {"min_size": 2, "max_size": 8, "timeout": 5}
+    lite = parse_database_url("sqlite:////tmp/x.sqlite3")
+    assert pool_options(lite, 8) == lite
+    with pytest.raises(ImproperlyConfiguredEnv, match="DB_CONN_MAX_AGE"):
+        pool_options(parse_database_url("postgres://camp:pw@db/camp", conn_max_age=60), 8)

@@ -1,0 +1,100 @@
+"""The API's hot paths stay cheap (issue 35): a submit, a page of jobs and one job cost a fixed,
+small number of statements, whatever the cluster's size and the page's — and the shortcuts that
+made them cheap change no answer (refusals, the submit's reply, what a list shows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from scheduling import services
+from tenants import services as tenant_services
+
+from .conftest import gpu_group, submit
+
+pytestmark = pytest.mark.django_db
+
+# Statements of one request through a member's API token, after-commit callbacks run (the live
+# push's read). Measured on this branch (the submit took 22 before issue 35, reading every node
+# and GPU of its cluster); a change that adds a statement per request must raise these on
+# purpose (docs/BENCHMARKS.md §13 lists each one).
+SUBMIT_MAX = 12
+LIST_MAX = 8
+DETAIL_MAX = 7
+
+
+def _token_client(user: Any) -> APIClient:
+    _, token = tenant_services.token_create(actor=user, name="cli")
+    client = APIClient(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert client.get("/api/v1/jobs/").status_code == 200  # the token's first use is recorded once
+    return client
+
+
+def _run(client: Any, django_capture_on_commit_callbacks: Any, method: str, url: str,
+         body: Any = None) -> tuple[Any, list[str]]:
+    with CaptureQueriesContext(connection) as ctx, django_capture_on_commit_callbacks(execute=True):
+        response = client.post(url, body, format="json") if method == "post" else client.get(url)
+    return response, [q["sql"] for q in ctx.captured_queries]
+
+
+def _body(world: Any, cluster: Any, name: str, **group: Any) -> dict[str, Any]:
+    return {"project": world.a.project.pk, "cluster": cluster.name, "name": name,
+            "groups": [gpu_group(**group)]}
+
+
+def test_a_submit_reads_no_node_and_nothing_back(world: Any, sim_cluster: Any,
+                                                 django_capture_on_commit_callbacks: Any) -> None:
+    """A plain submit does not read the cluster's nodes or GPUs (nothing in it asks about
+    them) nor read back the rows it wrote; its reply is what a later GET shows."""
+    client = _token_client(world.a.member)
+    response, sql = _run(client, django_capture_on_commit_callbacks, "post", "/api/v1/jobs/",
+                         _body(world, sim_cluster, "plain"))
+    assert response.status_code == 201, response.content
+    assert len(sql) <= SUBMIT_MAX, "\n".join(sql)
+    reads = [s for s in sql if s.startswith("SELECT")]
+    for table in ("scheduling_node", "scheduling_gpudevice", "scheduling_podgroup",
+                  "scheduling_allocation", "scheduling_schedulingdecision"):
+        assert not [s for s in reads if f'FROM "{table}"' in s], (table, reads)
+    reply = response.json()
+    again = client.get(f"/api/v1/jobs/{reply['id']}/").json()
+    assert reply == again
+    assert reply["groups"][0]["gpu_count"] == 1 and reply["allocations"] == []
+    assert reply["last_decision"]["kind"] == "submitted"
+
+
+def test_a_submit_asking_for_gpu_models_still_checks_the_cluster(
+        world: Any, sim_cluster: Any, django_capture_on_commit_callbacks: Any) -> None:
+    """GPU models the cluster lacks are refused with the same reason as before; models it has
+    are accepted; both read the cluster's GPUs in one grouped statement, not one row a GPU."""
+    client = _token_client(world.a.member)
+    refused, sql = _run(client, django_capture_on_commit_callbacks, "post", "/api/v1/jobs/",
+                        _body(world, sim_cluster, "h100", gpu_models=["H100-80G"]))
+    assert refused.status_code == 400
+    assert refused.json() == {"groups[0].gpu_models": [
+        "No node of cluster sim has a GPU of model H100-80G (it has A100-80G, L4)."]}
+    gpu_reads = [s for s in sql if 'FROM "scheduling_gpudevice"' in s]
+    assert len(gpu_reads) == 1 and "GROUP BY" in gpu_reads[0], gpu_reads
+    accepted, _ = _run(client, django_capture_on_commit_callbacks, "post", "/api/v1/jobs/",
+                       _body(world, sim_cluster, "a100", gpu_models=["A100-80G"]))
+    assert accepted.status_code == 201, accepted.content
+
+
+def test_a_page_and_one_job_cost_a_fixed_number_of_statements(
+        world: Any, sim_cluster: Any, django_capture_on_commit_callbacks: Any) -> None:
+    for i in range(12):
+        submit(world, sim_cluster, f"job-{i}", group={"gpu_count": 1 + i % 2})
+    services.cycle_run(cluster=sim_cluster)  # some admitted (allocations, slices), some waiting
+    client = _token_client(world.a.member)
+    page, sql = _run(client, django_capture_on_commit_callbacks, "get", "/api/v1/jobs/?page_size=50")
+    assert page.status_code == 200
+    rows = page.json()["results"]
+    assert len(rows) == 12 and any(r["allocations"] for r in rows) and all(r["last_decision"] for r in rows)
+    assert len(sql) <= LIST_MAX, "\n".join(sql)
+    job_id = next(r["id"] for r in rows if r["allocations"])
+    one, sql = _run(client, django_capture_on_commit_callbacks, "get", f"/api/v1/jobs/{job_id}/")
+    assert one.status_code == 200 and one.json() == next(r for r in rows if r["id"] == job_id)
+    assert len(sql) <= DETAIL_MAX, "\n".join(sql)
