@@ -35,6 +35,27 @@ def actor_name(provider: ScimProvider) -> str:
 # --- credentials ------------------------------------------------------------------------
 
 
+def scim_provider_for(name: str, sso_source: str | None, sso_issuer: str | None) -> ScimProvider:
+    """The provider named ``name``, created with its single sign-on binding if new.
+
+    An existing provider keeps its binding: changing it would orphan every account it
+    provisioned (they would no longer sign in). Raises ValidationError naming the field."""
+    provider = ScimProvider.objects.filter(name=name).first()
+    if provider is None:
+        if not sso_source or not sso_issuer:
+            raise ValidationError({"sso_source": [
+                "sso_source and sso_issuer are required for a new provider."]})
+        provider = ScimProvider(name=name, sso_source=sso_source, sso_issuer=sso_issuer)
+        provider.full_clean()
+        provider.save()
+    elif (sso_source and sso_source != provider.sso_source) or (
+            sso_issuer and sso_issuer != provider.sso_issuer):
+        raise ValidationError({"provider": [
+            f"{provider.name!r} is bound to {provider.sso_source} {provider.sso_issuer}; "
+            "its accounts would no longer sign in."]})
+    return provider
+
+
 @transaction.atomic
 def scim_token_create(*, actor: User | None, provider: ScimProvider) -> tuple[ScimToken, str]:
     """A new bearer token for ``provider``; returns the row and the plaintext (shown once).
