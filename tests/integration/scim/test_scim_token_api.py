@@ -80,3 +80,36 @@ def test_nobody_else_sees_or_creates_scim_tokens(world: Any) -> None:
     assert ro.delete(f"{URL}{existing['id']}/").status_code == 403
     assert scim_status(existing["token"]) == 200
     assert ScimToken.objects.count() == 1
+
+
+def test_camp_cli_creates_lists_and_revokes(world: Any, live_server: Any, tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    _, api_token = token_create(actor=world.admin, name="cli")
+    env = {**os.environ, "CAMP_URL": live_server.url, "CAMP_TOKEN": api_token,
+           "CAMP_CONFIG": str(tmp_path / "config.json")}
+
+    def camp(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "camp_cli", "scim-token", *args], env=env,
+                              cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=60)
+
+    created = camp("create", "okta", "--sso-source", "oidc", "--sso-issuer",
+                   "https://example.okta.com")
+    assert created.returncode == 0, created.stderr
+    plaintext = created.stdout.strip()
+    assert plaintext.startswith("campscim_") and scim_status(plaintext) == 200
+    listing = camp("ls")
+    token = ScimToken.objects.get()
+    assert token.prefix in listing.stdout and "live" in listing.stdout
+    assert plaintext not in listing.stdout
+    assert camp("revoke", str(token.pk)).returncode == 0
+    assert scim_status(plaintext) == 401
+    # A tenant owner's token is refused, with the API's reason.
+    _, owner_token = token_create(actor=world.a.owner, name="cli")
+    env["CAMP_TOKEN"] = owner_token
+    refused = camp("create", "okta")
+    assert refused.returncode == 1 and "403" in refused.stdout + refused.stderr
