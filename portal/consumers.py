@@ -9,8 +9,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from tenants.models import Project
 from tenants.permissions import restrict, scope_of
+from tenants.sockets import session_group, user_group
 
-from .live import ALL_GROUP, project_group, session_group, user_group
+from .live import ALL_GROUP, project_group
 
 
 @database_sync_to_async

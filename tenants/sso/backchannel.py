@@ -123,7 +123,7 @@ def verify_logout_token(token: str) -> dict[str, Any]:
 
 def end_sessions(claims: dict[str, Any]) -> tuple[list[OidcSession], int]:
     """End the Camp sessions the claims name; the records and how many sessions ended."""
-    from portal.live import close_session_sockets
+    from tenants.sockets import close_session_sockets
 
     rows = OidcSession.objects.filter(issuer=str(_setting("OIDC_ISSUER"))).select_related("user")
     if claims.get("sid"):

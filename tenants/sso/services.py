@@ -259,7 +259,7 @@ def deactivate_account(*, user: User, actor_username: str, reason: str) -> int:
                  after={**snapshot(user, USER_FIELDS), "via": actor_username,
                         "reason": reason, "sessions_ended": True,
                         "api_tokens_revoked": revoked})
-    from portal.live import close_user_sockets
+    from tenants.sockets import close_user_sockets
 
     transaction.on_commit(lambda: close_user_sockets(user.pk))
     permissions.forget_scope(user)
