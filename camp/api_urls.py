@@ -15,6 +15,7 @@ router.register("memberships", tenant_views.MembershipViewSet, basename="members
 router.register("quotas", tenant_views.QuotaViewSet, basename="quota")
 router.register("users", tenant_views.UserViewSet, basename="user")
 router.register("tokens", tenant_views.ApiTokenViewSet, basename="token")
+router.register("scim-tokens", tenant_views.ScimTokenViewSet, basename="scimtoken")
 router.register("audit-events", tenant_views.AuditEventViewSet, basename="auditevent")
 router.register("clusters", scheduling_views.ClusterViewSet, basename="cluster")
 router.register("nodes", scheduling_views.NodeViewSet, basename="node")

@@ -683,6 +683,47 @@ def serve_delete(ctx: click.Context, service: str, yes: bool) -> None:
     click.echo(f"service {s['name']} (#{s['id']}) deleted")
 
 
+@cli.group(name="scim-token")
+def scim_token() -> None:
+    """SCIM provisioning tokens, one identity provider each (platform admins)."""
+
+
+@scim_token.command(name="ls")
+@click.pass_context
+def scim_token_ls(ctx: click.Context) -> None:
+    """Tokens and their providers (never the secrets)."""
+    for t in _api(ctx).items("scim-tokens/"):
+        state = "live" if t["active"] else "revoked"
+        click.echo(f"{t['id']:>4}  {t['prefix']}  {t['provider']}  {t['sso_source']} "
+                   f"{t['sso_issuer']}  {state}  last used {t['last_used_at'] or 'never'}")
+
+
+@scim_token.command(name="create")
+@click.argument("provider")
+@click.option("--sso-source", type=click.Choice(["oidc", "saml"]), default=None,
+              help="How the provisioned people sign in (a new provider only)")
+@click.option("--sso-issuer", default=None,
+              help="The OIDC issuer or SAML IdP entity id they sign in with (a new provider)")
+@click.pass_context
+def scim_token_create(ctx: click.Context, provider: str, sso_source: str | None,
+                      sso_issuer: str | None) -> None:
+    """A new token; printed once, alone on stdout (copy it into the provider)."""
+    body = {k: v for k, v in (("provider", provider), ("sso_source", sso_source),
+                              ("sso_issuer", sso_issuer)) if v}
+    done = _api(ctx).call("POST", "scim-tokens/", json=body)
+    click.echo(f"SCIM token #{done['id']} for {done['provider']} ({done['prefix']}…)", err=True)
+    click.echo(done["token"])
+
+
+@scim_token.command(name="revoke")
+@click.argument("token_id", type=int)
+@click.pass_context
+def scim_token_revoke(ctx: click.Context, token_id: int) -> None:
+    """Revoke a token by its id (``camp scim-token ls``): the provider's next call gets 401."""
+    _api(ctx).call("DELETE", f"scim-tokens/{token_id}/")
+    click.echo(f"SCIM token #{token_id} revoked")
+
+
 def main() -> None:
     try:
         cli(standalone_mode=True)

@@ -9,6 +9,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from tenants.models import Project
 from tenants.permissions import restrict, scope_of
+from tenants.sockets import session_group, user_group
 
 from .live import ALL_GROUP, project_group
 
@@ -50,6 +51,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             await self.close(code=4401)
             return
         self.groups_joined = await _groups_for(user)
+        # Deprovisioning and back-channel logout close this socket at once (``live.close``).
+        self.groups_joined.append(user_group(user.pk))
+        key = getattr(self.scope.get("session"), "session_key", None)
+        if key:
+            self.groups_joined.append(session_group(key))
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
@@ -60,6 +66,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Clients only listen."""
+
+    async def live_close(self, event: dict[str, Any]) -> None:
+        """The account was deactivated or this session signed out elsewhere: 4401, at once."""
+        await self.close(code=4401)
 
     async def job_update(self, event: dict[str, Any]) -> None:
         # Access is checked again for every message: a user removed from the project,

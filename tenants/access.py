@@ -15,6 +15,7 @@ from .models import (
     AuditEvent,
     IdempotencyRecord,
     Membership,
+    OidcSession,
     Project,
     Quota,
     QuotaScope,
@@ -131,4 +132,13 @@ def register_rules() -> None:
                                       delete=NOBODY))
     register(User, Special(visible=_user_visible, can=_user_can))
     register(IdempotencyRecord, Internal("the API's replay cache for Idempotency-Key"))
+    register(OidcSession, Internal("which OpenID provider session a Camp session belongs to "
+                                   "(back-channel logout, tenants/sso/backchannel.py)"))
+    # SCIM provisioning credentials: the platform's own, platform admins only.
+    from .scim.models import ScimGroup, ScimProvider, ScimToken, ScimUser
+
+    register(ScimProvider, PlatformOnly(view=NOBODY))
+    register(ScimToken, PlatformOnly(view=NOBODY))
+    for model in (ScimUser, ScimGroup):
+        register(model, Internal("written by the identity provider through /scim/v2 only"))
 

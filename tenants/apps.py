@@ -11,4 +11,4 @@ class TenantsConfig(AppConfig):
         register_rules()  # tenancy's own models (each app above registers its own)
         from . import signals  # noqa: F401  (login/logout audit receivers)
         from .api import schema  # noqa: F401  (OpenAPI security scheme)
-        from .sso import checks  # noqa: F401  (SSO start-up checks)
+        from .sso import backchannel, checks  # noqa: F401  (SSO start-up checks; logout receiver)

@@ -345,3 +345,24 @@ class IdempotencyRecord(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["user", "endpoint", "key"], name="idempotency_unique_key")
         ]
+
+
+class OidcSession(models.Model):
+    """A Camp session an OpenID provider signed in: its ``sid`` and subject, so the provider's
+    back-channel logout (OpenID Connect Back-Channel Logout 1.0) can end it."""
+
+    session_key = models.CharField(max_length=40, unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    sid = models.CharField(max_length=255, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["issuer", "sid"], name="oidc_session_sid"),
+            models.Index(fields=["issuer", "subject"], name="oidc_session_subject"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject}@{self.issuer} ({self.sid or 'no sid'})"

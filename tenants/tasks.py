@@ -30,3 +30,17 @@ def audit_seal() -> int:
 
     cache.delete(SEAL_QUEUED_KEY)  # requests from now on queue another run
     return seal(wait=True)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def ldap_sync() -> dict[str, object]:
+    """Re-read every directory account (tenants/sso/ldap_sync.py): roles whose groups are
+    gone are revoked, removed or locked accounts deactivated; the beat runs it every
+    ``LDAP_SYNC_SECONDS`` (nothing to do unless LDAP_ENABLED)."""
+    from django.conf import settings
+
+    if not settings.LDAP_ENABLED:
+        return {"error": "LDAP sign-in is not enabled"}
+    from tenants.sso.ldap_sync import ldap_sync as run
+
+    return run().as_dict()

@@ -104,6 +104,16 @@ CELERY_BEAT_SCHEDULE["audit-anchor"] = {
     "task": "tenants.tasks.audit_anchor", "schedule": float(AUDIT_ANCHOR_SECONDS),
 }
 
+# --- LDAP re-sync (tenants/sso/ldap_sync.py): directories without SCIM deprovision through it.
+# Every directory account is read again this often: roles whose groups are gone are revoked,
+# accounts removed or locked (ppolicy) in the directory are deactivated. 0 turns it off.
+LDAP_SYNC_SECONDS = env_int("LDAP_SYNC_SECONDS", 300)
+if LDAP_SYNC_SECONDS > 0:
+    CELERY_BEAT_SCHEDULE["ldap-sync"] = {
+        "task": "tenants.tasks.ldap_sync", "schedule": float(LDAP_SYNC_SECONDS),
+        "options": {"expires": float(LDAP_SYNC_SECONDS)},  # never a queue of stale runs
+    }
+
 # --- Portal (portal/tasks.py): usage samples for charts, showback and /metrics ---------------
 USAGE_SAMPLE_SECONDS = env_int("USAGE_SAMPLE_SECONDS", 60)
 SHOWBACK_CURRENCY = env_str("SHOWBACK_CURRENCY", "USD")  # what the prices of showback are in

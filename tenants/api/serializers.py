@@ -236,3 +236,29 @@ class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
             "client_ip", "prev_hash", "hash", "chain_seq",
         ]
         read_only_fields = fields
+
+
+class ScimTokenSerializer(serializers.Serializer[Any]):
+    """A SCIM provisioning credential of one identity provider (never its secret)."""
+
+    id = serializers.IntegerField(read_only=True)
+    provider = serializers.SlugField(max_length=63, source="provider.name",
+                                     help_text="The identity provider: okta, entra, onelogin…")
+    sso_source = serializers.ChoiceField(
+        choices=["oidc", "saml"], source="provider.sso_source", required=False,
+        help_text="How the provisioned people sign in (needed for a new provider).")
+    sso_issuer = serializers.CharField(
+        max_length=255, source="provider.sso_issuer", required=False,
+        help_text="The OIDC issuer or SAML IdP entity id they sign in with (new provider).")
+    prefix = serializers.CharField(read_only=True)
+    created_at = serializers.DateTimeField(read_only=True)
+    last_used_at = serializers.DateTimeField(read_only=True)
+    revoked_at = serializers.DateTimeField(read_only=True)
+    active = serializers.SerializerMethodField()
+
+    def get_active(self, obj: Any) -> bool:
+        return obj.revoked_at is None
+
+
+class ScimTokenCreatedSerializer(ScimTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="Shown once; store it now.")

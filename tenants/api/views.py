@@ -22,6 +22,7 @@ from camp.filters import CampFilterSet
 from .. import services
 from ..models import ApiToken, AuditEvent, Membership, Project, Quota, Tenant, User
 from ..permissions import CREATE, actor_of, can, restrict
+from ..scim.models import ScimToken
 from .idempotency import IdempotentCreateMixin
 from .serializers import (
     ApiTokenCreatedSerializer,
@@ -33,6 +34,8 @@ from .serializers import (
     ProjectSerializer,
     QuotaSerializer,
     QuotaUpdateSerializer,
+    ScimTokenCreatedSerializer,
+    ScimTokenSerializer,
     TenantSerializer,
     UserSerializer,
 )
@@ -343,3 +346,52 @@ class AuditEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, CampVi
         """The filtered events as CSV."""
         queryset = self.filter_queryset(self.get_queryset()).order_by("id")
         return audit_csv_response(queryset)
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class ScimTokenViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                       mixins.CreateModelMixin, mixins.DestroyModelMixin, CampViewSet):
+    """SCIM provisioning tokens, one identity provider each (platform admins only).
+
+    POST creates one (and the provider, bound to how its people sign in, the first time);
+    the secret is returned once and only its SHA-256 is kept. DELETE revokes."""
+
+    model = ScimToken
+    serializer_class = ScimTokenSerializer
+    idempotency_redact = ("token",)
+    filterset_fields = ["provider__name"]
+    ordering_fields = ["created_at", "last_used_at"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().select_related("provider").order_by("-created_at")
+
+    def get_serializer_class(self) -> type[serializers.BaseSerializer[Any]]:
+        return ScimTokenCreatedSerializer if self.action == "create" else ScimTokenSerializer
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        from ..scim.models import ScimProvider
+
+        self.require_before_parsing(CREATE, ScimToken(provider=ScimProvider()))
+        return super().create(request, *args, **kwargs)
+
+    def perform_create(self, serializer: Any) -> None:
+        from django.db import transaction
+
+        from ..scim.services import scim_provider_for, scim_token_create
+
+        data = serializer.validated_data.get("provider", {})
+        with transaction.atomic():
+            provider = scim_provider_for(data.get("name", ""), data.get("sso_source"),
+                                         data.get("sso_issuer"))
+            token, plaintext = scim_token_create(actor=actor_of(self.request), provider=provider)
+        serializer.instance = token
+        token.token = plaintext  # type: ignore[attr-defined]
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        from ..permissions import DELETE
+        from ..scim.services import scim_token_revoke
+
+        token = self.get_object()
+        self.require_before_parsing(DELETE, token)
+        scim_token_revoke(actor=actor_of(request), token=token)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -18,9 +18,9 @@ from django.utils import timezone
 from django_scim import exceptions as scim_errors
 
 from tenants.audit import audit_record, snapshot
-from tenants.models import ApiToken, User
-from tenants.services import TOKEN_FIELDS, USER_FIELDS, hash_token
-from tenants.sso.services import group_role_mapping, sso_sync_memberships
+from tenants.models import User
+from tenants.services import USER_FIELDS, hash_token
+from tenants.sso.services import deactivate_account, group_role_mapping, sso_sync_memberships
 
 from .models import ScimGroup, ScimProvider, ScimToken, ScimUser
 
@@ -33,6 +33,27 @@ def actor_name(provider: ScimProvider) -> str:
 
 
 # --- credentials ------------------------------------------------------------------------
+
+
+def scim_provider_for(name: str, sso_source: str | None, sso_issuer: str | None) -> ScimProvider:
+    """The provider named ``name``, created with its single sign-on binding if new.
+
+    An existing provider keeps its binding: changing it would orphan every account it
+    provisioned (they would no longer sign in). Raises ValidationError naming the field."""
+    provider = ScimProvider.objects.filter(name=name).first()
+    if provider is None:
+        if not sso_source or not sso_issuer:
+            raise ValidationError({"sso_source": [
+                "sso_source and sso_issuer are required for a new provider."]})
+        provider = ScimProvider(name=name, sso_source=sso_source, sso_issuer=sso_issuer)
+        provider.full_clean()
+        provider.save()
+    elif (sso_source and sso_source != provider.sso_source) or (
+            sso_issuer and sso_issuer != provider.sso_issuer):
+        raise ValidationError({"provider": [
+            f"{provider.name!r} is bound to {provider.sso_source} {provider.sso_issuer}; "
+            "its accounts would no longer sign in."]})
+    return provider
 
 
 @transaction.atomic
@@ -217,46 +238,15 @@ def update_user(*, link: ScimUser, fields: UserFields) -> ScimUser:
     return link
 
 
-def _revoke_access(user: User, provider: ScimProvider) -> int:
-    """End every session and revoke every API token of ``user``; the count of tokens.
-
-    Sessions: Django checks each session against a hash of the password field at every
-    request (``get_session_auth_hash``); a new unusable password changes it, so every
-    existing session is refused (and flushed) at its very next request, whichever
-    backend signed it in. The account has no password to lose: SCIM accounts sign in
-    through single sign-on."""
-    user.set_unusable_password()
-    user.save(update_fields=["password"])
-    now = timezone.now()
-    revoked = 0
-    for token in ApiToken.objects.select_related("project__tenant").filter(
-            user=user, revoked_at__isnull=True):
-        token.revoked_at = now
-        token.save(update_fields=["revoked_at"])
-        audit_record(actor=None, actor_username=actor_name(provider), action="token.revoked",
-                     target=token, tenant=token.project.tenant if token.project else None,
-                     project=token.project,
-                     before={**snapshot(token, TOKEN_FIELDS), "via": actor_name(provider)})
-        revoked += 1
-    return revoked
-
-
 @transaction.atomic
 def deactivate(link: ScimUser) -> None:
-    """active=false: the account stops at once (sessions, API tokens) and loses the
-    roles its groups gave it; one ``user.deactivated`` event says what was revoked."""
-    provider = link.provider
-    user = User.objects.select_for_update().get(pk=link.user_id)
-    link.user = user
-    before = snapshot(user, USER_FIELDS)
-    user.is_active = False
-    user.save(update_fields=["is_active"])
-    tokens = _revoke_access(user, provider)
+    """active=false: the account stops at once (sessions, API tokens, live pages: the one
+    deprovisioning path, ``tenants.sso.services.deactivate_account``) and loses the roles
+    its groups gave it."""
+    deactivate_account(user=link.user, actor_username=actor_name(link.provider),
+                       reason="deactivated by the identity provider (SCIM)")
+    link.user.refresh_from_db()
     sync_roles(link)
-    audit_record(actor=None, actor_username=actor_name(provider), action="user.deactivated",
-                 target=user, before=before,
-                 after={**snapshot(user, USER_FIELDS), "via": actor_name(provider),
-                        "sessions_ended": True, "api_tokens_revoked": tokens})
 
 
 @transaction.atomic

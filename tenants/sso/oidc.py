@@ -269,6 +269,9 @@ class CampOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
             if str(userinfo.get("sub", subject)) != subject:  # OIDC Core §5.3.2
                 self._refuse(hint, "userinfo subject differs from the ID token subject")
         claims = {**payload, **userinfo}
+        request = getattr(self, "request", None)
+        if request is not None:  # the session's sid and sub, for back-channel logout
+            request.camp_oidc_claims = {"sub": subject, "sid": payload.get("sid", "")}
 
         user, refusal = self._find_or_create(issuer, subject, claims)
         if refusal is not None:

@@ -13,11 +13,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from tenants import permissions
 from tenants.audit import audit_record, snapshot
-from tenants.models import Membership, Project, Tenant, User
-from tenants.services import MEMBERSHIP_FIELDS, USER_FIELDS
+from tenants.models import ApiToken, Membership, Project, Tenant, User
+from tenants.services import MEMBERSHIP_FIELDS, TOKEN_FIELDS, USER_FIELDS
 from tenants.validators import canonical_username, confusable_username_reason
 
 from .mapping import (
@@ -219,3 +220,47 @@ def sso_login_refused(*, request: Any, source: str, username: str, reason: str,
     logger.warning("Refused %s login for %r: %s", source, username, reason)
     if request is not None:
         request.camp_login_error = message
+
+
+@transaction.atomic
+def deactivate_account(*, user: User, actor_username: str, reason: str) -> int:
+    """The identity source removed or locked this person: the account stops at once.
+
+    The one deprovisioning path (SCIM ``active=false``/DELETE, the LDAP re-sync): the
+    account is made inactive, every session ends, every API token is revoked (each
+    audited) and the person's open live pages are closed; one ``user.deactivated`` event
+    names the source (``actor_username``, e.g. ``scim:okta`` or ``sso:ldap``) and the
+    reason. Roles are the caller's to re-sync (they depend on the source's groups).
+    Returns the number of API tokens revoked.
+
+    Sessions: Django checks each session against a hash of the password field at every
+    request (``get_session_auth_hash``); a new unusable password changes it, so every
+    existing session is refused (and flushed) at its very next request, whichever
+    backend signed it in. Such accounts have no password to lose: they sign in through
+    the identity source."""
+    user = User.objects.select_for_update().get(pk=user.pk)
+    before = snapshot(user, USER_FIELDS)
+    user.is_active = False
+    user.set_unusable_password()
+    user.save(update_fields=["is_active", "password"])
+    now = timezone.now()
+    revoked = 0
+    for token in ApiToken.objects.select_related("project__tenant").filter(
+            user=user, revoked_at__isnull=True):
+        token.revoked_at = now
+        token.save(update_fields=["revoked_at"])
+        audit_record(actor=None, actor_username=actor_username, action="token.revoked",
+                     target=token, tenant=token.project.tenant if token.project else None,
+                     project=token.project,
+                     before={**snapshot(token, TOKEN_FIELDS), "via": actor_username})
+        revoked += 1
+    audit_record(actor=None, actor_username=actor_username, action="user.deactivated",
+                 target=user, before=before,
+                 after={**snapshot(user, USER_FIELDS), "via": actor_username,
+                        "reason": reason, "sessions_ended": True,
+                        "api_tokens_revoked": revoked})
+    from tenants.sockets import close_user_sockets
+
+    transaction.on_commit(lambda: close_user_sockets(user.pk))
+    permissions.forget_scope(user)
+    return revoked

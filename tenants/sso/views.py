@@ -11,8 +11,10 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.core.exceptions import SuspiciousOperation, ValidationError
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import resolve_url
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from tenants.forms import LoginForm
@@ -147,6 +149,15 @@ class OIDCCallbackView(_OIDCEnabledMixin, OIDCAuthenticationCallbackView):  # ty
             logger.warning("OIDC provider request failed: %s", type(exc).__name__)
             return self._refuse("provider unreachable or refused the code", UNREACHABLE_MESSAGE)
 
+    def login_success(self) -> HttpResponse:
+        response: HttpResponse = super().login_success()
+        claims = getattr(self.request, "camp_oidc_claims", None)
+        if claims is not None:
+            from .backchannel import record_login
+
+            record_login(self.request, self.user, claims)
+        return response
+
     def login_failure(self) -> HttpResponse:
         message = getattr(self.request, "camp_login_error", None)
         user = getattr(self, "user", None)
@@ -160,3 +171,42 @@ class OIDCCallbackView(_OIDCEnabledMixin, OIDCAuthenticationCallbackView):  # ty
             sso_login_refused(request=self.request, source="oidc", username="",
                               reason="no account signed in", message=message)
         return _back_to_login(self.request, message)
+
+
+@csrf_exempt
+@require_POST
+def backchannel_logout(request: HttpRequest) -> HttpResponse:
+    """OpenID Connect Back-Channel Logout 1.0 §2.5–2.8: the provider POSTs ``logout_token``.
+
+    Not a browser request (no cookie, no CSRF token): the signed token is the credential.
+    200 when the token is valid (whether or not a session matched), 400 otherwise, never
+    cached."""
+    from django.db import transaction
+
+    from .backchannel import (
+        LogoutTokenRefused,
+        audit_logout,
+        audit_refusal,
+        end_sessions,
+        verify_logout_token,
+    )
+
+    if not settings.OIDC_ENABLED:
+        raise Http404("OpenID Connect is not enabled.")
+    token = request.POST.get("logout_token", "")
+    response: HttpResponse
+    try:
+        if not token:
+            raise LogoutTokenRefused("no logout_token")
+        claims = verify_logout_token(token)
+    except LogoutTokenRefused as exc:
+        audit_refusal(exc.reason)
+        response = JsonResponse({"error": "invalid_request", "error_description": exc.reason},
+                                status=400)
+    else:
+        with transaction.atomic():
+            ended, _count = end_sessions(claims)
+            audit_logout(claims, ended)
+        response = HttpResponse(status=200)
+    response["Cache-Control"] = "no-store"
+    return response

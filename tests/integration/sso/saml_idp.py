@@ -157,7 +157,14 @@ class IdP:
             name_id=NameID(format=NAMEID_FORMAT_PERSISTENT, text=user["name_id"]),
             authn={"class_ref": AUTHN_PASSWORD, "authn_auth": f"{self.base}/metadata"},
             sign_assertion=control.get("sign_assertion", True),
-            sign_response=control.get("sign_response", False), **args)
+            sign_response=control.get("sign_response", False),
+            # pysaml2 7 signs with rsa-sha1 and digests with sha1 unless told otherwise (its
+            # config's signing_algorithm is not read for an IdP); an IdP today (Okta, Entra
+            # ID, SimpleSAMLphp, Keycloak) uses SHA-256, and Camp refuses SHA-1.
+            # ``sign_alg``/``digest_alg`` in the control file choose others.
+            sign_alg=control.get("sign_alg") or "http://www.w3.org/2001/04/xmldsig-more#rsa-sha256",
+            digest_alg=control.get("digest_alg") or "http://www.w3.org/2001/04/xmlenc#sha256",
+            **args)
         self.count("sso:answered")
         http = server.apply_binding(BINDING_HTTP_POST, str(response), args["destination"],
                                     params.get("RelayState", ""), response=True)

@@ -93,6 +93,7 @@ argsfile {dir}/slapd.args
 modulepath /usr/lib/ldap
 moduleload back_mdb
 moduleload memberof
+moduleload ppolicy
 database mdb
 maxsize 33554432
 suffix "{suffix}"
@@ -104,6 +105,9 @@ memberof-group-oc groupOfNames
 memberof-member-ad member
 memberof-memberof-ad memberOf
 memberof-refint true
+# ppolicy: no default policy (binds behave as before); pwdAccountLockedTime is readable, as the
+# LDAP re-sync reads it to find locked accounts
+overlay ppolicy
 """
 
 

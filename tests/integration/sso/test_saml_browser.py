@@ -295,3 +295,30 @@ def test_an_unsigned_logout_request_does_not_end_the_camp_session(
     assert status == 403 and "Log out" in html  # still signed in
     refused = AuditEvent.objects.get(action="auth.logout_refused")
     assert refused.after == {"source": "saml", "reason": "LogoutRequest not signed by the IdP"}
+
+
+@pytest.mark.parametrize(("sign_alg", "digest_alg", "named"), [
+    ("http://www.w3.org/2000/09/xmldsig#rsa-sha1", "http://www.w3.org/2000/09/xmldsig#sha1",
+     "rsa-sha1"),
+    ("http://www.w3.org/2001/04/xmldsig-more#rsa-sha256", "http://www.w3.org/2000/09/xmldsig#sha1",
+     "a sha1 digest"),
+], ids=["rsa-sha1", "sha1-digest"])
+def test_a_sha1_signed_response_is_refused_by_name(
+        sign_alg: str, digest_alg: str, named: str, saml_on: str,
+        saml_idp: SamlIdentityProvider, browser: BrowserThread) -> None:
+    # Validly signed by the IdP's own key: only the algorithm is wrong (issue 31, item 6).
+    saml_idp.add_user("sid", "sid-pw", name_id="sid-0001", attributes={
+        "uid": ["sid"], GROUPS: ["acme-ml"]})
+    saml_idp.write(sign_assertion=True, sign_response=True, sign_alg=sign_alg,
+                   digest_alg=digest_alg)
+    try:
+        url, html, _ = browser.run(saml_login, browser.new_page(), saml_on, "sid", "sid-pw")
+    finally:
+        saml_idp.write(sign_response=False, sign_alg=None, digest_alg=None)
+    assert url.startswith(f"{saml_on}/login/") and UNVERIFIED_MESSAGE in html.replace("&#x27;", "'")
+    assert not User.objects.filter(username="sid").exists()
+    refused = AuditEvent.objects.get(action="auth.login_refused")
+    assert refused.after["reason"].startswith(f"signature uses {named}, which Camp does not accept")
+    # The same user with SHA-256 (pysaml2's default) signs in.
+    url, html, _ = browser.run(saml_login, browser.new_page(), saml_on, "sid", "sid-pw")
+    assert "Log out" in html and User.objects.filter(username="sid").exists()

@@ -9,8 +9,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from tenants.models import User
-from tenants.scim.models import SSO_SOURCES, ScimProvider, ScimToken
-from tenants.scim.services import scim_token_create, scim_token_revoke
+from tenants.scim.models import SSO_SOURCES, ScimToken
+from tenants.scim.services import scim_provider_for, scim_token_create, scim_token_revoke
 
 
 class Command(BaseCommand):
@@ -59,19 +59,12 @@ class Command(BaseCommand):
             scim_token_revoke(actor=admin, token=found)
             self.stdout.write(f"Revoked {found.prefix}.")
             return
-        provider = ScimProvider.objects.filter(name=options["provider"]).first()
-        source, issuer = options["sso_source"], options["sso_issuer"]
-        if provider is None:
-            if not source or not issuer:
-                raise CommandError("--sso-source and --sso-issuer are required for a new provider.")
-            provider = ScimProvider(name=options["provider"], sso_source=source, sso_issuer=issuer)
-            try:
-                provider.full_clean()
-            except ValidationError as exc:
-                raise CommandError(f"provider: {exc.messages[0]}") from exc
-            provider.save()
-        elif (source and source != provider.sso_source) or (issuer and issuer != provider.sso_issuer):
-            raise CommandError(f"provider: {provider.name!r} is bound to {provider.sso_source} "
-                               f"{provider.sso_issuer}; its accounts would no longer sign in.")
+        try:
+            provider = scim_provider_for(options["provider"], options["sso_source"],
+                                         options["sso_issuer"])
+        except ValidationError as exc:
+            field, errors = next(iter(exc.message_dict.items()))
+            name = {"sso_source": "--sso-source"}.get(field, field)
+            raise CommandError(f"{name}: {errors[0]}") from exc
         _, plaintext = scim_token_create(actor=admin, provider=provider)
         self.stdout.write(plaintext)
