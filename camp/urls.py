@@ -1,7 +1,7 @@
 from django.http import HttpRequest, HttpResponsePermanentRedirect
 from django.templatetags.static import static
 from django.urls import include, path
-from drf_spectacular.views import SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerSplitView
 
 from camp.schema import CachedSchemaView
 from portal import views as portal_views
@@ -24,7 +24,8 @@ urlpatterns = [
     # SCIM 2.0 provisioning for identity providers (tenants/scim; docs/AUTH.md).
     path("scim/v2/", include("tenants.scim.urls")),
     path("api/schema/", CachedSchemaView.as_view(), name="schema"),  # built once per process
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # Swagger UI with its init script fetched from ?script, not inline (Content-Security-Policy).
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("scheduling/", include("scheduling.urls")),
     path("workspaces/", include("workspaces.urls")),
     path("registry/", include("registry.urls")),

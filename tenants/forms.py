@@ -10,7 +10,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
 from .models import RESOURCE_LABELS, RESOURCES, Project, Quota, Role, Tenant, User
-from .validators import canonical_username
+from .validators import NOT_INVITABLE, canonical_username
 
 
 class LoginForm(AuthenticationForm):
@@ -51,8 +51,8 @@ class MembershipForm(forms.Form):
         username = self.cleaned_data["username"].strip()
         user = User.objects.filter(username__in=[canonical_username(username), username],
                                    is_active=True).order_by("username").first()
-        if user is None:
-            raise ValidationError("No active user with this username.")
+        if user is None:  # unknown or deactivated: one answer (the views check the right first)
+            raise ValidationError(NOT_INVITABLE)
         return user
 
 

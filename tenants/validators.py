@@ -23,6 +23,11 @@ slug_validator = RegexValidator(
 _SCRIPTS_USED_TOGETHER = ({"CJK", "HIRAGANA", "KATAKANA"},)
 
 
+# One answer, in the API and the console, for a username nobody has and for an account that
+# cannot be invited (deactivated): it names neither case, nor echoes the name (issue 30, item 8).
+NOT_INVITABLE = "No user who can be invited has this username."
+
+
 def canonical_username(name: str) -> str:
     """NFKC + case folding (NFKC again after folding, which can denormalise)."""
     return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold()).strip()

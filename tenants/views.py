@@ -121,6 +121,10 @@ def tenant_detail(request: HttpRequest, tenant_name: str) -> HttpResponse:
                     messages.success(request, f"Project {project.name} created.")
                     return redirect("console:project", tenant.name, project.name)
             elif "owner-username" in request.POST:
+                # The right first, the username only then: no answer tells someone who may not
+                # add owners which usernames exist (issue 30, item 8; the API does the same).
+                if not can(user, CREATE, Membership(tenant=tenant, role=Role.TENANT_OWNER)):
+                    raise PermissionDenied("Only platform admins and the tenant's owners add owners.")
                 owner_form = MembershipForm(request.POST, prefix="owner",
                                             roles=[(Role.TENANT_OWNER, "Tenant owner")])
                 if owner_form.is_valid():
@@ -194,6 +198,10 @@ def project_detail(request: HttpRequest, tenant_name: str, project_name: str) ->
     picker = _member_picker(tenant, project)
     outside = ""
     if request.method == "POST":
+        # The right first, the username only then (issue 30, item 8): someone who may grant
+        # no role here learns nothing about which usernames exist.
+        if not grantable:
+            raise PermissionDenied("You may not add members to this project.")
         member_form = MembershipForm(request.POST, prefix="member", roles=grantable)
         outside = _outside_tenant(request, tenant)
         if outside:  # ask first, unbound: nothing is looked up before the adder confirms

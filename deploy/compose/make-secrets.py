@@ -2,7 +2,8 @@
 """Create docker-compose's secrets once, and never again: ``python3 deploy/compose/make-secrets.py``.
 
 Writes, next to docker-compose.yml, ``secrets/secret_key``, ``secrets/encryption_key`` (a Fernet
-key for cluster credentials), ``secrets/db_password``, ``secrets/database_url`` and
+key for cluster credentials), ``secrets/db_password``, ``secrets/database_url`` (the owner's, for
+migrations), ``secrets/app_database_url`` (the role web and worker use, ``camp_app``) and
 ``secrets/admin_password`` (the first platform admin's, used by the ``initial-admin`` service;
 change it after signing in). A file that exists is kept as it is: re-running this (or
 ``docker compose up`` again) never rotates a key, so sessions survive a restart and stored
@@ -31,8 +32,12 @@ def _values() -> dict[str, str]:
         # cryptography's Fernet.generate_key(), without needing cryptography on the host
         "encryption_key": base64.urlsafe_b64encode(os.urandom(32)).decode(),
         "db_password": password,
+        # The owner's URL: the migrate service only (migrations, then `db_app_role`).
         "database_url": f"postgres://camp:{password}@postgres:5432/camp",
         "admin_password": secrets.token_urlsafe(18),
+        # web, worker, beat and watchers: camp_app, a role that owns nothing and cannot
+        # truncate the audit log or disable its triggers (created by the migrate service).
+        "app_database_url": f"postgres://camp_app:{secrets.token_urlsafe(32)}@postgres:5432/camp",
     }
 
 

@@ -106,3 +106,20 @@ def mib(value: Any) -> str:
         return f"{n:,.0f} MiB"
     g = n / 1024
     return f"{g:,.0f} GiB" if abs(g - round(g)) < 0.05 else f"{g:,.1f} GiB"
+
+
+@register.filter
+def pct(value: float | int | None) -> int:
+    """A percentage as a whole number 0..100, for the width classes ``w-N``/``l-N`` of camp.css.
+
+    The bars set their widths by class, not by a ``style`` attribute, so the
+    Content-Security-Policy needs no ``'unsafe-inline'`` for styles (camp/settings/base.py).
+    """
+    try:
+        number = float(value or 0)
+    except (TypeError, ValueError):
+        return 0
+    if number != number:  # NaN
+        return 0
+    # A sliver stays visible: anything above zero is at least 1 %.
+    return max(1 if number > 0 else 0, min(100, round(number)))

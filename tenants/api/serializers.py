@@ -20,6 +20,7 @@ from ..models import (
     Tenant,
     User,
 )
+from ..validators import NOT_INVITABLE
 
 
 class VisiblePKField(serializers.PrimaryKeyRelatedField):  # type: ignore[type-arg]
@@ -82,9 +83,6 @@ class UserBriefSerializer(serializers.ModelSerializer[User]):
         read_only_fields = fields
 
 
-# One answer for a username nobody has and for an account that cannot be invited
-# (deactivated): the error names neither case, nor echoes the name.
-NOT_INVITABLE = "No user who can be invited has this username."
 
 
 class MembershipTargetSerializer(serializers.Serializer[Any]):

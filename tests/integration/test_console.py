@@ -80,7 +80,7 @@ def test_project_admin_adds_and_changes_members(world: World) -> None:
     membership.refresh_from_db()
     assert membership.role == "project_admin"
     page = client.post("/t/acme/p/acme-p1/", {"member-username": "ghost", "member-role": "project_member"})
-    assert b"No active user" in page.content
+    assert b"No user who can be invited has this username." in page.content
 
 
 def test_member_cannot_change_roles_from_console(world: World) -> None:

@@ -37,3 +37,14 @@ def test_the_app_role_cannot_rewrite_the_audit_log(world: World, monkeypatch: py
     # ... while everything else works: reading, writing other tables
     _as_app("SELECT count(*) FROM tenants_auditevent")
     _as_app("UPDATE tenants_project SET description = description")
+
+
+def test_db_app_role_refuses_to_grant_the_owner_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment that gives web and worker the owner's URL (the mistake the two-role wiring
+    prevents) is stopped at migration time, not silently "granted"."""
+    from django.core.management.base import CommandError
+
+    owner = connection.settings_dict["USER"]
+    monkeypatch.setenv("APP_DATABASE_URL", f"postgres://{owner}:pw@127.0.0.1:5432/camp")
+    with pytest.raises(CommandError, match="the owner"):
+        call_command("db_app_role", "--from-url-env", "APP_DATABASE_URL", stdout=StringIO())

@@ -8,6 +8,7 @@ that cannot be invited (deactivated).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -87,3 +88,52 @@ def test_unknown_and_not_invitable_usernames_answer_alike(world: World) -> None:
     assert "nobody-xyz" not in unknown.content.decode()
     # and a real, invitable user is invited
     assert _invite(admin, world, "outsider").status_code == 201
+
+
+def _console_invite(client: Any, username: str, *, owner: bool = False) -> Any:
+    if owner:
+        return client.post("/t/acme/", {"owner-username": username, "owner-role": "tenant_owner"})
+    return client.post("/t/acme/p/acme-p1/", {"member-username": username,
+                                              "member-role": "project_member"})
+
+
+def _page(response: Any) -> str:
+    """The page without its per-request CSRF token (masked afresh on every response)."""
+    return re.sub(r'name="csrfmiddlewaretoken" value="[^"]*"', "", response.content.decode())
+
+
+def _form_errors(response: Any) -> list[str]:
+    return [str(e) for e in response.context["member_form"].errors.get("username", [])]
+
+
+def test_console_invite_answers_alike_for_unknown_and_not_invitable(world: World) -> None:
+    """The portal's add-member form, like the API: one answer for a username nobody has and
+    a deactivated account, and the page does not echo the name back as "not found"."""
+    from tests.integration.test_console import login
+
+    gone = make_user("gone-user")
+    services.user_update(actor=world.admin, user=gone, is_active=False)
+    admin = login(world.a.project_admin)
+    unknown, inactive = _console_invite(admin, "nobody-xyz"), _console_invite(admin, "gone-user")
+    assert (unknown.status_code, inactive.status_code) == (200, 200)
+    assert _form_errors(unknown) == _form_errors(inactive) == [
+        "No user who can be invited has this username."]
+    assert not Membership.objects.filter(user=gone).exists()
+    # a real, invitable user is invited
+    assert _console_invite(admin, "outsider").status_code == 302
+    assert Membership.objects.filter(user=world.outsider, project=world.a.project).exists()
+
+
+@pytest.mark.parametrize("role", ["member", "outsider"])
+def test_console_invite_refuses_before_looking_the_name_up(world: World, role: str) -> None:
+    """Someone who may grant no role there gets the same 403 (or 404: the page is not theirs)
+    for a real and a made-up username, on the project's member form and the tenant's owner form."""
+    from tests.integration.test_console import login
+
+    client = login(world.user(role))
+    for owner in (False, True):
+        real = _console_invite(client, "globex-member", owner=owner)
+        made_up = _console_invite(client, "nobody-xyz", owner=owner)
+        assert real.status_code in (403, 404)
+        assert (real.status_code, _page(real)) == (made_up.status_code, _page(made_up))
+    assert not Membership.objects.filter(user__username="globex-member", tenant=world.a.tenant).exists()

@@ -35,19 +35,38 @@ class Command(BaseCommand):
             "after migrate.")
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("role")
+        parser.add_argument("role", nargs="?", default="")
         parser.add_argument("--password-env", default="APP_DB_PASSWORD",
                             help="Environment variable holding the role's password (create only).")
+        parser.add_argument("--from-url-env", default="",
+                            help="Take the role and its password from the database URL in this "
+                                 "setting (NAME or NAME_FILE), the one web and worker use: "
+                                 "docker-compose and the Helm chart's migrations Job.")
 
-    def handle(self, *args: Any, role: str, password_env: str, **options: Any) -> None:
+    def handle(self, *args: Any, role: str, password_env: str, from_url_env: str, **options: Any) -> None:
         import os
+        from urllib.parse import unquote, urlsplit
+
+        from camp.env import env_str
 
         if connection.vendor != "postgresql":
             raise CommandError("Only PostgreSQL has roles.")
+        password_from_url = ""
+        if from_url_env:
+            url = urlsplit(env_str(from_url_env))
+            if not url.username:
+                raise CommandError(f"{from_url_env} (or {from_url_env}_FILE) holds no postgres:// URL "
+                                   "with a user name.")
+            role, password_from_url = unquote(url.username), unquote(url.password or "")
+        if not role:
+            raise CommandError("Name the role, or give --from-url-env.")
+        if role == connection.settings_dict.get("USER"):
+            raise CommandError(f"{role} is the role this command runs as (the owner): web and worker "
+                               "need a role of their own (docs/DEPLOY.md).")
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
             if cursor.fetchone() is None:
-                password = os.environ.get(password_env, "")
+                password = password_from_url or os.environ.get(password_env, "")
                 if not password:
                     raise CommandError(f"Role {role} does not exist; set {password_env} to create it.")
                 cursor.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(

@@ -38,6 +38,9 @@ VALUE_SETS: dict[str, list[str]] = {
                          "--set", "extraSecrets.CAMP_ENCRYPTION_KEY=k",
                          "--set", "env.OIDC_ENABLED=false",
                          "--set", "networkPolicy.egressTo[0].ipBlock.cidr=10.0.0.0/8"],
+    # Two database roles (issue 30, item 2): the pods as the app role, the migrations Job as the owner.
+    "two-roles": [*BASE_VALUES, "--set", "database.url=postgres://camp_app:apw@db.example:5432/camp",
+                  "--set", "database.ownerUrl=postgres://camp:opw@db.example:5432/camp"],
     "existing-secret": ["--set", "existingSecret.name=camp-settings",
                         "--set", "web.replicas=1", "--set", "worker.replicas=1",
                         "--set", "networkPolicy.enabled=false", "--set", "beat.enabled=false",
@@ -129,6 +132,38 @@ def test_default_render_has_every_role_hardened(tools: dict[str, Path]) -> None:
     assert {p["metadata"]["name"] for p in by_kind["PodDisruptionBudget"]} == {"r1-camp-web",
                                                                             "r1-camp-worker"}
     assert by_kind["Ingress"][0]["spec"]["tls"][0]["secretName"] == "camp-tls"
+
+
+def test_two_database_roles_pods_as_the_app_role_migrations_as_the_owner(tools: dict[str, Path]) -> None:
+    """Only the migrations Job can read the owner's URL; it migrates, then grants the role the
+    pods' DATABASE_URL names (db_app_role); every Deployment mounts the app role's URL only."""
+    import base64
+
+    docs = _render(tools["helm"], CHART, VALUE_SETS["two-roles"])
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    owner = secrets["r1-camp-migrate-owner"]
+    assert base64.b64decode(owner["data"]["DATABASE_URL"]).decode().startswith("postgres://camp:opw@")
+    assert base64.b64decode(secrets["r1-camp"]["data"]["DATABASE_URL"]).decode().startswith(
+        "postgres://camp_app:apw@")
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        spec = deployment["spec"]["template"]["spec"]
+        assert {v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v} == {"r1-camp"}
+        env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+        assert env["DATABASE_URL_FILE"] == "/run/secrets/camp/DATABASE_URL"
+    job = next(d for d in docs if d["kind"] == "Job")
+    spec = job["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    env = [e["name"] for e in container["env"]]
+    assert len(env) == len(set(env))
+    values = {e["name"]: e["value"] for e in container["env"]}
+    assert values["DATABASE_URL_FILE"] == "/run/secrets/camp-owner/DATABASE_URL"
+    assert values["APP_DATABASE_URL_FILE"] == "/run/secrets/camp/DATABASE_URL"
+    steps = container["command"][-1].split("&&")
+    assert "manage.py migrate" in steps[0] and "db_app_role --from-url-env APP_DATABASE_URL" in steps[1]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["owner"] == "/run/secrets/camp-owner"
+    assert {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}["owner"] == \
+        "r1-camp-migrate-owner"
 
 
 def test_rendered_objects_are_accepted_by_a_real_apiserver(

@@ -80,14 +80,16 @@ def _secrets(directory: Path) -> subprocess.CompletedProcess[str]:
                            str(directory)], capture_output=True, text=True, timeout=60)
 
 
-def _compose_env(service: str, tmp_path: Path, database: str) -> dict[str, str]:
+def _compose_env(service: str, tmp_path: Path, database: str, app_database: str = "") -> dict[str, str]:
     """A service's compose environment as its container sees it: the secrets the script wrote,
     at the paths compose mounts them (/run/secrets/<name> → the script's directory); only the
-    database URL points at this machine's PostgreSQL (no compose network here)."""
+    database URLs (the owner's, the app role's) point at this machine's PostgreSQL (no compose
+    network here)."""
     secret_dir = tmp_path / "secrets"
     if not secret_dir.exists():
         assert _secrets(secret_dir).returncode == 0
         (secret_dir / "database_url").write_text(database + "\n")
+        (secret_dir / "app_database_url").write_text((app_database or database) + "\n")
     spec = _compose()
     mounted = set(spec["services"][service].get("secrets", []))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "DATABASE_URL",
@@ -149,34 +151,43 @@ def test_a_restart_keeps_sessions_and_cluster_credentials(tmp_path: Path) -> Non
 
 
 @pytest.fixture
-def compose_database() -> Iterator[str]:
-    """A database of its own, as compose's postgres service gives (dropped afterwards)."""
-    name = f"camp_compose_{uuid.uuid4().hex[:8]}"
+def compose_database() -> Iterator[tuple[str, str]]:
+    """A database of its own, as compose's postgres service gives (dropped afterwards), and the
+    URL of an app role for it that does not exist yet (the migrate service creates it; roles
+    are cluster-wide, so the name is unique and the role is dropped afterwards)."""
+    tag = uuid.uuid4().hex[:8]
+    name, role = f"camp_compose_{tag}", f"camp_app_{tag}"
     admin = "postgres://postgres@127.0.0.1:5432/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield f"postgres://postgres@127.0.0.1:5432/{name}"
+        yield (f"postgres://postgres@127.0.0.1:5432/{name}",
+               f"postgres://{role}:app-{tag}@127.0.0.1:5432/{name}")
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
 def test_compose_initial_admin_is_created_once_with_the_kept_password(
-    compose_database: str, tmp_path: Path
+    compose_database: tuple[str, str], tmp_path: Path
 ) -> None:
     """Issue 33, item 7: compose's initial-admin service (after migrate) creates the platform
     admin with secrets/admin_password; a later `up` leaves a changed password alone."""
     services = _compose()["services"]
     assert services["initial-admin"]["depends_on"]["migrate"] == {
         "condition": "service_completed_successfully"}
-    env = _compose_env("initial-admin", tmp_path, compose_database)
-    env.update({"ALLOWED_HOSTS": "localhost", "CAMP_ADMIN_USERNAME": "admin"})
+    owner_url, app_url = compose_database
     venv_bin = str(Path(sys.executable).parent)
+    extra = {"ALLOWED_HOSTS": "localhost", "CAMP_ADMIN_USERNAME": "admin",
+             "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
+    env = {**_compose_env("initial-admin", tmp_path, owner_url, app_url), **extra}
 
     def run(service: str) -> str:
-        cmd = [f"{venv_bin}/python" if c == "python" else c for c in services[service]["command"]]
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        # Each service with its own environment (migrate as the owner, the rest as camp_app).
+        service_env = {**_compose_env(service, tmp_path, owner_url, app_url), **extra}
+        done = subprocess.run(services[service]["command"], cwd=ROOT, env=service_env,
+                              capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -198,19 +209,42 @@ def test_compose_initial_admin_is_created_once_with_the_kept_password(
     assert done.stdout.split()[-2:] == ["True", "True"], done.stdout + done.stderr
 
 
-def test_compose_migrate_then_web_serves_ready(compose_database: str, tmp_path: Path) -> None:
+def test_compose_wires_two_database_roles() -> None:
+    """Only migrate holds the owner's URL; web, worker, beat and watcher connect with the app
+    role's (issue 30, item 2), which migrate creates and grants right after migrating."""
+    spec = _compose()
+    services = spec["services"]
+    for role in ("web", "worker", "beat", "watcher"):
+        assert services[role]["environment"]["DATABASE_URL_FILE"] == "/run/secrets/app_database_url"
+        assert "database_url" not in services[role]["secrets"], f"{role} can read the owner's URL"
+        assert "app_database_url" in services[role]["secrets"]
+    migrate = services["migrate"]
+    assert migrate["environment"]["DATABASE_URL_FILE"] == "/run/secrets/database_url"
+    assert migrate["environment"]["APP_DATABASE_URL_FILE"] == "/run/secrets/app_database_url"
+    assert {"database_url", "app_database_url"} <= set(migrate["secrets"])
+    steps = migrate["command"][-1].split("&&")
+    assert "manage.py migrate" in steps[0] and "db_app_role --from-url-env APP_DATABASE_URL" in steps[1]
+    assert {"database_url", "app_database_url"} <= set(spec["secrets"])
+
+
+def test_compose_migrate_then_web_serves_ready(compose_database: tuple[str, str], tmp_path: Path) -> None:
     """compose's migrate and web commands, with its environment pointed at this machine's
-    PostgreSQL and Redis (no Docker engine runs here): /readyz turns 200 only after migrate."""
+    PostgreSQL and Redis (no Docker engine runs here): web connects as the app role, which
+    exists and answers /readyz 200 only after migrate; and that role cannot truncate the
+    audit log or disable its triggers."""
+    owner_url, app_url = compose_database
     services = _compose()["services"]
-    env = _compose_env("web", tmp_path, compose_database)
+    env = _compose_env("web", tmp_path, owner_url, app_url)
+    venv_bin = str(Path(sys.executable).parent)
     env.update({"REDIS_URL": "redis://127.0.0.1:6379/15", "ALLOWED_HOSTS": "localhost",
-                "SECURE_SSL_REDIRECT": "false", "STATIC_ROOT": str(tmp_path / "static")})
+                "SECURE_SSL_REDIRECT": "false", "STATIC_ROOT": str(tmp_path / "static"),
+                "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"})
+    assert env["DATABASE_URL_FILE"].endswith("app_database_url")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     web_cmd = [str(port) if c == "8000" else ("127.0.0.1" if c == "0.0.0.0" else c)  # noqa: S104
                for c in services["web"]["command"]]
-    venv_bin = str(Path(sys.executable).parent)
     web_cmd[0] = f"{venv_bin}/{web_cmd[0]}"
     web = subprocess.Popen(web_cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
@@ -231,15 +265,25 @@ def test_compose_migrate_then_web_serves_ready(compose_database: str, tmp_path: 
                 time.sleep(0.2)
         else:
             pytest.fail("web never answered")
-        assert status == 503 and "not applied" in body["checks"]["migrations"]
-        migrate = [f"{venv_bin}/python" if c == "python" else c for c in services["migrate"]["command"]]
-        done = subprocess.run(migrate, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert status == 503  # the app role does not exist yet, nor do the tables
+        migrate_env = _compose_env("migrate", tmp_path, owner_url, app_url)
+        migrate_env.update({k: env[k] for k in ("PATH", "REDIS_URL", "ALLOWED_HOSTS", "SECURE_SSL_REDIRECT",
+                                                "STATIC_ROOT")})
+        done = subprocess.run(services["migrate"]["command"], cwd=ROOT, env=migrate_env,
+                              capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         status, body = readyz()
         assert status == 200, body
     finally:
         os.killpg(web.pid, 15)
         web.wait(timeout=30)
+    with psycopg.connect(app_url, autocommit=True) as app:
+        assert app.execute("SELECT count(*) FROM tenants_auditevent").fetchone() is not None
+        for statement in ("TRUNCATE tenants_auditevent",
+                          "ALTER TABLE tenants_auditevent DISABLE TRIGGER USER",
+                          "DELETE FROM tenants_auditevent"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute(statement)
 
 
 def test_compose_commands_are_real() -> None:
