@@ -35,6 +35,8 @@ class WorkloadRow:
     since: dt.datetime | None
     waiting_reason: str
     obj: Any
+    job: Any = None
+    """The job whose reason ``waiting_reason`` is (its "as of" is shown beside it)."""
 
 
 def _gpu_words(gpu_count: int, mem: int, cores: int, exclusive: bool, models: list[str],
@@ -61,17 +63,18 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
     live = list(ACTIVE_STATES) + [JobState.QUEUED]
     rows: list[WorkloadRow] = []
     envs = (restrict(DevEnvironment.objects.filter(owner=user, job__state__in=live), user)
-            .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
+            .select_related("project__tenant", "job__cluster").order_by("-created_at")[:ROWS])
     for e in envs:
         rows.append(WorkloadRow(
             "notebook", e.name, f"/workspaces/environments/{e.pk}/", str(e.project), e.state,
             e.job.get_state_display() if e.job else e.state, _gpu_words(
                 e.gpu_count, e.gpu_memory_mib, e.gpu_cores_percent, e.exclusive, e.gpu_models),
             e.job.started_at if e.job else None,
-            page_reason(e.job) if e.job and e.state == "queued" else "", e))
+            page_reason(e.job) if e.job and e.state == "queued" else "", e,
+            e.job if e.job and e.state == "queued" else None))
     trainings = (restrict(TrainingJob.objects.filter(owner=user), user)
                  .filter(Q(job__state__in=live) | Q(job__isnull=True, failed_dependency=False))
-                 .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
+                 .select_related("project__tenant", "job__cluster").order_by("-created_at")[:ROWS])
     for t in trainings:
         rows.append(WorkloadRow(
             "training", t.name, f"/workspaces/training/{t.pk}/", str(t.project), t.state,
@@ -79,7 +82,8 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
                 t.gpu_count, t.gpu_memory_mib, t.gpu_cores_percent, t.exclusive, t.gpu_models,
                 t.workers),
             t.job.started_at if t.job else None,
-            (t.job.reason if t.job and t.state == "queued" else t.blocked_reason), t))
+            (page_reason(t.job) if t.job and t.state == "queued" else t.blocked_reason), t,
+            t.job if t.job and t.state == "queued" else None))
     services = (with_ready_now(restrict(ModelService.objects.filter(owner=user), user)
                                .exclude(status=ServiceStatus.IDLE))
                 .select_related("project__tenant").order_by("-created_at")[:ROWS])
@@ -185,7 +189,7 @@ def owner_view(tenant: Tenant) -> dict[str, Any]:
     top = sorted(((names.get(u, "—") if u else "—", round(g, 2)) for u, g in per_user.items() if g),
                  key=lambda x: -x[1])[:5]
     waiting_qs = Job.objects.filter(tenant=tenant, state=JobState.QUEUED)
-    waiting = list(waiting_qs.select_related("project", "owner").order_by("submitted_at")[:5])
+    waiting = list(waiting_qs.select_related("project", "owner", "cluster").order_by("submitted_at")[:5])
     return {
         "tenant": tenant,
         "bars": tenant_bars[:1],
