@@ -88,7 +88,34 @@ def _quota_left(html: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def _check(world: Any, cls: list[Cluster], jobs: dict[int, dict[str, Any]]) -> None:
+@pytest.fixture
+def presets(world: Any) -> dict[str, float]:
+    """Two presets on any card, and the GPUs one copy asks in the module's unit: a whole card,
+    a quarter (compute-led: 20 GiB, 25 %, a quarter of an 80 GiB A100 and less of a GH200)."""
+    from workspaces import services as ws
+    from workspaces.models import Profile
+
+    Profile.objects.update(enabled=False)
+    whole = ws.profile_create(actor=world.admin, name="whole", display_name="One whole card", gpu_count=1,
+                              cpu_millicores=1000, ram_mib=2048)
+    quarter = ws.profile_create(actor=world.admin, name="quarter", display_name="A quarter card",
+                                gpu_count=1, gpu_memory_mib=20480, gpu_cores_percent=25,
+                                cpu_millicores=1000, ram_mib=2048)
+    return {str(whole): 1.0, str(quarter): 0.25}
+
+
+def _free_now(html: str) -> dict[str, dict[str, int]]:
+    """Member home, "Free now": cluster → preset → how many this user can start."""
+    section = html.split('aria-label="What can start now"', 1)[-1].split("</section>", 1)[0]
+    out: dict[str, dict[str, int]] = {}
+    for name, body in re.findall(r"<p><strong>([^<]+):</strong>(.*?)</p>", section, re.S):
+        out[name] = {unescape(t).strip(" ,\n"): int(n) for t, n in re.findall(
+            r'([^<>,]+?) <span class="small">\((\d+) you can start\)</span>', body)}
+    return out
+
+
+def _check(world: Any, cls: list[Cluster], jobs: dict[int, dict[str, Any]],
+           asks: dict[str, float] | None = None) -> None:
     held = _answer()
     projects = list(Project.objects.select_related("tenant").order_by("pk"))
 
@@ -162,9 +189,18 @@ def _check(world: Any, cls: list[Cluster], jobs: dict[int, dict[str, Any]]) -> N
     for tw in (world.a, world.b):
         for user in (tw.member, tw.project_admin):
             c = _client(user)
-            shown = _quota_left(_get(c, "/"))
+            home = _get(c, "/")
+            shown = _quota_left(home)
             mine = [p for p in projects if str(p) in shown]
             assert tw.project in mine, (user, shown)
+            # "Free now" never offers more than the quota left the same home shows there.
+            for cname, offered in _free_now(home).items():
+                lefts = [shown[str(p)][cname] for p in mine]
+                room = None if "" in lefts else max(float(x) for x in lefts)
+                for title, n in offered.items():
+                    assert asks is None or title in asks, (title, asks)
+                    assert room is None or n * (asks or {}).get(title, 0.0) <= room + EPS, \
+                        (user, cname, title, n, room)
             for p in mine:
                 for cl in cls:
                     want = left(p, cl)
@@ -201,12 +237,12 @@ def _check(world: Any, cls: list[Cluster], jobs: dict[int, dict[str, Any]]) -> N
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(seed=st.integers(min_value=0, max_value=2**32 - 1))
 def test_every_page_shows_the_accounting_modules_figures(world: Any, clusters: list[Cluster],  # noqa: F811
-                                                        seed: int) -> None:
+                                                        presets: dict[str, float], seed: int) -> None:
     seed = int(os.environ.get("WORLD_SEED", seed))
     try:
         with transaction.atomic():
             jobs = _world(seed, world, clusters)
-            _check(world, clusters, jobs)
+            _check(world, clusters, jobs, presets)
             transaction.set_rollback(True)
     except Exception as exc:
         raise AssertionError(f"world seed={seed} (replay: WORLD_SEED={seed}): {exc!r}") from exc
