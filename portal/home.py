@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, Job, JobState, Node
@@ -35,6 +35,8 @@ class WorkloadRow:
     since: dt.datetime | None
     waiting_reason: str
     obj: Any
+    job: Any = None
+    """The job whose reason ``waiting_reason`` is (its "as of" is shown beside it)."""
 
 
 def _gpu_words(gpu_count: int, mem: int, cores: int, exclusive: bool, models: list[str],
@@ -61,17 +63,18 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
     live = list(ACTIVE_STATES) + [JobState.QUEUED]
     rows: list[WorkloadRow] = []
     envs = (restrict(DevEnvironment.objects.filter(owner=user, job__state__in=live), user)
-            .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
+            .select_related("project__tenant", "job__cluster").order_by("-created_at")[:ROWS])
     for e in envs:
         rows.append(WorkloadRow(
             "notebook", e.name, f"/workspaces/environments/{e.pk}/", str(e.project), e.state,
             e.job.get_state_display() if e.job else e.state, _gpu_words(
                 e.gpu_count, e.gpu_memory_mib, e.gpu_cores_percent, e.exclusive, e.gpu_models),
             e.job.started_at if e.job else None,
-            page_reason(e.job) if e.job and e.state == "queued" else "", e))
+            page_reason(e.job) if e.job and e.state == "queued" else "", e,
+            e.job if e.job and e.state == "queued" else None))
     trainings = (restrict(TrainingJob.objects.filter(owner=user), user)
                  .filter(Q(job__state__in=live) | Q(job__isnull=True, failed_dependency=False))
-                 .select_related("project__tenant", "job").order_by("-created_at")[:ROWS])
+                 .select_related("project__tenant", "job__cluster").order_by("-created_at")[:ROWS])
     for t in trainings:
         rows.append(WorkloadRow(
             "training", t.name, f"/workspaces/training/{t.pk}/", str(t.project), t.state,
@@ -79,7 +82,8 @@ def my_workloads(user: Any) -> list[WorkloadRow]:
                 t.gpu_count, t.gpu_memory_mib, t.gpu_cores_percent, t.exclusive, t.gpu_models,
                 t.workers),
             t.job.started_at if t.job else None,
-            (t.job.reason if t.job and t.state == "queued" else t.blocked_reason), t))
+            (page_reason(t.job) if t.job and t.state == "queued" else t.blocked_reason), t,
+            t.job if t.job and t.state == "queued" else None))
     services = (with_ready_now(restrict(ModelService.objects.filter(owner=user), user)
                                .exclude(status=ServiceStatus.IDLE))
                 .select_related("project__tenant").order_by("-created_at")[:ROWS])
@@ -131,44 +135,28 @@ def _class_left(q: Quota | None, use: AllClusterUse) -> list[str]:
 
 
 def can_start_now(user: Any) -> list[dict[str, Any]]:
-    """Per cluster: the presets this user could start at once as a notebook (non-preemptible) —
-    what fits on the free cards, bounded by what the user's best project there may still
-    start: its quota left (``selectors.projects_left``) and, where its project or tenant
-    guarantees GPUs, the room the guarantee leaves its non-preemptible work (the engine's rule,
-    ``engine.guarantees.nonpreemptible_refusal``) — counted by ``engine.accounting.startable``,
-    with why when they bound it."""
-    from scheduling.engine import accounting as unit
-    from workspaces.presets import offered_presets, preset_cards
+    """Per cluster: the presets this user could start at once as a notebook (non-preemptible)
+    (``workspaces.presets.startable_now``: what fits on the free cards, bounded by the quota
+    left and the guarantee's room of the user's best project there), with why when they bound
+    it."""
+    from workspaces.presets import offered_presets, preset_cards, startable_now
 
     clusters = list(restrict(Cluster.objects.filter(enabled=True), user))
-    offered = offered_presets(user)
-    cards = preset_cards(offered, clusters, user)
-    projects = list(restrict(Project.objects.select_related("tenant"), user))
-    lefts = selectors.projects_left(projects, clusters)
-    rooms = selectors.guarantee_rooms(projects, clusters)
-    largest = dict(GpuDevice.objects.order_by().values_list("model").annotate(m=Max("memory_mib")))
+    cards = preset_cards(offered_presets(user), clusters, user)
+    can = startable_now(user, cards, clusters)
     out = []
-    for i, c in enumerate(clusters):
+    for c in clusters:
         free: list[tuple[str, int]] = []
         bounded: list[str] = []
         for card in cards:
-            n = card.free_now[i][1]
-            if not n:
+            s = can.get((card.profile.pk, c.pk))
+            if s is None or not s.fit:
                 continue
-            p = card.profile
-            ask = unit.shape_ask_gpus(
-                replicas=1, gpu_count=p.gpu_count, exclusive=p.exclusive, memory_mib=p.gpu_memory_mib,
-                memory_percent=0, cores_percent=p.gpu_cores_percent,
-                card_memory_mib=largest.get(p.gpu_model) or max(largest.values(), default=0))
-            allowed, why = max(
-                (unit.startable(n, ask, [(pl.clusters[i].left, pl.clusters[i].why),
-                                         *rooms.get((pl.project.pk, c.pk), [])])
-                 for pl in lefts.values()), key=lambda x: x[0], default=(n, ""))
-            if allowed < n:
-                bounded.append(f"{card.title}: {n} fit on the free cards, you can start {allowed} "
-                               f"({why})")
-            if allowed:
-                free.append((card.title, allowed))
+            if s.count < s.fit:
+                bounded.append(f"{card.title}: {s.fit} fit on the free cards, you can start {s.count} "
+                               f"({s.why})")
+            if s.count:
+                free.append((card.title, s.count))
         out.append({"cluster": c, "free": free, "bounded": bounded})
     return out
 
@@ -185,7 +173,7 @@ def owner_view(tenant: Tenant) -> dict[str, Any]:
     top = sorted(((names.get(u, "—") if u else "—", round(g, 2)) for u, g in per_user.items() if g),
                  key=lambda x: -x[1])[:5]
     waiting_qs = Job.objects.filter(tenant=tenant, state=JobState.QUEUED)
-    waiting = list(waiting_qs.select_related("project", "owner").order_by("submitted_at")[:5])
+    waiting = list(waiting_qs.select_related("project", "owner", "cluster").order_by("submitted_at")[:5])
     return {
         "tenant": tenant,
         "bars": tenant_bars[:1],

@@ -27,6 +27,22 @@ def project_group(project_id: int) -> str:
     return f"live.project.{project_id}"
 
 
+def as_of_words(job: Any) -> str:
+    """When a waiting job's reason was computed, in the words its pages show beside it
+    (``templates/workspaces/reason_as_of.html`` over ``scheduling.selectors.reason_as_of``);
+    "" once it no longer waits."""
+    from django.template.loader import render_to_string
+    from django.utils.html import strip_tags
+
+    from scheduling.selectors import reason_as_of
+
+    as_of, stale = reason_as_of(job)
+    if as_of is None and not stale:
+        return ""
+    html = render_to_string("workspaces/reason_as_of.html", {"why": {"as_of": as_of, "stale": stale}})
+    return " ".join(strip_tags(html).split())
+
+
 def job_payload(job: Any) -> dict[str, Any]:
     from workspaces.selectors import page_reason
 
@@ -35,6 +51,7 @@ def job_payload(job: Any) -> dict[str, Any]:
         "state": job.state,
         "state_display": job.get_state_display(),
         "reason": page_reason(job),  # as the pages show it (no advice the page cannot follow)
+        "as_of": as_of_words(job),  # when that reason was computed (issue 29)
         "queue_position": job.queue_position,
         "queue_length": job.queue_length,
     }
@@ -121,11 +138,12 @@ def push_jobs(job_ids: list[int], service_ids: list[int] | tuple[int, ...] = ())
     layer = get_channel_layer()
     if layer is None:
         return 0
-    jobs = list(Job.objects.filter(pk__in=job_ids).only(
-        # every field job_payload reads (page_reason: floating, cluster): a deferred one would
-        # be a query inside the event loop below, refused there, and the push lost
+    jobs = list(Job.objects.filter(pk__in=job_ids).select_related("cluster").only(
+        # every field job_payload reads (page_reason: floating, cluster; as_of_words: when its
+        # cluster last cycled), read here: a deferred one would be a query per job
         "pk", "project_id", "state", "reason", "kind", "queue_position", "queue_length", "floating",
-        "cluster"))
+        "updated_at", "cluster__last_cycle_at", "cluster__enabled", "cluster__unreachable_since"))
+    payloads = [(job.project_id, job_payload(job)) for job in jobs]
     svc_ids = set(service_ids)
     replicas = [j.pk for j in jobs if j.kind == SERVICE_JOB_KIND]  # only services run replicas
     if replicas:
@@ -135,9 +153,9 @@ def push_jobs(job_ids: list[int], service_ids: list[int] | tuple[int, ...] = ())
         "pk", "project_id", "status", "desired_replicas", "min_replicas", "max_replicas")) if svc_ids else []
 
     async def send_all() -> None:
-        for job in jobs:
-            message = {"type": "job.update", "job": job_payload(job), "project_id": job.project_id}
-            for group in (project_group(job.project_id), ALL_GROUP):
+        for project_id, payload in payloads:
+            message = {"type": "job.update", "job": payload, "project_id": project_id}
+            for group in (project_group(project_id), ALL_GROUP):
                 await layer.group_send(group, message)
         for svc in svcs:
             update = {"type": "service.update", "service": service_payload(svc), "project_id": svc.project_id}

@@ -175,8 +175,9 @@ def job_list_live(request: HttpRequest) -> JsonResponse:
     _f, qs = _filtered_jobs(request, params)
     counts = _state_counts(qs)
     ids = [int(x) for x in raw_ids.split(",") if x.isdigit()][:200]
-    rows = restrict(Job.objects.filter(pk__in=ids), request.user).only(
-        "pk", "state", "reason", "queue_position", "queue_length") if ids else []
+    rows = restrict(Job.objects.filter(pk__in=ids), request.user).select_related("cluster").only(
+        "pk", "state", "reason", "queue_position", "queue_length", "floating", "kind", "updated_at",
+        "cluster__last_cycle_at", "cluster__enabled", "cluster__unreachable_since") if ids else []
     return JsonResponse({"total": sum(counts.values()), "states": counts,
                          "jobs": [job_payload(j) for j in rows]})
 

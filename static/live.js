@@ -29,6 +29,7 @@
         var key = f.dataset.liveField, value;
         if (key === "state") { value = job.state_display || (job.state.charAt(0).toUpperCase() + job.state.slice(1)); f.className = f.className.replace(/\bstate-\S+/g, "") + " state-" + job.state; }
         else if (key === "queue") { value = job.queue_position ? job.queue_position + " of " + job.queue_length : ""; }
+        else if (!(key in job)) { return; }  // e.g. "as_of": pushed, not in the REST fallback
         else { value = job[key] == null ? "" : String(job[key]); }
         if (f.textContent !== value) { f.textContent = value; }
       });

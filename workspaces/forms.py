@@ -56,16 +56,27 @@ class _PresetChoice(forms.ModelChoiceField):  # type: ignore[type-arg]
         return str(obj)
 
 
-def _default_preset(form: forms.Form, *, slice_first: bool) -> None:
-    """Preselect a preset: for notebooks the first GPU slice (the usual ask), else the first."""
-    from .presets import is_slice
+def _default_preset(form: forms.Form, user: Any, *, slice_first: bool, preemptible: bool, copies: int = 1,
+                    any_cluster: bool = False) -> None:
+    """Preselect what submitting the defaults most likely starts now (issue 32 item 4,
+    ``presets.default_choice``): the preset this user can start now, quota and guarantee
+    included (notebooks and services: a GPU slice first), the project that may start it and
+    the cluster where it may — or "Any cluster" where the form offers it (``any_cluster``:
+    Camp places it where it starts soonest). A form being submitted is left alone."""
+    from .presets import default_choice
 
+    if form.is_bound:
+        return
     fields: Any = form.fields
-    offered = list(fields["profile"].queryset)
-    pick = next((p for p in offered if is_slice(p)), None) if slice_first else None
-    pick = pick or (offered[0] if offered else None)
-    if pick is not None:
-        form.initial.setdefault("profile", pick.pk)
+    profile, cluster, project = default_choice(
+        user, fields["profile"].queryset, fields["cluster"].queryset, preemptible=preemptible,
+        copies=copies, slice_first=slice_first)
+    if profile is not None:
+        form.initial.setdefault("profile", profile.pk)
+    if project is not None:
+        form.initial.setdefault("project", project.pk)
+    if cluster is not None and not any_cluster:
+        form.initial.setdefault("cluster", cluster.name)
 
 
 # Fields a launch form shows up front; everything else folds into "Advanced".
@@ -160,7 +171,15 @@ class EnvironmentForm(_WorkloadForm):
         )
         fields["image"].empty_label = "The preset's image"
         self.initial.setdefault("name", _default_name("notebook"))
-        _default_preset(self, slice_first=True)
+        _default_preset(self, user, slice_first=True, preemptible=False)  # notebooks never are
+        # A preset without an image of its own: the first catalog image of the default kind,
+        # so the defaults launch (issue 32 item 4) rather than ask for an image.
+        preset = self.initial.get("profile")
+        if not self.is_bound and preset is not None and not fields["profile"].queryset.filter(
+                pk=preset, image__isnull=False).exists():
+            first = fields["image"].queryset.filter(variant=self.initial.get("kind", EnvKind.JUPYTER)).first()
+            if first is not None:
+                self.initial.setdefault("image", first.pk)
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -241,7 +260,8 @@ class TrainingForm(_WorkloadForm):
         first_image = (images.filter(framework=wanted).first() if wanted else None) or images.first()
         if first_image is not None:
             self.initial.setdefault("image", first_image.pk)
-        _default_preset(self, slice_first=False)
+        _default_preset(self, user, slice_first=False, preemptible=bool(fields["preemptible"].initial),
+                        copies=int(fields["workers"].initial), any_cluster=True)
 
     def clean_command(self) -> list[str]:
         try:
@@ -331,7 +351,8 @@ class ServiceForm(_WorkloadForm):
         first_image = fields["image"].queryset.first()
         if first_image is not None:
             self.initial.setdefault("image", first_image.pk)
-        _default_preset(self, slice_first=True)
+        _default_preset(self, user, slice_first=True, preemptible=bool(fields["preemptible"].initial),
+                        copies=int(fields["min_replicas"].initial))
 
     def clean_args(self) -> list[str]:
         try:

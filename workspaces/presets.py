@@ -200,6 +200,89 @@ def offered_presets(user: Any, project_ids: Iterable[int] | None = None) -> list
     return out
 
 
+@dataclass(frozen=True)
+class Startable:
+    """What one user may start of a preset on one cluster now."""
+
+    count: int
+    """Copies this user may start now: those that fit on the free cards, bounded by the quota
+    left and (non-preemptible work) the guarantee's room of the user's best project there."""
+    fit: int
+    """Copies that fit on the free cards."""
+    why: str
+    """What bounds ``count`` below ``fit`` ("" when the free cards do)."""
+    project: Any
+    """The user's project that may start the most there (None: the user has none)."""
+
+
+def startable_now(user: Any, cards: list[PresetCard], clusters: list[Cluster], *,
+                  preemptible: bool = False) -> dict[tuple[int, int], Startable]:
+    """(preset pk, cluster pk) → what ``user`` may start of it there now ("free now" for this
+    user, issue 29): the copies that fit on the free cards (``PresetCard.free_now``), bounded
+    by what the user's best project there may still start — its quota left as the scheduler
+    checks it (``portal.selectors.projects_left``) and, for non-preemptible work (notebooks,
+    services), the room its project's and tenant's guarantees leave (the engine's rule,
+    ``portal.selectors.guarantee_rooms``) — counted by ``engine.accounting.startable``.
+    CPU-only presets are not counted (absent); a user with no project sees the fits. The
+    member's home and the launch forms' defaults read it."""
+    from portal import selectors
+    from scheduling.engine import accounting as unit
+    from tenants.models import Project
+    from tenants.permissions import restrict
+
+    projects = list(restrict(Project.objects.select_related("tenant"), user))
+    lefts = selectors.projects_left(projects, clusters)
+    rooms = {} if preemptible else selectors.guarantee_rooms(projects, clusters)
+    largest = card_memory()
+    out: dict[tuple[int, int], Startable] = {}
+    for i, c in enumerate(clusters):
+        for card in cards:
+            n = card.free_now[i][1]
+            if n is None:
+                continue
+            p = card.profile
+            ask = unit.shape_ask_gpus(
+                replicas=1, gpu_count=p.gpu_count, exclusive=p.exclusive, memory_mib=p.gpu_memory_mib,
+                memory_percent=0, cores_percent=p.gpu_cores_percent,
+                card_memory_mib=largest.get(p.gpu_model) or max(largest.values(), default=0))
+            best = Startable(n, n, "", None)  # no project: the free cards bound it, as before
+            for pl in lefts.values():
+                allowed, why = unit.startable(n, ask, [(pl.clusters[i].left, pl.clusters[i].why),
+                                                       *rooms.get((pl.project.pk, c.pk), [])])
+                if best.project is None or allowed > best.count:
+                    best = Startable(allowed, n, why, pl.project)
+            out[(p.pk, c.pk)] = best
+    return out
+
+
+def default_choice(user: Any, profiles: Iterable[Profile], clusters: Iterable[Cluster], *,
+                   preemptible: bool, copies: int = 1, slice_first: bool = False
+                   ) -> tuple[Profile | None, Cluster | None, Any]:
+    """A launch form's defaults (issue 32 item 4): the preset this user can most likely start
+    now (``startable_now``: at least ``copies`` may start; among those, a GPU slice first when
+    ``slice_first``, then the most startable, then the admin's order), the cluster where it
+    may start the most and the project that may start it. Nothing startable: the first slice
+    (``slice_first``) or the first preset, the cluster with the most fits, no project."""
+    profiles, clusters = list(profiles), list(clusters)
+    if not profiles:
+        return None, None, None
+    cards = preset_cards(profiles, clusters, user)
+    can = startable_now(user, cards, clusters, preemptible=preemptible)
+    ranked = []
+    for order, p in enumerate(profiles):
+        for c in clusters:
+            s = can.get((p.pk, c.pk))
+            if s is not None and s.count >= copies and s.project is not None:
+                ranked.append(((slice_first and is_slice(p), s.count, -order), p, c, s.project))
+    if ranked:
+        _key, p, c, project = max(ranked, key=lambda r: r[0])
+        return p, c, project
+    pick = next((p for p in profiles if is_slice(p)), None) if slice_first else None
+    pick = pick or profiles[0]
+    fits = [(can[(pick.pk, c.pk)].fit, c) for c in clusters if (pick.pk, c.pk) in can]
+    return pick, (max(fits, key=lambda f: f[0])[1] if fits else None), None
+
+
 def card_memory() -> dict[str, int]:
     """Memory of each GPU model in the inventory (MiB), to name a slice as a share of its card."""
     from django.db.models import Max

@@ -78,6 +78,17 @@ def page_reason(job: Any) -> str:
     return reason(job) if job is not None else ""
 
 
+@register.inclusion_tag("workspaces/reason_as_of.html")
+def reason_as_of(job: Any) -> dict[str, Any]:
+    """When a waiting job's reason was computed, or that it may be out of date (issue 29:
+    every waiting reason a list shows carries it, as the job's page does;
+    ``scheduling.selectors.reason_as_of``)."""
+    from scheduling.selectors import reason_as_of as when
+
+    as_of, stale = when(job) if job is not None else (None, False)
+    return {"why": {"as_of": as_of, "stale": stale}}
+
+
 @register.filter
 def pod_phase(allocation: Any, job: Any) -> str:
     """A pod's phase as its job's page shows it: once the job is stopping or ended, a pod not

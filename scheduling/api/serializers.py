@@ -24,6 +24,7 @@ from ..models import (
     SchedulingDecision,
     is_any_cluster,
 )
+from ..selectors import reason_as_of
 
 
 class ClusterSerializer(serializers.ModelSerializer[Cluster]):
@@ -319,6 +320,12 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     groups = PodGroupSerializer(many=True)
     allocations = AllocationSerializer(many=True, read_only=True)
     last_decision = serializers.SerializerMethodField()
+    reason_as_of = serializers.SerializerMethodField(
+        help_text="A waiting job: when its reason was computed (its cluster's last cycle; with "
+                  "no cluster yet, its last change); null otherwise.")
+    reason_stale = serializers.SerializerMethodField(
+        help_text="A waiting job: its reason may be out of date (its cluster has not recomputed "
+                  "it within SCHEDULER_REASON_STALE_SECONDS, or takes no new work).")
 
     class Meta:
         model = Job
@@ -327,8 +334,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
                   "kind", "priority_class",
                   "priority", "preemptible", "checkpoint_capable", "gang", "mixed_gpu_models", "affinity",
                   "duration_seconds",
-                  "groups", "state", "reason", "reason_kind", "why_across_clusters", "queue_position",
-                  "queue_length",
+                  "groups", "state", "reason", "reason_kind", "reason_as_of", "reason_stale",
+                  "why_across_clusters", "queue_position", "queue_length",
                   "preempted_by", "attempts", "submitted_at", "admitted_at", "started_at",
                   "finished_at", "allocations", "last_decision"]
         read_only_fields = ["id", "tenant", "owner", "floating", "priority", "state", "reason", "reason_kind",
@@ -340,6 +347,14 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     @extend_schema_field(ClusterSetbackSerializer(many=True))
     def get_cluster_setbacks(self, job: Job) -> list[dict[str, Any]]:
         return job.cluster_setbacks
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_reason_as_of(self, job: Job) -> Any:
+        as_of = reason_as_of(job)[0]
+        return None if as_of is None else serializers.DateTimeField().to_representation(as_of)
+
+    def get_reason_stale(self, job: Job) -> bool:
+        return reason_as_of(job)[1]
 
     def get_last_decision(self, job: Job) -> dict[str, Any] | None:
         latest = getattr(job, "latest_decisions", None)  # prefetched by the list (one query)

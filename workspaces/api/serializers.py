@@ -211,6 +211,10 @@ class WhySerializer(serializers.Serializer[Any]):
     queue_position = serializers.IntegerField(allow_null=True)
     queue_length = serializers.IntegerField(allow_null=True)
     hint = serializers.CharField()
+    as_of = serializers.DateTimeField(
+        allow_null=True, required=False, help_text="When the reason was computed (a waiting job).")
+    stale = serializers.BooleanField(
+        required=False, help_text="The reason may be out of date (its cluster has not recomputed it).")
     why_across_clusters = serializers.CharField(
         required=False, help_text="A floating run's why, cluster by cluster (empty: one named cluster).")
 

@@ -111,10 +111,10 @@ def test_compose_secrets_are_made_once_and_never_sit_in_the_environment(tmp_path
     never rewrites a file, no secret value is in compose's environment, and PostgreSQL's
     password is the one in Camp's database URL."""
     first = _secrets(tmp_path / "s")
-    assert first.returncode == 0 and first.stdout.count("created") == 5, first.stdout
+    assert first.returncode == 0 and first.stdout.count("created") == 6, first.stdout
     before = {p.name: p.read_text() for p in (tmp_path / "s").iterdir()}
     again = _secrets(tmp_path / "s")
-    assert again.returncode == 0 and again.stdout.count("kept") == 5, again.stdout
+    assert again.returncode == 0 and again.stdout.count("kept") == 6, again.stdout
     assert {p.name: p.read_text() for p in (tmp_path / "s").iterdir()} == before
     assert oct((tmp_path / "s").stat().st_mode & 0o777) == "0o700"
     assert before["db_password"].strip() in before["database_url"]

@@ -243,13 +243,29 @@ def test_a_waiting_reason_says_when_it_was_computed_and_when_it_is_stale(world: 
     assert job.state == JobState.QUEUED, (job.state, job.reason)
     why = job_why(job)
     assert why["as_of"] is not None and not why["stale"]
-    page = _page(world.a.owner, reverse("scheduling:job", args=[job.pk]))  # the job's own page too
-    assert "(as of " in page and "may be out of date" not in page
+    # Wherever the reason is shown: the job's own page, the jobs list, the owner's home (its
+    # waiting jobs), and the API's list and detail (issue 29: every waiting reason).
+    pages = (reverse("scheduling:job", args=[job.pk]), reverse("scheduling:jobs"), "/")
+    for url in pages:
+        page = _page(world.a.owner, url)
+        assert job.reason[:60] in page and "(as of " in page and "may be out of date" not in page, url
+    api = Client()
+    api.force_login(world.a.owner)
+    listed = {j["id"]: j for j in api.get("/api/v1/jobs/").json()["results"]}[job.pk]
+    detail = api.get(f"/api/v1/jobs/{job.pk}/").json()
+    for row in (listed, detail):
+        assert row["reason_as_of"] is not None and row["reason_stale"] is False
+        assert dt.datetime.fromisoformat(row["reason_as_of"]) == job.cluster.last_cycle_at
+    from portal.live import job_payload
+
+    assert job_payload(job)["as_of"].startswith("(as of ")  # what a live page puts beside it
     Cluster.objects.filter(pk=east.pk).update(last_cycle_at=timezone.now() - dt.timedelta(hours=1))
     job = Job.objects.select_related("cluster").get(pk=job.pk)
     assert job_why(job)["stale"]
-    page = _page(world.a.owner, reverse("scheduling:job", args=[job.pk]))
-    assert "may be out of date" in page
+    for url in pages:
+        assert "may be out of date" in _page(world.a.owner, url), url
+    assert api.get(f"/api/v1/jobs/{job.pk}/").json()["reason_stale"] is True
+    assert "may be out of date" in job_payload(job)["as_of"]
 
 
 def test_the_training_forms_default_image_follows_its_default_framework(world: Any) -> None:
