@@ -727,23 +727,26 @@ class KubernetesBackend:
         pod = self._call(self.core.read_namespaced_pod, name, namespace, ok=(404,))
         return pod is not None and pod.metadata.uid == uid and not pod.metadata.deletion_timestamp
 
-    def tell_pod(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
-        """Say why Camp does not bind a pod, where ``kubectl describe pod`` shows it: a Warning
-        Event (reason ``reason``) and the pod's ``PodScheduled`` condition (False, as
-        kube-scheduler writes it for a pod it cannot place)."""
+    def tell_pod(self, namespace: str, name: str, uid: str, reason: str, message: str, *,
+                 event: bool = True) -> None:
+        """Say why Camp does not bind a pod, where ``kubectl describe pod`` shows it: the pod's
+        ``PodScheduled`` condition (False, as kube-scheduler writes it for a pod it cannot
+        place) and, with ``event``, a Warning Event (reason ``reason``)."""
         now = dt.datetime.now(dt.UTC)
         stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
         self._call(self.core.patch_namespaced_pod_status, name, namespace, {"status": {"conditions": [{
             "type": "PodScheduled", "status": "False", "reason": reason, "message": message[:1000],
             "lastTransitionTime": stamp}]}}, ok=(404,))
-        event = {"apiVersion": "v1", "kind": "Event",
+        if not event:
+            return
+        body = {"apiVersion": "v1", "kind": "Event",
                  "metadata": {"generateName": f"{name[:200]}.", "namespace": namespace},
                  "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": namespace,
                                     "name": name, "uid": uid},
                  "reason": reason, "message": message[:1000], "type": "Warning",
                  "source": {"component": scheduler_name()}, "reportingComponent": scheduler_name(),
                  "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
-        self._call(self.core.create_namespaced_event, namespace, event, ok=(403, 404))
+        self._call(self.core.create_namespaced_event, namespace, body, ok=(403, 404))
 
     def bind_external_pod(self, spec: PodSpec, uid: str) -> None:
         """Place an external pod Camp did not create (issue 34) as it places its own: Camp's

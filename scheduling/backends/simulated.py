@@ -183,7 +183,8 @@ class SimulatedBackend:
     def external_pod_exists(self, namespace: str, name: str, uid: str) -> bool:
         return False
 
-    def tell_pod(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+    def tell_pod(self, namespace: str, name: str, uid: str, reason: str, message: str, *,
+                 event: bool = True) -> None:
         return None
 
     def bind_external_pod(self, spec: PodSpec, uid: str) -> None:

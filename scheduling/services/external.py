@@ -156,18 +156,21 @@ def _job_name(base: str, uid: str) -> str:
     return f"{slug}-{hashlib.sha256(uid.encode()).hexdigest()[:8]}"
 
 
-def _told_already(pod: Any, reason: str, message: str) -> bool:
-    for c in (pod.status.conditions if pod.status else None) or []:
-        if c.type == "PodScheduled" and c.reason == reason and (c.message or "") == message[:1000]:
-            return True
-    return False
+def _condition(pod: Any) -> Any:
+    return next((c for c in (pod.status.conditions if pod.status else None) or []
+                 if c.type == "PodScheduled"), None)
 
 
 def _tell(backend: Any, pod: Any, reason: str, message: str) -> None:
-    if _told_already(pod, reason, message):
+    """The pod's condition follows the message; an Event only when the reason changes (a
+    queued job's words change as the queue moves: one Event, not one per cycle)."""
+    said = _condition(pod)
+    if said is not None and said.reason == reason and (said.message or "") == message[:1000]:
         return
+    event = said is None or said.reason != reason
     try:
-        backend.tell_pod(pod.metadata.namespace, pod.metadata.name, pod.metadata.uid, reason, message)
+        backend.tell_pod(pod.metadata.namespace, pod.metadata.name, pod.metadata.uid, reason, message,
+                         event=event)
     except BackendError as exc:
         logger.info("could not tell pod %s/%s why: %s", pod.metadata.namespace, pod.metadata.name, exc)
 

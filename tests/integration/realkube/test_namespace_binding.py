@@ -36,7 +36,29 @@ def _condition(core: Any, ns: str, name: str) -> Any:
     return next((c for c in (pod.status.conditions or []) if c.type == "PodScheduled"), None)
 
 
-def test_binding_needs_both_sides_and_external_pods_follow_it(world: Any, kube: Any) -> None:
+def _cli(world: Any, live_server: Any, tmp_path: Any) -> Any:
+    """``camp`` as the project admin, through the API of a live server."""
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    from tenants import services as tenant_services
+
+    _, token = tenant_services.token_create(actor=world.a.project_admin, name="cli")
+    env = {**os.environ, "CAMP_URL": live_server.url, "CAMP_TOKEN": token,
+           "CAMP_CONFIG": str(tmp_path / "config.json")}
+
+    def camp(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "camp_cli", *args], env=env, cwd=settings.BASE_DIR,
+                              capture_output=True, text=True, timeout=60)
+    return camp
+
+
+def test_binding_needs_both_sides_and_external_pods_follow_it(world: Any, kube: Any, live_server: Any,
+                                                               tmp_path: Any) -> None:
+    camp = _cli(world, live_server, tmp_path)
     kube.node("gpu-a", devices=hami_devices(2))
     cluster = kube.register(world)
     core = kube.core
@@ -61,9 +83,12 @@ def test_binding_needs_both_sides_and_external_pods_follow_it(world: Any, kube: 
     assert client_for(world.a.member).post(bindings, body, format="json").status_code == 403
     assert client_for(world.b.project_admin).post("/api/v1/namespace-bindings/", body,
                                                   format="json").status_code == 400
-    r = padmin.post("/api/v1/namespace-bindings/", body, format="json")
-    assert r.status_code == 201, r.content
-    binding = NamespaceBinding.objects.get(pk=r.json()["id"])
+    project = f"{world.a.tenant.name}/{world.a.project.name}"
+    done = camp("ns", "bind", cluster.name, "team-b", "--project", project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    binding = NamespaceBinding.objects.get(cluster=cluster, namespace="team-b")
+    assert (binding.project, binding.created_by) == (world.a.project, world.a.project_admin)
+    assert f"{binding.pk}\t{cluster.name}/team-b" in camp("ns", "ls").stdout
     assert AuditEvent.objects.filter(action="namespace.bound", target_id=str(binding.pk)).exists()
     rbac = k8s.RbacAuthorizationV1Api(kube.server.client())
     grant = rbac.read_namespaced_role_binding("camp-agent", "team-b")
@@ -112,8 +137,9 @@ def test_binding_needs_both_sides_and_external_pods_follow_it(world: Any, kube: 
     _pod(core, "team-b", "later")
     services.external_pods_sync(cluster=cluster)
     waiting = ExternalPod.objects.get(name="later").job
-    r = padmin.delete(f"/api/v1/namespace-bindings/{binding.pk}/")
-    assert r.status_code == 204, r.content
+    assert client_for(world.a.member).delete(f"{bindings}{binding.pk}/").status_code == 403
+    done = camp("ns", "unbind", str(binding.pk))
+    assert done.returncode == 0, done.stdout + done.stderr
     assert Job.objects.get(pk=waiting.pk).state == "cancelled"
     assert Job.objects.get(pk=job.pk).state in ("starting", "running")
     assert core.read_namespaced_pod("frac", "team-b").spec.node_name == "gpu-a"
