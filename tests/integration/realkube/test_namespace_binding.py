@@ -89,6 +89,12 @@ def test_binding_needs_both_sides_and_external_pods_follow_it(world: Any, kube: 
     binding = NamespaceBinding.objects.get(cluster=cluster, namespace="team-b")
     assert (binding.project, binding.created_by) == (world.a.project, world.a.project_admin)
     assert f"{binding.pk}\t{cluster.name}/team-b" in camp("ns", "ls").stdout
+    # The console shows it to the project's members, not to another tenant's.
+    page = client_for(world.a.member).get("/scheduling/namespaces/").content.decode()
+    assert f'id="binding-{binding.pk}"' in page and "Unbind" not in page
+    assert f'id="binding-{binding.pk}"' not in client_for(world.b.owner).get(
+        "/scheduling/namespaces/").content.decode()
+    assert client_for(world.b.owner).post(f"/scheduling/namespaces/{binding.pk}/unbind/").status_code == 404
     assert AuditEvent.objects.filter(action="namespace.bound", target_id=str(binding.pk)).exists()
     rbac = k8s.RbacAuthorizationV1Api(kube.server.client())
     grant = rbac.read_namespaced_role_binding("camp-agent", "team-b")
