@@ -33,6 +33,12 @@ LABEL_BOUND_PROJECT = "camp.io/bound-project-id"
 """On a namespace Camp did not create, bound to a project (issue 34): that project's id."""
 LABEL_EXTERNAL = "camp.io/external"
 """On a pod Camp did not create and has adopted as an ``external`` job's pod (issue 34)."""
+
+
+def left_to_owner(pod: Any) -> bool:
+    """A finished pod Camp did not create (an external job's, issue 34): its owner (a Job, a
+    user) reads and deletes it; Camp only deletes live ones (preemption, eviction, cancel)."""
+    return pod.labels.get(LABEL_EXTERNAL) == "true" and pod.phase in ("Succeeded", "Failed")
 """On a job's pods: the job's attempt (``Job.attempts``) that created them. Pod names repeat
 across attempts; this (with the placement, ``KubernetesBackend._same_placement``) tells which
 attempt a pod is, and HAMi never rewrites it (its device plugin does rewrite

@@ -37,6 +37,7 @@ from ..backends.base import (
     NamespaceSpec,
     PodSpec,
     SliceSpec,
+    left_to_owner,
 )
 from ..backends.naming import job_object_name, namespace_name
 from ..extensions import apply_job_spec_hooks
@@ -447,13 +448,16 @@ def job_stop(*, job_id: int, attempt: int | None = None, queued: bool = False) -
     gone, unreachable = _on_dead_nodes(allocs), _on_unreachable_nodes(allocs)
     _keep_log_tails(backend, job, ns, [a for a in allocs if a.node.ready and a.node.present])
     listed = {p.name: p for p in backend.list_pods() if p.namespace == ns and p.name in names}
+    kept = {name for name, p in listed.items() if left_to_owner(p)}  # finished, not Camp's pods
     for name in names:
         pod = listed.get(name)
         if pod is not None and pod.labels.get(LABEL_ATTEMPT, str(job.attempts)) != str(job.attempts):
             continue  # another attempt's pod of the same name: not this stop's
+        if name in kept:
+            continue
         if pod is not None or name in gone:
             backend.delete_pod(ns, name, grace_seconds=0 if name in gone else 30)
-    remaining = ({p.name for p in backend.list_pods()} & set(names)) - gone - unreachable
+    remaining = ({p.name for p in backend.list_pods()} & set(names)) - gone - unreachable - kept
     if remaining or not _pods_gone(job_id):
         # The reconcile task releases once the pods are gone (or the dispatch in flight,
         # finding the job stopped, stops it again).

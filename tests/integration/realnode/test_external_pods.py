@@ -173,3 +173,34 @@ def test_a_gang_is_bound_all_or_nothing(camp_node: Any, world: Any, tmp_path: Pa
              "both gang pods to be bound and run", timeout=180)
         assert sorted(p for p, _ in plugin.allocations) == ["g1-a", "g1-b", "solo"]
         assert not plugin.errors, plugin.errors
+
+
+def test_a_batch_job_whose_pods_name_camp_runs_to_completion(camp_node: Any, world: Any,
+                                                           tmp_path: Path) -> None:
+    """A ``batch/v1`` Job (the real kube-controller-manager makes its pod) whose template names
+    Camp's scheduler: its pod is queued as an external job naming its owner, bound by Camp, and
+    the Job completes."""
+    from scheduling import services
+
+    node = camp_node.node
+    with HamiNodePlugin(node.core, node.node_name, cards=2, sharers=10) as plugin:
+        wait_advertised(node.core, node.node_name, 20)
+        services.inventory_sync(cluster=camp_node.cluster)
+        node.kubectl_run("create", "namespace", "team-j")
+        _bind(world, node, "team-j")
+        template = _pod("unused", "team-j")
+        template["spec"]["containers"][0]["command"] = ["sh", "-c", "echo done"]
+        _apply(node, tmp_path, {"apiVersion": "batch/v1", "kind": "Job",
+                                "metadata": {"name": "train", "namespace": "team-j"},
+                                "spec": {"backoffLimit": 0, "template": {"spec": template["spec"]}}})
+
+        def complete() -> bool:
+            from kubernetes import client as k8s
+
+            job = k8s.BatchV1Api(node.admin()).read_namespaced_job("train", "team-j")
+            return bool(job.status.succeeded)
+        wait(complete, "the Job to complete on a pod Camp bound", timeout=240)
+        row = ExternalPod.objects.select_related("job").get(namespace="team-j")
+        assert (row.owner_kind, row.owner_name, row.service_account) == ("Job", "train", "default")
+        assert [p for p, _ in plugin.allocations] == [row.name]
+        wait(lambda: Job.objects.get(pk=row.job_id).state == "succeeded", "Camp's job to succeed")
