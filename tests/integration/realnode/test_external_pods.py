@@ -111,7 +111,7 @@ def test_plain_pods_queue_behind_the_quota_and_are_bound_by_camp(camp_node: Any,
         r = client_for(world.a.member).get(f"/api/v1/jobs/{second.pk}/")
         assert r.status_code == 200, r.content
         data = r.json()
-        assert data["state"] == "queued" and "quota" in data["reason"].lower(), data["reason"]
+        assert data["state"] == "queued" and "GPU memory limit" in data["reason"], data["reason"]
         assert data["kubernetes_pods"][0]["name"] == "second"
         assert data["kubernetes_pods"][0]["namespace"] == "team-a"
         assert _condition(_read(node, "team-a", "second")).message.startswith(f"Camp job {second.pk}: ")
