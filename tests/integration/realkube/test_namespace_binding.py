@@ -71,7 +71,7 @@ def test_binding_needs_both_sides_and_external_pods_follow_it(world: Any, kube: 
     r = padmin.post("/api/v1/namespace-bindings/", body, format="json")
     assert r.status_code == 400, r.content
     said = r.json()["namespace"][0]
-    labels = dict(kv.split("=", 1) for kv in said.split(" team-b ", 1)[1].split())
+    labels = dict(kv.split("=", 1) for kv in said.split("kubectl label namespace team-b ", 1)[1].split())
     assert labels["camp.io/bound-project-id"] == str(world.a.project.pk)
     # Labelled for another project: refused too.
     core.patch_namespace("team-b", {"metadata": {"labels": {**labels, "camp.io/bound-project-id": "999999"}}})
