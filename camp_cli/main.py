@@ -443,6 +443,43 @@ def rm(ctx: click.Context, job: str, yes: bool) -> None:
 # --- model services ------------------------------------------------------------------------------
 
 
+@cli.group(name="ns")
+def ns() -> None:
+    """Kubernetes namespaces bound to a project (pods there naming Camp's scheduler queue as its jobs)."""
+
+
+@ns.command(name="bind")
+@click.argument("cluster")
+@click.argument("namespace")
+@click.option("--project", required=True, help="tenant/project (you are its admin)")
+@click.pass_context
+def ns_bind(ctx: click.Context, cluster: str, namespace: str, project: str) -> None:
+    """Bind NAMESPACE of CLUSTER to a project. The namespace must carry Camp's labels first:
+    if it does not, the answer says which (``kubectl label namespace ...``)."""
+    api = _api(ctx)
+    done = api.call("POST", "namespace-bindings/", json={
+        "cluster": cluster, "namespace": namespace, "project": _project_id(api, project)})
+    click.echo(f"{done['cluster']}/{done['namespace']}: bound (binding {done['id']})")
+
+
+@ns.command(name="ls")
+@click.pass_context
+def ns_ls(ctx: click.Context) -> None:
+    """The namespace bindings you can see."""
+    for b in _api(ctx).items("namespace-bindings/"):
+        who = b["created_by"] or ""
+        click.echo(f"{b['id']}\t{b['cluster']}/{b['namespace']}\tproject {b['project']}\t{who}")
+
+
+@ns.command(name="unbind")
+@click.argument("binding", type=int)
+@click.pass_context
+def ns_unbind(ctx: click.Context, binding: int) -> None:
+    """Unbind (its waiting pods are not admitted; running ones are left alone)."""
+    _api(ctx).call("DELETE", f"namespace-bindings/{binding}/")
+    click.echo(f"binding {binding}: removed")
+
+
 @cli.group()
 def serve() -> None:
     """Model services: online inference replicas, autoscaled, beside training."""

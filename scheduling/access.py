@@ -27,10 +27,12 @@ from tenants.permissions import (
 from .models import (
     Allocation,
     Cluster,
+    ExternalPod,
     GpuDevice,
     GpuSlice,
     Installation,
     Job,
+    NamespaceBinding,
     Node,
     NodePool,
     PodGroup,
@@ -76,6 +78,10 @@ def register_rules() -> None:
     for model in bookkeeping:
         register(model, Internal("the scheduler's bookkeeping, shown only within its job"))
     register(ProjectNamespace, Internal("named by the scheduler; shown within jobs"))
+    # A namespace bound to a project (issue 34): its members see it, its admins bind and unbind.
+    register(NamespaceBinding, ProjectScoped(view=PROJECT_MEMBER, create=PROJECT_ADMIN,
+                                             change=PROJECT_ADMIN, delete=PROJECT_ADMIN))
+    register(ExternalPod, Internal("the pods of an external job, shown within its job"))
     register(SimulatedPod, Internal("the simulated backend's stand-in for a cluster's pods"))
     # A finished pod's last lines: read by whoever reads its job (served within the job's logs).
     register(PodLogTail, ProjectScoped(project="job__project", tenant="job__tenant",

@@ -709,3 +709,61 @@ class SimulatedPod(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["cluster", "namespace", "name"], name="simpod_unique")
         ]
+
+
+EXTERNAL_KIND = "external"
+"""``Job.kind`` of a job made from pods Camp did not create (issue 34): pods naming Camp's
+scheduler in a namespace bound to a project (``NamespaceBinding``)."""
+
+
+class NamespaceBinding(models.Model):
+    """A Kubernetes namespace Camp did not create, bound by a project admin to that project
+    (issue 34): pods there that name Camp's scheduler become the project's ``external`` jobs.
+    Recorded on the namespace too, by labels Camp owns (``camp.io/bound-project-id``,
+    ``camp.io/installation``), so one namespace is bound to one project of one installation.
+    Deleting the row (unbinding) stops new admissions; running pods are left alone."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="bindings")
+    namespace = models.CharField(max_length=63, validators=[slug_validator])
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE,
+                                related_name="namespace_bindings")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster__name", "namespace"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "namespace"], name="namespace_bound_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.namespace}"
+
+
+class ExternalPod(models.Model):
+    """One pod of an ``external`` job: the Kubernetes pod it stands for (its UID, so a new pod
+    of the same name is another job), and which replica of the job's pod group it is."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="external_pods")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64)
+    replica = models.PositiveIntegerField(default=0)
+    owner_kind = models.CharField(max_length=63, blank=True)
+    owner_name = models.CharField(max_length=253, blank=True)
+    service_account = models.CharField(max_length=253, blank=True)
+    pod_group = models.CharField(max_length=253, blank=True)
+    told = models.CharField(max_length=500, blank=True,
+                            help_text="The reason last written on the pod (Event and condition).")
+
+    class Meta:
+        ordering = ["job_id", "replica"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "uid"], name="external_pod_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"

@@ -237,3 +237,58 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponseBase:
     else:
         messages.success(request, f"Job {job.name} cancelled.")
     return redirect("scheduling:job", pk=job.pk)
+
+
+class NamespaceBindForm(forms.Form):
+    project = forms.TypedChoiceField(coerce=int, choices=())
+    cluster = forms.ChoiceField(choices=())
+    namespace = forms.CharField(max_length=63)
+
+    def __init__(self, *args: Any, projects: list[tuple[int, str]], clusters: list[str], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.fields["project"].choices = projects  # type: ignore[attr-defined]
+        self.fields["cluster"].choices = [(c, c) for c in clusters]  # type: ignore[attr-defined]
+
+
+@login_required
+def namespace_bindings(request: HttpRequest) -> HttpResponseBase:
+    """Namespaces bound to projects (issue 34): the reader's, and a form for the projects they
+    administer (docs/KUBERNETES.md, "Routing existing workloads to Camp")."""
+    from tenants.models import Project
+
+    from .models import Backend, NamespaceBinding
+
+    user = actor_of(request)
+    projects = [(p.pk, f"{p.tenant.name}/{p.name}")
+                for p in restrict(Project.objects.select_related("tenant"), request.user)
+                if can(user, CREATE, NamespaceBinding(project=p, tenant=p.tenant))]
+    clusters = list(restrict(Cluster.objects.filter(backend=Backend.KUBERNETES, enabled=True), request.user)
+                    .values_list("name", flat=True))
+    form = NamespaceBindForm(request.POST or None, projects=projects, clusters=clusters)
+    if request.method == "POST" and form.is_valid():
+        project = Project.objects.select_related("tenant").get(pk=form.cleaned_data["project"])
+        try:
+            services.namespace_bind(actor=user, project=project, namespace=form.cleaned_data["namespace"],
+                                    cluster=Cluster.objects.get(name=form.cleaned_data["cluster"]))
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"Namespace {form.cleaned_data['namespace']} bound.")
+            return redirect("scheduling:namespaces")
+    rows = [{"b": b, "can_delete": can(user, "delete", b)}
+            for b in restrict(NamespaceBinding.objects.select_related("cluster", "project", "tenant",
+                                                                      "created_by"), request.user)]
+    return render(request, "scheduling/namespaces.html",
+                  {"rows": rows, "form": form, "can_bind": bool(projects and clusters)})
+
+
+@login_required
+@require_POST
+def namespace_unbind(request: HttpRequest, pk: int) -> HttpResponseBase:
+    from .models import NamespaceBinding
+
+    rows = NamespaceBinding.objects.select_related("cluster", "project", "tenant")
+    binding = get_object_or_404(restrict(rows, request.user), pk=pk)
+    services.namespace_unbind(actor=actor_of(request), binding=binding)
+    messages.success(request, f"Namespace {binding.namespace} unbound.")
+    return redirect("scheduling:namespaces")

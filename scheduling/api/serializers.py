@@ -15,8 +15,10 @@ from ..models import (
     Allocation,
     Backend,
     Cluster,
+    ExternalPod,
     GpuDevice,
     Job,
+    NamespaceBinding,
     Node,
     NodePool,
     PodGroup,
@@ -293,6 +295,29 @@ class ClusterSetbackSerializer(serializers.Serializer[Any]):
     failures = serializers.IntegerField(help_text="Failed dispatches there (0 for a refusal).")
 
 
+class NamespaceBindingSerializer(serializers.ModelSerializer[NamespaceBinding]):
+    """A Kubernetes namespace Camp did not create, bound to a project (issue 34): pods there
+    that name Camp's scheduler are queued as the project's ``external`` jobs."""
+
+    cluster = VisibleClusterField(slug_field="name", queryset=Cluster.objects.all())
+    project = VisiblePKField(queryset=Project.objects.select_related("tenant"))
+    tenant = serializers.CharField(source="tenant.name", read_only=True)
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = NamespaceBinding
+        fields = ["id", "cluster", "namespace", "project", "tenant", "created_by", "created_at"]
+        read_only_fields = ["id", "tenant", "created_by", "created_at"]
+        validators: list[Any] = []
+
+
+class ExternalPodSerializer(serializers.ModelSerializer[ExternalPod]):
+    class Meta:
+        model = ExternalPod
+        fields = ["namespace", "name", "uid", "owner_kind", "owner_name", "service_account", "pod_group"]
+        read_only_fields = fields
+
+
 class JobSerializer(serializers.ModelSerializer[Job]):
     project = VisiblePKField(queryset=Project.objects.select_related("tenant"))
     cluster = VisibleClusterField(
@@ -326,6 +351,10 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     reason_stale = serializers.SerializerMethodField(
         help_text="A waiting job: its reason may be out of date (its cluster has not recomputed "
                   "it within SCHEDULER_REASON_STALE_SECONDS, or takes no new work).")
+    kubernetes_pods = ExternalPodSerializer(
+        source="external_pods", many=True, read_only=True,
+        help_text="External jobs (kind external): the Kubernetes pods they stand for, with their "
+                  "owner (Job, ReplicaSet), service account and pod group.")
 
     class Meta:
         model = Job
@@ -337,7 +366,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
                   "groups", "state", "reason", "reason_kind", "reason_as_of", "reason_stale",
                   "why_across_clusters", "queue_position", "queue_length",
                   "preempted_by", "attempts", "submitted_at", "admitted_at", "started_at",
-                  "finished_at", "allocations", "last_decision"]
+                  "finished_at", "allocations", "last_decision", "kubernetes_pods"]
         read_only_fields = ["id", "tenant", "owner", "floating", "priority", "state", "reason", "reason_kind",
                             "queue_position", "queue_length", "preempted_by", "attempts",
                             "submitted_at", "admitted_at", "started_at", "finished_at"]

@@ -19,7 +19,17 @@ from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import CHANGE, CREATE, actor_of
 
 from .. import selectors, services
-from ..models import Allocation, Cluster, GpuDevice, GpuSlice, Job, Node, NodePool, SchedulingDecision
+from ..models import (
+    Allocation,
+    Cluster,
+    GpuDevice,
+    GpuSlice,
+    Job,
+    NamespaceBinding,
+    Node,
+    NodePool,
+    SchedulingDecision,
+)
 from .serializers import (
     ClusterSerializer,
     DecisionSerializer,
@@ -27,6 +37,7 @@ from .serializers import (
     JobBulkResultSerializer,
     JobBulkSerializer,
     JobSerializer,
+    NamespaceBindingSerializer,
     NodePoolSerializer,
     NodeSerializer,
     QuarantineSerializer,
@@ -168,6 +179,29 @@ class NodePoolViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.Retri
 
 
 @extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class NamespaceBindingViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                              mixins.CreateModelMixin, mixins.DestroyModelMixin, CampViewSet):
+    """Namespaces Camp did not create, bound to a project by its admins (issue 34): pods there
+    naming Camp's scheduler are queued, shared and placed as the project's ``external`` jobs.
+    Unbinding stops admitting them; running pods are left alone. docs/KUBERNETES.md."""
+
+    model = NamespaceBinding
+    serializer_class = NamespaceBindingSerializer
+    filterset_fields = ["cluster", "project", "namespace"]
+    ordering_fields = ["namespace", "created_at"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().select_related("cluster", "tenant", "created_by")
+
+    def perform_create(self, serializer: Any) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = services.namespace_bind(actor=actor_of(self.request), **data)
+
+    def perform_destroy(self, instance: NamespaceBinding) -> None:
+        services.namespace_unbind(actor=actor_of(self.request), binding=instance)
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
 class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                  mixins.CreateModelMixin, CampViewSet):
     """Jobs: submit, follow (state, reason, queue position, decisions) and cancel."""
@@ -181,7 +215,7 @@ class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveMo
 
     def get_queryset(self) -> QuerySet[Any]:
         return selectors.job_list(user=self.request.user).prefetch_related(
-            "groups",
+            "groups", "external_pods",
             Prefetch("allocations", queryset=Allocation.objects.select_related("node", "group")
                      .prefetch_related(Prefetch("slices", queryset=GpuSlice.objects.select_related("gpu")))),
             # the latest decision of each job on the page, in one query (a sliced prefetch)

@@ -29,6 +29,16 @@ LABEL_INSTALLATION = "camp.io/installation"
 LABEL_REGISTRATION = "camp.io/registration"
 """On everything Camp creates: the cluster registration (``Cluster`` id) that created it."""
 LABEL_ATTEMPT = "camp.io/attempt"
+LABEL_BOUND_PROJECT = "camp.io/bound-project-id"
+"""On a namespace Camp did not create, bound to a project (issue 34): that project's id."""
+LABEL_EXTERNAL = "camp.io/external"
+"""On a pod Camp did not create and has adopted as an ``external`` job's pod (issue 34)."""
+
+
+def left_to_owner(pod: Any) -> bool:
+    """A finished pod Camp did not create (an external job's, issue 34): its owner (a Job, a
+    user) reads and deletes it; Camp only deletes live ones (preemption, eviction, cancel)."""
+    return pod.labels.get(LABEL_EXTERNAL) == "true" and pod.phase in ("Succeeded", "Failed")
 """On a job's pods: the job's attempt (``Job.attempts``) that created them. Pod names repeat
 across attempts; this (with the placement, ``KubernetesBackend._same_placement``) tells which
 attempt a pod is, and HAMi never rewrites it (its device plugin does rewrite
@@ -312,6 +322,20 @@ class ClusterBackend(Protocol):
     def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 30, uid: str = "") -> None:
         """Delete the pod (idempotent); with ``uid``, only if it is still that pod."""
         ...
+
+    # Pods Camp did not create (issue 34; only a Kubernetes cluster has them).
+    def bind_namespace(self, namespace: str, project_id: int) -> None: ...
+
+    def namespace_still_bound(self, namespace: str, project_id: int) -> bool: ...
+
+    def list_waiting_external_pods(self) -> list[Any]: ...
+
+    def external_pod_exists(self, namespace: str, name: str, uid: str) -> bool: ...
+
+    def tell_pod(self, namespace: str, name: str, uid: str, reason: str, message: str, *,
+                 event: bool = True) -> None: ...
+
+    def bind_external_pod(self, spec: PodSpec, uid: str) -> None: ...
 
     def delete_job_objects(self, namespace: str, name: str) -> None:
         """Delete the job's ConfigMap, headless Service and owned extras (idempotent)."""

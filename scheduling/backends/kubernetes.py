@@ -49,6 +49,8 @@ from ..models import Cluster, installation_id
 from .base import (
     ADMISSION_ERROR,
     LABEL_ATTEMPT,
+    LABEL_BOUND_PROJECT,
+    LABEL_EXTERNAL,
     LABEL_INSTALLATION,
     LABEL_JOB_ID,
     LABEL_JOB_OBJECT,
@@ -663,6 +665,118 @@ class KubernetesBackend:
                                    f"{WORKLOADS_ROLE} did not take effect within "
                                    f"{GRANT_WAIT_SECONDS} s", retryable=True)
             self.sleep(0.1)
+
+    # -- namespaces bound to a project, and the pods there that name Camp (issue 34) ------------
+
+    def binding_labels(self, project_id: int) -> dict[str, str]:
+        """The labels that say, on a namespace, that it is bound to ``project_id`` of this
+        installation and registration (issue 34). The cluster's side writes them (Camp may
+        not relabel namespaces: REQUIRED_ACCESS), Camp's project admin binds in Camp: both
+        sides consent, so no project admin can take a namespace of someone else."""
+        return {LABEL_BOUND_PROJECT: str(project_id), **self.owner}
+
+    def bind_namespace(self, namespace: str, project_id: int) -> None:
+        """Check that the namespace carries ``binding_labels(project_id)`` (and is not one
+        of Camp's own), then grant Camp its workload rights there (``_grant_workloads``).
+        Refused, in words with the ``kubectl label`` to run: no such namespace, one of Camp's
+        own, one labelled for another installation, registration or project, or unlabelled."""
+        existing = self._call(self.core.read_namespace, namespace, ok=(404,))
+        if existing is None:
+            raise BackendError(f"There is no namespace {namespace} in this cluster", status=404)
+        if not self.namespace_bound(existing, project_id):
+            raise BackendError(self.binding_refusal(existing, project_id), status=409)
+        self._grant_workloads(namespace)
+
+    def namespace_bound(self, ns: Any, project_id: int) -> bool:
+        have = ns.metadata.labels or {}
+        if have.get(MANAGED_BY) == "camp":
+            return False  # one Camp created for a project: never an external namespace
+        return all(have.get(k) == v for k, v in self.binding_labels(project_id).items())
+
+    def binding_refusal(self, ns: Any, project_id: int) -> str:
+        have = ns.metadata.labels or {}
+        name = ns.metadata.name
+        if have.get(MANAGED_BY) == "camp":
+            return f"Namespace {name} is one Camp created; only namespaces Camp did not create are bound"
+        want = self.binding_labels(project_id)
+        bound = have.get(LABEL_BOUND_PROJECT)
+        if bound is not None and have.get(LABEL_INSTALLATION) not in (None, want[LABEL_INSTALLATION]):
+            return (f"Namespace {name} is bound to a project of another Camp installation "
+                    f"({LABEL_INSTALLATION}={have.get(LABEL_INSTALLATION)})")
+        if bound is not None and bound != str(project_id):
+            return f"Namespace {name} is bound to another project ({LABEL_BOUND_PROJECT}={bound})"
+        labels = " ".join(f"{k}={v}" for k, v in want.items())
+        return (f"Namespace {name} does not carry this binding's labels; whoever administers it in "
+                f"the cluster runs: kubectl label namespace {name} {labels}")
+
+    def namespace_still_bound(self, namespace: str, project_id: int) -> bool:
+        """The namespace still carries the binding's labels (the cluster's side may withdraw)."""
+        existing = self._call(self.core.read_namespace, namespace, ok=(404,))
+        return existing is not None and self.namespace_bound(existing, project_id)
+
+    def list_waiting_external_pods(self) -> list[Any]:
+        """Pods that name Camp's scheduler, are not bound to a node and were not created by
+        Camp (external pods, issue 34), in every namespace."""
+        result = self._call(self.core.list_pod_for_all_namespaces,
+                            field_selector=f"spec.schedulerName={scheduler_name()},spec.nodeName=")
+        assert result is not None
+        return [p for p in result.items
+                if not (self.own(p.metadata.labels) and not (p.metadata.labels or {}).get(LABEL_EXTERNAL))]
+
+    def external_pod_exists(self, namespace: str, name: str, uid: str) -> bool:
+        pod = self._call(self.core.read_namespaced_pod, name, namespace, ok=(404,))
+        return pod is not None and pod.metadata.uid == uid and not pod.metadata.deletion_timestamp
+
+    def tell_pod(self, namespace: str, name: str, uid: str, reason: str, message: str, *,
+                 event: bool = True) -> None:
+        """Say why Camp does not bind a pod, where ``kubectl describe pod`` shows it: the pod's
+        ``PodScheduled`` condition (False, as kube-scheduler writes it for a pod it cannot
+        place) and, with ``event``, a Warning Event (reason ``reason``)."""
+        now = dt.datetime.now(dt.UTC)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._call(self.core.patch_namespaced_pod_status, name, namespace, {"status": {"conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": reason, "message": message[:1000],
+            "lastTransitionTime": stamp}]}}, ok=(404,))
+        if not event:
+            return
+        body = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"generateName": f"{name[:200]}.", "namespace": namespace},
+                 "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": namespace,
+                                    "name": name, "uid": uid},
+                 "reason": reason, "message": message[:1000], "type": "Warning",
+                 "source": {"component": scheduler_name()}, "reportingComponent": scheduler_name(),
+                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
+        self._call(self.core.create_namespaced_event, namespace, body, ok=(403, 404))
+
+    def bind_external_pod(self, spec: PodSpec, uid: str) -> None:
+        """Place an external pod Camp did not create (issue 34) as it places its own: Camp's
+        labels (so its watch follows the pod) and, on a HAMi node, HAMi's device annotations,
+        then the bind (HAMi's handshake on a HAMi node). The pod's spec is never edited. A pod
+        gone, or replaced by another of its name, raises (not retryable)."""
+        pod = self._call(self.core.read_namespaced_pod, spec.name, spec.namespace, ok=(404,))
+        if pod is None or pod.metadata.deletion_timestamp or pod.metadata.uid != uid:
+            raise BackendError(f"Pod {spec.namespace}/{spec.name} is gone", status=404)
+        node = self._call(self.core.read_node, spec.node, ok=(404,))
+        if node is None:
+            raise BackendError(f"Node {spec.node} is gone from the cluster")
+        hami = bool(spec.slices) and bool(
+            (node.metadata.annotations or {}).get(vendor(spec.slices[0].vendor).register_annotation))
+        if pod.spec.node_name:
+            if hami and (pod.metadata.annotations or {}).get(BIND_PHASE) == "allocating":
+                self._hami_conclude(spec, pod)
+            return
+        annotations: dict[str, str] = {}
+        if hami:
+            v = vendor(spec.slices[0].vendor)
+            encoded = encode_devices(spec.slices)
+            annotations = {"hami.io/vgpu-node": spec.node, "hami.io/vgpu-time": str(int(time.time())),
+                           v.allocate_annotation: encoded, v.allocated_annotation: encoded}
+        self._call(self.core.patch_namespaced_pod, spec.name, spec.namespace, {"metadata": {
+            "labels": {**spec.labels, **self.owner}, "annotations": annotations}})
+        if hami:
+            self._hami_bind(spec)
+        else:
+            self._bind(spec)
 
     def ensure_job_objects(self, objs: JobObjects) -> str:
         """The job's ConfigMap (its pods' owner), for a distributed job its headless Service
@@ -1405,6 +1519,9 @@ REQUIRED_ACCESS: dict[str, tuple[Access, ...]] = {
         *((v, "", "nodes", "") for v in ("get", "list", "watch", "patch")),
         *((v, "", "namespaces", "") for v in ("get", "create")),
         *((v, "", "pods", "") for v in ("get", "list", "watch")),
+        # why a pod naming Camp's scheduler is not bound, in any namespace (issue 34)
+        ("patch", "", "pods/status", ""),
+        ("create", "", "events", ""),
         ("list", "", "configmaps", ""),
         ("list", "", "services", ""),
         ("list", "networking.k8s.io", "ingresses", ""),

@@ -170,6 +170,26 @@ class SimulatedBackend:
     def delete_job_objects(self, namespace: str, name: str) -> None:
         return None
 
+    # A simulated cluster has no pods Camp did not create (issue 34): nothing to bind.
+    def bind_namespace(self, namespace: str, project_id: int) -> None:
+        raise BackendError("A simulated cluster has no namespaces of its own to bind", status=400)
+
+    def namespace_still_bound(self, namespace: str, project_id: int) -> bool:
+        return False
+
+    def list_waiting_external_pods(self) -> list[Any]:
+        return []
+
+    def external_pod_exists(self, namespace: str, name: str, uid: str) -> bool:
+        return False
+
+    def tell_pod(self, namespace: str, name: str, uid: str, reason: str, message: str, *,
+                 event: bool = True) -> None:
+        return None
+
+    def bind_external_pod(self, spec: PodSpec, uid: str) -> None:
+        raise BackendError(f"Pod {spec.namespace}/{spec.name} is not in a simulated cluster", status=404)
+
     def list_job_objects(self) -> list[tuple[str, str, int]]:
         return []  # per-job objects are implicit in the simulation
 

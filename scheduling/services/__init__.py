@@ -104,6 +104,7 @@ from .dispatch import (
     namespace_spec,
     project_namespace_ensure,
 )
+from .external import external_pods_sync, namespace_bind, namespace_unbind
 from .inventory import (
     _GPU_SYNCED,
     _NODE_SYNCED,
@@ -310,4 +311,7 @@ __all__ = [
     "_update_phases",
     "_end",
     "_stop_after_commit_now",
+    "external_pods_sync",
+    "namespace_bind",
+    "namespace_unbind",
 ]

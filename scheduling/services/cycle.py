@@ -26,9 +26,11 @@ from tenants.audit import audit_batch
 from .. import selectors, signals
 from ..backends.naming import pod_name
 from ..models import (
+    EXTERNAL_KIND,
     Allocation,
     Cluster,
     DecisionKind,
+    ExternalPod,
     GpuDevice,
     GpuSlice,
     Job,
@@ -641,9 +643,12 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
             cluster=cluster, project_id__in={job.project_id for job, _, _ in accepted})
             .values_list("project_id", "name"))
     for job, _, _ in accepted:
-        if job.project_id not in namespaces:
+        if job.project_id not in namespaces and job.kind != EXTERNAL_KIND:
             namespaces[job.project_id] = project_namespace_ensure(
                 cluster=inputs.cluster or job.placed_cluster, project=job.project)
+    # External jobs (issue 34): their pods exist already, in the namespace bound to the project.
+    external = {(e.job_id, e.replica): e.name for e in ExternalPod.objects.filter(
+        job_id__in=[job.pk for job, _, _ in accepted if job.kind == EXTERNAL_KIND])}
     allocs: list[tuple[Allocation, E.PodPlacement]] = []
     for job, placement, _ in accepted:
         groups = inputs.groups[job.pk]
@@ -651,7 +656,8 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
             group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
             allocs.append((Allocation(
                 cluster_id=job.placed_cluster_id, job=job, group_id=groups[group_name], replica=int(replica),
-                pod_name=pod_name(job.name, job.pk, group_name, int(replica)),
+                pod_name=external.get((job.pk, int(replica))) or pod_name(job.name, job.pk, group_name,
+                                                                           int(replica)),
                 node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
             ), pp))
     Allocation.objects.bulk_create([a for a, _ in allocs], batch_size=2000)
@@ -671,7 +677,9 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
     for i, (job, placement, status) in enumerate(accepted):
         pj = _placement_json(placement)
         moves.append(Move(job, ADMITTED_REASON, (now + dt.timedelta(microseconds=i), status.kind,
-                                                 attempts[job.pk] + 1, namespaces[job.project_id]),
+                                                 attempts[job.pk] + 1,
+                                                 job.namespace if job.kind == EXTERNAL_KIND
+                                                 else namespaces[job.project_id]),
             said=_admit_reason(placement), decision={"placement": pj},
             audit={"placement": pj, "borrowing": status.borrowing}))
     done = transition_many("admit", moves, columns=[

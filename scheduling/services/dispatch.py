@@ -20,6 +20,7 @@ from .. import selectors, signals
 from ..backends import backend_for
 from ..backends.base import (
     LABEL_ATTEMPT,
+    LABEL_EXTERNAL,
     LABEL_JOB,
     LABEL_JOB_ID,
     LABEL_PROJECT,
@@ -36,11 +37,13 @@ from ..backends.base import (
     NamespaceSpec,
     PodSpec,
     SliceSpec,
+    left_to_owner,
 )
 from ..backends.naming import job_object_name, namespace_name
 from ..extensions import apply_job_spec_hooks
 from ..models import (
     ACTIVE_STATES,
+    EXTERNAL_KIND,
     FINAL_STATES,
     LOG_TAIL_BYTES,
     LOG_TAIL_LINES,
@@ -48,6 +51,7 @@ from ..models import (
     Cluster,
     Job,
     JobState,
+    NamespaceBinding,
     PodLogTail,
     PodPhase,
     ProjectNamespace,
@@ -175,6 +179,14 @@ def with_rendezvous(pods: list[PodSpec], address: str) -> list[PodSpec]:
             for p in pods]
 
 
+def external_spec(job: Job, spec: PodSpec) -> PodSpec:
+    """An external job's pod as Camp binds it (issue 34): only Camp's labels (its watch follows
+    the pod by them) and the placement; the pod's own image, command and env stay its own."""
+    labels = {MANAGED_BY: "camp", LABEL_JOB_ID: str(job.pk), LABEL_ATTEMPT: str(job.attempts),
+              LABEL_PROJECT_ID: str(job.project_id), LABEL_EXTERNAL: "true"}
+    return dataclasses.replace(spec, labels=labels, env={}, owner="", volumes=(), volume_mounts=())
+
+
 MPI_LAUNCHER = "launcher"
 """The pod group of an MPI job that runs ``mpirun`` (left out of the hostfile)."""
 
@@ -264,11 +276,23 @@ def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
     # were created before it; only the last failure decides (below).
     backend = backend_for(cluster)
     ns, objs, pods = job_specs(job, cluster)
+    external = job.kind == EXTERNAL_KIND
     try:
-        backend.ensure_namespace(ns)
-        pods = with_rendezvous(pods, backend.ensure_job_objects(objs))
-        for spec in pods:
-            backend.create_pod(spec)
+        if external:
+            # Pods Camp did not create (issue 34): bound where the cycle placed them, in the
+            # namespace bound to the project; no namespace, objects or pods of Camp's own.
+            if not NamespaceBinding.objects.filter(cluster=cluster, namespace=job.namespace,
+                                                   project_id=job.project_id).exists():
+                raise BackendError(f"Namespace {job.namespace} is no longer bound to the project; "
+                                   "Camp binds no pod there", status=404)
+            uids = dict(job.external_pods.values_list("name", "uid"))
+            for spec in pods:
+                backend.bind_external_pod(external_spec(job, spec), uids.get(spec.name, ""))
+        else:
+            backend.ensure_namespace(ns)
+            pods = with_rendezvous(pods, backend.ensure_job_objects(objs))
+            for spec in pods:
+                backend.create_pod(spec)
     except BindPending:
         # The device plugin has not answered yet: the pods stay as they are, and a follow-up
         # dispatch (the task queues one) or the watcher concludes.
@@ -285,7 +309,17 @@ def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
         # attempt (it waits there, or a floating one goes elsewhere).
         down = exc.unreachable or Cluster.objects.filter(
             pk=cluster.pk, unreachable_since__isnull=False).exists()
+        if external and exc.status == 404:
+            # Its pod was deleted (or replaced) before Camp bound it: nothing left to run.
+            with transaction.atomic():
+                gone = _locked_job(job_id)
+                if gone.state == JobState.STARTING and gone.attempts == job.attempts:
+                    _release(gone)
+                    transition(gone, "cancel", reason=f"Its pod is gone: {exc}"[:500])
+            return "failed", job.attempts
         for spec in pods:
+            if external:
+                continue  # never delete a pod Camp did not create because it could not bind it
             with contextlib.suppress(BackendError):
                 backend.delete_pod(spec.namespace, spec.name, grace_seconds=0)
         with contextlib.suppress(BackendError):
@@ -414,13 +448,16 @@ def job_stop(*, job_id: int, attempt: int | None = None, queued: bool = False) -
     gone, unreachable = _on_dead_nodes(allocs), _on_unreachable_nodes(allocs)
     _keep_log_tails(backend, job, ns, [a for a in allocs if a.node.ready and a.node.present])
     listed = {p.name: p for p in backend.list_pods() if p.namespace == ns and p.name in names}
+    kept = {name for name, p in listed.items() if left_to_owner(p)}  # finished, not Camp's pods
     for name in names:
         pod = listed.get(name)
         if pod is not None and pod.labels.get(LABEL_ATTEMPT, str(job.attempts)) != str(job.attempts):
             continue  # another attempt's pod of the same name: not this stop's
+        if name in kept:
+            continue
         if pod is not None or name in gone:
             backend.delete_pod(ns, name, grace_seconds=0 if name in gone else 30)
-    remaining = ({p.name for p in backend.list_pods()} & set(names)) - gone - unreachable
+    remaining = ({p.name for p in backend.list_pods()} & set(names)) - gone - unreachable - kept
     if remaining or not _pods_gone(job_id):
         # The reconcile task releases once the pods are gone (or the dispatch in flight,
         # finding the job stopped, stops it again).
@@ -470,7 +507,14 @@ def _pods_gone(job_id: int) -> bool:
             return False
         job = _locked_job(job_id)
         released = _release(job)
-        if job.state == JobState.PREEMPTING:
+        if job.state == JobState.PREEMPTING and job.kind == EXTERNAL_KIND:
+            # An external pod, evicted as kube-scheduler's preemption does (deleted): its
+            # owner (a Job, a ReplicaSet) makes a new pod, which queues as a new job.
+            preemptor = job.preempted_by
+            transition(job, "cancel", reason=(
+                f"{_preempted_reason(job, preemptor)}; its pod was deleted" if preemptor
+                else f"{job.reason}; its pod was deleted")[:500])
+        elif job.state == JobState.PREEMPTING:
             preemptor = job.preempted_by
             note = " (resumes from its latest checkpoint)" if job.checkpoint_capable else ""
             transition(job, "requeue", reason=(

@@ -20,6 +20,7 @@ from ..backends.base import (
     PodEvent,
     PodStatus,
     attempt_of,
+    left_to_owner,
     refusal_message,
 )
 from ..models import (
@@ -99,7 +100,8 @@ def cluster_reconcile(*, cluster: Cluster, pods: list[PodStatus] | None = None,
     for job_id, rows in allocs.items():
         _reconcile_job(backend, job_id, rows, by_name, result)
     for p in pods:
-        if p.name not in known and p.labels.get(MANAGED_BY) == "camp" and not p.deleting:
+        if p.name not in known and p.labels.get(MANAGED_BY) == "camp" and not p.deleting \
+                and not left_to_owner(p):
             with contextlib.suppress(BackendError):
                 backend.delete_pod(p.namespace, p.name, grace_seconds=30)
             result.orphans_deleted.append(p.name)
@@ -121,6 +123,8 @@ def _reconcile_ending(backend: Any, job: Job, rows: list[Allocation], present: l
     if not present or (job.state in FINAL_STATES and not live):
         # Finished pods hold nothing; clean them up and give the resources back.
         for p in present:
+            if left_to_owner(p):
+                continue
             with contextlib.suppress(BackendError):
                 backend.delete_pod(p.namespace, p.name, grace_seconds=0)
         if _pods_gone(job.pk):
@@ -338,7 +342,8 @@ def pod_event_apply(*, cluster: Cluster, pod_name: str, pods: dict[str, PodStatu
         "job_id", flat=True).first()
     if job_id is None:
         orphan = pods.get(pod_name)
-        if orphan is None or orphan.deleting or orphan.labels.get(MANAGED_BY) != "camp":
+        if orphan is None or orphan.deleting or orphan.labels.get(MANAGED_BY) != "camp" or left_to_owner(
+                orphan):
             return "ignored"
         with contextlib.suppress(BackendError):
             backend_for(cluster).delete_pod(orphan.namespace, orphan.name, grace_seconds=30,

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
@@ -97,6 +98,33 @@ def _heartbeat(name: str) -> threading.Event:
     return done
 
 
+def _external_sync(name: str, seconds: float) -> threading.Event:
+    """Every ``seconds``, from a thread until the returned event is set: the cluster's waiting
+    pods that name Camp's scheduler become external jobs, and say why they wait
+    (``services.external_pods_sync``, issue 34). A failed pass is logged and the next tries again."""
+    done = threading.Event()
+
+    def run() -> None:
+        failing = ""
+        try:
+            while not done.wait(seconds):
+                try:
+                    cluster = Cluster.objects.filter(name=name).first()
+                    if cluster is not None:
+                        services.external_pods_sync(cluster=cluster)
+                    failing = ""
+                except Exception as exc:  # noqa: BLE001 (the next pass tries again)
+                    close_old_connections()
+                    if str(exc) != failing:
+                        failing = str(exc)
+                        logger.warning("external pods of %s: %s", name, exc, exc_info=True)
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name="camp-watch-external", daemon=True).start()
+    return done
+
+
 def _now() -> Any:
     from django.utils import timezone
 
@@ -152,6 +180,8 @@ class Command(BaseCommand):
         logger.info("camp_watch of %s starting (watch window %d s, liveness mark %s)",
                     name, options["window"], liveness.path("watcher"))
         beating = _heartbeat(name)
+        every = float(getattr(settings, "CAMP_EXTERNAL_SYNC_SECONDS", 5))
+        external = _external_sync(name, every) if every > 0 else None
         try:
             self._loop(name, options, stop, deadline)
         finally:
@@ -160,6 +190,8 @@ class Command(BaseCommand):
             # the command: a later SIGTERM would raise _Stopped in unrelated code.
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if external is not None:
+                external.set()
 
     def _loop(self, name: str, options: dict[str, Any], stop: dict[str, bool],
               deadline: float | None) -> None:

@@ -1,0 +1,305 @@
+"""Camp as the cluster's GPU scheduler (issue 34): namespaces bound to a project, and the pods
+there that name Camp's scheduler, queued as the project's ``external`` jobs.
+
+- ``namespace_bind``/``namespace_unbind``: a project admin (``can``) binds a namespace Camp did
+  not create to the project; the binding is a row (``NamespaceBinding``, one per namespace of a
+  cluster) and labels Camp owns on the namespace (one installation, one project).
+- ``external_pods_sync``: the pods of the cluster that name Camp's scheduler and are not bound
+  become jobs of kind ``external`` (``jobs.job_submit``: the same queue, quotas, fair share and
+  preemption as any job; the lifecycle stays the one writer of their state). A gang
+  (``scheduling.x-k8s.io/pod-group`` label, or Volcano's ``scheduling.k8s.io/group-name``
+  annotation) is one job of all its pods, made once ``minMember`` of them exist. Why a pod is
+  not bound is written on it (a Warning Event and its ``PodScheduled`` condition); a pod in a
+  namespace not bound, or one Camp refuses, is never bound. ``camp_watch`` runs it every few
+  seconds; the cycle places, ``dispatch.job_dispatch`` binds (HAMi's handshake on HAMi nodes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
+from kubernetes.utils import parse_quantity
+
+from tenants import permissions
+from tenants.audit import audit_record
+from tenants.models import Project, User
+
+from ..backends import backend_for
+from ..backends.base import BackendError
+from ..models import (
+    EXTERNAL_KIND,
+    PRIORITY_VALUES,
+    Backend,
+    Cluster,
+    ExternalPod,
+    Job,
+    JobState,
+    NamespaceBinding,
+)
+from .common import _require, logger
+from .jobs import job_submit, job_terminate
+
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+"""The coscheduling plugin's pod-group label (kubernetes-sigs/scheduler-plugins)."""
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+"""Volcano's pod-group annotation."""
+MIN_MEMBER_ANNOTATIONS = ("camp.io/min-member", "scheduling.volcano.sh/min-member")
+"""How many pods of a gang must exist before it is queued (the PodGroup's ``minMember``, read
+from the pods, not from a PodGroup object); without it, the pods that exist."""
+GPU, GPUMEM, GPUCORES = "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores"
+NOT_BOUND = "CampNamespaceNotBound"
+REFUSED = "CampRefused"
+WAITING = "CampQueued"
+GANG_WAITING = "CampGangIncomplete"
+
+
+# --- namespace bindings -------------------------------------------------------------------
+
+
+def namespace_bind(*, actor: User, cluster: Cluster, namespace: str, project: Project) -> NamespaceBinding:
+    """Bind ``namespace`` of ``cluster`` to ``project`` (a project admin's act): the namespace is
+    labelled (refused if another installation, project or Camp itself has it), Camp is granted
+    its workload rights there, and the binding is recorded and audited."""
+    row = NamespaceBinding(cluster=cluster, namespace=namespace, tenant=project.tenant, project=project,
+                           created_by=actor)
+    _require(actor, permissions.CREATE, row)
+    row.full_clean(exclude=["created_by", "cluster", "tenant", "project"], validate_constraints=False)
+    if cluster.backend != Backend.KUBERNETES:
+        raise ValidationError({"cluster": ["Only a Kubernetes cluster's namespaces are bound."]})
+    other = NamespaceBinding.objects.filter(cluster=cluster, namespace=namespace).first()
+    if other is not None:
+        raise ValidationError({"namespace": [
+            "This namespace is bound to a project already (unbind it there first)."
+            if other.project_id != project.pk else "This namespace is bound to this project already."]})
+    try:
+        backend_for(cluster).bind_namespace(namespace, project.pk)
+    except BackendError as exc:
+        raise ValidationError({"namespace": [str(exc)]}) from exc
+    try:
+        with transaction.atomic():
+            row.save()
+            audit_record(actor=actor, action="namespace.bound", target=row, tenant=project.tenant,
+                         project=project, after={"cluster": cluster.name, "namespace": namespace})
+    except IntegrityError as exc:
+        raise ValidationError({"namespace": ["This namespace is bound to a project already."]}) from exc
+    return row
+
+
+def namespace_unbind(*, actor: User, binding: NamespaceBinding) -> None:
+    """Unbind: no pod of the namespace is admitted any more (its queued external jobs are
+    cancelled, their pods left as they are, never bound); running pods are left alone."""
+    _require(actor, permissions.DELETE, binding)
+    with transaction.atomic():
+        audit_record(actor=actor, action="namespace.unbound", target=binding, tenant=binding.tenant,
+                     project=binding.project,
+                     before={"cluster": binding.cluster.name, "namespace": binding.namespace})
+        binding.delete()
+    for job_id in Job.objects.filter(cluster=binding.cluster, kind=EXTERNAL_KIND, state=JobState.QUEUED,
+                                     namespace=binding.namespace).values_list("pk", flat=True):
+        job_terminate(job_id=job_id, by=actor.get_username(),
+                      reason=f"Namespace {binding.namespace} was unbound from the project; not admitted")
+
+
+# --- external pods --------------------------------------------------------------------------
+
+
+def _quantity(value: Any) -> float:
+    try:
+        return float(parse_quantity(str(value)))
+    except (ValueError, TypeError):
+        return 0.0
+
+
+def pod_ask(pod: Any) -> dict[str, Any]:
+    """A pod's ask as a pod group's fields: GPUs, memory per GPU (MiB) and cores (%) from the
+    ``nvidia.com/gpu``/``gpumem``/``gpucores`` limits (HAMi's names), CPU and memory from the
+    requests (else the limits), summed over its containers."""
+    gpus = mem = cores = cpu = ram = 0.0
+    for c in pod.spec.containers or []:
+        res = c.resources
+        limits = (res.limits if res else None) or {}
+        requests = (res.requests if res else None) or {}
+        gpus += _quantity(limits.get(GPU, requests.get(GPU, 0)))
+        mem = max(mem, _quantity(limits.get(GPUMEM, 0)))
+        cores = max(cores, _quantity(limits.get(GPUCORES, 0)))
+        cpu += _quantity(requests.get("cpu", limits.get("cpu", 0))) * 1000
+        ram += _quantity(requests.get("memory", limits.get("memory", 0))) / 2**20
+    image = (pod.spec.containers or [None])[0]
+    return {"gpu_count": int(gpus), "gpu_memory_mib": int(mem) if gpus else 0,
+            "gpu_cores_percent": int(cores) if gpus else 0, "cpu_millicores": int(cpu),
+            "ram_mib": int(ram), "image": (image.image if image is not None else "")[:255]}
+
+
+def pod_group_of(pod: Any) -> str:
+    """The gang a pod belongs to ("" for none)."""
+    meta = pod.metadata
+    return ((meta.labels or {}).get(POD_GROUP_LABEL)
+            or (meta.annotations or {}).get(VOLCANO_GROUP_ANNOTATION) or "")
+
+
+def _min_member(pods: list[Any]) -> int:
+    for p in pods:
+        for key in MIN_MEMBER_ANNOTATIONS:
+            raw = (p.metadata.annotations or {}).get(key, "")
+            if str(raw).isdigit() and int(raw) > 0:
+                return int(raw)
+    return len(pods)
+
+
+def _job_name(base: str, uid: str) -> str:
+    slug = re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-")[:30].strip("-") or "pod"
+    return f"{slug}-{hashlib.sha256(uid.encode()).hexdigest()[:8]}"
+
+
+def _condition(pod: Any) -> Any:
+    return next((c for c in (pod.status.conditions if pod.status else None) or []
+                 if c.type == "PodScheduled"), None)
+
+
+def _tell(backend: Any, pod: Any, reason: str, message: str) -> None:
+    """The pod's condition follows the message; an Event only when the reason changes (a
+    queued job's words change as the queue moves: one Event, not one per cycle)."""
+    said = _condition(pod)
+    if said is not None and said.reason == reason and (said.message or "") == message[:1000]:
+        return
+    event = said is None or said.reason != reason
+    try:
+        backend.tell_pod(pod.metadata.namespace, pod.metadata.name, pod.metadata.uid, reason, message,
+                         event=event)
+    except BackendError as exc:
+        logger.info("could not tell pod %s/%s why: %s", pod.metadata.namespace, pod.metadata.name, exc)
+
+
+def external_pods_sync(*, cluster: Cluster) -> dict[str, int]:
+    """One pass over the cluster's waiting pods that name Camp's scheduler (module doc).
+    Returns counts by outcome, for logs and tests."""
+    counts = {"queued": 0, "refused": 0, "unbound": 0, "waiting": 0, "gone": 0}
+    if cluster.backend != Backend.KUBERNETES or not cluster.enabled:
+        return counts
+    backend = backend_for(cluster)
+    waiting = backend.list_waiting_external_pods()
+    bindings = {b.namespace: b for b in NamespaceBinding.objects.filter(cluster=cluster)
+                .select_related("project", "project__tenant", "created_by")}
+    # Both sides keep consenting: a namespace whose labels the cluster's side removed is
+    # not bound any more (its pods are left alone and not admitted).
+    bindings = {ns: b for ns, b in bindings.items() if backend.namespace_still_bound(ns, b.project_id)}
+    known = dict(ExternalPod.objects.filter(cluster=cluster).values_list("uid", "job_id"))
+    gangs: dict[tuple[str, str], list[Any]] = {}
+    for pod in waiting:
+        meta = pod.metadata
+        if meta.deletion_timestamp:
+            continue
+        if meta.uid in known:
+            continue
+        binding = bindings.get(meta.namespace)
+        if binding is None:
+            counts["unbound"] += 1
+            _tell(backend, pod, NOT_BOUND, (
+                f"Namespace {meta.namespace} is not bound to a Camp project: a project admin binds "
+                "it (Camp's API: namespace bindings) before Camp schedules its pods; "
+                "never bound until then"))
+            continue
+        group = pod_group_of(pod)
+        gangs.setdefault((meta.namespace, group or f"pod:{meta.uid}"), []).append(pod)
+    for (namespace, key), pods in gangs.items():
+        pods.sort(key=lambda p: p.metadata.name)
+        group = "" if key.startswith("pod:") else key
+        need = _min_member(pods) if group else 1
+        if len(pods) < need:
+            counts["waiting"] += len(pods)
+            for p in pods:
+                _tell(backend, p, GANG_WAITING, f"Pod group {group}: {len(pods)} of its {need} pods "
+                                                f"exist; Camp queues the group once all do")
+            continue
+        outcome = _queue(backend, cluster, bindings[namespace], group, pods)
+        counts[outcome] += len(pods)
+    counts["gone"] = _forget_gone(backend, cluster, {p.metadata.uid for p in waiting})
+    _tell_reasons(backend, cluster, {p.metadata.uid: p for p in waiting})
+    return counts
+
+
+def _queue(backend: Any, cluster: Cluster, binding: NamespaceBinding, group: str, pods: list[Any]) -> str:
+    """Submit the pods as one external job of the binding's project (as the admin who bound the
+    namespace); a refusal is written on the pods."""
+    first = pods[0]
+    asks = [pod_ask(p) for p in pods]
+    if any(a != asks[0] for a in asks[1:]):
+        for p in pods:
+            _tell(backend, p, REFUSED, f"Pod group {group}: Camp takes gangs of identical pods only "
+                                       "(one shape of resources and image); never bound")
+        return "refused"
+    priority = first.spec.priority_class_name or ""
+    actor = binding.created_by
+    try:
+        if actor is None:
+            raise PermissionDenied("The admin who bound this namespace is gone; bind it again.")
+        with transaction.atomic():
+            job = job_submit(
+                actor=actor, project=binding.project, cluster=cluster,
+                name=_job_name(group or first.metadata.name, first.metadata.uid), kind=EXTERNAL_KIND,
+                groups=[{"name": "pod", "replicas": len(pods), **asks[0]}], gang=True,
+                priority_class=priority if priority in PRIORITY_VALUES else "normal")
+            Job.objects.filter(pk=job.pk).update(namespace=binding.namespace)
+            ExternalPod.objects.bulk_create([ExternalPod(
+                job=job, cluster=cluster, namespace=p.metadata.namespace, name=p.metadata.name,
+                uid=p.metadata.uid, replica=i, pod_group=group,
+                service_account=p.spec.service_account_name or "",
+                owner_kind=next((o.kind for o in p.metadata.owner_references or []), ""),
+                owner_name=next((o.name for o in p.metadata.owner_references or []), ""),
+            ) for i, p in enumerate(pods)])
+    except (ValidationError, PermissionDenied) as exc:
+        said = _said(exc)
+        for p in pods:
+            _tell(backend, p, REFUSED, f"Camp refuses it for project {binding.project.name}: {said}; "
+                                       "never bound"[:1000])
+        return "refused"
+    return "queued"
+
+
+def _said(exc: Exception) -> str:
+    if isinstance(exc, ValidationError) and hasattr(exc, "message_dict"):
+        return "; ".join(" ".join(v) if k == "__all__" else f"{k}: {' '.join(v)}"
+                         for k, v in exc.message_dict.items())
+    if isinstance(exc, ValidationError):
+        return " ".join(exc.messages)
+    return str(exc)
+
+
+def _forget_gone(backend: Any, cluster: Cluster, waiting: set[str]) -> int:
+    """Queued external jobs whose pod was deleted before Camp bound it: cancelled."""
+    gone = 0
+    rows = ExternalPod.objects.filter(cluster=cluster, job__state=JobState.QUEUED).exclude(uid__in=waiting)
+    for e in rows:
+        try:
+            exists = backend.external_pod_exists(e.namespace, e.name, e.uid)
+        except BackendError:
+            continue
+        why = f"Its pod {e.namespace}/{e.name} was deleted"
+        if not exists and job_terminate(job_id=e.job_id, reason=why):
+            gone += 1
+    return gone
+
+
+def _tell_reasons(backend: Any, cluster: Cluster, waiting: dict[str, Any]) -> None:
+    """Each waiting pod of a queued or rejected external job says why, on the pod."""
+    rows = (ExternalPod.objects.filter(cluster=cluster, uid__in=list(waiting),
+                                       job__state__in=(JobState.QUEUED, JobState.REJECTED))
+            .select_related("job"))
+    for e in rows:
+        job = e.job
+        if job.state == JobState.REJECTED:
+            _tell(backend, waiting[e.uid], REFUSED, f"Camp job {job.pk}: {job.reason}; never bound")
+        else:
+            _tell(backend, waiting[e.uid], WAITING, f"Camp job {job.pk}: {job.reason or 'queued'}")
+
+
+def external_jobs_of(pods: Iterable[ExternalPod]) -> list[dict[str, Any]]:
+    """What the API shows of an external job's Kubernetes side."""
+    return [{"namespace": e.namespace, "name": e.name, "uid": e.uid, "owner_kind": e.owner_kind,
+             "owner_name": e.owner_name, "service_account": e.service_account,
+             "pod_group": e.pod_group} for e in pods]

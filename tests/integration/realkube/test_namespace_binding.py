@@ -1,0 +1,156 @@
+"""Issue 34 on the plain kube-apiserver (Camp acts as the camp-agent chart's ServiceAccount):
+binding a namespace takes both sides — a project admin in Camp, the namespace's labels in the
+cluster — to one project of one installation; pods naming Camp's scheduler there become external
+jobs that Camp binds where its cycle placed them; pods elsewhere get an Event and a condition and
+no job; unbinding cancels what waits and admits nothing new; everything audited."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from scheduling import services
+from scheduling.backends.kubernetes import WORKLOADS_ROLE
+from scheduling.models import ExternalPod, Job, NamespaceBinding
+from tenants.models import AuditEvent
+from tests.conftest import client_for
+
+from .harness import hami_devices
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _pod(core: Any, ns: str, name: str, **limits: str) -> Any:
+    return core.create_namespaced_pod(ns, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"schedulerName": "camp-scheduler", "containers": [{
+            "name": "main", "image": "busybox",
+            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
+                          "limits": {"nvidia.com/gpu": "1", **limits}}}]}})
+
+
+def _condition(core: Any, ns: str, name: str) -> Any:
+    pod = core.read_namespaced_pod(name, ns)
+    return next((c for c in (pod.status.conditions or []) if c.type == "PodScheduled"), None)
+
+
+def _cli(world: Any, live_server: Any, tmp_path: Any) -> Any:
+    """``camp`` as the project admin, through the API of a live server."""
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    from tenants import services as tenant_services
+
+    _, token = tenant_services.token_create(actor=world.a.project_admin, name="cli")
+    env = {**os.environ, "CAMP_URL": live_server.url, "CAMP_TOKEN": token,
+           "CAMP_CONFIG": str(tmp_path / "config.json")}
+
+    def camp(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "camp_cli", *args], env=env, cwd=settings.BASE_DIR,
+                              capture_output=True, text=True, timeout=60)
+    return camp
+
+
+def test_binding_needs_both_sides_and_external_pods_follow_it(world: Any, kube: Any, live_server: Any,
+                                                               tmp_path: Any) -> None:
+    camp = _cli(world, live_server, tmp_path)
+    kube.node("gpu-a", devices=hami_devices(2))
+    cluster = kube.register(world)
+    core = kube.core
+    for ns in ("team-b", "team-z"):
+        core.create_namespace({"metadata": {"name": ns}})
+    body = {"cluster": cluster.name, "namespace": "team-b", "project": world.a.project.pk}
+    padmin = client_for(world.a.project_admin)
+
+    # Camp's side alone is not enough: the answer names the labels the cluster's side writes.
+    r = padmin.post("/api/v1/namespace-bindings/", body, format="json")
+    assert r.status_code == 400, r.content
+    said = r.json()["namespace"][0]
+    labels = dict(kv.split("=", 1) for kv in said.split("kubectl label namespace team-b ", 1)[1].split())
+    assert labels["camp.io/bound-project-id"] == str(world.a.project.pk)
+    # Labelled for another project: refused too.
+    core.patch_namespace("team-b", {"metadata": {"labels": {**labels, "camp.io/bound-project-id": "999999"}}})
+    r = padmin.post("/api/v1/namespace-bindings/", body, format="json")
+    assert r.status_code == 400 and "another project" in r.json()["namespace"][0], r.content
+    core.patch_namespace("team-b", {"metadata": {"labels": labels}})
+    # A member may not bind; another tenant's project admin does not even see the project.
+    bindings = "/api/v1/namespace-bindings/"
+    assert client_for(world.a.member).post(bindings, body, format="json").status_code == 403
+    assert client_for(world.b.project_admin).post("/api/v1/namespace-bindings/", body,
+                                                  format="json").status_code == 400
+    project = f"{world.a.tenant.name}/{world.a.project.name}"
+    done = camp("ns", "bind", cluster.name, "team-b", "--project", project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    binding = NamespaceBinding.objects.get(cluster=cluster, namespace="team-b")
+    assert (binding.project, binding.created_by) == (world.a.project, world.a.project_admin)
+    assert f"{binding.pk}\t{cluster.name}/team-b" in camp("ns", "ls").stdout
+    # The console shows it to the project's members, not to another tenant's.
+    page = client_for(world.a.member).get("/scheduling/namespaces/").content.decode()
+    assert f'id="binding-{binding.pk}"' in page and "Unbind" not in page
+    assert f'id="binding-{binding.pk}"' not in client_for(world.b.owner).get(
+        "/scheduling/namespaces/").content.decode()
+    assert client_for(world.b.owner).post(f"/scheduling/namespaces/{binding.pk}/unbind/").status_code == 404
+    assert AuditEvent.objects.filter(action="namespace.bound", target_id=str(binding.pk)).exists()
+    rbac = k8s.RbacAuthorizationV1Api(kube.server.client())
+    grant = rbac.read_namespaced_role_binding("camp-agent", "team-b")
+    assert grant.role_ref.name == WORKLOADS_ROLE
+    # One namespace, one project: a second binding of it is refused.
+    other = {**body, "project": world.a.other_project.pk}
+    assert client_for(world.a.owner).post(bindings, other, format="json").status_code == 400
+
+    _pod(core, "team-b", "frac", **{"nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"})
+    _pod(core, "team-z", "stray")
+    counts = services.external_pods_sync(cluster=cluster)
+    assert counts["queued"] == 1 and counts["unbound"] == 1, counts
+    job = Job.objects.get(kind="external")
+    assert (job.project, job.namespace, job.state) == (world.a.project, "team-b", "queued")
+    g = job.groups.get()
+    assert (g.gpu_count, g.gpu_memory_mib, g.gpu_cores_percent, g.cpu_millicores, g.ram_mib) == (
+        1, 3000, 30, 100, 64)
+    stray = _condition(core, "team-z", "stray")
+    assert stray.status == "False" and stray.reason == "CampNamespaceNotBound"
+    assert any(e.reason == "CampNamespaceNotBound" and e.involved_object.name == "stray"
+               for e in core.list_namespaced_event("team-z").items)
+
+    # Placed by the cycle, bound by Camp (HAMi's handshake) with its slice.
+    services.cycle_run(cluster=cluster)
+    assert services.job_dispatch(job_id=job.pk) == "created", Job.objects.get(pk=job.pk).reason
+    pod = core.read_namespaced_pod("frac", "team-b")
+    assert pod.spec.node_name == "gpu-a"
+    assert pod.metadata.annotations["hami.io/vgpu-devices-allocated"].endswith(",3000,30:;")
+    assert pod.metadata.labels["camp.io/job-id"] == str(job.pk)
+    assert pod.spec.containers[0].image == "busybox"  # its spec is its own
+    services.external_pods_sync(cluster=cluster)
+    assert not core.read_namespaced_pod("stray", "team-z").spec.node_name
+
+    # A pod asking beyond what any node holds: refused on the pod, never a job.
+    _pod(core, "team-b", "huge", **{"nvidia.com/gpumem": "999999"})
+    services.external_pods_sync(cluster=cluster)
+    huge = _condition(core, "team-b", "huge")
+    assert huge.reason in ("CampRefused", "CampQueued"), huge
+    if huge.reason == "CampQueued":  # accepted at submit: the cycle then rejects it for good
+        services.cycle_run(cluster=cluster)
+        services.external_pods_sync(cluster=cluster)
+        assert _condition(core, "team-b", "huge").reason == "CampRefused"
+    assert not core.read_namespaced_pod("huge", "team-b").spec.node_name
+
+    # Unbinding: what waits is cancelled, the running pod left alone, nothing new admitted.
+    _pod(core, "team-b", "later")
+    services.external_pods_sync(cluster=cluster)
+    waiting = ExternalPod.objects.get(name="later").job
+    assert client_for(world.a.member).delete(f"{bindings}{binding.pk}/").status_code == 403
+    done = camp("ns", "unbind", str(binding.pk))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert Job.objects.get(pk=waiting.pk).state == "cancelled"
+    assert Job.objects.get(pk=job.pk).state in ("starting", "running")
+    assert core.read_namespaced_pod("frac", "team-b").spec.node_name == "gpu-a"
+    assert AuditEvent.objects.filter(action="namespace.unbound").exists()
+    _pod(core, "team-b", "after")
+    services.external_pods_sync(cluster=cluster)
+    assert _condition(core, "team-b", "after").reason == "CampNamespaceNotBound"
+    assert not ExternalPod.objects.filter(name="after").exists()
