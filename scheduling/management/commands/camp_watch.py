@@ -188,8 +188,8 @@ class Command(BaseCommand):
             beating.set()
             # Run in-process (call_command in tests, a shell), the handlers must not outlive
             # the command: a later SIGTERM would raise _Stopped in unrelated code.
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
             if external is not None:
                 external.set()
 
