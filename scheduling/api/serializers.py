@@ -351,10 +351,9 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     reason_stale = serializers.SerializerMethodField(
         help_text="A waiting job: its reason may be out of date (its cluster has not recomputed "
                   "it within SCHEDULER_REASON_STALE_SECONDS, or takes no new work).")
-    kubernetes_pods = ExternalPodSerializer(
-        source="external_pods", many=True, read_only=True,
+    kubernetes_pods = serializers.SerializerMethodField(
         help_text="External jobs (kind external): the Kubernetes pods they stand for, with their "
-                  "owner (Job, ReplicaSet), service account and pod group.")
+                  "owner (Job, ReplicaSet), service account and pod group; empty for Camp's own.")
 
     class Meta:
         model = Job
@@ -384,6 +383,14 @@ class JobSerializer(serializers.ModelSerializer[Job]):
 
     def get_reason_stale(self, job: Job) -> bool:
         return reason_as_of(job)[1]
+
+    @extend_schema_field(ExternalPodSerializer(many=True))
+    def get_kubernetes_pods(self, job: Job) -> list[dict[str, Any]]:
+        # Only an external job has pods of its own to show: Camp's own jobs cost no query (a list
+        # page prefetches the external jobs' pods in one, ``JobViewSet.paginate_queryset``).
+        if job.kind != "external":
+            return []
+        return cast(list[dict[str, Any]], ExternalPodSerializer(job.external_pods.all(), many=True).data)
 
     def get_last_decision(self, job: Job) -> dict[str, Any] | None:
         latest = getattr(job, "latest_decisions", None)  # prefetched by the list (one query)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import django_filters
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, QuerySet, prefetch_related_objects
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status
 from rest_framework.decorators import action
@@ -215,13 +215,19 @@ class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveMo
 
     def get_queryset(self) -> QuerySet[Any]:
         return selectors.job_list(user=self.request.user).prefetch_related(
-            "groups", "external_pods",
+            "groups",
             Prefetch("allocations", queryset=Allocation.objects.select_related("node", "group")
                      .prefetch_related(Prefetch("slices", queryset=GpuSlice.objects.select_related("gpu")))),
             # the latest decision of each job on the page, in one query (a sliced prefetch)
             Prefetch("decisions", queryset=SchedulingDecision.objects.order_by("-id")[:1],
                      to_attr="latest_decisions"),
         )
+
+    def paginate_queryset(self, queryset: Any) -> list[Any] | None:
+        page = super().paginate_queryset(queryset)
+        if page:  # the external jobs' Kubernetes pods in one query (none for a page without any)
+            prefetch_related_objects([j for j in page if j.kind == "external"], "external_pods")
+        return page
 
     def perform_create(self, serializer: Any) -> None:
         data = dict(serializer.validated_data)
