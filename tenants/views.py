@@ -15,6 +15,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from camp.units import mib_words
+
 from . import extensions, permissions, services
 from .api.views import AuditEventFilter, audit_csv_response
 from .audit import audit_changes
@@ -51,11 +53,16 @@ def visible(request: HttpRequest, model: type[Any], **lookup: Any) -> Any:
 
 
 def _quota_rows(quota: Quota | None) -> list[dict[str, Any]]:
+    """The quota table's rows as people read them: memory in GiB with thousands separators
+    (the form keeps MiB, the unit it is entered in)."""
+    def shown(resource: str, value: Any) -> Any:
+        return mib_words(value) if value is not None and resource.endswith("_mib") else value
+
     return [
         {
-            "label": RESOURCE_LABELS[r],
-            "guaranteed": getattr(quota, f"{r}_guaranteed") if quota else None,
-            "limit": getattr(quota, f"{r}_limit") if quota else None,
+            "label": RESOURCE_LABELS[r].removesuffix(" (MiB)"),
+            "guaranteed": shown(r, getattr(quota, f"{r}_guaranteed")) if quota else None,
+            "limit": shown(r, getattr(quota, f"{r}_limit")) if quota else None,
         }
         for r in RESOURCES
     ]

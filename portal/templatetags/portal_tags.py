@@ -6,6 +6,7 @@ from typing import Any
 
 from django import template
 
+from camp.units import mib_words
 from tenants.models import Project
 from tenants.permissions import restrict
 
@@ -104,19 +105,8 @@ def pod_phase(allocation: Any, job: Any) -> str:
 
 @register.filter
 def mib(value: Any) -> str:
-    """Memory given in MiB as people read it, the one filter every page uses: GiB (binary, as
-    the cards and Kubernetes count) from 1 GiB up, one decimal only when it is not whole,
-    thousands separated: 1966080 → "1,920 GiB", 2554 → "2.5 GiB", 512 → "512 MiB"."""
-    if value is None or value == "":
-        return ""
-    try:
-        n = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if abs(n) < 1024:
-        return f"{n:,.0f} MiB"
-    g = n / 1024
-    return f"{g:,.0f} GiB" if abs(g - round(g)) < 0.05 else f"{g:,.1f} GiB"
+    """Memory given in MiB as people read it (``camp.units.mib_words``, the one definition)."""
+    return mib_words(value)
 
 
 @register.filter

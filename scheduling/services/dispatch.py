@@ -279,15 +279,7 @@ def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
     external = job.kind == EXTERNAL_KIND
     try:
         if external:
-            # Pods Camp did not create (issue 34): bound where the cycle placed them, in the
-            # namespace bound to the project; no namespace, objects or pods of Camp's own.
-            if not NamespaceBinding.objects.filter(cluster=cluster, namespace=job.namespace,
-                                                   project_id=job.project_id).exists():
-                raise BackendError(f"Namespace {job.namespace} is no longer bound to the project; "
-                                   "Camp binds no pod there", status=404)
-            uids = dict(job.external_pods.values_list("name", "uid"))
-            for spec in pods:
-                backend.bind_external_pod(external_spec(job, spec), uids.get(spec.name, ""))
+            _bind_external(job, cluster, backend, pods)
         else:
             backend.ensure_namespace(ns)
             pods = with_rendezvous(pods, backend.ensure_job_objects(objs))
@@ -310,12 +302,7 @@ def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
         down = exc.unreachable or Cluster.objects.filter(
             pk=cluster.pk, unreachable_since__isnull=False).exists()
         if external and exc.status == 404:
-            # Its pod was deleted (or replaced) before Camp bound it: nothing left to run.
-            with transaction.atomic():
-                gone = _locked_job(job_id)
-                if gone.state == JobState.STARTING and gone.attempts == job.attempts:
-                    _release(gone)
-                    transition(gone, "cancel", reason=f"Its pod is gone: {exc}"[:500])
+            _external_pod_gone(job_id, job.attempts, exc)
             return "failed", job.attempts
         for spec in pods:
             if external:
@@ -348,6 +335,28 @@ def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
             return "aborted", job.attempts  # stopped while its pods were being created
         Allocation.objects.filter(job_id=job_id, phase=PodPhase.PENDING).update(phase=PodPhase.CREATED)
     return "created", job.attempts
+
+
+def _bind_external(job: Job, cluster: Cluster, backend: Any, pods: list[Any]) -> None:
+    """Pods Camp did not create (issue 34): bound where the cycle placed them, in the namespace
+    bound to the project; no namespace, objects or pods of Camp's own."""
+    if not NamespaceBinding.objects.filter(cluster=cluster, namespace=job.namespace,
+                                           project_id=job.project_id).exists():
+        raise BackendError(f"Namespace {job.namespace} is no longer bound to the project; "
+                           "Camp binds no pod there", status=404)
+    uids = dict(job.external_pods.values_list("name", "uid"))
+    for spec in pods:
+        backend.bind_external_pod(external_spec(job, spec), uids.get(spec.name, ""))
+
+
+def _external_pod_gone(job_id: int, attempt: int, exc: BackendError) -> None:
+    """An external job's pod was deleted (or replaced) before Camp bound it: nothing is left to
+    run, so the job ends (if this dispatch's attempt is still the job's)."""
+    with transaction.atomic():
+        gone = _locked_job(job_id)
+        if gone.state == JobState.STARTING and gone.attempts == attempt:
+            _release(gone)
+            transition(gone, "cancel", reason=f"Its pod is gone: {exc}"[:500])
 
 
 def _dispatch_failed(job_id: int, message: str, *, attempt: int | None = None) -> bool:

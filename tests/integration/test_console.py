@@ -72,14 +72,20 @@ def test_owner_creates_project_and_sees_field_errors(world: World) -> None:
 
 def test_project_admin_adds_and_changes_members(world: World) -> None:
     client = login(world.a.project_admin)
+    # outsider belongs to no project of acme: the form warns first, then adds once confirmed
+    warned = client.post("/t/acme/p/acme-p1/", {"member-username": "outsider",
+                                                "member-role": "project_member"})
+    assert warned.status_code == 200 and not Membership.objects.filter(user=world.outsider).exists()
     response = client.post("/t/acme/p/acme-p1/", {"member-username": "outsider",
-                                                  "member-role": "project_member"})
+                                                  "member-role": "project_member",
+                                                  "member-outside_ok": "on"})
     assert response.status_code == 302
     membership = Membership.objects.get(user=world.outsider, project=world.a.project)
     client.post(f"/memberships/{membership.pk}/", {"role": "project_admin"})
     membership.refresh_from_db()
     assert membership.role == "project_admin"
-    page = client.post("/t/acme/p/acme-p1/", {"member-username": "ghost", "member-role": "project_member"})
+    page = client.post("/t/acme/p/acme-p1/", {"member-username": "ghost", "member-role": "project_member",
+                                              "member-outside_ok": "on"})
     assert b"No user who can be invited has this username." in page.content
 
 
@@ -111,6 +117,21 @@ def test_owner_edits_project_quota_and_finds_it_in_audit_log(world: World) -> No
     assert b"quota.created" in audit.content
     csv = client.get("/audit/", {"action": "quota.", "format": "csv"})
     assert b"quota.created" in b"".join(csv.streaming_content)
+
+
+def test_quota_table_reads_memory_in_gib(world: World) -> None:
+    """Issue 32, finding 10: the console's quota table shows memory as people read it
+    ("1,920 GiB"), never the raw MiB the form takes ("1966080")."""
+    from decimal import Decimal
+
+    from tenants import services
+
+    services.quota_set(actor=world.admin, scope="tenant", tenant=world.a.tenant,
+                       values={"gpus_guaranteed": Decimal(8), "gpu_memory_mib_guaranteed": 1966080,
+                               "ram_mib_limit": 2554})
+    page = login(world.a.owner).get("/t/acme/").content.decode()
+    assert "1,920 GiB" in page and "2.5 GiB" in page
+    assert "1966080" not in page and "GPU memory (MiB)" not in page
 
 
 def test_tokens_page_shows_secret_once_and_revokes(world: World) -> None:
