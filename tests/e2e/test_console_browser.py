@@ -34,7 +34,9 @@ def test_owner_changes_quota_and_finds_it_in_audit_log(world: World, live_server
     page.wait_for_url(f"{base}/t/acme/p/acme-p1/")
     assert "Quota saved." in page.inner_text(".messages")
     shot(page, "project")
-    page.click("text=Audit log")
+    admin = page.locator("nav.links details.menu", has_text="Admin")  # the nav's Admin menu
+    admin.locator("summary").click()
+    admin.locator("a", has_text="Audit log").click()
     page.select_option("select[name=action]", "quota.created")
     page.click("text=Filter")
     row = page.locator("table.audit tbody tr").first

@@ -8,6 +8,7 @@ polling fallback (15 s with Redis) would.
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -16,12 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from playwright.sync_api import expect
 
 from scheduling import services
 from tests.conftest import World
 from tests.e2e.conftest import login, shot
 from tests.integration.scheduling.conftest import SMALL_INVENTORY, submit
 from tests.integration.scheduling.test_concurrency import celery_worker
+
+# A badge once the job is admitted. The pages run under a CSP without 'unsafe-eval', so waits
+# use Playwright's locator assertions, never a string evaluated in the page.
+STARTED = re.compile(r"^(Starting|Running)$")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,9 +95,7 @@ def test_job_page_turns_starting_without_reload(world: World, asgi_server: str, 
         with ThreadPoolExecutor(1) as pool:
             summary = pool.submit(lambda: services.cycle_run(cluster=cluster)).result()
         assert summary is not None and summary.admitted
-        page.wait_for_function(
-            "['Starting', 'Running'].includes("
-            "document.querySelector('h1 [data-live-field=state]').textContent)", timeout=15000)
+        expect(page.locator("h1 [data-live-field=state]")).to_have_text(STARTED, timeout=15000)
     assert page.evaluate("window.__sameDocument") is True  # no reload happened
     assert page.locator("[data-live-field=reason]").inner_text() != ""
     shot(page, "job-live")
@@ -117,19 +121,16 @@ def test_jobs_list_badge_and_counts_change_without_reload(world: World, asgi_ser
             summary = pool.submit(lambda: services.cycle_run(cluster=cluster)).result()
         assert summary is not None and len(summary.admitted) == 2
         # well before the 15 s polling fallback: the push moved the badge ...
-        page.wait_for_function(
-            f"['Starting', 'Running'].includes(document.querySelector('{badge}').textContent)",
-            timeout=10000)
+        expect(page.locator(badge)).to_have_text(STARTED, timeout=10000)
         # ... and asked for the counts, which no longer list anything as waiting
-        page.wait_for_function(
-            "document.querySelector('[data-live-count=\"queued\"]').hidden", timeout=10000)
+        expect(page.locator('[data-live-count="queued"]')).to_be_hidden(timeout=10000)
     assert page.evaluate("window.__sameDocument") is True  # no reload happened
     assert "state-queued" not in (page.locator(badge).get_attribute("class") or "")
     assert page.locator(f"#pick-{job.pk}").is_visible()  # still running: still stoppable
     job.refresh_from_db()
     with ThreadPoolExecutor(1) as pool:  # stopped elsewhere: its bulk-stop box goes away
         pool.submit(lambda: services.job_cancel(actor=world.a.member, job=job)).result()
-    page.wait_for_function(f"document.querySelector('#pick-{job.pk}').hidden", timeout=10000)
+    expect(page.locator(f"#pick-{job.pk}")).to_be_hidden(timeout=10000)
     shot(page, "jobs-live")
 
 
@@ -187,8 +188,7 @@ def test_services_ready_count_changes_without_reload(world: World, asgi_server: 
         with ThreadPoolExecutor(1) as pool:  # the worker's part, in another thread
             pool.submit(lambda: advance(cluster)).result()
         # well before the 15 s polling fallback
-        page.wait_for_function(
-            f"document.querySelector('{row} [data-live-field=ready]').textContent === '1'", timeout=10000)
+        expect(page.locator(f"{row} [data-live-field=ready]")).to_have_text("1", timeout=10000)
     assert page.evaluate("window.__sameDocument") is True  # no reload happened
     shot(page, "services-live")
 
@@ -201,8 +201,7 @@ def test_services_ready_count_changes_without_reload(world: World, asgi_server: 
     with ThreadPoolExecutor(1) as pool:  # wanted by someone else: the page hears it at once
         pool.submit(lambda: serving.model_service_scale(actor=world.a.owner, service=svc,
                                                         replicas=2)).result()
-    page.wait_for_function(
-        "document.querySelector('p.replicas [data-live-field=desired]').textContent === '2'", timeout=10000)
+    expect(page.locator("p.replicas [data-live-field=desired]")).to_have_text("2", timeout=10000)
     assert page.locator(ready).inner_text() == "1"  # the second replica is still waiting
     assert page.evaluate("window.__sameDocument") is True
     shot(page, "service-live")

@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from playwright.sync_api import expect
 
 from scheduling import services
 from tenants import services as tenant_services
@@ -61,8 +62,7 @@ def test_launch_notebook_and_watch_it_run(world: World, asgi_server: str, page: 
     page.wait_for_timeout(500)  # the WebSocket connects
     with ThreadPoolExecutor(1) as pool:  # the worker's part, elsewhere
         pool.submit(advance, cluster).result()
-    page.wait_for_function(
-        "document.querySelector('h1 [data-live-field=state]').textContent === 'Running'", timeout=8000)
+    expect(page.locator("h1 [data-live-field=state]")).to_have_text("Running", timeout=8000)
     assert page.evaluate("window.__sameDocument") is True
     assert page.locator("form[data-live-show=running]").is_visible()  # "Open" appeared
     shot(page, "notebook-running")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import expect
 
 from portal.models import DemoLoad
 from registry.models import Image
@@ -130,8 +131,7 @@ def test_member_launches_a_model_service_and_scales_it(world: World, live_server
     endpoint = row.locator("input[readonly]").input_value()
     assert endpoint.startswith(f"http://svc-{svc.pk}-chat.")
     row.locator("button[data-copy]").click()
-    page.wait_for_function(f"document.querySelector('[data-copied=\"endpoint-{svc.pk}\"]').textContent"
-                           " === 'Copied'")
+    expect(page.locator(f'[data-copied="endpoint-{svc.pk}"]')).to_have_text("Copied")
     assert page.evaluate("navigator.clipboard.readText()") == endpoint
     shot(page, "services-list")
     row.locator("a", has_text="chat").click()
