@@ -62,8 +62,9 @@ class Command(BaseCommand):
         try:
             import uvicorn
 
+            # Stopping never waits on a browser's open live-page connections for long.
             uvicorn.run("camp.asgi:application", host=options["addr"], port=options["port"],
-                        log_level="warning")
+                        log_level="warning", timeout_graceful_shutdown=5)
         finally:
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(timeout=20)
