@@ -250,8 +250,8 @@ class ScimTokenSerializer(serializers.Serializer[Any]):
         help_text="The OIDC issuer or SAML IdP entity id they sign in with (new provider).")
     prefix = serializers.CharField(read_only=True)
     created_at = serializers.DateTimeField(read_only=True)
-    last_used_at = serializers.DateTimeField(read_only=True)
-    revoked_at = serializers.DateTimeField(read_only=True)
+    last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)  # null: never used
+    revoked_at = serializers.DateTimeField(read_only=True, allow_null=True)  # null: not revoked
     active = serializers.SerializerMethodField()
 
     def get_active(self, obj: Any) -> bool:
