@@ -8,14 +8,11 @@ from typing import Any
 
 import pytest
 
-from portal.models import DemoLoad
-from registry.models import Image
 from tests.conftest import World
 from tests.e2e.conftest import login
-from tests.e2e.test_portal_browser import portal  # noqa: F401  (the shared world of the portal pages)
+from tests.e2e.test_portal_browser import populated, portal  # noqa: F401  (portal: the shared world of the portal pages)
 from tests.integration.scheduling.conftest import submit
 from tests.integration.workspaces.conftest import advance
-from workspaces import services as workspace_services
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,16 +45,7 @@ class Violations:
 
 def test_each_roles_main_pages_load_without_a_csp_violation(world: World, live_server: Any, page: Any,
                                                            portal: Any) -> None:  # noqa: F811
-    env, _ = workspace_services.environment_launch(
-        actor=world.a.member, project=world.a.project, cluster=portal["cluster"], name="nb",
-        kind="jupyter", profile=portal["quarter"])
-    job = submit(world, portal["cluster"], "waits", group={"gpu_count": 4}, preemptible=True)
-    svc = workspace_services.model_service_create(
-        actor=world.a.member, project=world.a.project, cluster=portal["cluster"], name="chat",
-        image=Image.objects.get(name="vllm"), model_source="hf://Qwen/Qwen2.5-7B-Instruct",
-        profile=portal["quarter"])
-    advance(portal["cluster"])
-    DemoLoad.objects.create()
+    env, job, svc = populated(world, portal)
     base = live_server.url
     pages = {
         "acme-member": ["/", "/workspaces/environments/", "/workspaces/environments/new/",

@@ -224,10 +224,9 @@ def _axe(page: Any) -> list[dict[str, Any]]:
     return [v for v in result if v["impact"] in ("serious", "critical")]
 
 
-def test_main_pages_pass_an_axe_core_scan(world: World, live_server: Any, page: Any, portal: Any) -> None:
-    if not AXE.exists():
-        pytest.skip("axe-core is not installed: run `make e2e-deps` (npm ci --prefix tests/e2e); "
-                    "npm or the npm registry was not reachable when `make test` ran")
+def populated(world: World, portal: Any) -> tuple[Any, Any, Any]:
+    """A member's running notebook, a waiting job and a model service, the demo's load on: the
+    pages the browser scans (accessibility here, CSP in test_csp_browser) have something to show."""
     env, _ = workspace_services.environment_launch(
         actor=world.a.member, project=world.a.project, cluster=portal["cluster"], name="nb",
         kind="jupyter", profile=portal["quarter"])
@@ -238,6 +237,14 @@ def test_main_pages_pass_an_axe_core_scan(world: World, live_server: Any, page: 
         profile=portal["quarter"])
     advance(portal["cluster"])
     DemoLoad.objects.create()
+    return env, job, svc
+
+
+def test_main_pages_pass_an_axe_core_scan(world: World, live_server: Any, page: Any, portal: Any) -> None:
+    if not AXE.exists():
+        pytest.skip("axe-core is not installed: run `make e2e-deps` (npm ci --prefix tests/e2e); "
+                    "npm or the npm registry was not reachable when `make test` ran")
+    env, job, svc = populated(world, portal)
     base = live_server.url
     page.add_init_script(path=str(AXE))
     pages = {
