@@ -253,7 +253,7 @@ def _scheduler_lag() -> Any:
 
     from scheduling.services import scheduler_lag
 
-    names = dict(Cluster.objects.filter(enabled=True).values_list("pk", "name"))
+    names = {c.pk: str(c) for c in Cluster.objects.filter(enabled=True).only("name", "display_name")}
     return {"lag": scheduler_lag(names), "limit": settings.SCHEDULER_LAG_SECONDS}
 
 

@@ -468,7 +468,7 @@ class Job(models.Model):
         if self.reason_kind == "placed":  # "Placed on cluster X (…)": it names the cluster itself
             own = self.reason
         else:
-            own = f"cluster {cluster.name}: {self.reason}" if self.reason else f"cluster {cluster.name}"
+            own = f"cluster {cluster}: {self.reason}" if self.reason else f"cluster {cluster}"
         return f"{own}; {self.placement_note}" if self.placement_note else own
 
     @property

@@ -74,7 +74,7 @@ def cluster_edit(request: HttpRequest, cluster_name: str | None = None) -> HttpR
         except ValidationError as exc:
             apply_service_errors(form, exc)
         else:
-            messages.success(request, f"Cluster {cluster.name} saved.")
+            messages.success(request, f"Cluster {cluster} saved.")
             return redirect("scheduling:clusters")
     return render(request, "scheduling/cluster_form.html", {"form": form, "cluster": cluster})
 

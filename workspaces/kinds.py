@@ -121,7 +121,7 @@ def _refuse_if_no_card_fits(cluster: Cluster, row: Any) -> None:
         m=Max("memory_mib"))["m"]
     if largest is not None and mem > largest:
         raise ValidationError({"gpu_memory_mib": [
-            f"{mem} MiB per GPU: the largest GPU of cluster {cluster.name} has {largest} MiB."]})
+            f"{mem} MiB per GPU: the largest GPU of cluster {cluster} has {largest} MiB."]})
 
 
 def kind_run(kind: WorkloadKind, *, actor: User, row: Any, name: str,

@@ -160,5 +160,5 @@ def refuse_if_no_node_holds_all(*, cluster: Cluster, groups: list[dict[str, Any]
             f"{sum(g.get('cpu_millicores', 0) for g in groups)} mCPU, "
             f"{sum(g.get('ram_mib', 0) for g in groups)} MiB RAM")
     raise ValidationError({field: [
-        f"These {len(pods)} pods must share one node ({need}), and no node of cluster {cluster.name} "
+        f"These {len(pods)} pods must share one node ({need}), and no node of cluster {cluster} "
         f"could hold them all even when empty."]})

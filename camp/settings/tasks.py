@@ -38,6 +38,10 @@ else:
         # broadcast (remote control) exchanges; kombu defaults to ./control
         "control_folder": str(_queue_dir / "control"),
         "store_processed": False,
+        # kombu polls a folder: with its default (1 s) a worker slept a second whenever its
+        # prefetch was full or the folder empty, so the demo's few hundred short tasks a minute
+        # queued for 10–50 s on an idle machine (issue 32). A listdir of a small folder is cheap.
+        "polling_interval": 0.1,
     }
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 

@@ -461,15 +461,15 @@ class ClosedWhy:
 def cluster_closed_why(cluster: Cluster) -> ClosedWhy | None:
     """None while the cluster is enabled and answers."""
     if not cluster.enabled:
-        return ClosedWhy(f"cluster {cluster.name} is disabled",
-                         f"Cluster {cluster.name} is disabled; it takes no new work until an "
+        return ClosedWhy(f"cluster {cluster} is disabled",
+                         f"Cluster {cluster} is disabled; it takes no new work until an "
                          "administrator enables it again")
     if cluster.unreachable_since is not None:
         since = cluster.unreachable_since.astimezone(dt.UTC).strftime("%H:%M UTC")
         error = public_error(cluster.last_error)
         last = f" (last error: {error})" if error else ""
-        return ClosedWhy(f"cluster {cluster.name} is unreachable",
-                         f"Cluster {cluster.name} is unreachable since {since}{last}; it takes "
+        return ClosedWhy(f"cluster {cluster} is unreachable",
+                         f"Cluster {cluster} is unreachable since {since}{last}; it takes "
                          "no new work until it answers again")
     return None
 

@@ -330,7 +330,7 @@ def _apply(inputs: selectors.CycleInputs, statuses: list[JobStatus], summary: Cy
             assert inputs.cluster is not None
             from .placement import job_unplace  # placement imports this module
 
-            if job_unplace(job_id=job.pk, reason=f"cluster {inputs.cluster.name} cannot run it: {d.reason}",
+            if job_unplace(job_id=job.pk, reason=f"cluster {inputs.cluster} cannot run it: {d.reason}",
                            refused=d.reason, refused_fp=(_refusal_fp(inputs, status, job, memo), status.kind),
                            locked=True, from_cluster=inputs.cluster.pk):
                 summary.waiting.append(job.pk)

@@ -417,7 +417,7 @@ def _dispatch_unreachable(job_id: int, error: str, *, attempt: int | None = None
         cluster = Cluster.objects.get(pk=cluster_id)
         why = cluster_closed_why(cluster)
         _release(job)
-        waits = why.pinned if why else f"Cluster {cluster.name} does not answer"
+        waits = why.pinned if why else f"Cluster {cluster} does not answer"
         reason = f"{waits}; its pods were not created, requeued (this attempt is not counted)"[:500]
         transition(job, "requeue", reason=reason, countdown=2,
                    fields={"attempts": max(0, job.attempts - 1), "reason_kind": "cluster"},
@@ -426,7 +426,7 @@ def _dispatch_unreachable(job_id: int, error: str, *, attempt: int | None = None
             from .placement import job_unplace
 
             # STARTING → the global queue in this transaction: no cycle reads it queued here.
-            back = why.floating if why else f"cluster {cluster.name} does not answer"
+            back = why.floating if why else f"cluster {cluster} does not answer"
             job_unplace(job_id=job.pk, reason=back, locked=True)
     return True
 

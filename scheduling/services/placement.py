@@ -439,7 +439,7 @@ def _kept(job: object, own: str, others: str) -> None:
         return
     reason = job.reason
     if job.reason_kind == "placed" and own:
-        reason = f"Placed on cluster {job.cluster.name} ({own})"[:500]
+        reason = f"Placed on cluster {job.cluster} ({own})"[:500]
     note = others[:500]
     if reason != job.reason or note != job.placement_note:
         step.kept.append((job.pk, job.cluster.pk, reason, note))
@@ -459,7 +459,7 @@ def _bind_placed(p: M.Pending, cluster: Cluster, decided: M.Choice, summary: Pla
     job = p.key
     assert isinstance(job, Job) and decided.probe is not None
     was = job.cluster_id
-    head = f"Placed on cluster {cluster.name} ({decided.probe.text()})"
+    head = f"Placed on cluster {cluster} ({decided.probe.text()})"
     if not _bind(job, cluster, head, decided.probe.text(), decided.others_text()):
         return False
     (summary.moved if was is not None else summary.placed).append(job.pk)

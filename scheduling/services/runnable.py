@@ -51,7 +51,7 @@ def refuse_never_runs_on(
             raise ValidationError(
                 {
                     f"groups[{i}].image": [
-                        f"The image is built for {_platforms(need)}; cluster {cluster.name} has "
+                        f"The image is built for {_platforms(need)}; cluster {cluster} has "
                         f"{_platforms(view.arches)} nodes only. Choose an image with a variant for it, "
                         f"or another cluster."
                     ]
@@ -62,7 +62,7 @@ def refuse_never_runs_on(
             raise ValidationError(
                 {
                     f"groups[{i}].gpu_models": [
-                        f"No node of cluster {cluster.name} has a GPU of model {', '.join(sorted(wanted))} "
+                        f"No node of cluster {cluster} has a GPU of model {', '.join(sorted(wanted))} "
                         f"(it has {have})."
                     ]
                 }

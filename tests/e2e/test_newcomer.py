@@ -216,7 +216,9 @@ def _open_notebook(page: Any, walk: Walk, who: str, url: str) -> None:
             break
         if time.monotonic() > deadline:
             heading = page.locator("h1").inner_text()
-            walk.fail(who, f"the notebook at {url} never offered Open (page: {heading!r})")
+            why = page.locator("main [data-live-field=reason]").all_inner_texts()
+            walk.fail(who, f"the notebook at {url} never offered Open (page: {heading!r}, "
+                           f"reason: {' '.join(why)!r})")
             return
         page.wait_for_timeout(5000)
     with page.expect_popup() as popup_info:

@@ -415,7 +415,7 @@ def _refuse_companions_never_fit(svc: ModelService) -> None:
     for i, c in enumerate(svc.companions):
         if largest is not None and c["gpu_memory_mib"] > largest:
             raise ValidationError({f"companions[{i}].gpu_memory_mib": [
-                f"{c['gpu_memory_mib']} MiB per GPU: the largest GPU of cluster {svc.cluster.name} has "
+                f"{c['gpu_memory_mib']} MiB per GPU: the largest GPU of cluster {svc.cluster} has "
                 f"{largest} MiB."]})
     refuse_if_no_node_holds_all(cluster=svc.cluster, groups=_groups(svc), field="companions")
 

@@ -62,3 +62,21 @@ def test_quota_by_cluster_names_clusters_by_display_name(world: Any) -> None:
     page = c.get(f"/t/{world.a.tenant.name}/").content.decode()
     assert f'<th scope="row">{DISPLAY}</th>' in page
     assert f'<th scope="row">{NAME}</th>' not in page
+
+
+def test_scheduler_reasons_name_the_cluster_by_its_display_name(world: Any) -> None:
+    """The scheduler's own words (a refusal at submit, why a closed cluster takes no work) use
+    the name the pages use, not the identifier."""
+    from django.core.exceptions import ValidationError
+
+    from scheduling.services.clusters import cluster_closed_why
+
+    cluster = scheduling.cluster_create(actor=world.admin, name=NAME, display_name=DISPLAY,
+                                        backend="simulated", inventory=SMALL_INVENTORY)
+    scheduling.inventory_sync(cluster=cluster)
+    with pytest.raises(ValidationError) as refused:
+        submit(world, cluster=cluster, name="nowhere", group={"gpu_models": ["B200"]})
+    assert f"No node of cluster {DISPLAY} has a GPU of model B200" in str(refused.value)
+    cluster.enabled = False
+    why = cluster_closed_why(cluster)
+    assert why is not None and why.pinned.startswith(f"Cluster {DISPLAY} is disabled")
