@@ -4,7 +4,10 @@ import os
 
 from celery import Celery
 
-from . import kombu_redis_close  # noqa: F401  a Redis reconnect must not end the worker
+from . import (
+    kombu_filesystem_put,  # noqa: F401  the demo broker never hands out half a message
+    kombu_redis_close,  # noqa: F401  a Redis reconnect must not end the worker
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "camp.settings")
 

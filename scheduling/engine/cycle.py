@@ -2,7 +2,7 @@
 
 ::
 
-    pending jobs ──► FairOrder (aged · priority · fair share per level · submit time)
+    pending jobs ──► FairOrder (aged · within guarantee · priority · fair share per level · submit time)
       per job:  reject?     shape no node can ever hold · ask above a limit · unknown queue ·
                             non-preemptible ask above a guarantee
                 quota       usage + ask within the limit at project, tenant and cluster level;
@@ -232,7 +232,8 @@ class QueueCycle:
     def run(self, pending: Sequence[Job]) -> CycleResult:
         """Decide every pending job, in Camp's order."""
         heads, rest = self.heads(pending)
-        order = FairOrder(self.tree, heads, self.now, self.config.aging)
+        order = FairOrder(self.tree, heads, self.now, self.config.aging,
+                          within=lambda j: self.tree.within_guaranteed(j.queue, self.ask(j)))
         decisions: list[Decision] = []
         provisional: dict[str, tuple[Decision, str, bool, bool]] = {}
         waiting: list[tuple[Job, str, tuple[object, ...] | None]] = []

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any
 
 from django.conf import settings
@@ -30,6 +31,56 @@ def _die_with_parent() -> None:
         pass
 
 
+class _Supervisor:
+    """The demo's worker, started again if it ever exits while the demo serves: a worker that
+    died (an unrecoverable error, the OOM killer) left the pages up and nothing scheduled,
+    with no word anywhere but the admin home's lag (issue 32). Hand-written: the demo runs
+    no process manager (systemd, supervisord), and compose and Helm restart theirs."""
+
+    RESTARTS = 5  # then the demo says so and stops trying: something is wrong for good
+
+    def __init__(self, argv: list[str], env: dict[str, str], say: Any) -> None:
+        self.argv, self.env, self.say = argv, env, say
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+
+    def _spawn(self) -> int:
+        self.proc = subprocess.Popen(  # noqa: S603 (fixed argv: this interpreter running celery)
+            self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+        return self.proc.pid
+
+    def start(self) -> int:
+        pid = self._spawn()
+        threading.Thread(target=self._watch, name="demo-worker-watch", daemon=True).start()
+        return pid
+
+    def _watch(self) -> None:
+        for restart in range(1, self.RESTARTS + 1):
+            assert self.proc is not None
+            code = self.proc.wait()
+            with self.lock:
+                if self.stopping.is_set():
+                    return
+                pid = self._spawn()
+            self.say(f"The Celery worker exited (code {code}); started again (pid {pid}, "
+                     f"restart {restart} of {self.RESTARTS}).")
+        assert self.proc is not None
+        code = self.proc.wait()
+        if not self.stopping.is_set():
+            self.say(f"The Celery worker exited (code {code}) {self.RESTARTS} times: nothing is "
+                     "scheduled any more. Stop the demo and read its log.")
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping.set()
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+
+
 class Command(BaseCommand):
     help = "Migrate, seed demo data, start a Celery worker+beat and serve http://127.0.0.1:8000."
 
@@ -51,13 +102,11 @@ class Command(BaseCommand):
             "DJANGO_SETTINGS_MODULE", "camp.settings"),
             # the living demo: the worker's beat runs portal.tasks.demo_load_tick
             "DEMO_LOAD": os.environ.get("DEMO_LOAD", "true")}
-        worker = subprocess.Popen(  # noqa: S603 (fixed argv: this interpreter running celery)
-            [sys.executable, "-m", "celery", "-A", "camp", "worker", "--beat", "--loglevel=WARNING",
-             f"--concurrency={DEMO_WORKER_PROCESSES}",
-             "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")],
-            env=env, start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509
-        )
-        self.stdout.write(f"Celery worker started (pid {worker.pid}).")
+        argv = [sys.executable, "-m", "celery", "-A", "camp", "worker", "--beat", "--loglevel=WARNING",
+                f"--concurrency={DEMO_WORKER_PROCESSES}",
+                "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")]
+        supervisor = _Supervisor(argv, env, self.stdout.write)
+        self.stdout.write(f"Celery worker started (pid {supervisor.start()}).")
         self.stdout.write(f"Camp is serving http://{options['addr']}:{options['port']}/ (Ctrl-C stops)")
         try:
             import uvicorn
@@ -66,5 +115,4 @@ class Command(BaseCommand):
             uvicorn.run("camp.asgi:application", host=options["addr"], port=options["port"],
                         log_level="warning", timeout_graceful_shutdown=5)
         finally:
-            os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(timeout=20)
+            supervisor.stop()

@@ -823,3 +823,27 @@ def test_ordinal() -> None:
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st",
     ]
+
+
+def test_a_reclaimed_borrower_does_not_take_back_the_room_it_was_evicted_for() -> None:
+    """The living demo's livelock (issue 32): a high-priority borrower of tenant ``v`` fills the
+    cluster; a normal notebook of tenant ``l`` within its guarantee reclaims; once the borrower
+    is released both are pending. Ordered by priority alone the borrower went first, took the
+    room back and was evicted again the next cycle, over and over. Guaranteed work goes first:
+    the notebook is admitted and the borrower waits."""
+    qtree = tree({"v": {"det": Quota()}, "l": {"llm": Quota(gpus_guaranteed=1)}},
+                 tenants={"l": Quota(gpus_guaranteed=1)})
+    snap = cluster(node("n1", 4))
+    sweep = gjob("sweep", 4, "v/det", priority=100, submit=0.0)
+    notebook = gjob("notebook", 1, "l/llm", priority=50, submit=10.0, preemptible=False)
+    first = cycle(snap, [notebook], qtree, run=[running("sweep", "n1", (0, 1, 2, 3), "v/det", priority=100)])
+    d = first.statuses["notebook"].decision
+    assert isinstance(d, Preempt) and d.victims == ("sweep",)  # the reclaim
+    # the sweep released and requeued: both wait for the same four cards
+    after = cycle(snap, [sweep, notebook], qtree)
+    assert admitted(after) == ["notebook"]
+    assert after.statuses["sweep"].kind == Kind.CAPACITY
+    # and the next cycle keeps it that way: nothing to evict, nothing re-admitted
+    again = cycle(snap, [sweep], qtree, run=[running("notebook", "n1", (0,), "l/llm", priority=50,
+                                                         preemptible=False)])
+    assert admitted(again) == [] and again.evicted == ()
