@@ -47,4 +47,4 @@ def _put(self: Any, queue: str, payload: Any, **kwargs: Any) -> None:
         raise ChannelError(f"Cannot add file {final!r} to directory") from exc
 
 
-kombu_filesystem.Channel._put = _put
+kombu_filesystem.Channel._put = _put  # type: ignore[method-assign]
