@@ -22,6 +22,8 @@ router.register("nodes", scheduling_views.NodeViewSet, basename="node")
 router.register("pools", scheduling_views.NodePoolViewSet, basename="nodepool")
 router.register("jobs", scheduling_views.JobViewSet, basename="job")
 router.register("namespace-bindings", scheduling_views.NamespaceBindingViewSet, basename="namespacebinding")
+router.register("priority-class-mappings", scheduling_views.PriorityClassMappingViewSet,
+                basename="priorityclassmapping")
 router.register("environments", workspace_views.EnvironmentViewSet, basename="environment")
 router.register("training-jobs", workspace_views.TrainingViewSet, basename="trainingjob")
 router.register("profiles", workspace_views.ProfileViewSet, basename="profile")

@@ -480,6 +480,44 @@ def ns_unbind(ctx: click.Context, binding: int) -> None:
     click.echo(f"binding {binding}: removed")
 
 
+@cli.group(name="priority-map")
+def priority_map() -> None:
+    """Kubernetes PriorityClass → Camp priority class, per cluster, for pods Camp did not create."""
+
+
+@priority_map.command(name="set")
+@click.argument("cluster")
+@click.argument("kube_priority_class")
+@click.argument("priority_class", type=click.Choice(["inference", "high", "normal", "batch"]))
+@click.pass_context
+def priority_map_set(ctx: click.Context, cluster: str, kube_priority_class: str, priority_class: str) -> None:
+    """Pods of CLUSTER whose priorityClassName is KUBE_PRIORITY_CLASS queue with PRIORITY_CLASS
+    (platform admins; setting it again changes the class)."""
+    done = _api(ctx).call("POST", "priority-class-mappings/", json={
+        "cluster": cluster, "kube_priority_class": kube_priority_class, "priority_class": priority_class})
+    click.echo(f"{done['cluster']}/{done['kube_priority_class']} → {done['priority_class']} "
+               f"(mapping {done['id']})")
+
+
+@priority_map.command(name="ls")
+@click.option("--cluster", default=None, help="only this cluster's")
+@click.pass_context
+def priority_map_ls(ctx: click.Context, cluster: str | None) -> None:
+    """The mappings (a PriorityClass not listed: a Camp class of the same name, else normal)."""
+    params = {"cluster": cluster} if cluster else {}
+    for m in _api(ctx).items("priority-class-mappings/", **params):
+        click.echo(f"{m['id']}\t{m['cluster']}/{m['kube_priority_class']}\t{m['priority_class']}")
+
+
+@priority_map.command(name="rm")
+@click.argument("mapping", type=int)
+@click.pass_context
+def priority_map_rm(ctx: click.Context, mapping: int) -> None:
+    """Remove a mapping (its pods follow the default rule again)."""
+    _api(ctx).call("DELETE", f"priority-class-mappings/{mapping}/")
+    click.echo(f"mapping {mapping}: removed")
+
+
 @cli.group()
 def serve() -> None:
     """Model services: online inference replicas, autoscaled, beside training."""

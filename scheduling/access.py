@@ -37,6 +37,7 @@ from .models import (
     NodePool,
     PodGroup,
     PodLogTail,
+    PriorityClassMapping,
     ProjectNamespace,
     SchedulingDecision,
     SimulatedPod,
@@ -81,6 +82,9 @@ def register_rules() -> None:
     # A namespace bound to a project (issue 34): its members see it, its admins bind and unbind.
     register(NamespaceBinding, ProjectScoped(view=PROJECT_MEMBER, create=PROJECT_ADMIN,
                                              change=PROJECT_ADMIN, delete=PROJECT_ADMIN))
+    # Which Camp class an external pod's PriorityClass maps to: cluster-wide, read by every
+    # tenant member (what their pods will get), set by platform admins.
+    register(PriorityClassMapping, PlatformOnly(view=TENANT_MEMBER))
     register(ExternalPod, Internal("the pods of an external job, shown within its job"))
     register(SimulatedPod, Internal("the simulated backend's stand-in for a cluster's pods"))
     # A finished pod's last lines: read by whoever reads its job (served within the job's logs).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
 
@@ -740,6 +740,38 @@ class NamespaceBinding(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster.name}/{self.namespace}"
+
+
+KUBE_NAME_VALIDATOR = RegexValidator(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+    "A Kubernetes object name: lowercase letters, digits, '-' and '.', starting and ending "
+    "with a letter or digit.")
+
+
+class PriorityClassMapping(models.Model):
+    """Which of Camp's priority classes an external pod gets for its Kubernetes PriorityClass
+    (issue 34), one table per cluster (PriorityClasses are cluster-wide objects), set by
+    platform admins. A PriorityClass with no row keeps the rule of ``external_priority``: a
+    Camp class of the same name, else normal."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="priority_mappings")
+    kube_priority_class = models.CharField(
+        max_length=253, validators=[KUBE_NAME_VALIDATOR],
+        help_text="The pods' spec.priorityClassName (a PriorityClass of the cluster).")
+    priority_class = models.CharField(max_length=16, choices=PriorityClass.choices,
+                                      help_text="Camp's class for those pods.")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                                   related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster__name", "kube_priority_class"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "kube_priority_class"], name="priority_mapped_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.kube_priority_class}"
 
 
 class ExternalPod(models.Model):

@@ -21,7 +21,7 @@ from tenants.permissions import CHANGE, CREATE, actor_of, can, restrict
 
 from . import selectors, services
 from .filters import JobListFilter
-from .models import Cluster, GpuDevice, Job, JobState, Node, NodePool
+from .models import Cluster, GpuDevice, Job, JobState, Node, NodePool, PriorityClassMapping
 
 
 class ClusterForm(forms.ModelForm[Cluster]):
@@ -278,8 +278,65 @@ def namespace_bindings(request: HttpRequest) -> HttpResponseBase:
     rows = [{"b": b, "can_delete": can(user, "delete", b)}
             for b in restrict(NamespaceBinding.objects.select_related("cluster", "project", "tenant",
                                                                       "created_by"), request.user)]
-    return render(request, "scheduling/namespaces.html",
-                  {"rows": rows, "form": form, "can_bind": bool(projects and clusters)})
+    mapped = PriorityClassMapping.objects.select_related("cluster", "created_by")
+    mappings = list(restrict(mapped, request.user))
+    may_map = can(user, CREATE, PriorityClassMapping())
+    return render(request, "scheduling/namespaces.html", {
+        "rows": rows, "form": form, "can_bind": bool(projects and clusters), "mappings": mappings,
+        "may_map": may_map, "map_form": PriorityMapForm(clusters=clusters) if may_map else None})
+
+
+class PriorityMapForm(forms.Form):
+    cluster = forms.ChoiceField(choices=())
+    kube_priority_class = forms.CharField(max_length=253, label="Kubernetes PriorityClass")
+    priority_class = forms.ChoiceField(choices=(), label="Camp priority class")
+
+    def __init__(self, *args: Any, clusters: list[str], **kw: Any) -> None:
+        from .models import PriorityClass
+
+        super().__init__(*args, **kw)
+        self.fields["cluster"].choices = [(c, c) for c in clusters]  # type: ignore[attr-defined]
+        self.fields["priority_class"].choices = PriorityClass.choices  # type: ignore[attr-defined]
+
+
+@login_required
+@require_POST
+def priority_map_set(request: HttpRequest) -> HttpResponseBase:
+    """Platform admins map a Kubernetes PriorityClass to a Camp class (issue 34)."""
+    from .models import Backend
+
+    user = actor_of(request)
+    if not can(user, CREATE, PriorityClassMapping()):
+        raise PermissionDenied
+    clusters = list(restrict(Cluster.objects.filter(backend=Backend.KUBERNETES), request.user)
+                    .values_list("name", flat=True))
+    form = PriorityMapForm(request.POST, clusters=clusters)
+    if form.is_valid():
+        try:
+            services.priority_mapping_set(
+                actor=user, cluster=Cluster.objects.get(name=form.cleaned_data["cluster"]),
+                kube_priority_class=form.cleaned_data["kube_priority_class"],
+                priority_class=form.cleaned_data["priority_class"])
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"PriorityClass {form.cleaned_data['kube_priority_class']} mapped.")
+            return redirect("scheduling:namespaces")
+    # the page keeps no form state across the redirect: each field's error is said by its label
+    for field, errors in form.errors.items():
+        label = form[field].label if field in form.fields else field
+        messages.error(request, f"{label}: {' '.join(str(e) for e in errors)}")
+    return redirect("scheduling:namespaces")
+
+
+@login_required
+@require_POST
+def priority_map_delete(request: HttpRequest, pk: int) -> HttpResponseBase:
+    rows = PriorityClassMapping.objects.select_related("cluster")
+    mapping = get_object_or_404(restrict(rows, request.user), pk=pk)
+    services.priority_mapping_delete(actor=actor_of(request), mapping=mapping)
+    messages.success(request, f"Mapping of {mapping.kube_priority_class} removed.")
+    return redirect("scheduling:namespaces")
 
 
 @login_required

@@ -23,6 +23,7 @@ from ..models import (
     NodePool,
     PodGroup,
     PriorityClass,
+    PriorityClassMapping,
     SchedulingDecision,
     is_any_cluster,
 )
@@ -308,6 +309,20 @@ class NamespaceBindingSerializer(serializers.ModelSerializer[NamespaceBinding]):
         model = NamespaceBinding
         fields = ["id", "cluster", "namespace", "project", "tenant", "created_by", "created_at"]
         read_only_fields = ["id", "tenant", "created_by", "created_at"]
+        validators: list[Any] = []
+
+
+class PriorityClassMappingSerializer(serializers.ModelSerializer[PriorityClassMapping]):
+    """Which of Camp's priority classes the external pods of a cluster get for their Kubernetes
+    PriorityClass (issue 34). Without a row: a Camp class of the same name, else normal."""
+
+    cluster = VisibleClusterField(slug_field="name", queryset=Cluster.objects.all())
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = PriorityClassMapping
+        fields = ["id", "cluster", "kube_priority_class", "priority_class", "created_by", "updated_at"]
+        read_only_fields = ["id", "created_by", "updated_at"]
         validators: list[Any] = []
 
 

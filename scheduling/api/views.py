@@ -28,6 +28,7 @@ from ..models import (
     NamespaceBinding,
     Node,
     NodePool,
+    PriorityClassMapping,
     SchedulingDecision,
 )
 from .serializers import (
@@ -40,6 +41,7 @@ from .serializers import (
     NamespaceBindingSerializer,
     NodePoolSerializer,
     NodeSerializer,
+    PriorityClassMappingSerializer,
     QuarantineSerializer,
     flat_errors,
 )
@@ -199,6 +201,34 @@ class NamespaceBindingViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixi
 
     def perform_destroy(self, instance: NamespaceBinding) -> None:
         services.namespace_unbind(actor=actor_of(self.request), binding=instance)
+
+
+@extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
+class PriorityClassMappingViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                                  mixins.CreateModelMixin, mixins.DestroyModelMixin, CampViewSet):
+    """Kubernetes PriorityClass → Camp priority class, per cluster, for the pods Camp schedules
+    that it did not create (issue 34). Platform admins set rows (a create for a PriorityClass
+    already mapped changes its class); every tenant member reads them. docs/KUBERNETES.md."""
+
+    model = PriorityClassMapping
+    serializer_class = PriorityClassMappingSerializer
+    filterset_fields = ["cluster", "priority_class"]
+    ordering_fields = ["kube_priority_class", "updated_at"]
+
+    def get_queryset(self) -> QuerySet[Any]:
+        return super().get_queryset().select_related("cluster", "created_by")
+
+    # Permission before the body's cluster name is resolved (issue 30, item 8).
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        self.require_before_parsing(CREATE, PriorityClassMapping())
+        return super().create(request, *args, **kwargs)
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.instance = services.priority_mapping_set(
+            actor=actor_of(self.request), **dict(serializer.validated_data))
+
+    def perform_destroy(self, instance: PriorityClassMapping) -> None:
+        services.priority_mapping_delete(actor=actor_of(self.request), mapping=instance)
 
 
 @extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))

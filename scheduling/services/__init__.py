@@ -104,7 +104,14 @@ from .dispatch import (
     namespace_spec,
     project_namespace_ensure,
 )
-from .external import external_pods_sync, namespace_bind, namespace_unbind
+from .external import (
+    external_pods_sync,
+    external_priority,
+    namespace_bind,
+    namespace_unbind,
+    priority_mapping_delete,
+    priority_mapping_set,
+)
 from .inventory import (
     _GPU_SYNCED,
     _NODE_SYNCED,
@@ -312,6 +319,9 @@ __all__ = [
     "_end",
     "_stop_after_commit_now",
     "external_pods_sync",
+    "external_priority",
+    "priority_mapping_delete",
+    "priority_mapping_set",
     "namespace_bind",
     "namespace_unbind",
 ]

@@ -40,6 +40,8 @@ from ..models import (
     Job,
     JobState,
     NamespaceBinding,
+    PriorityClass,
+    PriorityClassMapping,
 )
 from .common import _require, logger
 from .jobs import job_submit, job_terminate
@@ -103,6 +105,55 @@ def namespace_unbind(*, actor: User, binding: NamespaceBinding) -> None:
                                      namespace=binding.namespace).values_list("pk", flat=True):
         job_terminate(job_id=job_id, by=actor.get_username(),
                       reason=f"Namespace {binding.namespace} was unbound from the project; not admitted")
+
+
+# --- PriorityClass → Camp class -------------------------------------------------------------
+
+
+def external_priority(cluster: Cluster, kube_priority_class: str) -> str:
+    """Camp's priority class for a pod of ``cluster`` with this ``spec.priorityClassName``: the
+    platform admins' table (``PriorityClassMapping``); without a row, a Camp class of the same
+    name (a cluster may define PriorityClasses named like Camp's); otherwise normal."""
+    if kube_priority_class:
+        rows = PriorityClassMapping.objects.filter(cluster=cluster, kube_priority_class=kube_priority_class)
+        mapped = rows.values_list("priority_class", flat=True).first()
+        if mapped:
+            return str(mapped)
+        if kube_priority_class in PRIORITY_VALUES:
+            return kube_priority_class
+    return str(PriorityClass.NORMAL)
+
+
+def priority_mapping_set(*, actor: User, cluster: Cluster, kube_priority_class: str,
+                         priority_class: str) -> PriorityClassMapping:
+    """Map a PriorityClass of ``cluster`` to one of Camp's classes (platform admins; a second
+    call for the same PriorityClass changes its class). Applies to pods queued from then on."""
+    with transaction.atomic():
+        row = (PriorityClassMapping.objects.select_for_update()
+               .filter(cluster=cluster, kube_priority_class=kube_priority_class).first())
+        before = {"priority_class": row.priority_class} if row is not None else None
+        if row is None:
+            row = PriorityClassMapping(cluster=cluster, kube_priority_class=kube_priority_class,
+                                       created_by=actor)
+        _require(actor, permissions.CHANGE if row.pk else permissions.CREATE, row)
+        row.priority_class = priority_class
+        row.full_clean(exclude=["cluster", "created_by"], validate_constraints=False)
+        row.save()
+        audit_record(actor=actor, action="priority_mapping.set", target=row, before=before,
+                     after={"cluster": cluster.name, "kube_priority_class": kube_priority_class,
+                            "priority_class": priority_class})
+    return row
+
+
+def priority_mapping_delete(*, actor: User, mapping: PriorityClassMapping) -> None:
+    """Remove a row: that PriorityClass's pods follow the default rule again."""
+    _require(actor, permissions.DELETE, mapping)
+    with transaction.atomic():
+        audit_record(actor=actor, action="priority_mapping.deleted", target=mapping,
+                     before={"cluster": mapping.cluster.name,
+                             "kube_priority_class": mapping.kube_priority_class,
+                             "priority_class": mapping.priority_class})
+        mapping.delete()
 
 
 # --- external pods --------------------------------------------------------------------------
@@ -233,7 +284,7 @@ def _queue(backend: Any, cluster: Cluster, binding: NamespaceBinding, group: str
             _tell(backend, p, REFUSED, f"Pod group {group}: Camp takes gangs of identical pods only "
                                        "(one shape of resources and image); never bound")
         return "refused"
-    priority = first.spec.priority_class_name or ""
+    priority = external_priority(cluster, first.spec.priority_class_name or "")
     actor = binding.created_by
     try:
         if actor is None:
@@ -243,7 +294,7 @@ def _queue(backend: Any, cluster: Cluster, binding: NamespaceBinding, group: str
                 actor=actor, project=binding.project, cluster=cluster,
                 name=_job_name(group or first.metadata.name, first.metadata.uid), kind=EXTERNAL_KIND,
                 groups=[{"name": "pod", "replicas": len(pods), **asks[0]}], gang=True,
-                priority_class=priority if priority in PRIORITY_VALUES else "normal")
+                priority_class=priority)
             Job.objects.filter(pk=job.pk).update(namespace=binding.namespace)
             ExternalPod.objects.bulk_create([ExternalPod(
                 job=job, cluster=cluster, namespace=p.metadata.namespace, name=p.metadata.name,

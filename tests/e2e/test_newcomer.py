@@ -101,6 +101,7 @@ class Walk:
     times: dict[str, list[float]] = field(default_factory=dict)
     pages: int = 0
     lag: list[str] = field(default_factory=list)
+    by_url: list[tuple[float, str]] = field(default_factory=list)
 
     def fail(self, who: str, what: str) -> None:
         if len(self.failures) < 200:
@@ -180,6 +181,7 @@ def _visit(page: Any, walk: Walk, who: str, url: str) -> None:
     started = time.monotonic()
     response = page.goto(url, wait_until="load")
     walk.times.setdefault(who, []).append(time.monotonic() - started)
+    walk.by_url.append((round(time.monotonic() - started, 3), url))
     walk.pages += 1
     status = response.status if response else None
     _check(page, walk, who, url, status)
@@ -301,6 +303,7 @@ def test_newcomer_walks_the_living_demo(demo: str, browser: Any) -> None:
         "minutes": MINUTES, "rounds": rounds, "pages": walk.pages, "load": os.getloadavg(),
         "median_s": round(statistics.median(every), 3),
         "p95_s": round(every[int(0.95 * (len(every) - 1))], 3), "max_s": round(every[-1], 3),
-        "over_1s": sum(t > 1 for t in every), "lag": walk.lag[-3:], "failures": walk.failures,
+        "over_1s": sum(t > 1 for t in every), "slowest": sorted(walk.by_url, reverse=True)[:15],
+        "lag": walk.lag[-3:], "failures": walk.failures,
     }, indent=2))
     assert not walk.failures, "\n".join(walk.failures)

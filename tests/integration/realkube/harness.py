@@ -228,6 +228,10 @@ class KubeApiserver:
                     raise
         for node in core.list_node().items:
             core.delete_node(node.metadata.name)
+        sched = k8s.SchedulingV1Api(self.client())
+        for pc in sched.list_priority_class().items:
+            if not pc.metadata.name.startswith("system-"):  # the apiserver's own two stay
+                sched.delete_priority_class(pc.metadata.name)
         adm = k8s.AdmissionregistrationV1Api(self.client())
         for hook in adm.list_mutating_webhook_configuration().items:
             adm.delete_mutating_webhook_configuration(hook.metadata.name)

@@ -6,6 +6,7 @@ no job; unbinding cancels what waits and admits nothing new; everything audited.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from kubernetes import client as k8s
 
 from scheduling import services
 from scheduling.backends.kubernetes import WORKLOADS_ROLE
-from scheduling.models import ExternalPod, Job, NamespaceBinding
+from scheduling.models import ExternalPod, Job, NamespaceBinding, PriorityClassMapping
 from tenants.models import AuditEvent
 from tests.conftest import client_for
 
@@ -154,3 +155,96 @@ def test_binding_needs_both_sides_and_external_pods_follow_it(world: Any, kube: 
     services.external_pods_sync(cluster=cluster)
     assert _condition(core, "team-b", "after").reason == "CampNamespaceNotBound"
     assert not ExternalPod.objects.filter(name="after").exists()
+
+
+def test_an_external_pods_priority_class_maps_to_camps_by_the_admins_table(
+        world: Any, kube: Any, live_server: Any, tmp_path: Any) -> None:
+    """Issue 34: a pod's PriorityClass (a real one: the apiserver's Priority admission resolves
+    it) gives its external job the Camp class of the platform admins' table; without a row, a
+    Camp class of the same name, else normal. Set from the API, the CLI and the console,
+    read by tenant members, refused to them, audited."""
+    from tenants import services as tenant_services
+
+    kube.node("gpu-a", devices=hami_devices(2))
+    cluster = kube.register(world)
+    core = kube.core
+    sched = k8s.SchedulingV1Api(kube.server.client())
+    for name, value in (("team-urgent", 100000), ("team-low", 10), ("batch", 5), ("unmapped", 7)):
+        sched.create_priority_class({"metadata": {"name": name}, "value": value})
+    core.create_namespace({"metadata": {"name": "team-p"}})
+    body = {"cluster": cluster.name, "namespace": "team-p", "project": world.a.project.pk}
+    said = client_for(world.a.project_admin).post("/api/v1/namespace-bindings/", body, format="json")
+    labels = dict(kv.split("=", 1) for kv in said.json()["namespace"][0].split(
+        "kubectl label namespace team-p ", 1)[1].split())
+    core.patch_namespace("team-p", {"metadata": {"labels": labels}})
+    assert client_for(world.a.project_admin).post("/api/v1/namespace-bindings/", body,
+                                                  format="json").status_code == 201
+
+    maps = "/api/v1/priority-class-mappings/"
+    row = {"cluster": cluster.name, "kube_priority_class": "team-urgent", "priority_class": "high"}
+    # only platform admins set the table; a bad class or name is refused naming its field
+    assert client_for(world.a.owner).post(maps, row, format="json").status_code == 403
+    admin = client_for(world.admin)
+    bad = admin.post(maps, {**row, "priority_class": "urgent"}, format="json")
+    assert bad.status_code == 400 and "priority_class" in bad.json(), bad.content
+    bad = admin.post(maps, {**row, "kube_priority_class": "Team_Urgent"}, format="json")
+    assert bad.status_code == 400 and "kube_priority_class" in bad.json(), bad.content
+    made = admin.post(maps, {**row, "priority_class": "normal"}, format="json")
+    assert made.status_code == 201, made.content
+    again = admin.post(maps, row, format="json")  # the same PriorityClass again: its class changes
+    assert again.status_code == 201 and again.json()["id"] == made.json()["id"], again.content
+    # the CLI (as the platform admin) and the console (a platform admin's form)
+    _, token = tenant_services.token_create(actor=world.admin, name="cli")
+    env = {"CAMP_URL": live_server.url, "CAMP_TOKEN": token, "CAMP_CONFIG": str(tmp_path / "admin.json")}
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    done = subprocess.run([sys.executable, "-m", "camp_cli", "priority-map", "set", cluster.name, "team-low",
+                           "batch"], env={**os.environ, **env}, cwd=settings.BASE_DIR, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "team-low → batch" in done.stdout, done.stdout + done.stderr
+    from django.test import Client
+
+    console = Client()
+    console.force_login(world.admin)
+    page = console.post("/scheduling/namespaces/priority-map/", {
+        "cluster": cluster.name, "kube_priority_class": "batch", "priority_class": "normal"}, follow=True)
+    assert page.status_code == 200 and "PriorityClass batch mapped." in page.content.decode(), re.findall(
+        r"<li[^>]*>([^<]*)</li>", page.content.decode())
+    # members read the table (what their pods will get) but have no form and may not post
+    mine = client_for(world.a.member)
+    listed = {m["kube_priority_class"]: m["priority_class"] for m in mine.get(maps).json()["results"]}
+    assert listed == {"team-urgent": "high", "team-low": "batch", "batch": "normal"}
+    seen = mine.get("/scheduling/namespaces/").content.decode()
+    assert "team-urgent" in seen and 'action="/scheduling/namespaces/priority-map/"' not in seen
+    member_console = Client()
+    member_console.force_login(world.a.member)
+    assert member_console.post("/scheduling/namespaces/priority-map/", {
+        "cluster": cluster.name, "kube_priority_class": "x", "priority_class": "high"}).status_code == 403
+    bad_form = console.post("/scheduling/namespaces/priority-map/", {
+        "cluster": cluster.name, "kube_priority_class": "Not_A_Name", "priority_class": "high"}, follow=True)
+    assert "Kubernetes PriorityClass: A Kubernetes object name" in bad_form.content.decode()
+
+    def pod(name: str, priority_class: str) -> None:
+        core.create_namespaced_pod("team-p", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"schedulerName": "camp-scheduler", "priorityClassName": priority_class,
+                     "containers": [{"name": "main", "image": "busybox", "resources": {
+                         "requests": {"cpu": "100m", "memory": "64Mi"},
+                         "limits": {"nvidia.com/gpu": "1"}}}]}})
+
+    for name, pc in (("urgent", "team-urgent"), ("low", "team-low"), ("named", "batch"),
+                     ("other", "unmapped")):
+        pod(name, pc)
+    services.external_pods_sync(cluster=cluster)
+    got = {p.name: p.job.priority_class for p in ExternalPod.objects.select_related("job")}
+    # mapped rows win (even over a Camp class's own name); an unmapped name is normal
+    assert got == {"urgent": "high", "low": "batch", "named": "normal", "other": "normal"}
+    assert AuditEvent.objects.filter(action="priority_mapping.set").count() == 4
+    mapping = PriorityClassMapping.objects.get(kube_priority_class="batch")
+    assert admin.delete(f"{maps}{mapping.pk}/").status_code == 204
+    assert services.external_priority(cluster, "batch") == "batch"  # the default rule again
+    assert AuditEvent.objects.filter(action="priority_mapping.deleted").exists()
