@@ -248,3 +248,54 @@ def test_an_external_pods_priority_class_maps_to_camps_by_the_admins_table(
     assert admin.delete(f"{maps}{mapping.pk}/").status_code == 204
     assert services.external_priority(cluster, "batch") == "batch"  # the default rule again
     assert AuditEvent.objects.filter(action="priority_mapping.deleted").exists()
+
+
+def test_a_camp_job_of_higher_priority_preempts_an_external_pod(world: Any, kube: Any) -> None:
+    """Issue 34: an external pod is preempted like any job. Running on the only card, a batch
+    pod (its PriorityClass ``batch``) yields to a high-priority Camp job of the project: Camp
+    deletes the pod (as kube-scheduler's preemption does), its job ends cancelled saying why,
+    and the Camp job is admitted on the card it freed; the pod's owner would make a new pod,
+    which queues as a new job."""
+    kube.node("gpu-a", devices=hami_devices(1))
+    cluster = kube.register(world)
+    core = kube.core
+    k8s.SchedulingV1Api(kube.server.client()).create_priority_class(
+        {"metadata": {"name": "batch"}, "value": 10})
+    core.create_namespace({"metadata": {"name": "team-x"}})
+    body = {"cluster": cluster.name, "namespace": "team-x", "project": world.a.project.pk}
+    padmin = client_for(world.a.project_admin)
+    said = padmin.post("/api/v1/namespace-bindings/", body, format="json").json()["namespace"][0]
+    labels = dict(kv.split("=", 1) for kv in said.split("kubectl label namespace team-x ", 1)[1].split())
+    core.patch_namespace("team-x", {"metadata": {"labels": labels}})
+    assert padmin.post("/api/v1/namespace-bindings/", body, format="json").status_code == 201
+    core.create_namespaced_pod("team-x", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sweep"},
+        "spec": {"schedulerName": "camp-scheduler", "priorityClassName": "batch",
+                 "containers": [{"name": "main", "image": "busybox", "resources": {
+                     "requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"nvidia.com/gpu": "1"}}}]}})
+    services.external_pods_sync(cluster=cluster)
+    ext = Job.objects.get(kind="external")
+    assert (ext.priority_class, ext.preemptible) == ("batch", True)
+    services.cycle_run(cluster=cluster)
+    assert services.job_dispatch(job_id=ext.pk) == "created", Job.objects.get(pk=ext.pk).reason
+    assert core.read_namespaced_pod("sweep", "team-x").spec.node_name == "gpu-a"
+
+    from tests.integration.scheduling.conftest import submit
+
+    urgent = submit(world, cluster, "urgent", priority_class="high", group={"gpu_count": 1})
+    services.cycle_run(cluster=cluster)
+    assert Job.objects.get(pk=ext.pk).state == "preempting"
+    assert Job.objects.get(pk=urgent.pk).state == "queued"  # until the card is free
+    assert services.job_stop(job_id=ext.pk, queued=True) == "waiting"  # deleted, 30 s of grace
+    pod = core.read_namespaced_pod("sweep", "team-x")
+    assert pod.metadata.deletion_timestamp is not None
+    # The kubelet's part once the container stopped: the pod object goes.
+    core.delete_namespaced_pod("sweep", "team-x", grace_period_seconds=0)
+    services.cluster_reconcile(cluster=cluster)
+    ended = Job.objects.get(pk=ext.pk)
+    assert ended.state == "cancelled", ended.reason
+    assert ended.reason == f"Preempted by job urgent (#{urgent.pk}, priority high); its pod was deleted"
+    services.cycle_run(cluster=cluster)
+    assert Job.objects.get(pk=urgent.pk).state == "starting", Job.objects.get(pk=urgent.pk).reason
+    page = client_for(world.a.member).get(f"/api/v1/jobs/{ext.pk}/").json()
+    assert page["state"] == "cancelled" and page["kubernetes_pods"][0]["name"] == "sweep"
