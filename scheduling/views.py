@@ -223,6 +223,8 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "allocations": allocations,
         "decisions": decisions, "visible_preemptors": set(preemptors.values_list("pk", flat=True)),
         "pods_total": sum(g.replicas for g in job.groups.all()),
+        # an external job's own pods (issue 34): read within the job, whose rule was checked
+        "external_pods": list(job.external_pods.order_by("replica")) if job.kind == "external" else [],
         "can_cancel": not job.is_final and can(request.user, "delete", job)})
 
 

@@ -299,3 +299,16 @@ def test_a_camp_job_of_higher_priority_preempts_an_external_pod(world: Any, kube
     assert Job.objects.get(pk=urgent.pk).state == "starting", Job.objects.get(pk=urgent.pk).reason
     page = client_for(world.a.member).get(f"/api/v1/jobs/{ext.pk}/").json()
     assert page["state"] == "cancelled" and page["kubernetes_pods"][0]["name"] == "sweep"
+    # the portal's job page: how it ended, and the Kubernetes objects it stands for
+    from django.test import Client
+
+    member = Client()
+    member.force_login(world.a.member)
+    html = member.get(f"/scheduling/jobs/{ext.pk}/").content.decode()
+    assert f"Preempted by job urgent (#{urgent.pk}, priority high); its pod was deleted" in html
+    assert 'id="kubernetes-objects"' in html and "<code>team-x/sweep</code>" in html
+    assert "kubectl -n team-x get pod sweep" in html
+    assert 'id="kubernetes-objects"' not in member.get(f"/scheduling/jobs/{urgent.pk}/").content.decode()
+    other = Client()
+    other.force_login(world.b.member)
+    assert other.get(f"/scheduling/jobs/{ext.pk}/").status_code == 404
