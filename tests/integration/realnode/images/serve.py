@@ -7,6 +7,7 @@ Camp passes the service's args; CAMP_MODEL names the model source.
 import argparse
 import json
 import os
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,6 +46,9 @@ def main() -> None:
         print("model loaded", flush=True)
 
     threading.Thread(target=load, daemon=True).start()
+    # PID 1 of its container ignores SIGTERM without a handler (a removed replica sat out its
+    # 30-s grace): exit at once; requests in flight are the client's to retry.
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
     server.serve_forever()
 
 

@@ -17,6 +17,7 @@ Prints one line per step.
 import argparse
 import datetime
 import os
+import signal
 import sys
 import time
 
@@ -29,7 +30,16 @@ def log(msg: str) -> None:
     print(f"[rank {os.environ.get('RANK', '0')}] {msg}", flush=True)
 
 
+def _stopped(signum: int, frame: object) -> None:
+    # PID 1 of its container: without a handler the kernel ignores SIGTERM, so a preempted pod
+    # sat out its whole grace period (30 s) before the kubelet's SIGKILL. Work since the last
+    # checkpoint is lost either way; exit at once (as torchrun does for its workers).
+    log("SIGTERM: stopping; a resumed run starts from the last checkpoint")
+    os._exit(128 + signum)
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stopped)
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--every", type=int, default=5)
