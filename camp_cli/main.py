@@ -488,7 +488,7 @@ def priority_map() -> None:
 @priority_map.command(name="set")
 @click.argument("cluster")
 @click.argument("kube_priority_class")
-@click.argument("priority_class", type=click.Choice(["inference", "high", "normal", "batch"]))
+@click.argument("priority_class")  # the API checks it against Camp's classes (one list, the server's)
 @click.pass_context
 def priority_map_set(ctx: click.Context, cluster: str, kube_priority_class: str, priority_class: str) -> None:
     """Pods of CLUSTER whose priorityClassName is KUBE_PRIORITY_CLASS queue with PRIORITY_CLASS
