@@ -189,8 +189,10 @@ def _result(
     delays = sorted(sim.waited.values())
     span = (m.last_t or 0.0) - min(sim.created.values())
     by_qos: dict[str, list[float]] = {}
+    by_tenant: dict[str, list[float]] = {}
     for n, w in sim.waited.items():
         by_qos.setdefault(sim.qos[n], []).append(w)
+        by_tenant.setdefault(sim.jobs[n].queue.split("/")[0], []).append(w)
     return {
         "scheduler": scheduler,
         "pods": len(sim.jobs),
@@ -201,6 +203,8 @@ def _result(
         "p95_delay_s": _pct(delays, 0.95),
         "mean_delay_s": statistics.fmean(delays),
         "p95_delay_by_qos_s": {q: _pct(sorted(v), 0.95) for q, v in sorted(by_qos.items())},
+        "delay_by_tenant_s": {t: {"p50": _pct(sorted(v), 0.5), "p95": _pct(sorted(v), 0.95)}
+                              for t, v in sorted(by_tenant.items())},
         "preemptions": sim.preemptions,
         "below_guarantee_waiting_project_hours": m.below_waiting / 3600,
         "below_guarantee_project_hours": m.below_fits / 3600,
@@ -453,6 +457,182 @@ def replay_camp(
     return _result(sim, "camp", m, never, cycles, time.perf_counter() - t0)
 
 
+def replay_kueue(snap: ClusterSnapshot, sim: Sim) -> dict[str, object]:
+    """Kueue's admission rules, reimplemented from its documentation (concepts: ClusterQueue,
+    Cohort, Preemption; the scheduler's BestEffortFIFO), as a baseline (issue 34):
+
+    * each project is a ClusterQueue with ``nominalQuota`` = its guarantee and a
+      ``borrowingLimit`` up to its limit, all eight in one cohort (Kueue's cohorts are flat);
+      quota is counted in GPU shares (a HAMi pod's ``gpucores``/100, a whole card 1), as a
+      ClusterQueue quota on HAMi's resources would, which favours Kueue over counting
+      ``nvidia.com/gpu`` (1 per shared pod);
+    * ``queueingStrategy: BestEffortFIFO``: a queue's workloads by priority, then the time
+      they were queued (creation, or eviction: ``requeuingStrategy.timestamp: Eviction``); a
+      head that does not fit is set aside and the next one tried, until something changes;
+    * each round takes every queue's head, those that would not borrow first, then by priority
+      and time, and admits what fits its queue's limit and the cohort's quota (the queues'
+      nominal quotas, lent to each other while unused);
+    * preemption ``withinClusterQueue: LowerPriority`` and ``reclaimWithinCohort: Any``: the
+      candidates are the queue's own lower-priority workloads and, if the incoming workload
+      then fits within its nominal quota, any workload of a borrowing queue of the cohort;
+      taken borrowing queues first, then lowest priority, then most recently admitted, until
+      it fits, then given back in reverse where it still fits (a minimal set);
+    * admission is quota only: the admitted workload's pod is then placed by kube-scheduler
+      (BestFit, as fifo-skip), and waits, holding its quota, while no node has room for it
+      (``waitForPodsReady`` off, the default).
+
+    Priorities follow the trace's QoS as for Camp; Kueue has no notion of a non-preemptible
+    workload beyond priority, so Burstable pods may be preempted by LS ones of their queue."""
+    state = ClusterState(snap)
+    placer = Placer(state, BestFitPolicy())
+    card = {n.name: [g.memory_mib for g in n.gpus] for n in snap.nodes}
+    nominal = sim.guaranteed_milli / 1000
+    limit = 4 * nominal
+    capacity = nominal * len(PROJECTS)
+    events = _events(sim)
+    pending: dict[str, Job] = {}
+    queued_at: dict[str, float] = {}
+    pending_since: dict[str, float] = {}
+    admitted: dict[str, tuple[str, float, float]] = {}  # name -> (queue, share, admitted at)
+    placing: list[str] = []  # admitted, waiting for kube-scheduler, in admission order
+    running: dict[str, RunningJob] = {}
+    gpus_of: dict[str, float] = {}
+    token: dict[str, str] = {}
+    never: set[str] = set()
+    usage = dict.fromkeys(PROJECTS, 0.0)
+    m = _Metrics(sim)
+    cycles = 0
+    t0 = time.perf_counter()
+    eps = 1e-9
+
+    def fits(q: str, need: float, use: dict[str, float]) -> bool:
+        # within the queue's limit (nominal + borrowingLimit), and the cohort's quota (the sum of
+        # its queues' nominal quotas) has room: a queue's unused nominal quota is lent to the
+        # cohort, so while others borrow it the queue gets it back only by reclaiming
+        return use[q] + need <= limit + eps and sum(use.values()) + need <= capacity + eps
+
+    def evict(name: str, t: float) -> None:
+        q, share, _ = admitted.pop(name)
+        usage[q] -= share
+        sim.preemptions += 1
+        if name in running:
+            for pp in running.pop(name).pods:
+                state.unreserve(pp)
+            m.allocated -= gpus_of.pop(name)
+        else:
+            placing.remove(name)
+        token[name] = ""
+        pending[name] = sim.jobs[name]
+        queued_at[name] = t
+        pending_since[name] = t
+
+    def preempt_for(job: Job, need: float) -> list[str] | None:
+        q = job.queue
+        within = usage[q] + need <= nominal + eps
+        cands = [n for n, (cq, _, _) in admitted.items()
+                 if (cq == q and sim.jobs[n].priority < job.priority)
+                 or (within and cq != q and usage[cq] > nominal + eps)]
+        cands.sort(key=lambda n: (admitted[n][0] == q, sim.jobs[n].priority, -admitted[n][2]))
+        use = dict(usage)
+        taken: list[str] = []
+        for n in cands:
+            if fits(q, need, use):
+                break
+            cq, share, _ = admitted[n]
+            if cq != q and use[cq] <= nominal + eps:
+                continue  # that queue no longer borrows: not reclaimable
+            use[cq] -= share
+            taken.append(n)
+        if not fits(q, need, use):
+            return None
+        for n in reversed(list(taken)):
+            cq, share, _ = admitted[n]
+            use[cq] += share
+            if fits(q, need, use):
+                taken.remove(n)
+            else:
+                use[cq] -= share
+        return taken
+
+    while events:
+        t = events[0][0]
+        m.advance(t)
+        while events and events[0][0] == t:
+            _, kind, name, tok = heapq.heappop(events)
+            if kind == 1:
+                pending[name] = sim.jobs[name]
+                queued_at[name] = pending_since[name] = t
+            elif token.get(name) == tok and name in running:
+                for pp in running.pop(name).pods:
+                    state.unreserve(pp)
+                m.allocated -= gpus_of.pop(name)
+                q, share, _ = admitted.pop(name)
+                usage[q] -= share
+        aside: set[str] = set()  # inadmissible until something changes (BestEffortFIFO)
+        while True:
+            cycles += 1
+            by_queue: dict[str, list[Job]] = {}
+            for job in pending.values():
+                if job.name not in aside:
+                    by_queue.setdefault(job.queue, []).append(job)
+            heads = [min(js, key=lambda j: (-j.priority, queued_at[j.name], j.name))
+                     for js in by_queue.values()]
+            if not heads:
+                break
+            heads.sort(key=lambda j: (usage[j.queue] + _gpus(j) > nominal + eps, -j.priority,
+                                      queued_at[j.name], j.name))
+            changed = False
+            for job in heads:
+                need = _gpus(job)
+                if need > limit + eps:
+                    never.add(job.name)
+                    del pending[job.name]
+                    continue
+                if not fits(job.queue, need, usage):
+                    victims = preempt_for(job, need)
+                    if not victims:
+                        aside.add(job.name)
+                        continue
+                    for v in victims:
+                        evict(v, t)
+                    aside.clear()
+                if not fits(job.queue, need, usage):
+                    aside.add(job.name)
+                    continue
+                del pending[job.name]
+                admitted[job.name] = (job.queue, need, t)
+                usage[job.queue] += need
+                placing.append(job.name)
+                changed = True
+            if not changed:
+                break
+        # kube-scheduler: the admitted pods, in admission order, where they fit (BestFit)
+        for name in list(placing):
+            job = sim.jobs[name]
+            d = placer.place_job(job)
+            if not isinstance(d, Admit):
+                continue
+            placing.remove(name)
+            sim.waited[name] = sim.waited.get(name, 0.0) + (t - pending_since.pop(name))
+            sim.started.setdefault(name, t)
+            rj = RunningJob(name, d.placement.pods, job.queue, job.priority, job.preemptible, False, t)
+            running[name] = rj
+            g = placement_usage(rj.pods, card)[0] / 1000
+            gpus_of[name] = g
+            m.allocated += g
+            tok = f"{name}@{t}"
+            token[name] = tok
+            heapq.heappush(events, (t + sim.duration[name], 0, name, tok))
+        held: dict[str, float] = {}
+        for name, rj in running.items():
+            held[rj.queue] = held.get(rj.queue, 0.0) + gpus_of[name]
+        waiting_heads: dict[str, Job] = {}
+        for job in sorted(pending.values(), key=lambda j: (-j.priority, queued_at[j.name], j.name)):
+            waiting_heads.setdefault(job.queue, job)
+        m.guarantee(held, waiting_heads)
+    return _result(sim, "kueue", m, never, cycles, time.perf_counter() - t0)
+
+
 def _gpus(job: Job) -> float:
     c = job.groups[0].template.containers
     if not c:
@@ -466,8 +646,10 @@ def main() -> None:
     ap.add_argument("--stride", type=int, default=130)
     ap.add_argument("--min-runtime", type=float, default=600.0)
     ap.add_argument("--schedulers", nargs="+",
-                    default=["fifo", "fifo-skip", "camp", "camp-resubmit", "camp-np-borrow", "camp-reserve"],
-                    help="fifo (strict), fifo-skip, camp (all heads, no reservations), camp-resubmit "
+                    default=["fifo", "fifo-skip", "kueue", "camp", "camp-resubmit", "camp-np-borrow",
+                             "camp-reserve"],
+                    help="fifo (strict), fifo-skip, kueue (Kueue's admission rules, then BestFit), camp (all "
+                    "heads, no reservations), camp-resubmit "
                     "(over-guarantee pods resubmitted preemptible), camp-np-borrow (non-preemptible "
                     "pods may borrow), camp-reserve (--heads per queue, backfill reservations)")
     ap.add_argument("--heads", type=int, default=4, help="camp-reserve: jobs tried per queue and cycle")
@@ -488,6 +670,8 @@ def main() -> None:
         elif s == "camp-reserve":
             row = replay_camp(snap, sim, args.min_runtime, args.heads, backfill=True)
             row["scheduler"] = s
+        elif s == "kueue":
+            row = replay_kueue(snap, sim)
         else:
             row = replay_fifo(snap, sim, strict=s == "fifo")
         rows.append(row)
@@ -509,6 +693,7 @@ def main() -> None:
               f"{r['below_guarantee_waiting_project_hours']:>18.1f} "
               f"{r['below_guarantee_project_hours']:>15.1f} "
               f"{r['wall_s']:>7.1f}")
+        print(f"{'':<14} delay by tenant: {r['delay_by_tenant_s']}")
         print(f"{'':<14} p95 by QoS: {r['p95_delay_by_qos_s']}; over the {r['common_pods']} pods "
               f"every scheduler started: median {r['median_delay_common_s']:.0f}, "
               f"p95 {r['p95_delay_common_s']:.0f}")

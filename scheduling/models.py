@@ -799,3 +799,33 @@ class ExternalPod(models.Model):
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+class ExternalWorkload(models.Model):
+    """A ``batch/v1`` Job Camp admits as Kueue does (issue 34): labelled for a queue, created
+    suspended, un-suspended when its Camp job is admitted (whose pods, made by the Job
+    controller then, become that job's ``ExternalPod`` rows), suspended again if preempted.
+    ``job`` is its current Camp job: a Job that needs more pods after one ends (further
+    completions, a retry) is queued again as a new one. A labelled Job Camp does not admit (its
+    namespace not bound, an ask refused) has a row without a job: what it was told."""
+
+    job = models.ForeignKey(Job, on_delete=models.SET_NULL, null=True, blank=True,
+                            related_name="external_workloads",
+                            help_text="Its current Camp job (none while Camp refuses it).")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64)
+    queue_name = models.CharField(max_length=253, blank=True,
+                                  help_text="The queue its label names (Kueue's LocalQueue name).")
+    told = models.CharField(max_length=500, blank=True,
+                            help_text="The reason of the Event last written on the Job.")
+
+    class Meta:
+        ordering = ["cluster_id", "namespace", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "uid"], name="external_workload_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Job {self.namespace}/{self.name}"

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import views, webhooks
 
 app_name = "scheduling"
 
@@ -14,6 +14,7 @@ urlpatterns = [
     path("namespaces/<int:pk>/unbind/", views.namespace_unbind, name="namespace-unbind"),
     path("namespaces/priority-map/", views.priority_map_set, name="priority-map-set"),
     path("namespaces/priority-map/<int:pk>/delete/", views.priority_map_delete, name="priority-map-delete"),
+    path("webhooks/batch-jobs", webhooks.batch_job_mutate, name="webhook-batch-jobs"),
     path("jobs/", views.job_list, name="jobs"),
     path("jobs/stop/", views.job_bulk_stop, name="jobs-stop"),
     path("jobs/live/", views.job_list_live, name="jobs-live"),

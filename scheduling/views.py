@@ -225,6 +225,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "pods_total": sum(g.replicas for g in job.groups.all()),
         # an external job's own pods (issue 34): read within the job, whose rule was checked
         "external_pods": list(job.external_pods.order_by("replica")) if job.kind == "external" else [],
+        "kubernetes_job": job.external_workloads.first() if job.kind == "external" else None,
         "can_cancel": not job.is_final and can(request.user, "delete", job)})
 
 

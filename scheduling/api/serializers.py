@@ -333,6 +333,13 @@ class ExternalPodSerializer(serializers.ModelSerializer[ExternalPod]):
         read_only_fields = fields
 
 
+class KubernetesJobSerializer(serializers.Serializer[Any]):
+    kind = serializers.CharField(help_text="Job (batch/v1).")
+    namespace = serializers.CharField()
+    name = serializers.CharField()
+    queue_name = serializers.CharField(help_text="The queue its label names (Kueue's LocalQueue).")
+
+
 class JobSerializer(serializers.ModelSerializer[Job]):
     project = VisiblePKField(queryset=Project.objects.select_related("tenant"))
     cluster = VisibleClusterField(
@@ -369,6 +376,9 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     kubernetes_pods = serializers.SerializerMethodField(
         help_text="External jobs (kind external): the Kubernetes pods they stand for, with their "
                   "owner (Job, ReplicaSet), service account and pod group; empty for Camp's own.")
+    kubernetes_job = serializers.SerializerMethodField(
+        help_text="An external job that admits a batch/v1 Job labelled for a queue (Kueue's "
+                  "admission): that Job; null otherwise.")
 
     class Meta:
         model = Job
@@ -380,7 +390,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
                   "groups", "state", "reason", "reason_kind", "reason_as_of", "reason_stale",
                   "why_across_clusters", "queue_position", "queue_length",
                   "preempted_by", "attempts", "submitted_at", "admitted_at", "started_at",
-                  "finished_at", "allocations", "last_decision", "kubernetes_pods"]
+                  "finished_at", "allocations", "last_decision", "kubernetes_pods", "kubernetes_job"]
         read_only_fields = ["id", "tenant", "owner", "floating", "priority", "state", "reason", "reason_kind",
                             "queue_position", "queue_length", "preempted_by", "attempts",
                             "submitted_at", "admitted_at", "started_at", "finished_at"]
@@ -406,6 +416,14 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         if job.kind != "external":
             return []
         return cast(list[dict[str, Any]], ExternalPodSerializer(job.external_pods.all(), many=True).data)
+
+    @extend_schema_field(KubernetesJobSerializer(allow_null=True))
+    def get_kubernetes_job(self, job: Job) -> dict[str, Any] | None:
+        if job.kind != "external":
+            return None
+        w = next(iter(job.external_workloads.all()), None)  # prefetched with the pods on a list page
+        return None if w is None else {"kind": "Job", "namespace": w.namespace, "name": w.name,
+                                       "queue_name": w.queue_name}
 
     def get_last_decision(self, job: Job) -> dict[str, Any] | None:
         latest = getattr(job, "latest_decisions", None)  # prefetched by the list (one query)

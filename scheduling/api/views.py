@@ -256,7 +256,8 @@ class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveMo
     def paginate_queryset(self, queryset: Any) -> list[Any] | None:
         page = super().paginate_queryset(queryset)
         if page:  # the external jobs' Kubernetes pods in one query (none for a page without any)
-            prefetch_related_objects([j for j in page if j.kind == "external"], "external_pods")
+            prefetch_related_objects([j for j in page if j.kind == "external"], "external_pods",
+                                     "external_workloads")
         return page
 
     def perform_create(self, serializer: Any) -> None:

@@ -732,21 +732,64 @@ class KubernetesBackend:
         """Say why Camp does not bind a pod, where ``kubectl describe pod`` shows it: the pod's
         ``PodScheduled`` condition (False, as kube-scheduler writes it for a pod it cannot
         place) and, with ``event``, a Warning Event (reason ``reason``)."""
-        now = dt.datetime.now(dt.UTC)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self._call(self.core.patch_namespaced_pod_status, name, namespace, {"status": {"conditions": [{
             "type": "PodScheduled", "status": "False", "reason": reason, "message": message[:1000],
             "lastTransitionTime": stamp}]}}, ok=(404,))
-        if not event:
-            return
+        if event:
+            self._event("v1", "Pod", namespace, name, uid, reason, message)
+
+    def _event(self, api_version: str, kind: str, namespace: str, name: str, uid: str, reason: str,
+               message: str, *, warning: bool = True) -> None:
+        """An Event about an object Camp did not create (``kubectl describe`` shows it)."""
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {"apiVersion": "v1", "kind": "Event",
                  "metadata": {"generateName": f"{name[:200]}.", "namespace": namespace},
-                 "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": namespace,
+                 "involvedObject": {"kind": kind, "apiVersion": api_version, "namespace": namespace,
                                     "name": name, "uid": uid},
-                 "reason": reason, "message": message[:1000], "type": "Warning",
+                 "reason": reason, "message": message[:1000], "type": "Warning" if warning else "Normal",
                  "source": {"component": scheduler_name()}, "reportingComponent": scheduler_name(),
                  "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
         self._call(self.core.create_namespaced_event, namespace, body, ok=(403, 404))
+
+    def list_queue_jobs(self, labels: Collection[str]) -> list[Any]:
+        """The ``batch/v1`` Jobs of every namespace that carry one of ``labels`` (a queue's
+        name: Kueue's ``kueue.x-k8s.io/queue-name`` or Camp's own), each Job once."""
+        batch = k8s.BatchV1Api(self.api)
+        seen: dict[str, Any] = {}
+        for label in labels:
+            result = self._call(batch.list_job_for_all_namespaces, label_selector=label)
+            assert result is not None
+            for job in result.items:
+                seen.setdefault(job.metadata.uid, job)
+        return list(seen.values())
+
+    def suspend_job(self, namespace: str, name: str, uid: str, suspend: bool) -> None:
+        """Set a Job's ``spec.suspend`` (its controller then deletes its active pods, or makes
+        them); the Job's UID is a precondition (a new Job of the name is another one). A Job
+        gone, or replaced, raises with status 404."""
+        batch = k8s.BatchV1Api(self.api)
+        body = {"metadata": {"uid": uid}, "spec": {"suspend": suspend}}
+        try:
+            self._call(batch.patch_namespaced_job, name, namespace, body)
+        except BackendError as exc:
+            if exc.status in (404, 409, 422):
+                raise BackendError(f"Job {namespace}/{name} is gone", status=404) from exc
+            raise
+
+    def job_pods(self, namespace: str, job_uid: str) -> list[Any]:
+        """The pods a Job's controller made (its ``controller-uid`` label and owner), oldest
+        first, without those being deleted."""
+        result = self._call(self.core.list_namespaced_pod, namespace,
+                            label_selector=f"controller-uid={job_uid}")
+        assert result is not None
+        pods = [p for p in result.items if not p.metadata.deletion_timestamp
+                and any(o.uid == job_uid for o in p.metadata.owner_references or [])]
+        return sorted(pods, key=lambda p: (p.metadata.creation_timestamp, p.metadata.name))
+
+    def tell_job(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        """Why Camp holds a Job (a Warning Event on it; ``kubectl describe job`` shows it)."""
+        self._event("batch/v1", "Job", namespace, name, uid, reason, message)
 
     def bind_external_pod(self, spec: PodSpec, uid: str) -> None:
         """Place an external pod Camp did not create (issue 34) as it places its own: Camp's
@@ -1522,6 +1565,8 @@ REQUIRED_ACCESS: dict[str, tuple[Access, ...]] = {
         # why a pod naming Camp's scheduler is not bound, in any namespace (issue 34)
         ("patch", "", "pods/status", ""),
         ("create", "", "events", ""),
+        # batch/v1 Jobs labelled for a queue, admitted as Kueue does (issue 34)
+        *((v, "batch", "jobs", "") for v in ("get", "list", "watch")),
         ("list", "", "configmaps", ""),
         ("list", "", "services", ""),
         ("list", "networking.k8s.io", "ingresses", ""),
@@ -1545,6 +1590,8 @@ REQUIRED_ACCESS: dict[str, tuple[Access, ...]] = {
         *((v, "", "persistentvolumeclaims", "") for v in ("get", "create", "patch", "delete")),
         ("list", "", "events", ""),  # why a pod cannot start: its Warning events (podcause.py)
         *((v, "networking.k8s.io", "ingresses", "") for v in ("create", "delete")),
+        # suspend/un-suspend a queued batch/v1 Job (only in a namespace bound to a project)
+        ("patch", "batch", "jobs", ""),
     ),
 }
 CHECK_TIMEOUT_SECONDS = 5

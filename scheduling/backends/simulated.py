@@ -190,6 +190,18 @@ class SimulatedBackend:
     def bind_external_pod(self, spec: PodSpec, uid: str) -> None:
         raise BackendError(f"Pod {spec.namespace}/{spec.name} is not in a simulated cluster", status=404)
 
+    def list_queue_jobs(self, labels: Collection[str]) -> list[Any]:
+        return []
+
+    def suspend_job(self, namespace: str, name: str, uid: str, suspend: bool) -> None:
+        raise BackendError(f"Job {namespace}/{name} is not in a simulated cluster", status=404)
+
+    def job_pods(self, namespace: str, job_uid: str) -> list[Any]:
+        return []
+
+    def tell_job(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        return None
+
     def list_job_objects(self) -> list[tuple[str, str, int]]:
         return []  # per-job objects are implicit in the simulation
 

@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from tenants.audit import audit_record, without_values
 from tenants.models import Project, Quota, QuotaScope
@@ -49,6 +50,8 @@ from ..models import (
     LOG_TAIL_LINES,
     Allocation,
     Cluster,
+    ExternalPod,
+    ExternalWorkload,
     Job,
     JobState,
     NamespaceBinding,
@@ -304,6 +307,8 @@ def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
         if external and exc.status == 404:
             _external_pod_gone(job_id, job.attempts, exc)
             return "failed", job.attempts
+        if external:
+            _suspend_workload(job)
         for spec in pods:
             if external:
                 continue  # never delete a pod Camp did not create because it could not bind it
@@ -337,16 +342,71 @@ def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
     return "created", job.attempts
 
 
+JOB_PODS_WAIT_SECONDS = 120
+"""How long an admitted ``batch/v1`` Job's controller has to make its pods once un-suspended
+before the dispatch gives up (the job requeued, the Job suspended again)."""
+
+
 def _bind_external(job: Job, cluster: Cluster, backend: Any, pods: list[Any]) -> None:
     """Pods Camp did not create (issue 34): bound where the cycle placed them, in the namespace
-    bound to the project; no namespace, objects or pods of Camp's own."""
+    bound to the project; no namespace, objects or pods of Camp's own. A queued ``batch/v1``
+    Job's pods are made by its controller once Camp un-suspends it (``_adopt_job_pods``)."""
     if not NamespaceBinding.objects.filter(cluster=cluster, namespace=job.namespace,
                                            project_id=job.project_id).exists():
         raise BackendError(f"Namespace {job.namespace} is no longer bound to the project; "
                            "Camp binds no pod there", status=404)
+    workload = ExternalWorkload.objects.filter(job_id=job.pk).first()
+    if workload is not None:
+        _adopt_job_pods(job, workload, backend)
+        pods = job_specs(job, cluster)[2]
     uids = dict(job.external_pods.values_list("name", "uid"))
     for spec in pods:
         backend.bind_external_pod(external_spec(job, spec), uids.get(spec.name, ""))
+
+
+def _adopt_job_pods(job: Job, workload: ExternalWorkload, backend: Any) -> None:
+    """Un-suspend an admitted Job (Kueue's admission) and take the pods its controller makes as
+    the job's pods, one per placed replica (its ``ExternalPod`` rows and allocations' pod
+    names): pods adopted by an earlier dispatch of this attempt stay; ``BindPending`` until
+    the controller has made enough (a follow-up dispatch looks again), an error after
+    ``JOB_PODS_WAIT_SECONDS``."""
+    backend.suspend_job(workload.namespace, workload.name, workload.uid, False)
+    allocs = list(job.allocations.order_by("group_id", "replica"))
+    pods = backend.job_pods(workload.namespace, workload.uid)
+    live = {p.metadata.uid: p for p in pods}
+    mine = {e.replica: e for e in job.external_pods.all() if e.uid in live}
+    taken = set(ExternalPod.objects.filter(cluster_id=job.placed_cluster.pk, uid__in=list(live))
+                .values_list("uid", flat=True))
+    free = [p for p in pods if p.metadata.uid not in taken and not p.spec.node_name]
+    missing = [a for a in allocs if a.replica not in mine]
+    if len(free) < len(missing):
+        waited = (timezone.now() - (job.admitted_at or timezone.now())).total_seconds()
+        said = (f"Job {workload.namespace}/{workload.name}'s controller has made {len(free)} of the "
+                f"{len(missing)} pods Camp admitted")
+        if waited > JOB_PODS_WAIT_SECONDS:
+            raise BackendError(f"{said} within {JOB_PODS_WAIT_SECONDS} s")
+        raise BindPending(said)
+    with transaction.atomic():
+        ExternalPod.objects.filter(job=job).exclude(pk__in=[e.pk for e in mine.values()]).delete()
+        for a, p in zip(missing, free, strict=False):
+            ExternalPod.objects.create(
+                job=job, cluster_id=job.placed_cluster.pk, namespace=workload.namespace,
+                name=p.metadata.name, uid=p.metadata.uid, replica=a.replica, owner_kind="Job",
+                owner_name=workload.name, service_account=p.spec.service_account_name or "")
+            Allocation.objects.filter(pk=a.pk).update(pod_name=p.metadata.name[:63])
+
+
+def _suspend_workload(job: Job) -> None:
+    """A Job admitted as Kueue does goes back to suspended (its controller deletes its pods)
+    when its Camp job is preempted, cancelled or could not start. Best effort: a Job gone
+    needs nothing."""
+    workload = ExternalWorkload.objects.filter(job_id=job.pk).first()
+    if workload is None:
+        return
+    try:
+        backend_for(job.placed_cluster).suspend_job(workload.namespace, workload.name, workload.uid, True)
+    except BackendError as exc:
+        logger.info("job %s: its Job %s was not suspended: %s", job.pk, workload, exc)
 
 
 def _external_pod_gone(job_id: int, attempt: int, exc: BackendError) -> None:
@@ -454,6 +514,8 @@ def job_stop(*, job_id: int, attempt: int | None = None, queued: bool = False) -
     if not names:
         return "nothing"
     ns = namespace_spec(job, job.placed_cluster).name
+    if job.kind == EXTERNAL_KIND and job.state in (JobState.PREEMPTING, JobState.CANCELLED):
+        _suspend_workload(job)  # first: its controller would replace the pods deleted below
     gone, unreachable = _on_dead_nodes(allocs), _on_unreachable_nodes(allocs)
     _keep_log_tails(backend, job, ns, [a for a in allocs if a.node.ready and a.node.present])
     listed = {p.name: p for p in backend.list_pods() if p.namespace == ns and p.name in names}
@@ -516,7 +578,18 @@ def _pods_gone(job_id: int) -> bool:
             return False
         job = _locked_job(job_id)
         released = _release(job)
-        if job.state == JobState.PREEMPTING and job.kind == EXTERNAL_KIND:
+        workload = job.kind == EXTERNAL_KIND and ExternalWorkload.objects.filter(job_id=job.pk).exists()
+        if job.state == JobState.PREEMPTING and workload:
+            # A Job admitted as Kueue does: suspended again (its pods deleted by its
+            # controller) and queued again, as Kueue requeues an evicted workload; its next
+            # admission adopts the pods the controller then makes.
+            preemptor = job.preempted_by
+            ExternalPod.objects.filter(job=job).delete()
+            transition(job, "requeue", reason=(
+                f"{_preempted_reason(job, preemptor)}; its Job was suspended; requeued" if preemptor
+                else f"{job.reason}; its Job was suspended; requeued")[:500],
+                decision={"preemptor": preemptor})
+        elif job.state == JobState.PREEMPTING and job.kind == EXTERNAL_KIND:
             # An external pod, evicted as kube-scheduler's preemption does (deleted): its
             # owner (a Job, a ReplicaSet) makes a new pod, which queues as a new job.
             preemptor = job.preempted_by

@@ -33,10 +33,12 @@ from ..backends import backend_for
 from ..backends.base import BackendError
 from ..models import (
     EXTERNAL_KIND,
+    FINAL_STATES,
     PRIORITY_VALUES,
     Backend,
     Cluster,
     ExternalPod,
+    ExternalWorkload,
     Job,
     JobState,
     NamespaceBinding,
@@ -53,6 +55,11 @@ VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 MIN_MEMBER_ANNOTATIONS = ("camp.io/min-member", "scheduling.volcano.sh/min-member")
 """How many pods of a gang must exist before it is queued (the PodGroup's ``minMember``, read
 from the pods, not from a PodGroup object); without it, the pods that exist."""
+QUEUE_LABELS = ("kueue.x-k8s.io/queue-name", "camp.io/queue-name")
+"""A ``batch/v1`` Job carrying one of these labels is admitted by Camp as Kueue admits it
+(suspended until admitted): Kueue's own label, so a team switches without editing manifests, or
+Camp's. The value (a LocalQueue name) is kept and shown; the project is the namespace's binding
+(a namespace is bound to one project, so every LocalQueue name there maps to it)."""
 GPU, GPUMEM, GPUCORES = "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores"
 NOT_BOUND = "CampNamespaceNotBound"
 REFUSED = "CampRefused"
@@ -240,13 +247,14 @@ def external_pods_sync(*, cluster: Cluster) -> dict[str, int]:
     # not bound any more (its pods are left alone and not admitted).
     bindings = {ns: b for ns, b in bindings.items() if backend.namespace_still_bound(ns, b.project_id)}
     known = dict(ExternalPod.objects.filter(cluster=cluster).values_list("uid", "job_id"))
+    admitted_jobs = _queue_jobs_sync(backend, cluster, bindings, waiting, counts)
     gangs: dict[tuple[str, str], list[Any]] = {}
     for pod in waiting:
         meta = pod.metadata
         if meta.deletion_timestamp:
             continue
-        if meta.uid in known:
-            continue
+        if meta.uid in known or _owner_uid(pod) in admitted_jobs:
+            continue  # a Job's pods belong to its Camp job (adopted when it is dispatched)
         binding = bindings.get(meta.namespace)
         if binding is None:
             counts["unbound"] += 1
@@ -312,6 +320,146 @@ def _queue(backend: Any, cluster: Cluster, binding: NamespaceBinding, group: str
     return "queued"
 
 
+def _owner_uid(pod: Any) -> str:
+    return next((o.uid for o in pod.metadata.owner_references or [] if o.kind == "Job"), "")
+
+
+def _job_finished(kj: Any) -> bool:
+    return any(c.type in ("Complete", "Failed") and c.status == "True"
+               for c in (kj.status.conditions if kj.status else None) or [])
+
+
+def _job_width(kj: Any) -> int:
+    """How many pods of a Job run at once: its parallelism (1 unset), at most its completions."""
+    width = kj.spec.parallelism if kj.spec.parallelism is not None else 1
+    if kj.spec.completions is not None:
+        width = min(width, kj.spec.completions)
+    return max(0, int(width))
+
+
+def _tell_job(backend: Any, row: ExternalWorkload, reason: str, message: str) -> None:
+    """A Warning Event on the Job when what Camp says of it changes (not once per pass)."""
+    said = f"{reason}: {message}"[:500]
+    if row.told == said:
+        return
+    try:
+        backend.tell_job(row.namespace, row.name, row.uid, reason, message)
+    except BackendError as exc:
+        logger.info("could not tell Job %s/%s why: %s", row.namespace, row.name, exc)
+        return
+    row.told = said
+    if row.pk:
+        ExternalWorkload.objects.filter(pk=row.pk).update(told=said)
+
+
+def _queue_jobs_sync(backend: Any, cluster: Cluster, bindings: dict[str, NamespaceBinding],
+                     waiting: list[Any], counts: dict[str, int]) -> set[str]:
+    """Kueue-style admission of ``batch/v1`` Jobs labelled for a queue (``QUEUE_LABELS``): a
+    new one in a bound namespace becomes an external job of ``_job_width`` pods (a gang),
+    suspended until admitted (the webhook suspends it at creation; one that slipped past it is
+    suspended here, as Kueue's reconciler does); the dispatch un-suspends it and binds the pods
+    its controller then makes. A Job whose Camp job ended while it still makes pods (further
+    completions, a retry) is queued again. Returns the UIDs of the Jobs whose pods belong to
+    a Camp job (the pod pass leaves them alone)."""
+    try:
+        found = backend.list_queue_jobs(QUEUE_LABELS)
+    except BackendError as exc:
+        if exc.status != 403:
+            raise
+        # an agent role from before Jobs were admitted (no ``list jobs``): its pods still are
+        logger.info("cluster %s: Camp may not list Jobs (upgrade the camp-agent chart): %s", cluster, exc)
+        return set()
+    listed = {kj.metadata.uid: kj for kj in found if not kj.metadata.deletion_timestamp}
+    rows = {w.uid: w for w in ExternalWorkload.objects.filter(cluster=cluster).select_related("job")}
+    waiting_of: dict[str, int] = {}
+    for pod in waiting:
+        if not pod.metadata.deletion_timestamp and _owner_uid(pod):
+            waiting_of[_owner_uid(pod)] = waiting_of.get(_owner_uid(pod), 0) + 1
+    handled: set[str] = set()
+    for uid, kj in listed.items():
+        meta = kj.metadata
+        row = rows.get(uid) or ExternalWorkload(
+            cluster=cluster, namespace=meta.namespace, name=meta.name, uid=uid,
+            queue_name=next(((meta.labels or {})[k] for k in QUEUE_LABELS if k in (meta.labels or {})),
+                            "")[:253])
+        binding = bindings.get(meta.namespace)
+        if binding is None:
+            if row.job_id is None and not _job_finished(kj):
+                counts["unbound"] += 1
+                if row.pk is None:
+                    row.save()
+                _tell_job(backend, row, NOT_BOUND, (
+                    f"Namespace {meta.namespace} is not bound to a Camp project: a project admin binds "
+                    "it (Camp's API: namespace bindings) before Camp admits its Jobs"))
+            continue
+        job = row.job
+        if job is not None:
+            handled.add(uid)
+        if _job_finished(kj):
+            continue
+        if job is None or (job.state in FINAL_STATES and job.state != JobState.REJECTED
+                           and not kj.spec.suspend and waiting_of.get(uid)):
+            # new, or its pods ended while the Job still makes more: a (new) Camp job
+            width = _job_width(kj) if job is None else min(_job_width(kj), waiting_of[uid])
+            outcome = _queue_job(backend, cluster, binding, row, kj, width)
+            counts[outcome] += 1
+            if outcome == "queued":
+                handled.add(uid)
+            continue
+        if job.state == JobState.QUEUED:
+            _tell_job(backend, row, WAITING, f"Camp job {job.pk}: {job.reason or 'queued'}")
+        elif job.state == JobState.REJECTED:
+            _tell_job(backend, row, REFUSED, f"Camp job {job.pk}: {job.reason}; not admitted")
+        elif job.state == JobState.CANCELLED:
+            _tell_job(backend, row, REFUSED, f"Camp job {job.pk} was cancelled ({job.reason}); the Job "
+                                             "stays suspended (delete it, or create it again)")
+    for uid, row in rows.items():
+        kj = listed.get(uid)
+        if row.job is not None and row.job.state == JobState.QUEUED and (kj is None or _job_finished(kj)):
+            job_terminate(job_id=row.job.pk, reason=f"Its Job {row.namespace}/{row.name} was deleted"
+                          if kj is None else f"Its Job {row.namespace}/{row.name} finished")
+    return handled
+
+
+def _queue_job(backend: Any, cluster: Cluster, binding: NamespaceBinding, row: ExternalWorkload,
+               kj: Any, width: int) -> str:
+    """Submit a labelled Job as one external job of ``width`` identical pods (its pod template),
+    suspending it first if it runs; a refusal is an Event on the Job."""
+    meta = kj.metadata
+    if not kj.spec.suspend:
+        try:
+            backend.suspend_job(meta.namespace, meta.name, meta.uid, True)
+        except BackendError as exc:
+            logger.info("could not suspend Job %s/%s: %s", meta.namespace, meta.name, exc)
+            return "waiting"
+    template = kj.spec.template
+    ask = pod_ask(template)
+    actor = binding.created_by
+    try:
+        if actor is None:
+            raise PermissionDenied("The admin who bound this namespace is gone; bind it again.")
+        if width < 1:
+            raise ValidationError({"parallelism": ["The Job runs no pod (parallelism 0)."]})
+        with transaction.atomic():
+            job = job_submit(
+                actor=actor, project=binding.project, cluster=cluster,
+                name=_job_name(meta.name, f"{meta.uid}/{row.job_id or 0}"), kind=EXTERNAL_KIND,
+                groups=[{"name": "pod", "replicas": width, **ask}], gang=True,
+                priority_class=external_priority(cluster, template.spec.priority_class_name or ""))
+            Job.objects.filter(pk=job.pk).update(namespace=binding.namespace)
+            row.job = job
+            row.told = ""
+            row.save()
+    except (ValidationError, PermissionDenied) as exc:
+        if row.pk is None:
+            row.save()
+        _tell_job(backend, row, REFUSED, f"Camp refuses it for project {binding.project.name}: "
+                                         f"{_said(exc)}; not admitted")
+        return "refused"
+    _tell_job(backend, row, WAITING, f"Camp job {job.pk}: queued")
+    return "queued"
+
+
 def _said(exc: Exception) -> str:
     if isinstance(exc, ValidationError) and hasattr(exc, "message_dict"):
         return "; ".join(" ".join(v) if k == "__all__" else f"{k}: {' '.join(v)}"
@@ -324,7 +472,8 @@ def _said(exc: Exception) -> str:
 def _forget_gone(backend: Any, cluster: Cluster, waiting: set[str]) -> int:
     """Queued external jobs whose pod was deleted before Camp bound it: cancelled."""
     gone = 0
-    rows = ExternalPod.objects.filter(cluster=cluster, job__state=JobState.QUEUED).exclude(uid__in=waiting)
+    rows = (ExternalPod.objects.filter(cluster=cluster, job__state=JobState.QUEUED).exclude(uid__in=waiting)
+            .exclude(job__external_workloads__isnull=False))  # a Job's pods come and go with it
     for e in rows:
         try:
             exists = backend.external_pod_exists(e.namespace, e.name, e.uid)

@@ -166,3 +166,35 @@ def test_an_expired_token_is_named_as_such(world: Any, kube: Any) -> None:
     cfg.ssl_ca_cert = str(kube.server.base / "run" / "pki" / "ca.crt")
     with pytest.raises(BackendError, match="token is wrong or has expired; register a new one"):
         KubernetesBackend(k8s.ApiClient(cfg), retries=0).list_nodes()
+
+
+def test_the_job_webhook_is_off_by_default_and_refuses_to_render_half_configured() -> None:
+    """The chart's Kueue-style webhook (issue 34): nothing rendered unless enabled; enabled
+    without Camp's https URL or installation id, ``helm`` fails naming the value."""
+    helm = str(install_tools()["helm"])
+    base = [helm, "template", AGENT_RELEASE, str(AGENT_CHART), "-n", AGENT_NAMESPACE]
+    out = subprocess.run(base, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "MutatingWebhookConfiguration" not in out
+    done = subprocess.run([*base, "--set", "jobWebhook.enabled=true", "--set",
+                           "jobWebhook.campUrl=http://camp.example.com"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0 and "jobWebhook.campUrl" in done.stderr
+    done = subprocess.run([*base, "--set", "jobWebhook.enabled=true", "--set",
+                           "jobWebhook.campUrl=https://camp.example.com"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0 and "jobWebhook.installation" in done.stderr
+    out = subprocess.run([*base, "--set", "jobWebhook.enabled=true", "--set",
+                          "jobWebhook.campUrl=https://camp.example.com/", "--set",
+                          "jobWebhook.installation=i1"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    (config,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "MutatingWebhookConfiguration"]
+    hooks = config["webhooks"]
+    assert [h["objectSelector"]["matchExpressions"][0]["key"] for h in hooks] == [
+        "kueue.x-k8s.io/queue-name", "camp.io/queue-name"]
+    for h in hooks:
+        assert h["clientConfig"]["url"] == "https://camp.example.com/scheduling/webhooks/batch-jobs"
+        assert h["rules"] == [{"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                               "resources": ["jobs"], "scope": "Namespaced"}]
+        assert {"key": "camp.io/installation", "operator": "In", "values": ["i1"]} in \
+            h["namespaceSelector"]["matchExpressions"]
+        assert h["sideEffects"] == "None" and h["failurePolicy"] == "Fail"

@@ -7,6 +7,8 @@ A pod in a namespace that is not bound gets an Event and a condition and is neve
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -204,3 +206,218 @@ def test_a_batch_job_whose_pods_name_camp_runs_to_completion(camp_node: Any, wor
         assert (row.owner_kind, row.owner_name) == ("Job", "train")
         assert [p for p, _ in plugin.allocations] == [row.name]
         wait(lambda: Job.objects.get(pk=row.job_id).state == "succeeded", "Camp's job to succeed")
+
+
+def _batch(node: Any) -> Any:
+    from kubernetes import client as k8s
+
+    return k8s.BatchV1Api(node.admin())
+
+
+def _helm_agent(node: Any, *values: str, files: tuple[str, ...] = ()) -> None:
+    """The operator's ``helm upgrade`` of the camp-agent chart (docs/KUBERNETES.md)."""
+    from .node import AGENT_NAMESPACE, CHART
+
+    args = [str(node.helm), "upgrade", "camp-agent", str(CHART), "-n", AGENT_NAMESPACE, "--reuse-values",
+            "--kubeconfig", str(node.kubeconfig)]
+    for v in values:
+        args += ["--set", v]
+    for f in files:
+        args += ["--set-file", f]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def _queue_job(name: str, namespace: str, *, dry_run: bool = False) -> dict[str, Any]:
+    spec = _pod("unused", namespace)["spec"]
+    del spec["schedulerName"]  # a manifest written for Kueue names no scheduler: the webhook does
+    spec["priorityClassName"] = "batch"
+    spec["terminationGracePeriodSeconds"] = 2
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"kueue.x-k8s.io/queue-name": "team-queue"}},
+            "spec": {"backoffLimit": 0, "parallelism": 1, "completions": 1,
+                     "template": {"spec": spec}}}
+
+
+def test_a_kueue_labelled_job_is_admitted_suspended_again_when_preempted_and_requeued(
+        camp_node: Any, world: Any, tmp_path: Path) -> None:
+    """Kueue's admission, by Camp: a ``batch/v1`` Job with Kueue's queue label (a manifest
+    written for Kueue, unchanged) is created suspended by Camp's webhook (the chart's
+    configuration, the real API server calling Camp over HTTPS), queued behind the project's
+    limit with no pod, un-suspended when room frees and its pod bound by Camp with HAMi's
+    annotations; a higher-priority Camp job preempts it: suspended again (its controller
+    deletes the pod), requeued, and admitted again when that job ends."""
+    from kubernetes import client as k8s
+
+    from scheduling import services
+    from scheduling.models import ExternalWorkload, installation_id
+
+    from .https import camp_over_https
+
+    node = camp_node.node
+    tenant_services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
+                              values={"gpu_memory_mib_limit": 6000, "gpus_limit": Decimal(4)})
+    with contextlib.suppress(k8s.ApiException):
+        k8s.SchedulingV1Api(node.admin()).create_priority_class(
+            {"metadata": {"name": "batch"}, "value": 100, "description": "preemptible batch"})
+    with HamiNodePlugin(node.core, node.node_name, cards=2, sharers=10) as plugin, \
+            camp_over_https(tmp_path / "tls") as (url, ca):
+        wait_advertised(node.core, node.node_name, 20)
+        services.inventory_sync(cluster=camp_node.cluster)
+        node.kubectl_run("create", "namespace", "team-k")
+        _bind(world, node, "team-k")
+        _helm_agent(node, "jobWebhook.enabled=true", f"jobWebhook.campUrl={url}",
+                    f"jobWebhook.installation={installation_id()}", files=(f"jobWebhook.caCert={ca}",))
+        try:
+            # The API server applies a new webhook configuration a moment later: a server-side
+            # dry run shows when it does (and that the webhook answers).
+            said: list[str] = []
+
+            def mutated() -> bool:
+                probe = tmp_path / "probe.yaml"
+                probe.write_text(yaml.safe_dump(_queue_job("probe", "team-k")))
+                done = subprocess.run([str(node.kubectl), "--kubeconfig", str(node.kubeconfig), "create",
+                                       "--dry-run=server", "-o", "json", "-f", str(probe)],
+                                      capture_output=True, text=True, timeout=60, check=False)
+                said.append(done.stderr or done.stdout[-300:])
+                return '"suspend": true' in done.stdout
+            try:
+                wait(mutated, "the webhook to suspend a labelled Job", timeout=60)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; kubectl said: {said[-1]}") from exc
+            _apply(node, tmp_path, _pod("first", "team-k"))
+            wait(lambda: _running(node, "team-k", "first"), "the first pod to run", timeout=180)
+            _apply(node, tmp_path, _queue_job("train", "team-k"))
+            kj = _batch(node).read_namespaced_job("train", "team-k")
+            assert kj.spec.suspend is True
+            assert kj.spec.template.spec.scheduler_name == SCHEDULER
+            wait(lambda: ExternalWorkload.objects.filter(name="train", job__isnull=False).exists(),
+                 "Camp to queue the Job")
+            row = ExternalWorkload.objects.select_related("job").get(name="train")
+            assert row.queue_name == "team-queue" and row.job.kind == "external"
+            wait(lambda: "GPU memory limit" in Job.objects.get(pk=row.job_id).reason, "its reason")
+            assert Job.objects.get(pk=row.job_id).state == "queued"
+            r = client_for(world.a.member).get(f"/api/v1/jobs/{row.job_id}/")
+            assert r.status_code == 200 and "GPU memory limit" in r.json()["reason"], r.content
+            assert r.json()["kubernetes_job"] == {"kind": "Job", "namespace": "team-k", "name": "train",
+                                                  "queue_name": "team-queue"}
+            assert not node.core.list_namespaced_pod("team-k", label_selector="job-name=train").items
+            page = client_for(world.a.member).get(f"/scheduling/jobs/{row.job_id}/")
+            assert page.status_code == 200
+            assert "Job <code>team-k/train</code>, queue <code>team-queue</code>" in page.content.decode()
+
+            def job_event(reason: str) -> bool:
+                return any(e.reason == reason and e.involved_object.kind == "Job"
+                           and e.involved_object.name == "train"
+                           for e in node.core.list_namespaced_event("team-k").items)
+            wait(lambda: job_event("CampQueued"), "a CampQueued Event on the Job")
+
+            # Room frees: un-suspended, its controller's pod bound by Camp through HAMi.
+            node.kubectl_run("delete", "pod", "first", "-n", "team-k", "--wait=false")
+
+            def job_pod() -> Any:
+                pods = node.core.list_namespaced_pod("team-k", label_selector="job-name=train").items
+                live = [p for p in pods if not p.metadata.deletion_timestamp]
+                return live[0] if live and live[0].status.phase == "Running" else None
+            first_pod = wait(job_pod, "the Job's pod to be bound and run", timeout=180)
+            assert first_pod.metadata.annotations["hami.io/bind-phase"] == "success"
+            assert ",4000,25" in first_pod.metadata.annotations["hami.io/vgpu-devices-allocated"]
+            assert _batch(node).read_namespaced_job("train", "team-k").spec.suspend is False
+            wait(lambda: Job.objects.get(pk=row.job_id).state == "running", "Camp's job to run")
+
+            # A high-priority Camp job of the project preempts it: suspended again, requeued.
+            r = client_for(world.a.project_admin).post("/api/v1/jobs/", {
+                "name": "urgent", "project": world.a.project.pk, "cluster": "node", "kind": "pytorch",
+                "priority_class": "high",
+                "groups": [{"name": "worker", "replicas": 1, "gpu_count": 1, "gpu_memory_mib": 4000,
+                            "gpu_cores_percent": 25, "cpu_millicores": 200, "ram_mib": 128,
+                            "image": "localhost/busybox:v1", "command": ["sh", "-c", "sleep 3600"]}]},
+                format="json")
+            assert r.status_code == 201, r.content
+            urgent = int(r.json()["id"])
+            wait(lambda: Job.objects.get(pk=row.job_id).state == "queued"
+                 and Job.objects.get(pk=urgent).state == "running", "the preemption", timeout=180)
+            # (its history keeps why: the next cycle gives it a new reason to wait)
+            said = list(Job.objects.get(pk=row.job_id).decisions.values_list("reason", flat=True))
+            assert (f"Preempted by job urgent (#{urgent}, priority high); its Job was suspended; requeued"
+                    in said), said
+            assert _batch(node).read_namespaced_job("train", "team-k").spec.suspend is True
+            wait(lambda: not node.core.list_namespaced_pod("team-k", label_selector="job-name=train").items,
+                 "its controller to delete the Job's pod", timeout=120)
+
+            # The urgent job ends: the Job is admitted again, with a new pod.
+            assert client_for(world.a.project_admin).post(f"/api/v1/jobs/{urgent}/cancel/",
+                                                   format="json").status_code == 200
+            second_pod = wait(job_pod, "the Job's new pod to run", timeout=240)
+            assert second_pod.metadata.uid != first_pod.metadata.uid
+            assert ExternalWorkload.objects.get(name="train").job_id == row.job_id  # the same Camp job
+            assert not plugin.errors, plugin.errors
+        finally:
+            _helm_agent(node, "jobWebhook.enabled=false")
+
+
+def test_a_deployments_pods_are_queued_bound_and_replaced_after_a_preemption(
+        camp_node: Any, world: Any, tmp_path: Path) -> None:
+    """A ``Deployment`` whose pod template names Camp's scheduler (the real controller manager
+    makes its ReplicaSet and pods): its pod is queued as an external job naming its owner, bound
+    by Camp, preempted by a high-priority Camp job (the pod deleted, as kube-scheduler's
+    preemption does), and the pod its ReplicaSet makes in its place queues and runs once the
+    preemptor ends."""
+    from kubernetes import client as k8s
+
+    from scheduling import services
+
+    node = camp_node.node
+    tenant_services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
+                              values={"gpu_memory_mib_limit": 6000, "gpus_limit": Decimal(4)})
+    with contextlib.suppress(k8s.ApiException):
+        k8s.SchedulingV1Api(node.admin()).create_priority_class(
+            {"metadata": {"name": "batch"}, "value": 100, "description": "preemptible batch"})
+    with HamiNodePlugin(node.core, node.node_name, cards=2, sharers=10) as plugin:
+        wait_advertised(node.core, node.node_name, 20)
+        services.inventory_sync(cluster=camp_node.cluster)
+        node.kubectl_run("create", "namespace", "team-d")
+        _bind(world, node, "team-d")
+        spec = _pod("unused", "team-d")["spec"]
+        spec.update(restartPolicy="Always", priorityClassName="batch", terminationGracePeriodSeconds=2)
+        _apply(node, tmp_path, {"apiVersion": "apps/v1", "kind": "Deployment",
+                                "metadata": {"name": "serve", "namespace": "team-d"},
+                                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "serve"}},
+                                         "template": {"metadata": {"labels": {"app": "serve"}},
+                                                      "spec": spec}}})
+
+        def running_pod() -> Any:
+            pods = node.core.list_namespaced_pod("team-d", label_selector="app=serve").items
+            live = [p for p in pods if not p.metadata.deletion_timestamp and p.status.phase == "Running"]
+            return live[0] if live else None
+        first = wait(running_pod, "the Deployment's pod to be bound and run", timeout=180)
+        row = ExternalPod.objects.select_related("job").get(uid=first.metadata.uid)
+        assert row.owner_kind == "ReplicaSet" and row.owner_name.startswith("serve-")
+        assert first.metadata.annotations["hami.io/bind-phase"] == "success"
+
+        r = client_for(world.a.project_admin).post("/api/v1/jobs/", {
+            "name": "urgent", "project": world.a.project.pk, "cluster": "node", "kind": "pytorch",
+            "priority_class": "high",
+            "groups": [{"name": "worker", "replicas": 1, "gpu_count": 1, "gpu_memory_mib": 4000,
+                        "gpu_cores_percent": 25, "cpu_millicores": 200, "ram_mib": 128,
+                        "image": "localhost/busybox:v1", "command": ["sh", "-c", "sleep 3600"]}]},
+            format="json")
+        assert r.status_code == 201, r.content
+        urgent = int(r.json()["id"])
+        wait(lambda: Job.objects.get(pk=row.job_id).state == "cancelled"
+             and Job.objects.get(pk=urgent).state == "running", "the preemption", timeout=180)
+        assert Job.objects.get(pk=row.job_id).reason == (
+            f"Preempted by job urgent (#{urgent}, priority high); its pod was deleted")
+
+        def replacement_queued() -> Any:
+            rows = ExternalPod.objects.filter(namespace="team-d").exclude(uid=first.metadata.uid)
+            got = rows.select_related("job").first()
+            return got if got is not None and got.job.state == "queued" else None
+        again = wait(replacement_queued, "the ReplicaSet's new pod to queue", timeout=120)
+        assert again.owner_name == row.owner_name
+        assert client_for(world.a.project_admin).post(f"/api/v1/jobs/{urgent}/cancel/",
+                                               format="json").status_code == 200
+        second = wait(running_pod, "the new pod to be bound and run", timeout=240)
+        assert second.metadata.uid == again.uid
+        assert not plugin.errors, plugin.errors
