@@ -382,6 +382,14 @@ def why(ctx: click.Context, job: str) -> None:
         click.echo(f"queue position: {w['queue_position']} of {w['queue_length']}")
     if w.get("hint"):
         click.echo(f"would start: {w['hint']}")
+    # a job Camp did not create (issue 34): the Kubernetes objects it stands for
+    kj = w.get("kubernetes_job")
+    if kj:
+        queue = f", queue {kj['queue_name']}" if kj.get("queue_name") else ""
+        click.echo(f"kubernetes: Job {kj['namespace']}/{kj['name']}{queue}")
+    elif w.get("kubernetes_pods"):
+        pods = ", ".join(f"{p['namespace']}/{p['name']}" for p in w["kubernetes_pods"])
+        click.echo(f"kubernetes: pod {pods}")
 
 
 @cli.command()

@@ -28,6 +28,7 @@ from .models import (
     Allocation,
     Cluster,
     ExternalPod,
+    ExternalWorkload,
     GpuDevice,
     GpuSlice,
     Installation,
@@ -86,6 +87,7 @@ def register_rules() -> None:
     # tenant member (what their pods will get), set by platform admins.
     register(PriorityClassMapping, PlatformOnly(view=TENANT_MEMBER))
     register(ExternalPod, Internal("the pods of an external job, shown within its job"))
+    register(ExternalWorkload, Internal("the batch/v1 Job an external job admits, shown within its job"))
     register(SimulatedPod, Internal("the simulated backend's stand-in for a cluster's pods"))
     # A finished pod's last lines: read by whoever reads its job (served within the job's logs).
     register(PodLogTail, ProjectScoped(project="job__project", tenant="job__tenant",

@@ -228,7 +228,44 @@ def _helm_agent(node: Any, *values: str, files: tuple[str, ...] = ()) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def _queue_job(name: str, namespace: str, *, dry_run: bool = False) -> dict[str, Any]:
+def _camp_cli(world: Any, url: str, tmp_path: Path, *args: str) -> str:
+    """The ``camp`` CLI as a project member runs it (a token of theirs)."""
+    import os
+    import sys
+
+    from django.conf import settings
+
+    _, token = tenant_services.token_create(actor=world.a.member, name=f"cli-{len(args)}-{args[-1]}")
+    env = {**os.environ, "CAMP_URL": url, "CAMP_TOKEN": token, "CAMP_CONFIG": str(tmp_path / "cli.json")}
+    done = subprocess.run([sys.executable, "-m", "camp_cli", *args], env=env, cwd=settings.BASE_DIR,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _batch_priority_class(node: Any) -> None:
+    """A PriorityClass named like Camp's preemptible class (its pods map to it by name)."""
+    from kubernetes import client as k8s
+
+    with contextlib.suppress(k8s.ApiException):
+        k8s.SchedulingV1Api(node.admin()).create_priority_class(
+            {"metadata": {"name": "batch"}, "value": 100, "description": "preemptible batch"})
+
+
+def _urgent(world: Any) -> int:
+    """A high-priority Camp job of the project (its admin may use that class): 1 GPU, 4000 MiB."""
+    r = client_for(world.a.project_admin).post("/api/v1/jobs/", {
+        "name": "urgent", "project": world.a.project.pk, "cluster": "node", "kind": "pytorch",
+        "priority_class": "high",
+        "groups": [{"name": "worker", "replicas": 1, "gpu_count": 1, "gpu_memory_mib": 4000,
+                    "gpu_cores_percent": 25, "cpu_millicores": 200, "ram_mib": 128,
+                    "image": "localhost/busybox:v1", "command": ["sh", "-c", "sleep 3600"]}]},
+        format="json")
+    assert r.status_code == 201, r.content
+    return int(r.json()["id"])
+
+
+def _queue_job(name: str, namespace: str) -> dict[str, Any]:
     spec = _pod("unused", namespace)["spec"]
     del spec["schedulerName"]  # a manifest written for Kueue names no scheduler: the webhook does
     spec["priorityClassName"] = "batch"
@@ -248,7 +285,6 @@ def test_a_kueue_labelled_job_is_admitted_suspended_again_when_preempted_and_req
     limit with no pod, un-suspended when room frees and its pod bound by Camp with HAMi's
     annotations; a higher-priority Camp job preempts it: suspended again (its controller
     deletes the pod), requeued, and admitted again when that job ends."""
-    from kubernetes import client as k8s
 
     from scheduling import services
     from scheduling.models import ExternalWorkload, installation_id
@@ -258,9 +294,7 @@ def test_a_kueue_labelled_job_is_admitted_suspended_again_when_preempted_and_req
     node = camp_node.node
     tenant_services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
                               values={"gpu_memory_mib_limit": 6000, "gpus_limit": Decimal(4)})
-    with contextlib.suppress(k8s.ApiException):
-        k8s.SchedulingV1Api(node.admin()).create_priority_class(
-            {"metadata": {"name": "batch"}, "value": 100, "description": "preemptible batch"})
+    _batch_priority_class(node)
     with HamiNodePlugin(node.core, node.node_name, cards=2, sharers=10) as plugin, \
             camp_over_https(tmp_path / "tls") as (url, ca):
         wait_advertised(node.core, node.node_name, 20)
@@ -303,6 +337,8 @@ def test_a_kueue_labelled_job_is_admitted_suspended_again_when_preempted_and_req
             assert r.json()["kubernetes_job"] == {"kind": "Job", "namespace": "team-k", "name": "train",
                                                   "queue_name": "team-queue"}
             assert not node.core.list_namespaced_pod("team-k", label_selector="job-name=train").items
+            why = _camp_cli(world, camp_node.camp_url, tmp_path, "why", f"job/{row.job_id}")
+            assert "why: Project " in why and "kubernetes: Job team-k/train, queue team-queue" in why, why
             page = client_for(world.a.member).get(f"/scheduling/jobs/{row.job_id}/")
             assert page.status_code == 200
             assert "Job <code>team-k/train</code>, queue <code>team-queue</code>" in page.content.decode()
@@ -327,15 +363,7 @@ def test_a_kueue_labelled_job_is_admitted_suspended_again_when_preempted_and_req
             wait(lambda: Job.objects.get(pk=row.job_id).state == "running", "Camp's job to run")
 
             # A high-priority Camp job of the project preempts it: suspended again, requeued.
-            r = client_for(world.a.project_admin).post("/api/v1/jobs/", {
-                "name": "urgent", "project": world.a.project.pk, "cluster": "node", "kind": "pytorch",
-                "priority_class": "high",
-                "groups": [{"name": "worker", "replicas": 1, "gpu_count": 1, "gpu_memory_mib": 4000,
-                            "gpu_cores_percent": 25, "cpu_millicores": 200, "ram_mib": 128,
-                            "image": "localhost/busybox:v1", "command": ["sh", "-c", "sleep 3600"]}]},
-                format="json")
-            assert r.status_code == 201, r.content
-            urgent = int(r.json()["id"])
+            urgent = _urgent(world)
             wait(lambda: Job.objects.get(pk=row.job_id).state == "queued"
                  and Job.objects.get(pk=urgent).state == "running", "the preemption", timeout=180)
             # (its history keeps why: the next cycle gives it a new reason to wait)
@@ -364,16 +392,13 @@ def test_a_deployments_pods_are_queued_bound_and_replaced_after_a_preemption(
     by Camp, preempted by a high-priority Camp job (the pod deleted, as kube-scheduler's
     preemption does), and the pod its ReplicaSet makes in its place queues and runs once the
     preemptor ends."""
-    from kubernetes import client as k8s
 
     from scheduling import services
 
     node = camp_node.node
     tenant_services.quota_set(actor=world.a.owner, scope="project", project=world.a.project,
                               values={"gpu_memory_mib_limit": 6000, "gpus_limit": Decimal(4)})
-    with contextlib.suppress(k8s.ApiException):
-        k8s.SchedulingV1Api(node.admin()).create_priority_class(
-            {"metadata": {"name": "batch"}, "value": 100, "description": "preemptible batch"})
+    _batch_priority_class(node)
     with HamiNodePlugin(node.core, node.node_name, cards=2, sharers=10) as plugin:
         wait_advertised(node.core, node.node_name, 20)
         services.inventory_sync(cluster=camp_node.cluster)
@@ -396,15 +421,7 @@ def test_a_deployments_pods_are_queued_bound_and_replaced_after_a_preemption(
         assert row.owner_kind == "ReplicaSet" and row.owner_name.startswith("serve-")
         assert first.metadata.annotations["hami.io/bind-phase"] == "success"
 
-        r = client_for(world.a.project_admin).post("/api/v1/jobs/", {
-            "name": "urgent", "project": world.a.project.pk, "cluster": "node", "kind": "pytorch",
-            "priority_class": "high",
-            "groups": [{"name": "worker", "replicas": 1, "gpu_count": 1, "gpu_memory_mib": 4000,
-                        "gpu_cores_percent": 25, "cpu_millicores": 200, "ram_mib": 128,
-                        "image": "localhost/busybox:v1", "command": ["sh", "-c", "sleep 3600"]}]},
-            format="json")
-        assert r.status_code == 201, r.content
-        urgent = int(r.json()["id"])
+        urgent = _urgent(world)
         wait(lambda: Job.objects.get(pk=row.job_id).state == "cancelled"
              and Job.objects.get(pk=urgent).state == "running", "the preemption", timeout=180)
         assert Job.objects.get(pk=row.job_id).reason == (
