@@ -84,9 +84,9 @@ class CeleryCollector(Collector):
                     tasks.add_metric([name, state], float(count))
                 for field, seconds in client.hgetall(_key("runtime")).items():
                     runtime.add_metric([field.decode()], float(seconds))
-                name = str(getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", "celery"))
                 if str(settings.CELERY_BROKER_URL).startswith(("redis://", "rediss://")):
-                    queue.add_metric([name], float(client.llen(name)))
+                    for name in settings.CELERY_TASK_QUEUES:  # the scheduler's queue and the rest
+                        queue.add_metric([name], float(client.llen(name)))
             except Exception as exc:  # noqa: BLE001 - Redis away: the other metrics still answer
                 logger.warning("celery metrics unavailable: %s", type(exc).__name__)
         yield from (tasks, runtime, queue)

@@ -62,6 +62,26 @@ CELERY_BEAT_SCHEDULER = "camp.beat:LivenessScheduler"
 # --- Scheduler (scheduling/tasks.py) ----------------------------------------------------------
 # A dead worker's task goes back to the queue (its cycle's transaction rolled back).
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# Two queues, both consumed by every worker (a worker started without -Q consumes all of
+# CELERY_TASK_QUEUES): the scheduler's own steps (the tick, a cluster's cycle, the placement
+# step) in "scheduling", everything else in "celery". Kombu serves a worker's queues in turn
+# (round robin, the queue that just delivered goes last), so a cycle waits for at most one
+# task of a backlog instead of all of it: a burst of admissions queues one dispatch per job
+# (40,000 at once in bench/scale_out.py), and in one FIFO queue the ticks behind them expired
+# unrun, so nothing more was admitted until every dispatch had run (docs/BENCHMARKS.md §14).
+SCHEDULING_TASKS = ("scheduling.tasks.scheduler_tick", "scheduling.tasks.cluster_cycle",
+                    "scheduling.tasks.placement_step")
+
+
+def celery_queues(default: str) -> tuple[str, dict[str, dict[str, object]], dict[str, dict[str, str]]]:
+    """(the scheduling queue's name, ``CELERY_TASK_QUEUES``, ``CELERY_TASK_ROUTES``) beside the
+    ``default`` queue (the test settings name theirs per run)."""
+    scheduling = f"{default}.scheduling"
+    return scheduling, {scheduling: {}, default: {}}, {t: {"queue": scheduling} for t in SCHEDULING_TASKS}
+
+
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+SCHEDULING_QUEUE, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES = celery_queues(CELERY_TASK_DEFAULT_QUEUE)
 SCHEDULER_TICK_SECONDS = env_int("SCHEDULER_TICK_SECONDS", 3)
 # Jobs tried per project queue in one cycle (0: all). See docs/BENCHMARKS.md §queueing.
 SCHEDULER_HEADS_PER_QUEUE = env_int("SCHEDULER_HEADS_PER_QUEUE", 8)

@@ -10,7 +10,7 @@ from camp.env import env_int, env_str
 
 from . import *  # noqa: F403
 from .database import parse_database_url
-from .tasks import CHANNEL_LAYER_SOCKET_TIMEOUT_S
+from .tasks import CHANNEL_LAYER_SOCKET_TIMEOUT_S, celery_queues
 
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/camp")
 # Each test run owns its database, Celery queue and cache keys, so concurrent runs on one
@@ -32,6 +32,7 @@ CACHES = {
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_BROKER_TRANSPORT_OPTIONS = {}
 CELERY_TASK_DEFAULT_QUEUE = f"camp-test-{TEST_RUN_ID}"
+SCHEDULING_QUEUE, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES = celery_queues(CELERY_TASK_DEFAULT_QUEUE)
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
