@@ -820,6 +820,8 @@ class ExternalWorkload(models.Model):
                                   help_text="The queue its label names (Kueue's LocalQueue name).")
     told = models.CharField(max_length=500, blank=True,
                             help_text="The reason of the Event last written on the Job.")
+    resumed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When Camp last un-suspended it (its pods are awaited from then).")
 
     class Meta:
         ordering = ["cluster_id", "namespace", "name"]

@@ -773,7 +773,7 @@ class KubernetesBackend:
         try:
             self._call(batch.patch_namespaced_job, name, namespace, body)
         except BackendError as exc:
-            if exc.status in (404, 409, 422):
+            if exc.status in (404, 409):  # 409: the UID precondition (a new Job of the name)
                 raise BackendError(f"Job {namespace}/{name} is gone", status=404) from exc
             raise
 

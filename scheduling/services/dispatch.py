@@ -305,6 +305,7 @@ def _dispatch(job_id: int, final_attempt: bool) -> tuple[str, int]:
         down = exc.unreachable or Cluster.objects.filter(
             pk=cluster.pk, unreachable_since__isnull=False).exists()
         if external and exc.status == 404:
+            _suspend_workload(job)  # a Job's other pods: its controller deletes them
             _external_pod_gone(job_id, job.attempts, exc)
             return "failed", job.attempts
         if external:
@@ -367,33 +368,43 @@ def _bind_external(job: Job, cluster: Cluster, backend: Any, pods: list[Any]) ->
 def _adopt_job_pods(job: Job, workload: ExternalWorkload, backend: Any) -> None:
     """Un-suspend an admitted Job (Kueue's admission) and take the pods its controller makes as
     the job's pods, one per placed replica (its ``ExternalPod`` rows and allocations' pod
-    names): pods adopted by an earlier dispatch of this attempt stay; ``BindPending`` until
-    the controller has made enough (a follow-up dispatch looks again), an error after
-    ``JOB_PODS_WAIT_SECONDS``."""
+    names): pods adopted by an earlier dispatch of this attempt stay (if not bound elsewhere);
+    ``BindPending`` until the controller has made enough (a follow-up dispatch looks again), an
+    error ``JOB_PODS_WAIT_SECONDS`` after the un-suspend (the job requeued, the Job suspended:
+    a requeued job then asks for what the Job still needs, ``external._follow_width``)."""
+    if workload.resumed_at is None or (job.admitted_at and workload.resumed_at < job.admitted_at):
+        workload.resumed_at = timezone.now()
+        ExternalWorkload.objects.filter(pk=workload.pk).update(resumed_at=workload.resumed_at)
     backend.suspend_job(workload.namespace, workload.name, workload.uid, False)
-    allocs = list(job.allocations.order_by("group_id", "replica"))
+    allocs = list(job.allocations.select_related("node").order_by("group_id", "replica"))
+    node_of = {a.replica: a.node.name for a in allocs}
     pods = backend.job_pods(workload.namespace, workload.uid)
     live = {p.metadata.uid: p for p in pods}
-    mine = {e.replica: e for e in job.external_pods.all() if e.uid in live}
+    mine = {e.replica: e for e in job.external_pods.all() if e.uid in live
+            and live[e.uid].spec.node_name in (None, "", node_of.get(e.replica))}
     taken = set(ExternalPod.objects.filter(cluster_id=job.placed_cluster.pk, uid__in=list(live))
                 .values_list("uid", flat=True))
     free = [p for p in pods if p.metadata.uid not in taken and not p.spec.node_name]
     missing = [a for a in allocs if a.replica not in mine]
     if len(free) < len(missing):
-        waited = (timezone.now() - (job.admitted_at or timezone.now())).total_seconds()
+        waited = (timezone.now() - workload.resumed_at).total_seconds()
         said = (f"Job {workload.namespace}/{workload.name}'s controller has made {len(free)} of the "
                 f"{len(missing)} pods Camp admitted")
         if waited > JOB_PODS_WAIT_SECONDS:
             raise BackendError(f"{said} within {JOB_PODS_WAIT_SECONDS} s")
         raise BindPending(said)
-    with transaction.atomic():
-        ExternalPod.objects.filter(job=job).exclude(pk__in=[e.pk for e in mine.values()]).delete()
-        for a, p in zip(missing, free, strict=False):
-            ExternalPod.objects.create(
-                job=job, cluster_id=job.placed_cluster.pk, namespace=workload.namespace,
-                name=p.metadata.name, uid=p.metadata.uid, replica=a.replica, owner_kind="Job",
-                owner_name=workload.name, service_account=p.spec.service_account_name or "")
-            Allocation.objects.filter(pk=a.pk).update(pod_name=p.metadata.name[:63])
+    try:
+        with transaction.atomic():
+            ExternalPod.objects.filter(job=job).exclude(pk__in=[e.pk for e in mine.values()]).delete()
+            for a, p in zip(missing, free, strict=False):
+                ExternalPod.objects.create(
+                    job=job, cluster_id=job.placed_cluster.pk, namespace=workload.namespace,
+                    name=p.metadata.name, uid=p.metadata.uid, replica=a.replica, owner_kind="Job",
+                    owner_name=workload.name, service_account=p.spec.service_account_name or "")
+                Allocation.objects.filter(pk=a.pk).update(pod_name=p.metadata.name[:63])
+    except IntegrityError as exc:  # a pod (or a pod name) recorded for another job meanwhile
+        raise BackendError(f"Job {workload.namespace}/{workload.name}'s pods could not be taken: "
+                           f"{exc}", retryable=True) from exc
 
 
 def _suspend_workload(job: Job) -> None:

@@ -16,6 +16,7 @@ there that name Camp's scheduler, queued as the project's ``external`` jobs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from collections.abc import Iterable
@@ -31,9 +32,9 @@ from tenants.models import Project, User
 
 from ..backends import backend_for
 from ..backends.base import BackendError
+from ..backends.kubernetes import scheduler_name
 from ..models import (
     EXTERNAL_KIND,
-    FINAL_STATES,
     PRIORITY_VALUES,
     Backend,
     Cluster,
@@ -330,11 +331,23 @@ def _job_finished(kj: Any) -> bool:
 
 
 def _job_width(kj: Any) -> int:
-    """How many pods of a Job run at once: its parallelism (1 unset), at most its completions."""
+    """How many pods of a Job run at once from now: its parallelism (1 unset), at most the
+    completions it still needs (``completions`` − succeeded); a Job without ``completions`` (a
+    work queue) needs none once one pod has succeeded."""
     width = kj.spec.parallelism if kj.spec.parallelism is not None else 1
+    succeeded = int((kj.status.succeeded if kj.status else None) or 0)
     if kj.spec.completions is not None:
-        width = min(width, kj.spec.completions)
+        width = min(width, kj.spec.completions - succeeded)
+    elif succeeded:
+        width = 0
     return max(0, int(width))
+
+
+def _names_camp(kj: Any) -> str:
+    """The scheduler a Job's pods name ("" for Camp's own)."""
+    spec = kj.spec.template.spec if kj.spec and kj.spec.template else None
+    named = (spec.scheduler_name if spec is not None else None) or "default-scheduler"
+    return "" if named == scheduler_name() else named
 
 
 def _tell_job(backend: Any, row: ExternalWorkload, reason: str, message: str) -> None:
@@ -352,15 +365,30 @@ def _tell_job(backend: Any, row: ExternalWorkload, reason: str, message: str) ->
         ExternalWorkload.objects.filter(pk=row.pk).update(told=said)
 
 
+def _saved(row: ExternalWorkload) -> bool:
+    """Record a row Camp has something to say of (False if another pass did meanwhile)."""
+    if row.pk:
+        return True
+    try:
+        with transaction.atomic():
+            row.save()
+    except IntegrityError:
+        return False
+    return True
+
+
 def _queue_jobs_sync(backend: Any, cluster: Cluster, bindings: dict[str, NamespaceBinding],
                      waiting: list[Any], counts: dict[str, int]) -> set[str]:
-    """Kueue-style admission of ``batch/v1`` Jobs labelled for a queue (``QUEUE_LABELS``): a
-    new one in a bound namespace becomes an external job of ``_job_width`` pods (a gang),
-    suspended until admitted (the webhook suspends it at creation; one that slipped past it is
-    suspended here, as Kueue's reconciler does); the dispatch un-suspends it and binds the pods
-    its controller then makes. A Job whose Camp job ended while it still makes pods (further
-    completions, a retry) is queued again. Returns the UIDs of the Jobs whose pods belong to
-    a Camp job (the pod pass leaves them alone)."""
+    """Kueue-style admission of ``batch/v1`` Jobs labelled for a queue (``QUEUE_LABELS``) whose
+    pods name Camp's scheduler (the chart's webhook names it at creation): a new one in a bound
+    namespace becomes an external job of ``_job_width`` pods (a gang), suspended until admitted
+    (the webhook suspends it at creation; one that slipped past it is suspended here, as
+    Kueue's reconciler does); the dispatch un-suspends it and binds the pods its controller then
+    makes. A queued job follows the Job's width (a requeued one needs only what is left); a Job
+    whose Camp job succeeded or failed while it still makes pods (further completions, a retry)
+    is queued again; a cancelled one stays suspended. A Job whose pods name another scheduler is
+    not Camp's: left alone (told why, in a bound namespace). Returns the UIDs of the Jobs whose
+    pods are Camp's to adopt (the pod pass leaves them alone)."""
     try:
         found = backend.list_queue_jobs(QUEUE_LABELS)
     except BackendError as exc:
@@ -383,42 +411,65 @@ def _queue_jobs_sync(backend: Any, cluster: Cluster, bindings: dict[str, Namespa
             queue_name=next(((meta.labels or {})[k] for k in QUEUE_LABELS if k in (meta.labels or {})),
                             "")[:253])
         binding = bindings.get(meta.namespace)
+        other = _names_camp(kj)
+        if other:
+            # not Camp's to bind (kube-scheduler or another would race it for the pods): said
+            # once in a bound namespace, nothing elsewhere (a namespace Kueue itself manages)
+            if binding is not None and row.job_id is None and _saved(row):
+                _tell_job(backend, row, REFUSED, (
+                    f"Its pods name the scheduler {other!r}: Camp admits Jobs whose pods name "
+                    f"{scheduler_name()!r} (the camp-agent chart's job webhook sets it at creation); "
+                    "left alone"))
+            continue
         if binding is None:
-            if row.job_id is None and not _job_finished(kj):
+            if row.job_id is None and not _job_finished(kj) and _saved(row):
                 counts["unbound"] += 1
-                if row.pk is None:
-                    row.save()
                 _tell_job(backend, row, NOT_BOUND, (
                     f"Namespace {meta.namespace} is not bound to a Camp project: a project admin binds "
                     "it (Camp's API: namespace bindings) before Camp admits its Jobs"))
             continue
+        handled.add(uid)
         job = row.job
-        if job is not None:
-            handled.add(uid)
         if _job_finished(kj):
             continue
-        if job is None or (job.state in FINAL_STATES and job.state != JobState.REJECTED
-                           and not kj.spec.suspend and waiting_of.get(uid)):
+        if job is None or (job.state in (JobState.SUCCEEDED, JobState.FAILED) and not kj.spec.suspend
+                           and waiting_of.get(uid)):
             # new, or its pods ended while the Job still makes more: a (new) Camp job
             width = _job_width(kj) if job is None else min(_job_width(kj), waiting_of[uid])
-            outcome = _queue_job(backend, cluster, binding, row, kj, width)
-            counts[outcome] += 1
-            if outcome == "queued":
-                handled.add(uid)
+            counts[_queue_job(backend, cluster, binding, row, kj, width)] += 1
             continue
         if job.state == JobState.QUEUED:
+            _follow_width(job, _job_width(kj), row)
             _tell_job(backend, row, WAITING, f"Camp job {job.pk}: {job.reason or 'queued'}")
-        elif job.state == JobState.REJECTED:
-            _tell_job(backend, row, REFUSED, f"Camp job {job.pk}: {job.reason}; not admitted")
-        elif job.state == JobState.CANCELLED:
-            _tell_job(backend, row, REFUSED, f"Camp job {job.pk} was cancelled ({job.reason}); the Job "
-                                             "stays suspended (delete it, or create it again)")
+        elif job.state in (JobState.REJECTED, JobState.FAILED, JobState.CANCELLED):
+            if job.state == JobState.CANCELLED and not kj.spec.suspend:
+                with contextlib.suppress(BackendError):  # its stop's suspend failed: again
+                    backend.suspend_job(meta.namespace, meta.name, uid, True)
+            if kj.spec.suspend:
+                _tell_job(backend, row, REFUSED, f"Camp job {job.pk} {job.state} ({job.reason}); the Job "
+                                                 "stays suspended (delete it, or create it again)")
     for uid, row in rows.items():
         kj = listed.get(uid)
         if row.job is not None and row.job.state == JobState.QUEUED and (kj is None or _job_finished(kj)):
             job_terminate(job_id=row.job.pk, reason=f"Its Job {row.namespace}/{row.name} was deleted"
                           if kj is None else f"Its Job {row.namespace}/{row.name} finished")
+        elif row.job is None and kj is None:
+            row.delete()  # what was told of a Job that is gone
     return handled
+
+
+def _follow_width(job: Job, width: int, row: ExternalWorkload) -> None:
+    """A queued job asks for the pods its Job will make (after a preemption, what is left of
+    its completions); none left: the job ends. Only while it is queued (its row locked)."""
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().filter(pk=job.pk, state=JobState.QUEUED).first()
+        group = locked.groups.first() if locked is not None else None
+        if group is None or group.replicas == width:
+            return
+        if width > 0:
+            type(group).objects.filter(pk=group.pk).update(replicas=width)
+            return
+    job_terminate(job_id=job.pk, reason=f"Its Job {row.namespace}/{row.name} needs no more pods")
 
 
 def _queue_job(backend: Any, cluster: Cluster, binding: NamespaceBinding, row: ExternalWorkload,
@@ -435,26 +486,31 @@ def _queue_job(backend: Any, cluster: Cluster, binding: NamespaceBinding, row: E
     template = kj.spec.template
     ask = pod_ask(template)
     actor = binding.created_by
+    before = row.job_id
     try:
         if actor is None:
             raise PermissionDenied("The admin who bound this namespace is gone; bind it again.")
         if width < 1:
             raise ValidationError({"parallelism": ["The Job runs no pod (parallelism 0)."]})
         with transaction.atomic():
+            same = {"job_id": before} if before is not None else {"job__isnull": True}
+            if row.pk and not ExternalWorkload.objects.select_for_update().filter(pk=row.pk, **same).exists():
+                return "waiting"  # another pass queued it meanwhile
             job = job_submit(
                 actor=actor, project=binding.project, cluster=cluster,
-                name=_job_name(meta.name, f"{meta.uid}/{row.job_id or 0}"), kind=EXTERNAL_KIND,
+                name=_job_name(meta.name, f"{meta.uid}/{before or 0}"), kind=EXTERNAL_KIND,
                 groups=[{"name": "pod", "replicas": width, **ask}], gang=True,
                 priority_class=external_priority(cluster, template.spec.priority_class_name or ""))
             Job.objects.filter(pk=job.pk).update(namespace=binding.namespace)
             row.job = job
             row.told = ""
             row.save()
+    except IntegrityError:
+        return "waiting"  # another pass recorded this Job meanwhile
     except (ValidationError, PermissionDenied) as exc:
-        if row.pk is None:
-            row.save()
-        _tell_job(backend, row, REFUSED, f"Camp refuses it for project {binding.project.name}: "
-                                         f"{_said(exc)}; not admitted")
+        if _saved(row):
+            _tell_job(backend, row, REFUSED, f"Camp refuses it for project {binding.project.name}: "
+                                             f"{_said(exc)}; not admitted")
         return "refused"
     _tell_job(backend, row, WAITING, f"Camp job {job.pk}: queued")
     return "queued"

@@ -312,3 +312,75 @@ def test_a_camp_job_of_higher_priority_preempts_an_external_pod(world: Any, kube
     other = Client()
     other.force_login(world.b.member)
     assert other.get(f"/scheduling/jobs/{ext.pk}/").status_code == 404
+
+
+def _labelled_job(batch: Any, ns: str, name: str, *, scheduler: str | None, suspend: bool = False,
+                  parallelism: int = 2, completions: int = 4) -> Any:
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [{
+        "name": "main", "image": "busybox",
+        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000"}}}]}
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return batch.create_namespaced_job(ns, {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "q"}},
+        "spec": {"suspend": suspend, "parallelism": parallelism, "completions": completions,
+                 "template": {"spec": spec}}})
+
+
+def test_labelled_jobs_camp_may_bind_are_queued_suspended_and_others_left_alone(world: Any,
+                                                                              kube: Any) -> None:
+    """The sync's side of Kueue-style admission (issue 34), as the chart's ServiceAccount on the
+    plain API server (no Job controller runs here: the real node's test has the pods): a labelled
+    Job whose pods name Camp's scheduler and that runs (the webhook was off) is suspended and
+    queued as a gang of its parallelism; one whose pods name another scheduler is left running,
+    told why once; in a namespace not bound, a Job that is not Camp's gets no Event and no row;
+    a queued job follows what its Job still needs, and ends when it needs nothing."""
+    from scheduling.models import ExternalWorkload
+
+    kube.node("gpu-a", devices=hami_devices(2))
+    cluster = kube.register(world)
+    core, batch = kube.core, k8s.BatchV1Api(kube.server.client())
+    for ns in ("team-q", "elsewhere"):
+        core.create_namespace({"metadata": {"name": ns}})
+    body = {"cluster": cluster.name, "namespace": "team-q", "project": world.a.project.pk}
+    padmin = client_for(world.a.project_admin)
+    said = padmin.post("/api/v1/namespace-bindings/", body, format="json").json()["namespace"][0]
+    labels = dict(kv.split("=", 1) for kv in said.split("kubectl label namespace team-q ", 1)[1].split())
+    core.patch_namespace("team-q", {"metadata": {"labels": labels}})
+    assert padmin.post("/api/v1/namespace-bindings/", body, format="json").status_code == 201
+
+    _labelled_job(batch, "team-q", "ours", scheduler="camp-scheduler")
+    _labelled_job(batch, "team-q", "theirs", scheduler=None)
+    _labelled_job(batch, "elsewhere", "kueues", scheduler=None)
+    for _ in range(2):  # a second pass changes nothing and tells nothing again
+        services.external_pods_sync(cluster=cluster)
+
+    ours = ExternalWorkload.objects.select_related("job").get(name="ours")
+    assert batch.read_namespaced_job("ours", "team-q").spec.suspend is True
+    assert ours.job is not None and ours.job.kind == "external" and ours.job.state == "queued"
+    assert ours.job.groups.get().replicas == 2 and ours.job.groups.get().gpu_memory_mib == 2000
+    assert ours.queue_name == "q"
+    # another scheduler's: not suspended, no job, one Event saying why
+    assert batch.read_namespaced_job("theirs", "team-q").spec.suspend is False
+    theirs = ExternalWorkload.objects.get(name="theirs")
+    assert theirs.job is None
+    events = [e for e in core.list_namespaced_event("team-q").items if e.involved_object.name == "theirs"]
+    assert len(events) == 1 and "'default-scheduler'" in events[0].message, [e.message for e in events]
+    assert not ExternalWorkload.objects.filter(namespace="elsewhere").exists()
+    assert not core.list_namespaced_event("elsewhere").items
+
+    # What the Job still needs: 3 of its 4 completions done, so the queued job asks for 1 pod;
+    # all 4 done (its status says so), so it ends.
+    batch.patch_namespaced_job_status("ours", "team-q", {"status": {"succeeded": 3}})
+    services.external_pods_sync(cluster=cluster)
+    assert Job.objects.get(pk=ours.job_id).groups.get().replicas == 1
+    batch.patch_namespaced_job_status("ours", "team-q", {"status": {"succeeded": 4}})
+    services.external_pods_sync(cluster=cluster)
+    ended = Job.objects.get(pk=ours.job_id)
+    assert ended.state == "cancelled" and ended.reason == "Its Job team-q/ours needs no more pods"
+
+    # a Job deleted while Camp tells it why: its row goes with it
+    batch.delete_namespaced_job("theirs", "team-q")
+    services.external_pods_sync(cluster=cluster)
+    assert not ExternalWorkload.objects.filter(name="theirs").exists()
