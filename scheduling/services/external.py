@@ -460,7 +460,10 @@ def _queue_jobs_sync(backend: Any, cluster: Cluster, bindings: dict[str, Namespa
 
 def _follow_width(job: Job, width: int, row: ExternalWorkload) -> None:
     """A queued job asks for the pods its Job will make (after a preemption, what is left of
-    its completions); none left: the job ends. Only while it is queued (its row locked)."""
+    its completions); none left: the job ends. Only while it is queued (its row locked); the
+    lock is taken only when the size differs (each pass reads every queued Job's size)."""
+    if job.groups.filter(replicas=width).exists():
+        return
     with transaction.atomic():
         locked = Job.objects.select_for_update().filter(pk=job.pk, state=JobState.QUEUED).first()
         group = locked.groups.first() if locked is not None else None

@@ -37,6 +37,16 @@ def _condition(core: Any, ns: str, name: str) -> Any:
     return next((c for c in (pod.status.conditions or []) if c.type == "PodScheduled"), None)
 
 
+def _bind_both_sides(world: Any, core: Any, cluster: Any, ns: str) -> None:
+    """The project admin asks, the cluster's side writes the labels Camp names, the admin binds."""
+    body = {"cluster": cluster.name, "namespace": ns, "project": world.a.project.pk}
+    padmin = client_for(world.a.project_admin)
+    said = padmin.post("/api/v1/namespace-bindings/", body, format="json").json()["namespace"][0]
+    labels = dict(kv.split("=", 1) for kv in said.split(f"kubectl label namespace {ns} ", 1)[1].split())
+    core.patch_namespace(ns, {"metadata": {"labels": labels}})
+    assert padmin.post("/api/v1/namespace-bindings/", body, format="json").status_code == 201
+
+
 def _cli(world: Any, live_server: Any, tmp_path: Any) -> Any:
     """``camp`` as the project admin, through the API of a live server."""
     import os
@@ -262,12 +272,7 @@ def test_a_camp_job_of_higher_priority_preempts_an_external_pod(world: Any, kube
     k8s.SchedulingV1Api(kube.server.client()).create_priority_class(
         {"metadata": {"name": "batch"}, "value": 10})
     core.create_namespace({"metadata": {"name": "team-x"}})
-    body = {"cluster": cluster.name, "namespace": "team-x", "project": world.a.project.pk}
-    padmin = client_for(world.a.project_admin)
-    said = padmin.post("/api/v1/namespace-bindings/", body, format="json").json()["namespace"][0]
-    labels = dict(kv.split("=", 1) for kv in said.split("kubectl label namespace team-x ", 1)[1].split())
-    core.patch_namespace("team-x", {"metadata": {"labels": labels}})
-    assert padmin.post("/api/v1/namespace-bindings/", body, format="json").status_code == 201
+    _bind_both_sides(world, core, cluster, "team-x")
     core.create_namespaced_pod("team-x", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sweep"},
         "spec": {"schedulerName": "camp-scheduler", "priorityClassName": "batch",
@@ -343,12 +348,7 @@ def test_labelled_jobs_camp_may_bind_are_queued_suspended_and_others_left_alone(
     core, batch = kube.core, k8s.BatchV1Api(kube.server.client())
     for ns in ("team-q", "elsewhere"):
         core.create_namespace({"metadata": {"name": ns}})
-    body = {"cluster": cluster.name, "namespace": "team-q", "project": world.a.project.pk}
-    padmin = client_for(world.a.project_admin)
-    said = padmin.post("/api/v1/namespace-bindings/", body, format="json").json()["namespace"][0]
-    labels = dict(kv.split("=", 1) for kv in said.split("kubectl label namespace team-q ", 1)[1].split())
-    core.patch_namespace("team-q", {"metadata": {"labels": labels}})
-    assert padmin.post("/api/v1/namespace-bindings/", body, format="json").status_code == 201
+    _bind_both_sides(world, core, cluster, "team-q")
 
     _labelled_job(batch, "team-q", "ours", scheduler="camp-scheduler")
     _labelled_job(batch, "team-q", "theirs", scheduler=None)
