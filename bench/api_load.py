@@ -91,14 +91,41 @@ def _owner() -> Any:
     return User.objects.get(username="bench-owner")
 
 
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of a process, its reaped children and its live descendants (``/proc``:
+    utime + stime, cutime + cstime; uvicorn's workers, PostgreSQL's backends)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(x) for x in fields[11:15]) / tick
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except (OSError, IndexError, ValueError):  # it ended meanwhile
+        return total
+    return total + sum(_tree_cpu(int(c)) for c in children)
+
+
+def _postmaster(db: str) -> int | None:
+    """The PostgreSQL server's process on this machine, if it is here (its CPU is counted)."""
+    import psycopg
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+    try:
+        return int((Path(row[0]) / "postmaster.pid").read_text().split()[0]) if row else None
+    except (OSError, ValueError):
+        return None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _env(db: str, static_root: str) -> dict[str, str]:
+def _env(db: str, static_root: str, pool: int = 0) -> dict[str, str]:
     return {**os.environ, "DJANGO_SETTINGS_MODULE": "camp.settings.production", "DATABASE_URL": db,
+            "DB_POOL_MAX_SIZE": str(pool),
             "SECRET_KEY": secrets.token_urlsafe(50), "SECURE_SSL_REDIRECT": "0", "REDIS_URL": "",
             "ALLOWED_HOSTS": "127.0.0.1",  # production refuses an empty one
             "CELERY_BROKER_URL": "memory://", "STATIC_ROOT": static_root,
@@ -106,8 +133,9 @@ def _env(db: str, static_root: str) -> dict[str, str]:
             "DB_CONN_MAX_AGE": "0"}
 
 
-def _server(db: str, port: int, app_dir: Path, static_root: str) -> subprocess.Popen[bytes]:
-    env = _env(db, static_root)
+def _server(db: str, port: int, app_dir: Path, static_root: str, pool: int = 0
+            ) -> subprocess.Popen[bytes]:
+    env = _env(db, static_root, pool)
     # The portal's pages name static files through the production manifest.
     subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
                    env=env, cwd=app_dir, check=True)
@@ -200,6 +228,62 @@ async def _run(base: str, headers: dict[str, str], clients: int, seconds: float,
             "p99_ms": q[98] * 1000}
 
 
+async def _open_loop(base: str, mix: list[tuple[str, dict[str, str], Any]], rate: float,
+                     seconds: float, counter: Any, seed: int = 1) -> dict[str, Any]:
+    """An open loop: requests arrive as a Poisson process of ``rate`` a second whatever the
+    server's answers (the mix's kinds in a shuffled round-robin), and each latency runs from
+    the request's *scheduled* arrival, so a server (or a client) that falls behind shows as
+    latency rather than as fewer requests sent (no coordinated omission)."""
+    import aiohttp
+
+    rng = random.Random(seed)
+    latencies: dict[str, list[float]] = {name: [] for name, _, _ in mix}
+    errors: dict[str, int] = {}
+    samples: dict[str, str] = {}
+    tasks: list[asyncio.Task[None]] = []
+    async with aiohttp.ClientSession(base, cookie_jar=aiohttp.DummyCookieJar(),
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one(name: str, headers: dict[str, str], request: Any, due: float) -> None:
+            method, path, body, _ = request(next(counter))
+            try:
+                async with session.request(method, path, json=body, headers=headers) as r:
+                    text = await r.read()
+                    ok, key = r.status < 400, f"{name}: {r.status}"
+                    if not ok:
+                        samples.setdefault(key, text[:300].decode(errors="replace"))
+            except aiohttp.ClientError as exc:
+                ok, key = False, f"{name}: {type(exc).__name__}"
+            latencies[name].append(time.perf_counter() - due)
+            if not ok:
+                errors[key] = errors.get(key, 0) + 1
+
+        order: list[tuple[str, dict[str, str], Any]] = []
+        start = time.perf_counter()
+        due = start
+        while due < start + seconds:
+            if not order:
+                order = list(mix)
+                rng.shuffle(order)
+            name, headers, request = order.pop()
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(name, headers, request, due)))
+            due += rng.expovariate(rate)
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - start
+
+    def pct(values: list[float]) -> dict[str, float]:
+        q = statistics.quantiles(values, n=100) if len(values) > 1 else [values[0] if values else 0.0] * 99
+        return {"n": len(values), "p50_ms": q[49] * 1000, "p95_ms": q[94] * 1000, "p99_ms": q[98] * 1000}
+
+    every = [v for vs in latencies.values() for v in vs]
+    return {"offered_per_s": rate, "requests": len(every), "answered_per_s": len(every) / wall,
+            "errors": errors, "error_samples": samples, **pct(every),
+            "by_kind": {k: pct(v) for k, v in latencies.items()}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=100_000, help="job rows at least")
@@ -213,6 +297,11 @@ def main() -> None:
                     help="the checkout whose code the server runs (default: this one)")
     ap.add_argument("--only", default="", help="comma-separated words: run the scenarios naming one")
     ap.add_argument("--label", default="")
+    ap.add_argument("--pool", type=int, default=0,
+                    help="DB_POOL_MAX_SIZE for the server (a psycopg pool of this many per worker)")
+    ap.add_argument("--rate", default="",
+                    help="comma-separated requests/s: run the open-loop mix at each rate for --seconds "
+                         "instead of the closed-loop scenarios")
     args = ap.parse_args()
     sc._setup_django(args.db)
     token, tenant_id, job_ids, project_id = _seed(args.jobs)
@@ -224,7 +313,7 @@ def main() -> None:
     connections.close_all()
     port = _free_port()
     static_root = tempfile.mkdtemp(prefix="camp-bench-static-")
-    server = _server(args.db, port, args.app_dir, static_root)
+    server = _server(args.db, port, args.app_dir, static_root, args.pool)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):  # until uvicorn listens
@@ -264,9 +353,42 @@ def main() -> None:
             ("submit single", api, single),
             (f"submit bulk ×{args.batch}", api, bulk),
         ]
-        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         out: dict[str, Any] = {"rows": rows, "clients": args.clients, "seconds": args.seconds,
                                "think": args.think, "app_dir": str(args.app_dir)}
+        if args.rate:
+            # The open-loop mix: each read of the read mix, both portal pages and a single
+            # submit, in equal shares (bulk submits left out: one request is 100 jobs).
+            mix = [(name, headers, req) for name, headers, req in scenarios
+                   if name.startswith(("read: ", "portal: ")) or name == "submit single"]
+            out["open_loop"] = []
+            numbers = itertools.count()  # across rates: a submit's name is never used twice
+            pg = _postmaster(args.db)
+            for rate in [float(r) for r in args.rate.split(",") if r.strip()]:
+                watch = _Connections(args.db)
+                watch.start()
+                cpu0 = (_tree_cpu(server.pid), _tree_cpu(pg) if pg else 0.0, time.process_time())
+                res = asyncio.run(_open_loop(base, mix, rate, args.seconds, numbers))
+                n = max(1, res["requests"])
+                res["cpu_ms_per_request"] = {
+                    "server": (_tree_cpu(server.pid) - cpu0[0]) * 1000 / n,
+                    "postgresql": (_tree_cpu(pg) - cpu0[1]) * 1000 / n if pg else None,
+                    "load_generator": (time.process_time() - cpu0[2]) * 1000 / n}
+                watch.stop.set()
+                watch.join()
+                res["db_connections_peak"] = watch.peak
+                res["load_average"] = os.getloadavg()
+                out["open_loop"].append(res)
+                print(f"open loop {rate:>6.1f}/s offered: {res['answered_per_s']:>6.1f}/s answered "
+                      f"p50 {res['p50_ms']:>7.1f} ms  p95 {res['p95_ms']:>7.1f} ms  "
+                      f"p99 {res['p99_ms']:>7.1f} ms  errors {res['errors']}  db conns ≤ {watch.peak}  "
+                      f"load {res['load_average'][0]:.1f}; CPU ms per request: " + ", ".join(
+                          f"{k} {v:.1f}" for k, v in res["cpu_ms_per_request"].items() if v is not None),
+                      flush=True)
+                for kind, q in res["by_kind"].items():
+                    print(f"    {kind:<34} {q['n']:>6}  p50 {q['p50_ms']:>7.1f}  p95 {q['p95_ms']:>7.1f}  "
+                          f"p99 {q['p99_ms']:>7.1f}", flush=True)
+            scenarios = []
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         for name, headers, req in scenarios:
             if wanted and not any(w in name for w in wanted):
                 continue

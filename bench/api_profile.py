@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run the endpoints whose label contains this")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="cProfile the counted requests; print the N costliest functions (cumulative)")
+    ap.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"],
+                    help="the order of --profile's functions")
     ap.add_argument("--json", default="", help="write the figures to this file")
     ap.add_argument("--connections", choices=["persistent", "per-request", "pool"], default="persistent",
                     help="persistent: one connection for the run (no connect cost); per-request: "
@@ -182,7 +184,7 @@ def main() -> None:
               f"{sql_ms:>7.1f} ms SQL  {wall - sql_ms:>7.1f} ms other{hold}", flush=True)
         if profiler is not None:
             stats = pstats.Stats(profiler)
-            stats.sort_stats("cumulative").print_stats(args.profile)
+            stats.sort_stats(args.sort).print_stats(args.profile)
         if args.sql:
             for t, sql, _ in statements:
                 print(f"    {t * 1000:>7.2f} ms  {sql[:220]}")

@@ -36,11 +36,21 @@ def parse_database_url(url: str, **kw: Any) -> dict[str, Any]:
     return parsed
 
 
+DEFAULT_POOL_SIZE = 8
+"""Connections a process keeps for its requests by default (PostgreSQL). Under ASGI every
+request runs in a thread of its own: without a pool each opened its own connection, so an
+overloaded web process opened hundreds (PostgreSQL's ``max_connections`` was reached and every
+request failed) and each paid a backend start; with one, requests beyond the pool wait their
+turn for an open connection (``DB_POOL_TIMEOUT``), docs/BENCHMARKS.md §15."""
+
+
 def pool_options(db: dict[str, Any], max_size: int, min_size: int = 1, timeout: int = 10) -> dict[str, Any]:
     """``db`` with a psycopg connection pool of ``max_size`` per process (0: none, each request
     opens its own connection). Opening one costs the web process ~2 ms of CPU and PostgreSQL a
-    backend start, on every request (issue 35); a pool hands out open ones. Django's pool and
-    persistent connections (``DB_CONN_MAX_AGE``) exclude each other; SQLite has no pool."""
+    backend start, on every request (issue 35); a pool hands out open ones, each checked at
+    checkout (``CONN_HEALTH_CHECKS``: after a PostgreSQL restart a dead one is replaced, not
+    handed to a request). Django's pool and persistent connections (``DB_CONN_MAX_AGE``)
+    exclude each other; SQLite has no pool."""
     if max_size <= 0 or db.get("ENGINE") != "django.db.backends.postgresql":
         return db
     if db.get("CONN_MAX_AGE"):
@@ -48,12 +58,18 @@ def pool_options(db: dict[str, Any], max_size: int, min_size: int = 1, timeout: 
                                       "set DB_CONN_MAX_AGE=0 with a pool")
     options = {**db.get("OPTIONS", {}),
                "pool": {"min_size": min(min_size, max_size), "max_size": max_size, "timeout": timeout}}
-    return {**db, "OPTIONS": options}
+    return {**db, "OPTIONS": options, "CONN_HEALTH_CHECKS": True}
+
+
+def pool_size_from_env() -> int:
+    """``DB_POOL_MAX_SIZE``; unset: ``DEFAULT_POOL_SIZE``, or none when persistent connections
+    were asked for instead (``DB_CONN_MAX_AGE`` > 0, an installation's choice kept working)."""
+    return env_int("DB_POOL_MAX_SIZE", 0 if env_int("DB_CONN_MAX_AGE", 0) else DEFAULT_POOL_SIZE)
 
 
 DATABASES = {"default": pool_options(
     parse_database_url(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0)),
-    max_size=env_int("DB_POOL_MAX_SIZE", 0), min_size=env_int("DB_POOL_MIN_SIZE", 1),
+    max_size=pool_size_from_env(), min_size=env_int("DB_POOL_MIN_SIZE", 1),
     timeout=env_int("DB_POOL_TIMEOUT", 10))}
 # The demo serves web and worker from one SQLite file. A busy timeout alone is not enough:
 # a transaction that reads and then writes (every launch) begins DEFERRED, and when another

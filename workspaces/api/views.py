@@ -73,6 +73,20 @@ LOG_RENDERERS = [
 ]
 
 
+class JsonErrorsMixin:
+    """An error from a logs endpoint is JSON, as the schema documents every error, even when the
+    request asked for the logs as ``text/plain`` or an event stream (``?format=txt``): a 404 or
+    400 rendered as text was a body no client of the schema could read."""
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+        if (isinstance(response, Response) and response.status_code >= 400
+                and isinstance(getattr(response, "accepted_renderer", None), EventStreamRenderer)):
+            response.accepted_renderer = renderers.JSONRenderer()
+            response.accepted_media_type = "application/json"
+        return response
+
+
 # Detail actions that answer a plain list: no list filters, no pagination (in the schema too).
 NOT_A_LIST: dict[str, Any] = {"filter_backends": [], "pagination_class": None}
 
@@ -144,6 +158,7 @@ def _logs(request: Request, job: Any) -> HttpResponseBase:
 
 @extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
 class EnvironmentViewSet(
+    JsonErrorsMixin,
     IdempotentCreateMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -248,6 +263,7 @@ class TrainingFilter(CampFilterSet):
 
 @extend_schema_view(create=extend_schema(parameters=[IDEMPOTENCY_PARAM]))
 class TrainingViewSet(
+    JsonErrorsMixin,
     IdempotentCreateMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,

@@ -26,6 +26,8 @@ from typing import Any
 import psycopg
 import requests
 
+from camp.settings.database import DEFAULT_POOL_SIZE
+
 REPO = Path(__file__).resolve().parents[3]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
@@ -237,7 +239,10 @@ def camp_stack(*, tick_seconds: int = 2) -> Iterator[Stack]:
                "SCHEDULER_TICK_SECONDS": str(tick_seconds), "PYTHONUNBUFFERED": "1",
                # The production retry ladder (camp/settings/tasks.py), not the test settings'
                # short one: the faults are struck at the processes as they run in production.
-               "CAMP_KUBE_API_BACKOFF_MS": "200"}
+               "CAMP_KUBE_API_BACKOFF_MS": "200",
+               # Production's connection pool (each connection checked at checkout), so a
+               # PostgreSQL crash is survived as an installed web server and worker survive it.
+               "DB_POOL_MAX_SIZE": str(DEFAULT_POOL_SIZE)}
         migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], env=env,
                                  cwd=REPO, capture_output=True, text=True, timeout=600)
         assert migrate.returncode == 0, migrate.stderr

@@ -72,3 +72,21 @@ def test_a_failed_training_jobs_last_lines_are_kept_and_served(world: Any, sim_c
                          cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"==> {kept[0].pod_name} (worker) <==" in out.stdout and last in out.stdout
+
+
+def test_a_logs_error_is_json_even_when_text_was_asked_for(world: Any, sim_cluster: Any) -> None:
+    """The schema documents every error as JSON: a logs request for text (``?format=txt``, or
+    an event stream) that fails — no such object, another tenant's — still gets a JSON body a
+    client can read (found by the schema fuzzer: a 404 came back as ``text/plain``)."""
+    t = _failed_training(world, sim_cluster)
+    api = client_for(world.a.member)
+    ok = api.get(f"/api/v1/training-jobs/{t.pk}/logs/?format=txt&tail=1")
+    assert ok.status_code == 200 and ok["Content-Type"].startswith("text/plain")
+    for path in (f"/api/v1/training-jobs/{t.pk + 10_000}/logs/?format=txt",
+                 f"/api/v1/environments/{10**9}/logs/?format=txt&follow=true"):
+        missing = api.get(path)
+        assert missing.status_code == 404 and missing["Content-Type"] == "application/json", path
+        assert "detail" in missing.json()
+    outsider = client_for(world.b.member).get(f"/api/v1/training-jobs/{t.pk}/logs/?follow=true",
+                                               HTTP_ACCEPT="text/event-stream")
+    assert outsider.status_code == 404 and outsider["Content-Type"] == "application/json"

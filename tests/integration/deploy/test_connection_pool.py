@@ -1,0 +1,129 @@
+"""A web process's PostgreSQL connections are its pool's, however many requests are in flight
+(issue 35). Under ASGI each request runs in a thread of its own; without a pool each opened a
+connection of its own, so an overloaded server opened one per waiting request until PostgreSQL's
+``max_connections`` refused them all (the open-loop benchmark: 305 connections, most requests
+500). Here a real uvicorn process with ``DB_POOL_MAX_SIZE=2`` takes a burst of 24 concurrent
+clients: every request is answered, and the server never holds more than 2 connections. Then
+its connections are killed (as a PostgreSQL restart or an idle-connection reaper would): the
+next requests are answered, not failed with the dead connections (checked at checkout)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import requests
+from django.conf import settings
+from django.db import connection
+
+from tenants import services as tenant_services
+
+from .tools import ROOT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+POOL = 2
+
+
+def _dsn() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def _server_backends(dsn: str, exclude: set[int]) -> set[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND pid <> pg_backend_pid()").fetchall()
+    return {r[0] for r in rows} - exclude
+
+
+@pytest.fixture
+def pooled_server(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[str, str, set[int]]]:
+    dsn = _dsn()
+    connection.ensure_connection()  # the test's own connection is not the server's
+    before = _server_backends(dsn, set())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "camp.settings.test", "DATABASE_URL": dsn,
+           "CAMP_TEST_RUN_ID": str(settings.TEST_RUN_ID), "DB_POOL_MAX_SIZE": str(POOL),
+           "DB_POOL_TIMEOUT": "60"}
+    log = (tmp_path / "web.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "camp.asgi:application", "--host",
+                               "127.0.0.1", "--port", str(port), "--workers", "1", "--no-access-log"],
+                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "web.log").read_text()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}", dsn, before
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+        leftover = _server_backends(dsn, before)
+        if leftover:  # so the test database can be dropped
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY(%s)",
+                             [list(leftover)])
+
+
+def _burst(base: str, token: str, dsn: str, before: set[int]) -> tuple[list[int], int]:
+    """24 clients, 4 requests each, all at once; the most connections the server held meanwhile."""
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, len(_server_backends(dsn, before)))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        headers = {"Authorization": f"Bearer {token}"}
+        with ThreadPoolExecutor(24) as pool:
+            statuses = list(pool.map(lambda _: requests.get(
+                f"{base}/api/v1/jobs/", headers=headers, timeout=120).status_code, range(96)))
+    finally:
+        done.set()
+        sampler.join()
+    return statuses, peak
+
+
+def test_a_burst_is_answered_within_the_pool_and_dead_connections_are_replaced(
+        world: Any, pooled_server: tuple[str, str, set[int]]) -> None:
+    base, dsn, before = pooled_server
+    _, token = tenant_services.token_create(actor=world.a.member, name="burst")
+
+    statuses, peak = _burst(base, token, dsn, before)
+    assert statuses == [200] * 96
+    assert 1 <= peak <= POOL, f"the server held {peak} connections with a pool of {POOL}"
+
+    # Its pooled connections die (a PostgreSQL restart, a reaper): the next burst is answered.
+    held = list(_server_backends(dsn, before))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        killed = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                              "WHERE pid = ANY(%s)", [held]).fetchone()
+    assert killed and killed[0] >= 1
+    statuses, peak = _burst(base, token, dsn, before)
+    assert statuses == [200] * 96
+    assert peak <= POOL
