@@ -13,7 +13,16 @@ from typing import Any
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
-from scheduling.models import ACTIVE_STATES, Allocation, Cluster, GpuDevice, Job, JobState, Node
+from scheduling.models import (
+    ACTIVE_STATES,
+    Allocation,
+    Cluster,
+    GpuDevice,
+    Job,
+    JobState,
+    Node,
+    without_cluster_bulk,
+)
 from scheduling.selectors import AllClusterUse
 from tenants.models import Project, Quota, Tenant, User
 from tenants.permissions import restrict, scope_of
@@ -173,7 +182,8 @@ def owner_view(tenant: Tenant) -> dict[str, Any]:
     top = sorted(((names.get(u, "—") if u else "—", round(g, 2)) for u, g in per_user.items() if g),
                  key=lambda x: -x[1])[:5]
     waiting_qs = Job.objects.filter(tenant=tenant, state=JobState.QUEUED)
-    waiting = list(waiting_qs.select_related("project", "owner", "cluster").order_by("submitted_at")[:5])
+    waiting = list(without_cluster_bulk(waiting_qs.select_related("project", "owner", "cluster"), "cluster")
+                   .order_by("submitted_at")[:5])
     return {
         "tenant": tenant,
         "bars": tenant_bars[:1],

@@ -215,11 +215,12 @@ def preemptions(request: HttpRequest) -> HttpResponse:
     _platform_admin(request)
     from django.core.paginator import Paginator
 
-    from scheduling.models import DecisionKind, SchedulingDecision
+    from scheduling.models import DecisionKind, SchedulingDecision, without_cluster_bulk
 
-    events = (SchedulingDecision.objects.filter(kind=DecisionKind.PREEMPTED)
-              .select_related("job__project", "job__tenant", "preemptor__project", "cluster")
-              .order_by("-created_at"))
+    events = without_cluster_bulk(
+        SchedulingDecision.objects.filter(kind=DecisionKind.PREEMPTED)
+        .select_related("job__project", "job__tenant", "preemptor__project", "cluster"), "cluster",
+    ).order_by("-created_at")
     page = Paginator(events, 50).get_page(request.GET.get("page"))
     return render(request, "portal/preemptions.html", {"page": page})
 

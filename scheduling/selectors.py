@@ -47,6 +47,7 @@ from .models import (
     NodePool,
     PodGroup,
     SchedulingDecision,
+    without_cluster_bulk,
 )
 
 POOL_LABEL = "camp.io/pool"
@@ -550,8 +551,10 @@ def project_namespace_name(*, cluster: Cluster, project: Any) -> str:
 def job_list(*, user: Any) -> QuerySet[Job]:
     """The jobs ``user`` may see, newest first (an indexed order: ``Job.Meta.indexes``),
     with what every list renders; the portal's jobs page and the API list both use it."""
-    return restrict(Job.objects.all(), user).select_related(
-        "tenant", "project__tenant", "owner", "cluster", "preempted_by").order_by("-submitted_at", "-id")
+    # ``preempted_by`` is shown by id (never a second Job row per row); the clusters' bulky
+    # columns are not read (``without_cluster_bulk``).
+    return without_cluster_bulk(restrict(Job.objects.all(), user).select_related(
+        "tenant", "project__tenant", "owner", "cluster"), "cluster").order_by("-submitted_at", "-id")
 
 
 def job_decisions(*, job: Job, limit: int = 50) -> list[SchedulingDecision]:

@@ -7,6 +7,7 @@ from typing import Any, cast
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from camp.serializers import FastRead
 from tenants.api.serializers import VisiblePKField, resolved_once
 from tenants.models import Project, Tenant
 
@@ -140,7 +141,7 @@ class QuarantineSerializer(serializers.Serializer[Any]):
     reason = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
 
 
-class PodGroupSerializer(serializers.ModelSerializer[PodGroup]):
+class PodGroupSerializer(FastRead, serializers.ModelSerializer[PodGroup]):
     gpu_models = serializers.ListField(child=serializers.CharField(max_length=100), required=False,
                                        max_length=20)
     command = serializers.ListField(child=serializers.CharField(max_length=4096), required=False,
@@ -177,7 +178,7 @@ class SliceBriefSerializer(serializers.Serializer[Any]):
     exclusive = serializers.BooleanField()
 
 
-class AllocationSerializer(serializers.ModelSerializer[Allocation]):
+class AllocationSerializer(FastRead, serializers.ModelSerializer[Allocation]):
     node = serializers.CharField(source="node.name")
     role = serializers.CharField(source="group.name")
     slices = SliceBriefSerializer(many=True)
@@ -218,7 +219,7 @@ class DecisionListSerializer(serializers.ListSerializer[SchedulingDecision]):
         return super().to_representation(rows)
 
 
-class DecisionSerializer(serializers.ModelSerializer[SchedulingDecision]):
+class DecisionSerializer(FastRead, serializers.ModelSerializer[SchedulingDecision]):
     """``preemptor`` and ``victims`` list only the jobs the reader may see."""
 
     preemptor: serializers.PrimaryKeyRelatedField[Job] = serializers.PrimaryKeyRelatedField(
@@ -326,7 +327,7 @@ class PriorityClassMappingSerializer(serializers.ModelSerializer[PriorityClassMa
         validators: list[Any] = []
 
 
-class ExternalPodSerializer(serializers.ModelSerializer[ExternalPod]):
+class ExternalPodSerializer(FastRead, serializers.ModelSerializer[ExternalPod]):
     class Meta:
         model = ExternalPod
         fields = ["namespace", "name", "uid", "owner_kind", "owner_name", "service_account", "pod_group"]
@@ -340,7 +341,7 @@ class KubernetesJobSerializer(serializers.Serializer[Any]):
     queue_name = serializers.CharField(help_text="The queue its label names (Kueue's LocalQueue).")
 
 
-class JobSerializer(serializers.ModelSerializer[Job]):
+class JobSerializer(FastRead, serializers.ModelSerializer[Job]):
     project = VisiblePKField(queryset=Project.objects.select_related("tenant"))
     cluster = VisibleClusterField(
         slug_field="name", queryset=Cluster.objects.all(), required=False, allow_null=True,

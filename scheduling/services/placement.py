@@ -54,6 +54,7 @@ from ..models import (
     PodGroup,
     SchedulingDecision,
     redact,
+    without_cluster_bulk,
 )
 from .common import _record_all, _send_after_commit, request_cycle, session_try_lock
 from .cycle import _consistent_read, _update_from_values, cycle_lock, engine_policy
@@ -338,7 +339,8 @@ def _floating_queue(limit: int, after: Job | None = None) -> list[Job]:
     if after is not None:
         rows = rows.filter(Q(submitted_at__gt=after.submitted_at)
                            | Q(submitted_at=after.submitted_at, id__gt=after.pk))
-    return list(rows.select_related("tenant", "project__tenant", "cluster")  # the audit's target names
+    return list(without_cluster_bulk(rows.select_related("tenant", "project__tenant", "cluster"),  # the
+                                     "cluster")  # audit's target names; not 500 copies of an inventory
                 .order_by("submitted_at", "id")[:limit])
 
 

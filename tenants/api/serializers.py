@@ -6,6 +6,8 @@ from typing import Any
 
 from rest_framework import serializers
 
+from camp.serializers import FastRead
+
 from .. import extensions
 from ..extensions import cluster_model
 from ..models import (
@@ -225,7 +227,7 @@ class UserSerializer(serializers.ModelSerializer[User]):
         extra_kwargs: dict[str, dict[str, Any]] = {"username": {"validators": []}}
 
 
-class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
+class AuditEventSerializer(FastRead, serializers.ModelSerializer[AuditEvent]):
     class Meta:
         model = AuditEvent
         fields = [

@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from camp.filters import CampFilterSet, IdFilter
+from scheduling.models import without_cluster_bulk
 from tenants.api.idempotency import IdempotentCreateMixin
 from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import actor_of
@@ -180,12 +181,9 @@ class EnvironmentViewSet(
     ordering_fields = ["created_at", "name"]
 
     def get_queryset(self) -> QuerySet[Any]:
-        return (
-            super()
-            .get_queryset()
-            .select_related("tenant", "project", "cluster", "owner", "job", "image", "profile")
-            .order_by("-created_at", "-id")
-        )
+        return without_cluster_bulk(
+            super().get_queryset().select_related("tenant", "project", "cluster", "owner", "job", "image",
+                                                  "profile"), "cluster").order_by("-created_at", "-id")
 
     def perform_create(self, serializer: Any) -> None:
         # Through IdempotentCreateMixin.create → CreateModelMixin.create (Idempotency-Key).
@@ -283,13 +281,10 @@ class TrainingViewSet(
     ordering_fields = ["created_at", "name"]
 
     def get_queryset(self) -> QuerySet[Any]:
-        return (
-            super()
-            .get_queryset()
-            .select_related("tenant", "project", "cluster", "owner", "job__cluster", "image")
-            .prefetch_related("depends_on")
-            .order_by("-created_at", "-id")
-        )
+        return without_cluster_bulk(
+            super().get_queryset().select_related("tenant", "project", "cluster", "owner", "job__cluster",
+                                                  "image"), "cluster", "job__cluster",
+        ).prefetch_related("depends_on").order_by("-created_at", "-id")
 
     def perform_create(self, serializer: Any) -> None:
         data = dict(serializer.validated_data)

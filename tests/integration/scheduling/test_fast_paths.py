@@ -12,6 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from scheduling import services
+from scheduling.models import CLUSTER_BULKY_FIELDS, Job
+from scheduling.services.placement import _floating_queue
 from tenants import services as tenant_services
 
 from .conftest import gpu_group, submit
@@ -94,7 +96,56 @@ def test_a_page_and_one_job_cost_a_fixed_number_of_statements(
     rows = page.json()["results"]
     assert len(rows) == 12 and any(r["allocations"] for r in rows) and all(r["last_decision"] for r in rows)
     assert len(sql) <= LIST_MAX, "\n".join(sql)
+    assert not _bulky(sql)  # not a copy of the cluster's inventory (or credentials) per job
     job_id = next(r["id"] for r in rows if r["allocations"])
     one, sql = _run(client, django_capture_on_commit_callbacks, "get", f"/api/v1/jobs/{job_id}/")
     assert one.status_code == 200 and one.json() == next(r for r in rows if r["id"] == job_id)
     assert len(sql) <= DETAIL_MAX, "\n".join(sql)
+    assert not _bulky(sql)
+    with CaptureQueriesContext(connection) as ctx:  # the placement step's batch of the global queue
+        assert _floating_queue(500) == []
+    assert ctx.captured_queries and not _bulky([q["sql"] for q in ctx.captured_queries])
+
+
+def _bulky(sql: list[str]) -> list[str]:
+    """Statements that read a cluster's inventory YAML or credentials (``CLUSTER_BULKY_FIELDS``)."""
+    return [s for s in sql if any(f'"scheduling_cluster"."{f}"' in s for f in CLUSTER_BULKY_FIELDS)]
+
+
+def test_the_fast_read_path_answers_exactly_as_drf(world: Any, sim_cluster: Any, monkeypatch: Any) -> None:
+    """``camp.serializers.FastRead`` (issue 35) gives every field the value DRF's own
+    ``to_representation`` gives it: the same page of jobs (admitted with allocations and
+    slices, waiting, with and without env values a reader may not see), one job, its decisions
+    and the tenant's audit events, read by the job's submitter and by a member who sees its
+    env masked, are byte-for-byte the same with DRF's representation in its place."""
+    from rest_framework import serializers
+
+    from camp.serializers import FastRead
+
+    for i in range(8):
+        submit(world, sim_cluster, f"job-{i}", user="project_admin" if i % 3 == 0 else "member",
+               group={"gpu_count": 1 + i % 2, "env": {"TOKEN": f"s3cret-{i}"} if i % 2 == 0 else {},
+                      **({"gpu_count": 1, "gpu_memory_mib": 4000, "gpu_cores_percent": 25}
+                         if i % 4 == 1 else {})})
+    services.cycle_run(cluster=sim_cluster)
+    readers = [_token_client(world.a.project_admin), _token_client(world.a.member)]
+    job_id = Job.objects.filter(project=world.a.project, groups__env__has_key="TOKEN").order_by("id")[0].pk
+    urls = ["/api/v1/jobs/?page_size=50", f"/api/v1/jobs/{job_id}/", f"/api/v1/jobs/{job_id}/decisions/",
+            f"/api/v1/audit-events/?tenant={world.a.tenant.pk}"]
+
+    def read() -> list[bytes]:
+        out = []
+        for client in readers:
+            for url in urls:
+                response = client.get(url)
+                assert response.status_code == 200, (url, response.content)
+                out.append(response.content)
+        return out
+
+    fast = read()
+    page = readers[1].get(urls[0]).json()["results"]
+    assert any(r["allocations"] and r["allocations"][0]["slices"] for r in page)  # the nested ones ran
+    assert any(g["env"] == {"TOKEN": "********"} for r in page for g in r["groups"])  # masked for the member
+    monkeypatch.setattr(FastRead, "to_representation",
+                        lambda self, instance: serializers.Serializer.to_representation(self, instance))
+    assert read() == fast

@@ -1,0 +1,69 @@
+"""A faster read path for the model serializers that build the API's long pages (issue 35).
+
+DRF's ``Serializer.to_representation`` repeats, for every object of a page, work that depends
+only on the serializer: it walks the ``_readable_fields`` generator, and for each field calls
+``Field.get_attribute``, which walks the source path checking for mappings, callables (an
+``inspect`` call per field) and missing relations. On a page of 50 jobs that was ~2,700 such
+calls, about a fifth of the page's CPU (docs/BENCHMARKS.md §15).
+
+``FastRead`` gives the same fields the same values: it decides once per serializer (a list's
+child serves the whole page) which fields read one concrete, non-relation column of the model
+by its name, reads those with a plain ``getattr``, and hands every other field (relations,
+nested serializers, method fields, dotted sources) to DRF's own ``get_attribute``. Written by
+hand because DRF has no such path; ``tests/unit/test_fast_read.py`` holds it equal to DRF's
+``to_representation`` for every serializer that uses it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import FieldDoesNotExist
+from django.db import models
+from rest_framework import serializers
+from rest_framework.fields import SkipField
+from rest_framework.relations import PKOnlyObject
+
+
+def _column(field: serializers.Field[Any, Any, Any, Any], model: type[models.Model]) -> str | None:
+    """The column ``field`` reads when it is one concrete, non-relation field of ``model``
+    read by its own name; None for everything DRF must resolve itself."""
+    if isinstance(field, (serializers.BaseSerializer, serializers.SerializerMethodField,
+                          serializers.RelatedField, serializers.ManyRelatedField)):
+        return None
+    if len(field.source_attrs) != 1:
+        return None
+    name = field.source_attrs[0]
+    try:
+        column = model._meta.get_field(name)
+    except FieldDoesNotExist:
+        return None  # a property or a method of the model: DRF calls it
+    if not isinstance(column, models.Field) or not column.concrete or column.is_relation \
+            or column.attname != name:
+        return None
+    return name
+
+
+class FastRead:
+    """Mix into a ``ModelSerializer`` (before it) for DRF's representation, faster."""
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        plan = self.__dict__.get("_fast_plan")
+        if plan is None:
+            model = type(instance)
+            plan = self.__dict__["_fast_plan"] = [
+                (f.field_name, f, _column(f, model)) for f in self._readable_fields]  # type: ignore[attr-defined]
+        ret: dict[str, Any] = {}
+        for name, field, column in plan:
+            if column is not None:
+                attribute = getattr(instance, column)
+            else:
+                try:
+                    attribute = field.get_attribute(instance)
+                except SkipField:
+                    continue
+            # As DRF: None stays None without the field's to_representation (a PK-only
+            # related object is None when its pk is).
+            check_for_none = attribute.pk if isinstance(attribute, PKOnlyObject) else attribute
+            ret[name] = None if check_for_none is None else field.to_representation(attribute)
+        return ret
