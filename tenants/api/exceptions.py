@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -61,11 +62,43 @@ _BARE_500 = ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><ti
              "</p><p><a href=\"/\">Back to Camp</a></p></body></html>")
 
 
+BUSY_RETRY_AFTER_S = 5
+_BARE_503 = ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Busy · Camp</title>"
+             "</head><body><h1>Camp is busy</h1><p>Too many requests at once: try again in a few "
+             "seconds.</p><p><a href=\"/\">Back to Camp</a></p></body></html>")
+
+
+def _no_free_connection(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is (or was caused by) psycopg_pool's PoolTimeout: no database connection
+    of the process's pool came free within ``DB_POOL_TIMEOUT`` (Django wraps it in its own
+    OperationalError)."""
+    from psycopg_pool import PoolTimeout
+
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, PoolTimeout):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def server_error(request: HttpRequest) -> HttpResponse:
     """handler500: JSON under /api/; elsewhere Camp's own page with the nav (Django's default
     renders 500.html without the request, so no nav and no user). The page itself needs the
-    database (the nav lists tenants): when that is what failed, a bare page, never a traceback."""
+    database (the nav lists tenants): when that is what failed, a bare page, never a traceback.
+
+    An overloaded process (every pooled connection busy for ``DB_POOL_TIMEOUT``, issue 35) is
+    not a server error: 503 with ``Retry-After``, so clients and proxies back off and retry."""
     request_id = getattr(request, "request_id", "")
+    if _no_free_connection(sys.exc_info()[1]):
+        busy: HttpResponse
+        if request.path.startswith("/api/"):
+            busy = JsonResponse({"detail": "The server is busy: try again in a few seconds.",
+                                 "request_id": request_id}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        else:
+            busy = HttpResponse(_BARE_503, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        busy["Retry-After"] = str(BUSY_RETRY_AFTER_S)
+        return busy
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "Server error.", "request_id": request_id},
                             status=status.HTTP_500_INTERNAL_SERVER_ERROR)
