@@ -297,8 +297,9 @@ def main() -> None:
                     help="the checkout whose code the server runs (default: this one)")
     ap.add_argument("--only", default="", help="comma-separated words: run the scenarios naming one")
     ap.add_argument("--label", default="")
-    ap.add_argument("--pool", type=int, default=0,
-                    help="DB_POOL_MAX_SIZE for the server (a psycopg pool of this many per worker)")
+    ap.add_argument("--pool", type=int, default=8,
+                    help="DB_POOL_MAX_SIZE for the server (a psycopg pool of this many per worker; "
+                         "8, the product's default; 0: none, a connection per request)")
     ap.add_argument("--rate", default="",
                     help="comma-separated requests/s: run the open-loop mix at each rate for --seconds "
                          "instead of the closed-loop scenarios")

@@ -53,6 +53,8 @@ MIDDLEWARE = [
     # HTTP request rate, latency and status for /metrics (django-prometheus).
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "camp.logs.AccessLogMiddleware",
+    # A bounded number of requests at once, a bounded queue, 503 beyond (camp/admission.py).
+    "camp.admission.AdmissionMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     # The SAML session cookie (djangosaml2); does nothing unless SAML_ENABLED.
     "tenants.sso.saml_middleware.SAMLSessionMiddleware",

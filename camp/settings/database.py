@@ -67,10 +67,21 @@ def pool_size_from_env() -> int:
     return env_int("DB_POOL_MAX_SIZE", 0 if env_int("DB_CONN_MAX_AGE", 0) else DEFAULT_POOL_SIZE)
 
 
+def admission(db: dict[str, Any]) -> tuple[int, int, float]:
+    """A web process's admission control (``camp.admission``) for database ``db``: requests
+    run at once (``WEB_MAX_IN_FLIGHT``, default the pool's size, so none waits for a
+    connection; 0: off, as without a pool), requests waiting for a turn (``WEB_MAX_WAITING``,
+    default 4 × that) and how long they wait (the pool's timeout)."""
+    pool = db.get("OPTIONS", {}).get("pool") or {}
+    in_flight = env_int("WEB_MAX_IN_FLIGHT", int(pool.get("max_size", 0)))
+    return in_flight, env_int("WEB_MAX_WAITING", 4 * in_flight), float(pool.get("timeout", 10))
+
+
 DATABASES = {"default": pool_options(
     parse_database_url(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0)),
     max_size=pool_size_from_env(), min_size=env_int("DB_POOL_MIN_SIZE", 1),
     timeout=env_int("DB_POOL_TIMEOUT", 10))}
+WEB_MAX_IN_FLIGHT, WEB_MAX_WAITING, WEB_WAIT_SECONDS = admission(DATABASES["default"])
 # The demo serves web and worker from one SQLite file. A busy timeout alone is not enough:
 # a transaction that reads and then writes (every launch) begins DEFERRED, and when another
 # process wrote meanwhile SQLite answers "database is locked" at once, without waiting

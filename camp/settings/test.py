@@ -9,7 +9,7 @@ import os
 from camp.env import env_int, env_str
 
 from . import *  # noqa: F403
-from .database import parse_database_url, pool_options
+from .database import admission, parse_database_url, pool_options
 from .tasks import CHANNEL_LAYER_SOCKET_TIMEOUT_S, celery_queues
 
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/camp")
@@ -25,6 +25,7 @@ DATABASES["default"]["OPTIONS"] = {"options": "-c camp.audit_allow_truncate=on"}
 # databases and a pool do not mix); processes it starts as production runs them (the fault
 # suite's web server and worker) set DB_POOL_MAX_SIZE and get production's checked pool.
 DATABASES["default"] = pool_options(DATABASES["default"], env_int("DB_POOL_MAX_SIZE", 0))
+WEB_MAX_IN_FLIGHT, WEB_MAX_WAITING, WEB_WAIT_SECONDS = admission(DATABASES["default"])
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/15")
 CACHES = {
     "default": {

@@ -68,6 +68,20 @@ _BARE_503 = ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><ti
              "seconds.</p><p><a href=\"/\">Back to Camp</a></p></body></html>")
 
 
+def busy_response(request: HttpRequest) -> HttpResponse:
+    """503 with ``Retry-After``: JSON under /api/, a bare page elsewhere (the portal's own
+    pages need the database, which is what is short)."""
+    busy: HttpResponse
+    if request.path.startswith("/api/"):
+        busy = JsonResponse({"detail": "The server is busy: try again in a few seconds.",
+                             "request_id": getattr(request, "request_id", "")},
+                            status=status.HTTP_503_SERVICE_UNAVAILABLE)
+    else:
+        busy = HttpResponse(_BARE_503, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+    busy["Retry-After"] = str(BUSY_RETRY_AFTER_S)
+    return busy
+
+
 def _no_free_connection(exc: BaseException | None) -> bool:
     """Whether ``exc`` is (or was caused by) psycopg_pool's PoolTimeout: no database connection
     of the process's pool came free within ``DB_POOL_TIMEOUT`` (Django wraps it in its own
@@ -91,14 +105,7 @@ def server_error(request: HttpRequest) -> HttpResponse:
     not a server error: 503 with ``Retry-After``, so clients and proxies back off and retry."""
     request_id = getattr(request, "request_id", "")
     if _no_free_connection(sys.exc_info()[1]):
-        busy: HttpResponse
-        if request.path.startswith("/api/"):
-            busy = JsonResponse({"detail": "The server is busy: try again in a few seconds.",
-                                 "request_id": request_id}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
-        else:
-            busy = HttpResponse(_BARE_503, status=status.HTTP_503_SERVICE_UNAVAILABLE)
-        busy["Retry-After"] = str(BUSY_RETRY_AFTER_S)
-        return busy
+        return busy_response(request)
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "Server error.", "request_id": request_id},
                             status=status.HTTP_500_INTERNAL_SERVER_ERROR)

@@ -58,7 +58,9 @@ def pooled_server(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[str, 
         port = s.getsockname()[1]
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "camp.settings.test", "DATABASE_URL": dsn,
            "CAMP_TEST_RUN_ID": str(settings.TEST_RUN_ID), "DB_POOL_MAX_SIZE": str(POOL),
-           "DB_POOL_TIMEOUT": "60"}
+           "DB_POOL_TIMEOUT": "60",
+           # the whole burst may queue for the 2 slots (camp/admission.py: 4 × the pool by default)
+           "WEB_MAX_WAITING": "100"}
     log = (tmp_path / "web.log").open("wb")
     server = subprocess.Popen([sys.executable, "-m", "uvicorn", "camp.asgi:application", "--host",
                                "127.0.0.1", "--port", str(port), "--workers", "1", "--no-access-log"],
