@@ -45,7 +45,8 @@ def _column(field: serializers.Field[Any, Any, Any, Any], model: type[models.Mod
 
 
 class FastRead:
-    """Mix into a ``ModelSerializer`` (before it) for DRF's representation, faster."""
+    # Mixed into a ModelSerializer (before it). No docstring: drf-spectacular would take it as
+    # the description of every serializer without one of its own.
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         plan = self.__dict__.get("_fast_plan")
