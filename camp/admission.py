@@ -24,8 +24,14 @@ from collections.abc import Callable
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from prometheus_client import Counter
 
 from tenants.api.exceptions import busy_response
+
+SHED = Counter("camp_http_requests_shed_total",
+               "Requests answered 503 at once by a web process's admission control (camp/admission.py): "
+               "every slot taken and its queue full, or a wait for a slot outlasted WEB_WAIT_SECONDS.",
+               ["why"])
 
 
 class AdmissionMiddleware:
@@ -41,9 +47,12 @@ class AdmissionMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if self.in_flight <= 0:
             return self.get_response(request)
-        if not self.slots.acquire(blocking=False):
+        # A newcomer queues behind anyone already waiting (no barging past them for a freed
+        # slot; a waiter woken by a release then takes it), else takes a free slot at once.
+        if self.waiting or not self.slots.acquire(blocking=False):
             with self.lock:
                 if self.waiting >= self.max_waiting:
+                    SHED.labels("queue full").inc()
                     return busy_response(request)
                 self.waiting += 1
             try:
@@ -52,6 +61,7 @@ class AdmissionMiddleware:
                 with self.lock:
                     self.waiting -= 1
             if not got:
+                SHED.labels("waited too long").inc()
                 return busy_response(request)
         try:
             return self.get_response(request)

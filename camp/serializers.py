@@ -10,8 +10,8 @@ calls, about a fifth of the page's CPU (docs/BENCHMARKS.md §15).
 child serves the whole page) which fields read one concrete, non-relation column of the model
 by its name, reads those with a plain ``getattr``, and hands every other field (relations,
 nested serializers, method fields, dotted sources) to DRF's own ``get_attribute``. Written by
-hand because DRF has no such path; ``tests/unit/test_fast_read.py`` holds it equal to DRF's
-``to_representation`` for every serializer that uses it.
+hand because DRF has no such path; ``test_the_fast_read_path_answers_exactly_as_drf``
+(tests/integration/scheduling/test_fast_paths.py) holds whole responses equal to DRF's.
 """
 
 from __future__ import annotations
@@ -49,10 +49,13 @@ class FastRead:
     # the description of every serializer without one of its own.
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
-        plan = self.__dict__.get("_fast_plan")
+        if not isinstance(instance, models.Model):  # a dict (validated data): DRF's own path
+            return super().to_representation(instance)  # type: ignore[misc,no-any-return]
+        model = type(instance)
+        plans = self.__dict__.setdefault("_fast_plans", {})
+        plan = plans.get(model)
         if plan is None:
-            model = type(instance)
-            plan = self.__dict__["_fast_plan"] = [
+            plan = plans[model] = [
                 (f.field_name, f, _column(f, model)) for f in self._readable_fields]  # type: ignore[attr-defined]
         ret: dict[str, Any] = {}
         for name, field, column in plan:

@@ -62,6 +62,16 @@ def _run_pods(job_id: int, pod: str) -> tuple[bool, int, list[tuple[str, str]], 
     return job.is_final, job.attempts, pods, job.cluster, namespace_spec(job, job.cluster).name
 
 
+def _run_pods_released(job_id: int, pod: str) -> tuple[bool, int, list[tuple[str, str]], Any, str]:
+    """``_run_pods``, then this thread's connection back to its pool: a stream runs for up to
+    an hour, and a pooled connection held by it is one fewer for every other request — 8 open
+    log panels would have held a web process's whole pool (issue 35)."""
+    try:
+        return _run_pods(job_id, pod)
+    finally:
+        connections.close_all()
+
+
 def _follow_pod(
     loop: asyncio.AbstractEventLoop,
     queue: asyncio.Queue[Any],
@@ -114,7 +124,7 @@ async def follow_job_logs(
     quiet_since = time.monotonic()
     try:
         while True:
-            final, attempt, pods, cluster, namespace = await sync_to_async(_run_pods)(job.pk, pod)
+            final, attempt, pods, cluster, namespace = await sync_to_async(_run_pods_released)(job.pk, pod)
             for name, role in pods:
                 key = (name, attempt)
                 if key in started:
@@ -183,6 +193,9 @@ def plain(item: Any) -> bytes:
 
 async def encoded(job: Job | None, *, fmt: str, **kwargs: Any) -> AsyncIterator[bytes]:
     render = sse if fmt == "sse" else plain
+    # The request's connection (authentication, the job's lookup) back to the pool before the
+    # stream starts: the request's thread holds it until the stream ends otherwise.
+    await sync_to_async(connections.close_all)()
     if fmt == "sse":
         yield b"retry: 10000\n\n"
     async for item in follow_job_logs(job, **kwargs):

@@ -24,7 +24,9 @@ DATABASES["default"]["OPTIONS"] = {"options": "-c camp.audit_allow_truncate=on"}
 # The suite's own process opens a connection per request (no pool: pytest-django's test
 # databases and a pool do not mix); processes it starts as production runs them (the fault
 # suite's web server and worker) set DB_POOL_MAX_SIZE and get production's checked pool.
-DATABASES["default"] = pool_options(DATABASES["default"], env_int("DB_POOL_MAX_SIZE", 0))
+DATABASES["default"] = pool_options(DATABASES["default"], env_int("DB_POOL_MAX_SIZE", 0),
+                                    min_size=env_int("DB_POOL_MIN_SIZE", 1),
+                                    timeout=env_int("DB_POOL_TIMEOUT", 10))
 WEB_MAX_IN_FLIGHT, WEB_MAX_WAITING, WEB_WAIT_SECONDS = admission(DATABASES["default"])
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/15")
 CACHES = {

@@ -12,7 +12,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory, override_settings
 
-from camp.admission import AdmissionMiddleware
+from camp.admission import SHED, AdmissionMiddleware
 from tenants.api.exceptions import BUSY_RETRY_AFTER_S
 
 
@@ -45,8 +45,12 @@ def test_two_run_two_wait_and_the_fifth_is_told_to_retry_at_once() -> None:
         t.start()
     _wait_for(lambda: len(running) == 2 and admit.waiting == 2, "two running, two waiting")
 
-    fifth = admit(rf.get("/api/v1/jobs/"))  # answered at once, not after a wait
+    shed = SHED.labels("queue full")._value.get()
+    started = time.monotonic()
+    fifth = admit(rf.get("/api/v1/jobs/"))  # answered at once, not after the 30-s wait
+    assert time.monotonic() - started < 15
     assert fifth.status_code == 503 and fifth["Retry-After"] == str(BUSY_RETRY_AFTER_S)
+    assert SHED.labels("queue full")._value.get() == shed + 1  # counted for /metrics
     page = admit(rf.get("/dashboard/"))
     assert page.status_code == 503 and b"Camp is busy" in page.content
     assert len(running) == 2  # neither reached the view
