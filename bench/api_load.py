@@ -139,9 +139,12 @@ def _server(db: str, port: int, app_dir: Path, static_root: str, pool: int = 0
     # The portal's pages name static files through the production manifest.
     subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
                    env=env, cwd=app_dir, check=True)
+    # uvicorn with TCP_NODELAY on its connections (bench/uvicorn_nodelay.py: with --workers,
+    # uvicorn's own socket left Nagle on and each keep-alive request waited ~40 ms).
     return subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "camp.asgi:application", "--host", "127.0.0.1", "--port",
-         str(port), "--workers", "2", "--log-level", "warning", "--no-access-log"],
+        [sys.executable, str(Path(__file__).resolve().parent / "uvicorn_nodelay.py"), "camp.asgi:application",
+         "--app-dir", str(app_dir), "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
+         "--log-level", "warning", "--no-access-log"],
         env=env, start_new_session=True, cwd=app_dir)
 
 
