@@ -36,12 +36,15 @@ def parse_database_url(url: str, **kw: Any) -> dict[str, Any]:
     return parsed
 
 
-DEFAULT_POOL_SIZE = 8
-"""Connections a process keeps for its requests by default (PostgreSQL). Under ASGI every
-request runs in a thread of its own: without a pool each opened its own connection, so an
-overloaded web process opened hundreds (PostgreSQL's ``max_connections`` was reached and every
-request failed) and each paid a backend start; with one, requests beyond the pool wait their
-turn for an open connection (``DB_POOL_TIMEOUT``), docs/BENCHMARKS.md §15."""
+RECOMMENDED_POOL_SIZE = 8
+"""Connections a web process should keep for its requests (PostgreSQL; ``DB_POOL_MAX_SIZE``).
+Under ASGI every request runs in a thread of its own: without a pool each opens its own
+connection, so an overloaded web process opened hundreds (PostgreSQL's ``max_connections`` was
+reached and requests failed) and each paid a backend start; with one, requests wait their turn
+for an open connection and admission control (``camp.admission``) bounds them
+(docs/BENCHMARKS.md §15). Not yet the default: a process whose database is not reachable yet
+(started before ``migrate`` created its role) waits the pool's timeout in ``/readyz`` instead
+of answering 503 at once, longer than a probe or the compose test waits."""
 
 
 def pool_options(db: dict[str, Any], max_size: int, min_size: int = 1, timeout: int = 10) -> dict[str, Any]:
@@ -62,9 +65,8 @@ def pool_options(db: dict[str, Any], max_size: int, min_size: int = 1, timeout: 
 
 
 def pool_size_from_env() -> int:
-    """``DB_POOL_MAX_SIZE``; unset: ``DEFAULT_POOL_SIZE``, or none when persistent connections
-    were asked for instead (``DB_CONN_MAX_AGE`` > 0, an installation's choice kept working)."""
-    return env_int("DB_POOL_MAX_SIZE", 0 if env_int("DB_CONN_MAX_AGE", 0) else DEFAULT_POOL_SIZE)
+    """``DB_POOL_MAX_SIZE``; unset: none (``RECOMMENDED_POOL_SIZE`` is what to set)."""
+    return env_int("DB_POOL_MAX_SIZE", 0)
 
 
 def admission(db: dict[str, Any]) -> tuple[int, int, float]:

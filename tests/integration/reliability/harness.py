@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 import requests
 
-from camp.settings.database import DEFAULT_POOL_SIZE
+from camp.settings.database import RECOMMENDED_POOL_SIZE
 
 REPO = Path(__file__).resolve().parents[3]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -240,9 +240,9 @@ def camp_stack(*, tick_seconds: int = 2) -> Iterator[Stack]:
                # The production retry ladder (camp/settings/tasks.py), not the test settings'
                # short one: the faults are struck at the processes as they run in production.
                "CAMP_KUBE_API_BACKOFF_MS": "200",
-               # Production's connection pool (each connection checked at checkout), so a
+               # The recommended connection pool (each connection checked at checkout), so a
                # PostgreSQL crash is survived as an installed web server and worker survive it.
-               "DB_POOL_MAX_SIZE": str(DEFAULT_POOL_SIZE)}
+               "DB_POOL_MAX_SIZE": str(RECOMMENDED_POOL_SIZE)}
         migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], env=env,
                                  cwd=REPO, capture_output=True, text=True, timeout=600)
         assert migrate.returncode == 0, migrate.stderr
