@@ -21,9 +21,10 @@ wrote is undone afterwards, except audit events, which are append-only) and repo
 ``--drain`` also measures the time until every job that fits is admitted: cycles run back to
 back (as the Celery task does while a cycle admits) until one admits nothing.
 
-Heads of queues: the service's own rule (``services.heads_per_queue``): at least
-``SCHEDULER_HEADS_PER_QUEUE`` (8 here) per project queue, more on a cluster with room unless
-``SCHEDULER_HEADS_FILL=0``; ``engine s`` uses the same number.
+Heads of queues: the service's own rule (``services.cycle_config``): at least
+``SCHEDULER_HEADS_PER_QUEUE`` (8 here) per project queue, more on a cluster with room (as many
+as the queue's share of the free room asks for) unless ``SCHEDULER_HEADS_FILL=0``; ``engine s``
+uses the same configuration.
 
     .venv/bin/python -m bench.service_cycle --db postgres://postgres@127.0.0.1:5432/bench_i13 \\
       --pending 2000 --alloc 0 --runs 1   # quick (--db, else BENCH_DATABASE_URL, else bench_i13)
@@ -329,7 +330,7 @@ def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
     from django.utils import timezone
 
     from scheduling import selectors, services
-    from scheduling.engine.cycle import CycleConfig, run_cycle
+    from scheduling.engine.cycle import run_cycle
 
     t0 = time.perf_counter()
     inputs = selectors.cycle_inputs(cluster)
@@ -338,7 +339,7 @@ def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
     if inputs.pending:
         run_cycle(inputs.snapshot, inputs.pending, inputs.tree, now=timezone.now().timestamp(),
                   running=inputs.running,
-                  config=CycleConfig(heads_per_queue=services.heads_per_queue(inputs)),
+                  config=services.cycle_config(),
                   policy=services.engine_policy(cluster.placement_policy))
     engine_s = time.perf_counter() - t0
     del inputs
@@ -371,13 +372,19 @@ def _measure(cluster: Any, *, drain: bool) -> dict[str, Any]:
            "conflicts": len(summary.conflicts)}
     if drain:
         total, admitted, cycles = cycle_s, len(summary.admitted), 1
+        # Each cycle of the drain: wall s, admitted, preempting, conflicts (what the tail is).
+        steps = [[round(cycle_s, 3), len(summary.admitted), len(summary.preempting), len(summary.conflicts)]]
         while summary is not None and summary.admitted:
             t0 = time.perf_counter()
             summary = services.cycle_run(cluster=cluster)
-            total += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            total += took
             cycles += 1
             admitted += len(summary.admitted) if summary else 0
-        out.update(drain_s=total, drain_admitted=admitted, drain_cycles=cycles)
+            if summary is not None:
+                steps.append([round(took, 3), len(summary.admitted), len(summary.preempting),
+                              len(summary.conflicts)])
+        out.update(drain_s=total, drain_admitted=admitted, drain_cycles=cycles, drain_steps=steps)
     return out
 
 
@@ -422,7 +429,7 @@ def main() -> None:
             for _ in range(args.runs):
                 runs.append(_measure(cluster, drain=args.drain))
                 _reset(cluster, ids, running_ids, mark)
-            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "drain_steps"}
             row = {"pending": n, "alloc_percent": pct, "running": running_n, "median": med,
                    "runs": runs}
             rows.append(row)

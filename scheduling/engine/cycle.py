@@ -99,12 +99,25 @@ class CycleConfig:
     """Heads of queues: how many jobs at the front of each project queue are tried per cycle
     (None: all). The others are still checked for "never" and get a reason and a position; the
     service runs the next cycle while the previous one admitted something (Kueue-style)."""
+    heads_fill: bool = False
+    """Rule (heads follow the free room): on a cluster with room, each queue also offers the jobs
+    behind its first ``heads_per_queue``, in its own order, while the jobs it offers ask less than
+    its share of the free room — the free GPUs and the free CPU (:meth:`ClusterState.free_room`)
+    divided by the queues with pending jobs, each job counted by its ask (:meth:`QueueCycle.ask`:
+    GPUs in the one GPU unit, CPU millicores). A queue of small slices offers many jobs, a queue
+    of 8-card jobs few; on a full cluster only the configured heads. (Counting jobs instead of
+    what they ask took a burst of slices two cycles and more to reach the room, issue 35.)"""
     nonpreemptible_within_guarantee: bool = True
     """Rule (non-preemptible within guarantee): a non-preemptible job starts only if, with it, the
     non-preemptible usage of its project, tenant and cluster stays within each one's guaranteed
     amount of every resource it guarantees; beyond that only preemptible jobs borrow idle capacity,
     so that every guarantee can be reclaimed. Jobs already running are never evicted by it. Off:
     non-preemptible jobs borrow like any other (capacity they borrow cannot be reclaimed)."""
+
+
+MAX_FILL_PASSES = 8
+"""Passes of one cycle over the heads of queues (``CycleConfig.heads_fill``): bounds a cycle's
+work when each pass admits only a few jobs into the last gaps."""
 
 
 class Kind:
@@ -208,6 +221,10 @@ class QueueCycle:
         )
         self.reservations: list[_Reservation] = []
         self._fail_memo: dict[tuple[object, ...], int] = {}
+        self._failed_at: dict[tuple[object, ...], int] = {}
+        """Job shape → evictions so far when it last failed to fit. Within a cycle room only
+        shrinks but for evictions, so a shape that failed since the last eviction fails again
+        (``_refill`` does not offer it)."""
         self._sorted: dict[str, list[Job]] | None = None
         self._never_memo: dict[tuple[object, ...], tuple[str | None, tuple[int, ...]]] = {}
         self._limit_memo: dict[tuple[object, ...], str | None] = {}
@@ -230,30 +247,36 @@ class QueueCycle:
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self, pending: Sequence[Job]) -> CycleResult:
-        """Decide every pending job, in Camp's order."""
+        """Decide every pending job, in Camp's order.
+
+        With ``heads_fill``, a pass over the heads that admitted something and left room is
+        followed by another over the jobs behind them (``_refill``), as the next cycle would be
+        but on this cycle's state: a burst's last gaps are filled without another snapshot
+        and write (issue 35). At most ``MAX_FILL_PASSES``; the next cycle goes on from there."""
         heads, rest = self.heads(pending)
-        order = FairOrder(self.tree, heads, self.now, self.config.aging,
-                          within=lambda j: self.tree.within_guaranteed(j.queue, self.ask(j)))
-        decisions: list[Decision] = []
         provisional: dict[str, tuple[Decision, str, bool, bool]] = {}
         waiting: list[tuple[Job, str, tuple[object, ...] | None]] = []
+        behind: list[Job] = []
         for job in rest:
             d, kind = self.check_never(job)
             if d is None:
                 d, kind = Wait(job.name, ""), Kind.BEHIND
-                waiting.append((job, kind, None))
+                behind.append(job)
             provisional[job.name] = (d, kind, False, False)
-        for job in order:
-            d, kind, borrowing, backfilled, ctx = self.decide(job)
-            decisions.append(d)
-            provisional[job.name] = (d, kind, borrowing, backfilled)
-            if isinstance(d, Admit | Preempt):
-                order.touch(job.queue)
-                if isinstance(d, Preempt):
-                    for v in d.victims:
-                        order.touch(self._evicted_queue[v])
-            elif isinstance(d, Wait):
-                waiting.append((job, kind, ctx))
+        passes = 0
+        while heads:
+            passes += 1
+            admitted = self._pass(heads, provisional, waiting)
+            if not (self.config.heads_fill and admitted and behind) or passes >= MAX_FILL_PASSES:
+                break
+            heads = self._refill(behind)
+            if heads:
+                taken = {j.name for j in heads}
+                behind = [j for j in behind if j.name not in taken]
+                for j in heads:
+                    # Decided in this pass: its place in the decisions follows the earlier ones'.
+                    del provisional[j.name]
+        waiting.extend((job, Kind.BEHIND, None) for job in behind)
         statuses = self._finish(pending, provisional, waiting)
         final = tuple(statuses[j].decision for j in provisional)
         usage = {self.tree.names[i]: Resources.from_vec(u) for i, u in enumerate(self.tree.usage)}
@@ -265,17 +288,67 @@ class QueueCycle:
             evicted=tuple(self.evicted),
         )
 
+    def _pass(self, heads: list[Job], provisional: dict[str, tuple[Decision, str, bool, bool]],
+              waiting: list[tuple[Job, str, tuple[object, ...] | None]]) -> int:
+        """One pass over ``heads`` in fair order (:class:`FairOrder`); how many it admitted."""
+        order = FairOrder(self.tree, heads, self.now, self.config.aging,
+                          within=lambda j: self.tree.within_guaranteed(j.queue, self.ask(j)))
+        admitted = 0
+        for job in order:
+            d, kind, borrowing, backfilled, ctx = self.decide(job)
+            provisional[job.name] = (d, kind, borrowing, backfilled)
+            if isinstance(d, Admit | Preempt):
+                admitted += isinstance(d, Admit)
+                order.touch(job.queue)
+                if isinstance(d, Preempt):
+                    for v in d.victims:
+                        order.touch(self._evicted_queue[v])
+            elif isinstance(d, Wait):
+                waiting.append((job, kind, ctx))
+        return admitted
+
     def heads(self, pending: Sequence[Job]) -> tuple[list[Job], list[Job]]:
         """Rule (heads of queues): the first ``heads_per_queue`` jobs of each project queue, in
-        the queue's own order (aged, priority, submit time), are tried this cycle."""
+        the queue's own order (aged, priority, submit time), are tried this cycle; with
+        ``heads_fill``, more while they ask less than the queue's share of the free room."""
         k = self.config.heads_per_queue
         if k is None:
             return list(pending), []
+        return self._cut(self._queue_order(pending).values(), k)
+
+    def _refill(self, behind: list[Job]) -> list[Job]:
+        """The next heads after a pass (``heads_fill``): of the jobs still behind, each queue's
+        that ask less than its share of the room left now (no configured minimum: on a full
+        cluster, none), leaving out those of a shape that failed to fit since the last eviction
+        (it would fail again; it is tried in the next cycle)."""
+        evictions = len(self.evicted)
+        names = {j.name for j in behind
+                 if self._failed_at.get(self._job_shape(j, self._pods(j)), -1) != evictions}
+        queues = [[j for j in jobs if j.name in names] for jobs in self._queue_order(behind).values()]
+        return self._cut([q for q in queues if q], 0)[0]
+
+    def _cut(self, queues: Iterable[list[Job]], k: int) -> tuple[list[Job], list[Job]]:
+        """Each queue's first ``k`` jobs, then (``heads_fill``) those that fit its share of the
+        free room by their asks; the heads and the rest."""
+        queues = list(queues)
+        gpu_share = cpu_share = 0
+        if self.config.heads_fill and queues:
+            free_milli, free_cpu = self.state.free_room()
+            gpu_share, cpu_share = -(-free_milli // len(queues)), -(-free_cpu // len(queues))
         heads: list[Job] = []
         rest: list[Job] = []
-        for jobs in self._queue_order(pending).values():
-            heads.extend(jobs[:k])
-            rest.extend(jobs[k:])
+        for jobs in queues:
+            n = min(k, len(jobs))
+            if gpu_share and cpu_share and n < len(jobs):
+                gpu = cpu = 0
+                for j in jobs[:n]:
+                    a = self.ask(j)
+                    gpu, cpu = gpu + a[0], cpu + a[2]
+                while n < len(jobs) and gpu < gpu_share and cpu < cpu_share:
+                    a = self.ask(jobs[n])
+                    gpu, cpu, n = gpu + a[0], cpu + a[2], n + 1
+            heads.extend(jobs[:n])
+            rest.extend(jobs[n:])
         return heads, rest
 
     def _queue_order(self, jobs: Iterable[Job]) -> dict[str, list[Job]]:
@@ -561,6 +634,8 @@ class QueueCycle:
         placed = self._place(job, pods, exclude)
         if placed is None:
             self._fail_memo[key] = self.state.version
+            if not exclude:
+                self._failed_at[key[0]] = len(self.evicted)
         return placed
 
     def _job_shape(self, job: Job, pods: Sequence[PodRequest]) -> tuple[object, ...]:

@@ -559,19 +559,8 @@ class ClusterTrial:
 
 
 def free_gpus(placer: Placer) -> float:
-    """Free GPUs of a cluster state: each usable card's free share (:func:`accounting.card_free_milli`),
-    on schedulable nodes."""
-    total = 0
-    for ns in placer.state.nodes.values():
-        if not ns.static.node.schedulable:
-            continue
-        for i, gs in enumerate(ns.static.gpus):
-            if gs.device.healthy and gs.cores_capacity:
-                total += accounting.card_free_milli(
-                    memory_mib=gs.memory_capacity_mib, memory_used_mib=ns.mem_used[i],
-                    cores_used_percent=ns.cores_used[i] * 100 // gs.cores_capacity,
-                    held_whole=bool(ns.exclusive[i]))
-    return total / accounting.MILLI
+    """Free GPUs of a cluster state (:meth:`ClusterState.free_room`), in GPUs."""
+    return placer.state.free_room()[0] / accounting.MILLI
 
 
 def _short(reason: str) -> str:

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from scheduling.engine import accounting
 from scheduling.engine.model import (
     ClusterSnapshot,
     GpuDevice,
@@ -345,6 +346,31 @@ class ClusterState:
             self.groups[sid] = [ns.name]
         else:
             bisect.insort(group, ns.name)
+
+    # -- free room -----------------------------------------------------------------------------
+
+    def free_room(self) -> tuple[int, int]:
+        """Rule (free room): what Camp could still place now, as (milli-GPUs, CPU millicores), on
+        schedulable, healthy nodes. A card counts its free share in the one GPU unit
+        (:func:`accounting.card_free_milli`: the smaller of its free compute and free memory
+        share, capacities with overcommit); a card that is unhealthy, held whole (by Camp or by
+        another scheduler's pods) or has no free sharer slot counts none. What other schedulers'
+        pods hold is not free (it is in the state from the start)."""
+        milli = cpu = 0
+        for ns in self.nodes.values():
+            node = ns.static.node
+            if not (node.schedulable and node.healthy):
+                continue
+            cpu += max(0, ns.cpu_free)
+            for i, gs in enumerate(ns.static.gpus):
+                if (not gs.device.healthy or not gs.cores_capacity
+                        or ns.sharers[i] >= gs.device.max_sharers):
+                    continue
+                milli += accounting.card_free_milli(
+                    memory_mib=gs.memory_capacity_mib, memory_used_mib=ns.mem_used[i],
+                    cores_used_percent=ns.cores_used[i] * 100 // gs.cores_capacity,
+                    held_whole=bool(ns.exclusive[i]))
+        return milli, cpu
 
     # -- reserve / unreserve -------------------------------------------------------------------
 

@@ -83,10 +83,10 @@ from .cycle import (
     _wait_all,
     _WaitRow,
     _write_admissions,
+    cycle_config,
     cycle_lock,
     cycle_run,
     engine_policy,
-    heads_per_queue,
 )
 from .dispatch import (
     MPI_LAUNCHER,
@@ -285,7 +285,7 @@ __all__ = [
     "cycle_run",
     "_decide",
     "_gc_paused",
-    "heads_per_queue",
+    "cycle_config",
     "_run_engine",
     "_persist",
     "CONFLICT_REASON",

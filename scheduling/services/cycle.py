@@ -7,7 +7,6 @@ import contextlib
 import datetime as dt
 import fcntl
 import gc
-import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -233,34 +232,20 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def heads_per_queue(inputs: selectors.CycleInputs) -> int | None:
-    """How many jobs of each project queue the cycle tries (None: all).
+def cycle_config() -> CycleConfig:
+    """The engine's knobs for a cluster's cycle, from settings (the service and the benchmarks
+    use this one reading).
 
-    ``SCHEDULER_HEADS_PER_QUEUE`` (default 8) bounds a cycle's work on a full cluster,
-    where every tried job that does not fit searches for victims. On a cluster with room
-    that bound only costs cycles: 10,000 jobs behind 200 queues took ten cycles to reach
-    the ones that fit (issue 13). So, with ``SCHEDULER_HEADS_FILL`` (default on), each queue
-    offers at least its share of the free GPUs (free GPU-equivalents on schedulable nodes ÷
-    queues with pending jobs, rounded up). The engine still orders all offered heads by
-    fair share and priority, so the room goes to queues in the same order; only the cut-off
-    per queue moves, and only when more than ``heads × queues`` GPUs are free."""
+    Heads of queues: ``SCHEDULER_HEADS_PER_QUEUE`` (default 8; 0: all) bounds a cycle's work on
+    a full cluster, where every tried job that does not fit searches for victims. On a cluster
+    with room that bound only costs cycles: 10,000 jobs behind 200 queues took ten cycles to
+    reach the ones that fit (issue 13). So, with ``SCHEDULER_HEADS_FILL`` (default on), each
+    queue also offers the jobs whose asks fit in its share of the free room (the engine's rule
+    ``CycleConfig.heads_fill``). The engine still orders all offered heads by fair share and
+    priority, so the room goes to queues in the same order; only the cut-off per queue moves."""
     base = settings.SCHEDULER_HEADS_PER_QUEUE
-    if not base:
-        return None
-    if not getattr(settings, "SCHEDULER_HEADS_FILL", True) or not inputs.pending:
-        return base
-    free = 0.0
-    for node in inputs.snapshot.nodes:
-        if not node.schedulable:
-            continue
-        for g in node.gpus:
-            row = inputs.gpus[(node.name, g.index)]
-            # Room held by pods Camp did not create is not free room.
-            if (g.healthy and not row.exclusive_held and not row.foreign_exclusive and row.memory_mib
-                    and row.sharers + row.foreign_sharers < row.max_sharers):
-                free += max(0.0, 1 - (row.memory_allocated_mib + row.foreign_memory_mib) / row.memory_mib)
-    queues = len({j.queue for j in inputs.pending})
-    return max(base, math.ceil(free / queues))
+    return CycleConfig(heads_per_queue=base or None,
+                       heads_fill=bool(base) and getattr(settings, "SCHEDULER_HEADS_FILL", True))
 
 
 def _run_engine(cluster: Cluster, inputs: selectors.CycleInputs, now: float | None) -> CycleResult:
@@ -268,9 +253,9 @@ def _run_engine(cluster: Cluster, inputs: selectors.CycleInputs, now: float | No
         inputs.snapshot, inputs.pending, inputs.tree,
         now=now if now is not None else timezone.now().timestamp(),
         running=inputs.running,
-        # Kueue-style heads of queues: a cycle tries the first N jobs of each project
-        # (the rest wait "behind" with their position); the task re-runs while it admits.
-        config=CycleConfig(heads_per_queue=heads_per_queue(inputs)),
+        # Kueue-style heads of queues: a cycle tries the first jobs of each project (the rest
+        # wait "behind" with their position); the task re-runs while it admits.
+        config=cycle_config(),
         policy=engine_policy(cluster.placement_policy),
     )
 

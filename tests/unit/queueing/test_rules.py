@@ -21,7 +21,7 @@ from scheduling.engine.queueing import (
     ordinal,
 )
 from tests.unit.engine.builders import cluster, node
-from tests.unit.queueing.builders import cycle, gjob, running, tree
+from tests.unit.queueing.builders import cycle, gjob, running, tree, with_running
 
 ONE_TENANT = tree({"t": {"p": Quota(), "q": Quota()}})
 TWO_PROJECTS_GUARANTEED = tree(
@@ -847,3 +847,63 @@ def test_a_reclaimed_borrower_does_not_take_back_the_room_it_was_evicted_for() -
     again = cycle(snap, [sweep], qtree, run=[running("notebook", "n1", (0,), "l/llm", priority=50,
                                                          preemptible=False)])
     assert admitted(again) == [] and again.evicted == ()
+
+
+# --- heads that follow the free room (CycleConfig.heads_fill, issue 35) ------------------------
+
+FILL = CycleConfig(heads_per_queue=1, heads_fill=True)
+
+
+def _kinds(r: CycleResult) -> dict[str, str]:
+    return {name: s.kind for name, s in r.statuses.items()}
+
+
+def test_heads_follow_the_free_room_by_what_the_jobs_ask() -> None:
+    """Twelve quarter-card slices on four free cards: the queue's share is the four GPUs, the
+    slices ask three, so all twelve are offered and admitted in one cycle. Counting jobs, not
+    their asks, offered four (one per free GPU), and without fill only the configured head."""
+    pending = [gjob(f"s{i}", share=25, queue="t/p", submit=i) for i in range(12)]
+    snapshot = cluster(node("n1", 4))
+    filled = cycle(snapshot, pending, ONE_TENANT, config=FILL)
+    assert sorted(admitted(filled)) == sorted(j.name for j in pending)
+    plain = cycle(snapshot, pending, ONE_TENANT, config=CycleConfig(heads_per_queue=1))
+    assert admitted(plain) == ["s0"]
+    assert list(_kinds(plain).values()).count(Kind.BEHIND) == 11
+
+
+def test_a_second_pass_fills_the_room_the_first_left() -> None:
+    """Two queues share four free cards (two GPUs each by share). Queue p asks one whole card,
+    queue q twelve quarter cards: the first pass offers p's job and eight of q's (two GPUs of
+    asks); one card is left, so a second pass in the same cycle offers q's last four, which fit.
+    Everything that fits is admitted by one cycle, as the next cycle would have done."""
+    pending = [gjob("whole", 1, "t/p"), *(gjob(f"s{i}", share=25, queue="t/q", submit=i) for i in range(12))]
+    r = cycle(cluster(node("n1", 4)), pending, ONE_TENANT, config=FILL)
+    assert sorted(admitted(r)) == sorted(j.name for j in pending)
+    assert [d.job for d in r.decisions if isinstance(d, Admit)][-4:] == ["s8", "s9", "s10", "s11"]
+
+
+def test_a_full_cluster_offers_only_the_configured_heads() -> None:
+    """No free room (every card held by a running job): the fill adds nobody, the jobs past the
+    configured heads wait behind with their positions."""
+    run = [running(f"r{i}", "n1", (i,), "t/q") for i in range(4)]
+    pending = [gjob(f"p{i}", 1, "t/p", submit=i) for i in range(5)]
+    r = cycle(cluster(node("n1", 4)), pending, ONE_TENANT, run=run,
+              config=CycleConfig(heads_per_queue=2, heads_fill=True,
+                                 preemption=PreemptionConfig(enabled=False)))
+    kinds = _kinds(r)
+    assert [kinds[f"p{i}"] for i in range(5)] == [Kind.CAPACITY] * 2 + [Kind.BEHIND] * 3
+    assert r.statuses["p4"].position == 5
+
+
+def test_free_room_counts_only_what_could_still_be_placed() -> None:
+    """The free room is each usable card's free share in the one GPU unit, on schedulable,
+    healthy nodes: a card held whole, one with every sharer slot taken, an unhealthy card and an
+    unschedulable node's cards count nothing; a half-used card counts its free half."""
+    from scheduling.engine import ClusterState
+
+    snap = cluster(node("n1", 4, max_sharers=2, unhealthy=(3,)), node("n2", 2, schedulable=False))
+    run = [running("whole", "n1", (0,)), running("half", "n1", (1,), share=50),
+           running("a", "n1", (2,), share=10), running("b", "n1", (2,), share=10)]
+    state = ClusterState(with_running(snap, run))
+    # n1: card 0 held whole (0), card 1 half free (500), card 2 sharers full (0), card 3 unhealthy
+    assert state.free_room() == (500, 64_000)
