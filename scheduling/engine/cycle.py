@@ -243,6 +243,10 @@ class QueueCycle:
         self._released_borrowing: set[str] = set()
         self.admitted_now: set[str] = set()
         """Jobs admitted in this cycle; never victims in the same cycle."""
+        self.filling = False
+        """In a refill pass (``heads_fill``): jobs are admitted into the free room only; one that
+        does not fit waits without searching for victims (it may preempt as a head of the
+        next cycle), so filling the last gaps of a full cluster costs no preemption search."""
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -251,8 +255,9 @@ class QueueCycle:
 
         With ``heads_fill``, a pass over the heads that admitted something and left room is
         followed by another over the jobs behind them (``_refill``), as the next cycle would be
-        but on this cycle's state: a burst's last gaps are filled without another snapshot
-        and write (issue 35). At most ``MAX_FILL_PASSES``; the next cycle goes on from there."""
+        but on this cycle's state and without preemption (``filling``): a burst's last gaps
+        are filled without another snapshot and write (issue 35). At most
+        ``MAX_FILL_PASSES``; the next cycle goes on from there."""
         heads, rest = self.heads(pending)
         provisional: dict[str, tuple[Decision, str, bool, bool]] = {}
         waiting: list[tuple[Job, str, tuple[object, ...] | None]] = []
@@ -269,6 +274,7 @@ class QueueCycle:
             admitted = self._pass(heads, provisional, waiting)
             if not (self.config.heads_fill and admitted and behind) or passes >= MAX_FILL_PASSES:
                 break
+            self.filling = True
             heads = self._refill(behind)
             if heads:
                 taken = {j.name for j in heads}
@@ -459,7 +465,7 @@ class QueueCycle:
         ask = self.ask(job)
         blocked = self.admission_block(job, ask)
         if blocked is not None:
-            if blocked[0] == Kind.QUOTA:
+            if blocked[0] == Kind.QUOTA and not self.filling:
                 pre = self.try_preempt_within_limit(job, pods, ask)
                 if pre is not None:
                     return pre, Kind.PREEMPTING, job.name in self.borrowing, False, None
@@ -476,7 +482,7 @@ class QueueCycle:
             borrowing = self.admit(job, placement, u)
             backfilled = bool(self.reservations)
             return Admit(job.name, placement), Kind.ADMITTED, borrowing, backfilled, None
-        pre = self.try_preempt(job, pods, ask, exclude)
+        pre = None if self.filling else self.try_preempt(job, pods, ask, exclude)
         if pre is not None:
             return pre, Kind.PREEMPTING, job.name in self.borrowing, False, None
         self.maybe_reserve(job, pods)

@@ -907,3 +907,21 @@ def test_free_room_counts_only_what_could_still_be_placed() -> None:
     state = ClusterState(with_running(snap, run))
     # n1: card 0 held whole (0), card 1 half free (500), card 2 sharers full (0), card 3 unhealthy
     assert state.free_room() == (500, 64_000)
+
+
+def test_a_refill_pass_admits_into_free_room_and_evicts_nobody() -> None:
+    """The refill pass only fills free room: a job behind the heads that does not fit waits
+    for capacity rather than preempting (as a head, in the next cycle, it may). Three cards
+    free, two queues: p offers its 2-card job (its share is 1.5 GPUs), r its quarter slice;
+    the second pass offers p's 1-card job, for which only three quarters of a card are left."""
+    qtree = tree({"t": {"p": Quota(), "q": Quota(), "r": Quota()}})
+    run = [running("low", "n1", (3,), "t/q", priority=1)]
+    pending = [gjob("a", 2, "t/p", priority=5), gjob("b", 1, "t/p", priority=3),
+               gjob("c", share=25, queue="t/r")]
+    r = cycle(cluster(node("n1", 4)), pending, qtree, run=run, config=FILL)
+    kinds = _kinds(r)
+    assert sorted(admitted(r)) == ["a", "c"] and kinds["b"] == Kind.CAPACITY and not r.evicted
+    # the same job as a head preempts the lower-priority one
+    head = cycle(cluster(node("n1", 4)), [gjob("b", 1, "t/p", priority=3)], qtree,
+                 run=[running("low", "n1", (0, 1, 2, 3), "t/q", priority=1)], config=FILL)
+    assert _kinds(head)["b"] == Kind.PREEMPTING
