@@ -498,7 +498,8 @@ class Day:
             serve = [j for n, j in pool.pending.items() if n in self.replicas]
             train = sorted((j for n, j in pool.pending.items() if n in self.train),
                            key=lambda j: (j.submit_time, j.name))
-            # scheduling.services.heads_per_queue: at least each queue's share of the free GPUs
+            # the service's heads rule before issue 35 (kept so §8's figures stay comparable):
+            # at least each queue's share of the free GPUs, counted in jobs
             free = pool.capacity - sum(pool.gpus_of.values())
             heads = max(self.sc.heads, math.ceil(free / max(1, bool(serve) + bool(train))))
             batch = serve + train[:heads]

@@ -11,7 +11,8 @@ so that each has about half of the GPUs and nearly the same mix; ``--split model
 Each cluster runs Camp's own queue cycle (``QueueCycle``:
 priority, fair share, quotas scaled to its size, preemption, fragmentation-aware placement) on
 ``--heads`` jobs per project queue (0: all; 8: the service's default, raised to each queue's
-share of the free GPUs as ``SCHEDULER_HEADS_FILL`` does), re-run while it admits.
+share of the free GPUs, counted in jobs, as ``SCHEDULER_HEADS_FILL`` did before issue 35), re-run
+while it admits.
 
 * pinned — every job is pinned at submit to a random cluster among those that could ever run
   it (a pod asking for a GPU model only one cluster has goes there); ``--pin uniform``
@@ -121,7 +122,8 @@ class ClusterSim:
 
     def heads(self, k: int) -> list[Job]:
         """The first ``k`` jobs of each project queue (0: all); at least each queue's share of
-        the free GPUs, as the service's ``heads_per_queue`` with ``SCHEDULER_HEADS_FILL``."""
+        the free GPUs counted in jobs, as the service's heads rule was before issue 35 (kept so
+        §9's figures stay comparable; the service now counts what jobs ask: CycleConfig.heads_fill)."""
         if k <= 0:
             return list(self.pending.values())
         by_q: dict[str, list[Job]] = defaultdict(list)

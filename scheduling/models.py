@@ -371,16 +371,23 @@ NON_PREEMPTIBLE_CLASSES = frozenset({"inference"})
 class Job(models.Model):
     """A generic workload: one or more pod groups admitted together (a gang) or pod by pod."""
 
-    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="jobs")
-    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="jobs")
+    # No single-column index on tenant, project, owner or cluster (db_index=False): an index
+    # of Meta leads with each (job_tenant_newest, job_project_newest / the unique name,
+    # job_owner_newest, job_cluster_state), so Django's default foreign-key index only cost
+    # writes — every submit and every state change maintained 17 indexes (issue 35).
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="jobs",
+                               db_index=False)
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="jobs",
+                                db_index=False)
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="jobs"
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="jobs",
+        db_index=False,
     )
     # Null while a floating job waits in the global queue (no cluster chosen yet); set when
     # the placement step binds it to one cluster (scheduling/multicluster.py), so a job is
     # never in two clusters: one column, changed by conditional updates only.
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs",
-                                null=True, blank=True)
+                                null=True, blank=True, db_index=False)
     floating = models.BooleanField(
         default=False, help_text="Submitted without one named cluster: Camp chooses among "
                                  "the clusters its choice allows (and may choose again).")
@@ -551,7 +558,8 @@ def redact(text: str, limit: int = 200) -> str:
 class PodGroup(models.Model):
     """``replicas`` identical pods of one role (worker, launcher, ...) of a job."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="groups")
+    # Indexed by the unique (job, name) constraint, which leads with it (see Job.tenant).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="groups", db_index=False)
     name = models.CharField(max_length=20, validators=[slug_validator], default="worker")
     replicas = models.PositiveSmallIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(256)]
@@ -592,8 +600,10 @@ class Allocation(models.Model):
     A row exists exactly while the resources are held; releasing deletes it.
     """
 
-    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="allocations")
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    # Indexed by the unique constraints, which lead with them (see Job.tenant).
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="allocations",
+                                db_index=False)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations", db_index=False)
     group = models.ForeignKey(PodGroup, on_delete=models.CASCADE, related_name="allocations")
     replica = models.PositiveSmallIntegerField()
     pod_name = models.CharField(max_length=63)
@@ -683,7 +693,8 @@ class DecisionKind(models.TextChoices):
 class SchedulingDecision(models.Model):
     """What happened to a job and why, in order: the per-job history the API exposes."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
+    # Indexed by decision_job_latest, which leads with it (see Job.tenant).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions", db_index=False)
     # Null for a floating job's decisions taken before any cluster was chosen.
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+",
                                 null=True, blank=True)

@@ -525,11 +525,24 @@ def cycle_inputs(cluster: Cluster) -> CycleInputs:
 
 
 def job_models(ids: list[int]) -> dict[int, Job]:
-    """The jobs of ``ids`` as models (tenant and project attached), for the few a cycle
-    admits, preempts or rejects: audit events and namespaces need them."""
+    """The jobs of ``ids`` as models (tenant and project attached), for the jobs a cycle
+    admits, preempts or rejects: audit events and namespaces need them. A burst's cycle admits
+    thousands of jobs of a few hundred projects: each tenant and project is read and built once,
+    not joined to every job (a third of this read's time at 8,000 jobs, issue 35)."""
+    jobs = list(Job.objects.filter(pk__in=ids))
+    projects = Project.objects.in_bulk({job.project_id for job in jobs})
+    tenants = Tenant.objects.in_bulk({job.tenant_id for job in jobs}
+                                     | {p.tenant_id for p in projects.values()})
+    for project in projects.values():
+        owner = tenants.get(project.tenant_id)
+        if owner is not None:
+            project.tenant = owner  # str(job) names the tenant: no query per audit event
     out = {}
-    for job in Job.objects.filter(pk__in=ids).select_related("tenant", "project"):
-        job.project.tenant = job.tenant  # str(job) names the tenant: no query per audit event
+    for job in jobs:
+        tenant, project_ = tenants.get(job.tenant_id), projects.get(job.project_id)
+        if tenant is None or project_ is None:
+            continue  # deleted with its tenant or project since: as a job gone (a conflict)
+        job.tenant, job.project = tenant, project_
         out[job.pk] = job
     return out
 

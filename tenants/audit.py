@@ -74,6 +74,19 @@ def env_names_only(value: Any) -> Any:
     return value
 
 
+def _stored(value: Any) -> Any:
+    """What an event keeps of ``before``/``after``: :func:`env_names_only` of it, round-tripped
+    through JSON (:func:`_jsonable`). The walk runs only when the JSON text names a key of
+    ``ENV_KEYS`` at all (a key is always quoted there): a scheduler's event carries a placement,
+    thousands of them per cycle, and no environment."""
+    if value is None:
+        return None
+    text = json.dumps(value, default=str, sort_keys=True)
+    if any(f'"{key}"' in text for key in ENV_KEYS):
+        text = json.dumps(env_names_only(value), default=str, sort_keys=True)
+    return json.loads(text)
+
+
 def without_values(text: str, values: Iterable[Any]) -> str:
     """``text`` (an error from a cluster, which may echo what it refused) with every
     environment value of at least 4 characters replaced by ``[redacted]``."""
@@ -180,8 +193,8 @@ def audit_record(
         target_type=target._meta.label_lower if target is not None else "",
         target_id=str(target.pk) if target is not None and target.pk is not None else "",
         target_repr=(target_repr if target_repr is not None else str(target or ""))[:255],
-        before=_jsonable(env_names_only(before)),
-        after=_jsonable(env_names_only(after)),
+        before=_stored(before),
+        after=_stored(after),
         request_id=ctx.request_id,
         client_ip=_normalize_ip(ctx.client_ip),
     )

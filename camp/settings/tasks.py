@@ -85,8 +85,9 @@ SCHEDULING_QUEUE, CELERY_TASK_QUEUES, CELERY_TASK_ROUTES = celery_queues(CELERY_
 SCHEDULER_TICK_SECONDS = env_int("SCHEDULER_TICK_SECONDS", 3)
 # Jobs tried per project queue in one cycle (0: all). See docs/BENCHMARKS.md §queueing.
 SCHEDULER_HEADS_PER_QUEUE = env_int("SCHEDULER_HEADS_PER_QUEUE", 8)
-# On a cluster with room, each queue offers at least its share of the free GPUs
-# (scheduling.services.heads_per_queue), so a sweep is admitted in a few cycles.
+# On a cluster with room, each queue also offers the jobs whose asks fit its share of the free
+# room, and a cycle refills what room its first pass left (scheduling.engine.cycle
+# CycleConfig.heads_fill, read by scheduling.services.cycle_config): a burst in one cycle.
 SCHEDULER_HEADS_FILL = env_bool("SCHEDULER_HEADS_FILL", True)
 SCHEDULER_INVENTORY_SECONDS = env_int("SCHEDULER_INVENTORY_SECONDS", 60)
 # The admin home says the scheduler is lagging when its tick waited longer than this in the

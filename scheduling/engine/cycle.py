@@ -104,8 +104,9 @@ class CycleConfig:
     behind its first ``heads_per_queue``, in its own order, while the jobs it offers ask less than
     its share of the free room — the free GPUs and the free CPU (:meth:`ClusterState.free_room`)
     divided by the queues with pending jobs, each job counted by its ask (:meth:`QueueCycle.ask`:
-    GPUs in the one GPU unit, CPU millicores). A queue of small slices offers many jobs, a queue
-    of 8-card jobs few; on a full cluster only the configured heads. (Counting jobs instead of
+    GPUs in the one GPU unit, CPU millicores; the GPU share bounds only jobs that ask GPUs). A
+    queue of small slices offers many jobs, a queue of 8-card jobs few; on a full cluster only
+    the configured heads. (Counting jobs instead of
     what they ask took a burst of slices two cycles and more to reach the room, issue 35.)"""
     nonpreemptible_within_guarantee: bool = True
     """Rule (non-preemptible within guarantee): a non-preemptible job starts only if, with it, the
@@ -116,8 +117,8 @@ class CycleConfig:
 
 
 MAX_FILL_PASSES = 8
-"""Passes of one cycle over the heads of queues (``CycleConfig.heads_fill``): bounds a cycle's
-work when each pass admits only a few jobs into the last gaps."""
+"""Passes of one cycle over the heads of queues, the first included (``CycleConfig.heads_fill``):
+bounds a cycle's work when each pass admits only a few jobs into the last gaps."""
 
 
 class Kind:
@@ -246,7 +247,11 @@ class QueueCycle:
         self.filling = False
         """In a refill pass (``heads_fill``): jobs are admitted into the free room only; one that
         does not fit waits without searching for victims (it may preempt as a head of the
-        next cycle), so filling the last gaps of a full cluster costs no preemption search."""
+        next cycle), so filling the last gaps of a full cluster costs no preemption search. Nor
+        does it use the nodes of this cycle's victims: their pods hold the room until they stop,
+        and the write would refuse an admission there ("taken concurrently")."""
+        self._evicted_nodes: dict[str, frozenset[str]] = {}
+        """Evicted job → the nodes its pods run on (while the eviction stands)."""
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -282,6 +287,7 @@ class QueueCycle:
                 for j in heads:
                     # Decided in this pass: its place in the decisions follows the earlier ones'.
                     del provisional[j.name]
+        self.filling = False
         waiting.extend((job, Kind.BEHIND, None) for job in behind)
         statuses = self._finish(pending, provisional, waiting)
         final = tuple(statuses[j].decision for j in provisional)
@@ -343,16 +349,23 @@ class QueueCycle:
             gpu_share, cpu_share = -(-free_milli // len(queues)), -(-free_cpu // len(queues))
         heads: list[Job] = []
         rest: list[Job] = []
+        # A job that asks no CPU counts a hundredth of the CPU share, so a queue of such jobs
+        # offers at most a hundred more per pass.
+        least_cpu = max(1, cpu_share // 100)
         for jobs in queues:
             n = min(k, len(jobs))
-            if gpu_share and cpu_share and n < len(jobs):
+            if cpu_share and n < len(jobs):
                 gpu = cpu = 0
                 for j in jobs[:n]:
                     a = self.ask(j)
-                    gpu, cpu = gpu + a[0], cpu + a[2]
-                while n < len(jobs) and gpu < gpu_share and cpu < cpu_share:
+                    gpu, cpu = gpu + a[0], cpu + max(a[2], least_cpu)
+                # In queue order, while the CPU share lasts and, for a job that asks GPUs, the
+                # GPU share (a cluster with CPU but no GPU left still takes CPU-only jobs).
+                while n < len(jobs) and cpu < cpu_share:
                     a = self.ask(jobs[n])
-                    gpu, cpu, n = gpu + a[0], cpu + a[2], n + 1
+                    if a[0] and gpu >= gpu_share:
+                        break
+                    gpu, cpu, n = gpu + a[0], cpu + max(a[2], least_cpu), n + 1
             heads.extend(jobs[:n])
             rest.extend(jobs[n:])
         return heads, rest
@@ -471,6 +484,8 @@ class QueueCycle:
                     return pre, Kind.PREEMPTING, job.name in self.borrowing, False, None
             return Wait(job.name, blocked[1]), blocked[0], False, False, None
         exclude, bypassed = self.held_nodes(job)
+        if self.filling and self._evicted_nodes:
+            exclude = exclude.union(*self._evicted_nodes.values())
         placement = self.try_place(job, pods, exclude)
         if placement is not None:
             u = placement_usage(placement.pods, self.card_memory)
@@ -930,6 +945,7 @@ class QueueCycle:
             self._released_borrowing.add(v.name)
         self.evicted.append(v.name)
         self._evicted_queue[v.name] = v.queue
+        self._evicted_nodes[v.name] = frozenset(pp.node for pp in v.pods)
 
     def _unrelease(self, v: RunningJob) -> None:
         self._running_version += 1
@@ -940,6 +956,7 @@ class QueueCycle:
         if v.name in self._released_borrowing:
             self.borrowing.add(v.name)  # it borrows again, as before its trial release
         self.evicted.remove(v.name)
+        self._evicted_nodes.pop(v.name, None)
         self.evictor.restore(v)
 
     # -- backfill reservations -----------------------------------------------------------------

@@ -44,6 +44,7 @@ from .common import (
     _ALL_CLUSTERS_LOCK_CLASS,
     _CYCLE_LOCK_CLASS,
     _audit_job,
+    _insert_rows,
     _record_all,
     _record_rows,
     _update_from_values,
@@ -240,9 +241,10 @@ def cycle_config() -> CycleConfig:
     a full cluster, where every tried job that does not fit searches for victims. On a cluster
     with room that bound only costs cycles: 10,000 jobs behind 200 queues took ten cycles to
     reach the ones that fit (issue 13). So, with ``SCHEDULER_HEADS_FILL`` (default on), each
-    queue also offers the jobs whose asks fit in its share of the free room (the engine's rule
-    ``CycleConfig.heads_fill``). The engine still orders all offered heads by fair share and
-    priority, so the room goes to queues in the same order; only the cut-off per queue moves."""
+    queue also offers the jobs whose asks fit in its share of the free room, and the cycle
+    refills the room its first pass left (the engine's rule ``CycleConfig.heads_fill``). The
+    engine still orders all offered heads by fair share and priority, so the room goes to
+    queues in the same order."""
     base = settings.SCHEDULER_HEADS_PER_QUEUE
     return CycleConfig(heads_per_queue=base or None,
                        heads_fill=bool(base) and getattr(settings, "SCHEDULER_HEADS_FILL", True))
@@ -634,22 +636,28 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
     # External jobs (issue 34): their pods exist already, in the namespace bound to the project.
     external = {(e.job_id, e.replica): e.name for e in ExternalPod.objects.filter(
         job_id__in=[job.pk for job, _, _ in accepted if job.kind == EXTERNAL_KIND])}
-    allocs: list[tuple[Allocation, E.PodPlacement]] = []
+    pods: list[dict[str, Any]] = []
+    placed: list[E.PodPlacement] = []
     for job, placement, _ in accepted:
         groups = inputs.groups[job.pk]
         for pp in placement.pods:
             group_name, replica = pp.pod[len(f"{job.pk}-"):].rsplit("-", 1)
-            allocs.append((Allocation(
-                cluster_id=job.placed_cluster_id, job=job, group_id=groups[group_name], replica=int(replica),
-                pod_name=external.get((job.pk, int(replica))) or pod_name(job.name, job.pk, group_name,
-                                                                           int(replica)),
-                node_id=inputs.nodes[pp.node], cpu_millicores=pp.cpu_millicores, ram_mib=pp.ram_mib,
-            ), pp))
-    Allocation.objects.bulk_create([a for a, _ in allocs], batch_size=2000)
-    GpuSlice.objects.bulk_create([
-        GpuSlice(allocation=a, gpu_id=inputs.gpus[(pp.node, g.index)].pk, container=g.container,
-                 memory_mib=g.gpu_memory_mib, cores_percent=g.gpu_cores_percent, exclusive=g.exclusive)
-        for a, pp in allocs for g in pp.gpus], batch_size=2000)
+            pods.append({
+                "cluster_id": job.placed_cluster_id, "job_id": job.pk, "group_id": groups[group_name],
+                "replica": int(replica),
+                "pod_name": external.get((job.pk, int(replica))) or pod_name(job.name, job.pk, group_name,
+                                                                             int(replica)),
+                "node_id": inputs.nodes[pp.node], "cpu_millicores": pp.cpu_millicores, "ram_mib": pp.ram_mib})
+            placed.append(pp)
+    ids = _insert_allocations(pods)
+    slices = [{"allocation_id": ids[(pod["job_id"], pod["group_id"], pod["replica"])],
+               "gpu_id": inputs.gpus[(pp.node, g.index)].pk, "container": g.container,
+               "memory_mib": g.gpu_memory_mib, "cores_percent": g.gpu_cores_percent, "exclusive": g.exclusive}
+              for pod, pp in zip(pods, placed, strict=True) for g in pp.gpus]
+    if connection.vendor == "postgresql":
+        _insert_rows(GpuSlice, slices)
+    else:
+        GpuSlice.objects.bulk_create([GpuSlice(**row) for row in slices], batch_size=2000)
     # Refuses (IntegrityError) rather than over-allocate: the CHECK constraints.
     _update_from_values(GpuDevice, [("memory_allocated_mib", "integer"), ("cores_allocated", "integer"),
                                     ("sharers", "integer"), ("exclusive_held", "boolean")],
@@ -672,6 +680,17 @@ def _write_admissions(inputs: selectors.CycleInputs, accepted: list[tuple[Job, E
         ("namespace", "varchar")])
     if len(done) != len(moves):  # cannot happen under the rows' locks; never slices without a job
         raise IntegrityError("a job left QUEUED under its row lock")
+
+
+def _insert_allocations(pods: list[dict[str, Any]]) -> dict[tuple[int, int, int], int]:
+    """Insert the Allocation rows ``pods`` (column → value); returns (job, group, replica) → id
+    (a pod's unique key). One statement on PostgreSQL (``_insert_rows``), ``bulk_create`` on the
+    demo's SQLite."""
+    if connection.vendor == "postgresql":
+        return {(job, group, replica): pk for pk, job, group, replica in _insert_rows(
+            Allocation, pods, returning=("id", "job_id", "group_id", "replica"))}
+    made = Allocation.objects.bulk_create([Allocation(**pod) for pod in pods], batch_size=2000)
+    return {(a.job_id, a.group_id, a.replica): a.pk for a in made}
 
 
 def _admit_reason(placement: E.Placement) -> str:

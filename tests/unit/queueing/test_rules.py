@@ -925,3 +925,26 @@ def test_a_refill_pass_admits_into_free_room_and_evicts_nobody() -> None:
     head = cycle(cluster(node("n1", 4)), [gjob("b", 1, "t/p", priority=3)], qtree,
                  run=[running("low", "n1", (0, 1, 2, 3), "t/q", priority=1)], config=FILL)
     assert _kinds(head)["b"] == Kind.PREEMPTING
+
+
+def test_a_refill_pass_leaves_the_room_of_this_cycles_victims_alone() -> None:
+    """A head preempts the job holding n1; a refill pass in the same cycle does not place the
+    jobs behind it on n1, whose cards the victim's pods hold until they stop (the write would
+    refuse them as taken): they wait for capacity."""
+    qtree = tree({"t": {"p": Quota(), "q": Quota(), "r": Quota()}})
+    run = [running("low", "n1", (0, 1, 2, 3), "t/q", priority=1)]
+    pending = [gjob("a", 2, "t/p", priority=100), gjob("b", 1, "t/p", priority=50),
+               gjob("c", 1, "t/p", priority=50, submit=1), gjob("x", 1, "t/r")]
+    r = cycle(cluster(node("n1", 4), node("n2", 1)), pending, qtree, run=run, config=FILL)
+    kinds = _kinds(r)
+    assert kinds["a"] == Kind.PREEMPTING and kinds["x"] == Kind.ADMITTED
+    assert kinds["b"] == kinds["c"] == Kind.CAPACITY
+
+
+def test_heads_follow_free_cpu_when_no_gpu_is_free() -> None:
+    """Every card held, CPU free: CPU-only jobs are still offered by their share of the free
+    CPU (the GPU share bounds only jobs that ask GPUs), all admitted in one cycle."""
+    run = [running(f"r{i}", "n1", (i,), "t/q") for i in range(4)]
+    pending = [gjob(f"cpu{i}", 0, "t/p", cpu=1000, submit=i) for i in range(10)]
+    r = cycle(cluster(node("n1", 4)), pending, ONE_TENANT, run=run, config=FILL)
+    assert sorted(admitted(r)) == sorted(j.name for j in pending)
