@@ -539,10 +539,10 @@ def job_models(ids: list[int]) -> dict[int, Job]:
             project.tenant = owner  # str(job) names the tenant: no query per audit event
     out = {}
     for job in jobs:
-        tenant, project_ = tenants.get(job.tenant_id), projects.get(job.project_id)
-        if tenant is None or project_ is None:
+        tenant, proj = tenants.get(job.tenant_id), projects.get(job.project_id)
+        if tenant is None or proj is None:
             continue  # deleted with its tenant or project since: as a job gone (a conflict)
-        job.tenant, job.project = tenant, project_
+        job.tenant, job.project = tenant, proj
         out[job.pk] = job
     return out
 

@@ -106,8 +106,8 @@ class CycleConfig:
     divided by the queues with pending jobs, each job counted by its ask (:meth:`QueueCycle.ask`:
     GPUs in the one GPU unit, CPU millicores; the GPU share bounds only jobs that ask GPUs). A
     queue of small slices offers many jobs, a queue of 8-card jobs few; on a full cluster only
-    the configured heads. (Counting jobs instead of
-    what they ask took a burst of slices two cycles and more to reach the room, issue 35.)"""
+    the configured heads. (Counting jobs instead of what they ask took a burst of slices two
+    cycles and more to reach the room, issue 35.)"""
     nonpreemptible_within_guarantee: bool = True
     """Rule (non-preemptible within guarantee): a non-preemptible job starts only if, with it, the
     non-preemptible usage of its project, tenant and cluster stays within each one's guaranteed
@@ -232,7 +232,8 @@ class QueueCycle:
         self._guarantee_memo: dict[tuple[object, ...], str | None] = {}
         self._preempt_memo: dict[tuple[object, ...], int] = {}
         self._host_cache: dict[tuple[int, PodRequest], bool] = {}
-        self._shapes: dict[str, tuple[PodRequest, ...]] = {}
+        self._shapes: dict[str, tuple[Job, tuple[PodRequest, ...]]] = {}
+        """Job name → (the job, its pods) (``_pods``)."""
         self.evictor = Evictor(self.state)
         self.evicted: list[str] = []
         self._evicted_queue: dict[str, str] = {}
@@ -506,7 +507,13 @@ class QueueCycle:
     # -- steps ---------------------------------------------------------------------------------
 
     def _pods(self, job: Job) -> tuple[PodRequest, ...]:
-        return job.pods()
+        """The job's pods, expanded once per cycle (a refill pass looks at every job behind)."""
+        hit = self._shapes.get(job.name)
+        if hit is not None and hit[0] is job:
+            return hit[1]
+        pods = job.pods()
+        self._shapes[job.name] = (job, pods)
+        return pods
 
     def never_fits(self, job: Job, pods: Sequence[PodRequest]) -> str | None:
         """Rule (reject): a pod no node could hold even when empty can never run; say which
