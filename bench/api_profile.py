@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--json", default="", help="write the figures to this file")
     ap.add_argument("--connections", choices=["persistent", "per-request", "pool"], default="persistent",
                     help="persistent: one connection for the run (no connect cost); per-request: "
-                         "each request opens and closes its own (DB_CONN_MAX_AGE=0, the default); "
+                         "each request opens and closes its own (DB_CONN_MAX_AGE=0, DB_POOL_MAX_SIZE=0); "
                          "pool: DB_POOL_MAX_SIZE=4, each request takes one and gives it back")
     args = ap.parse_args()
     os.environ["DJANGO_SETTINGS_MODULE"] = "camp.settings.production"
@@ -54,8 +54,7 @@ def main() -> None:
     os.environ.setdefault("ALLOWED_HOSTS", "testserver")  # production refuses an empty one
     # persistent: one connection for the whole run, no connect cost
     os.environ["DB_CONN_MAX_AGE"] = "60" if args.connections == "persistent" else "0"
-    if args.connections == "pool":
-        os.environ["DB_POOL_MAX_SIZE"] = "4"
+    os.environ["DB_POOL_MAX_SIZE"] = "4" if args.connections == "pool" else "0"
     sc._setup_django(args.db)
     import logging
 

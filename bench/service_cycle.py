@@ -61,6 +61,9 @@ def _setup_django(db_url: str) -> None:
     os.environ["REDIS_URL"] = ""  # local-memory cache (cycle request coalescing)
     os.environ["CELERY_BROKER_URL"] = "memory://"  # dispatch enqueues stay in this process
     os.environ.setdefault("SCHEDULER_HEADS_PER_QUEUE", "8")
+    # One process, one connection at a time: as a prefork Celery worker runs a cycle (Celery
+    # closes a pool around each task) and as the base commits before the pool was the default.
+    os.environ.setdefault("DB_POOL_MAX_SIZE", "0")
     import psycopg
 
     base, _, name = db_url.rpartition("/")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -24,9 +26,38 @@ HEALTH_PATHS = ("/healthz", "/readyz")
 _migrations_done = False  # once applied, a process's code cannot gain new migrations
 
 
-def database_problem() -> str | None:
+PROBE_CONNECT_TIMEOUT_S = 3
+"""How long the readiness checks wait for PostgreSQL to accept a connection of their own
+(below the chart's readinessProbe timeout of 5 s)."""
+
+
+@contextmanager
+def _probe_connection() -> Iterator[Any]:
+    """The database connection the readiness checks run on. Without a pool, the process's
+    own (a new one per request anyway). With one (``DB_POOL_MAX_SIZE``, the default), a
+    connection of their own, opened here with a short connect timeout and closed after: a
+    pool cannot answer "unreachable" at once. While its connection attempts fail (a web
+    process started before ``migrate`` created its role, a database that is down) it keeps
+    the caller waiting the whole ``DB_POOL_TIMEOUT`` and then raises a timeout that hides the
+    cause, so a probe through it timed out instead of answering 503 (issue 35). A new backend
+    every probe period is a negligible cost; requests keep the pool."""
+    default = connections["default"]
+    options = dict(default.settings_dict.get("OPTIONS") or {})
+    if not options.pop("pool", None):
+        yield default
+        return
+    options["connect_timeout"] = PROBE_CONNECT_TIMEOUT_S
+    probe = type(default)({**default.settings_dict, "OPTIONS": options, "CONN_MAX_AGE": 0,
+                           "CONN_HEALTH_CHECKS": False}, alias=default.alias)
     try:
-        with connections["default"].cursor() as cursor:
+        yield probe
+    finally:
+        probe.close()
+
+
+def database_problem(conn: Any) -> str | None:
+    try:
+        with conn.cursor() as cursor:
             cursor.execute("SELECT 1")
     except Exception as exc:  # any driver error means "not ready"
         logger.warning("readiness: database unreachable: %s", exc)
@@ -58,12 +89,12 @@ def redis_problem() -> str | None:
     return None
 
 
-def migrations_problem() -> str | None:
+def migrations_problem(conn: Any) -> str | None:
     global _migrations_done
     if _migrations_done:
         return None
     try:
-        executor = MigrationExecutor(connections["default"])
+        executor = MigrationExecutor(conn)
         plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
     except Exception as exc:  # noqa: BLE001 - the database check names the cause
         return f"unknown ({type(exc).__name__})"
@@ -86,12 +117,13 @@ work; live updates and enqueued work wait for it, and the worker's liveness and 
 def readiness() -> dict[str, str]:
     """Each component → "ok" or what is wrong. Migrations are only asked of a reachable DB."""
     result: dict[str, str] = {}
-    db = database_problem()
-    result["database"] = db or "ok"
+    with _probe_connection() as conn:
+        db = database_problem(conn)
+        result["database"] = db or "ok"
+        result["migrations"] = "unknown (database unreachable)" if db else (migrations_problem(conn) or "ok")
     if redis_urls():
         result["redis"] = redis_problem() or "ok"
-    result["migrations"] = "unknown (database unreachable)" if db else (migrations_problem() or "ok")
-    return result
+    return {name: result[name] for name in ("database", "redis", "migrations") if name in result}
 
 
 def _json(status: int, body: dict[str, object]) -> HttpResponse:

@@ -37,14 +37,22 @@ def parse_database_url(url: str, **kw: Any) -> dict[str, Any]:
 
 
 RECOMMENDED_POOL_SIZE = 8
-"""Connections a web process should keep for its requests (PostgreSQL; ``DB_POOL_MAX_SIZE``).
+"""Connections a process keeps for its requests (PostgreSQL; ``DB_POOL_MAX_SIZE``'s default).
 Under ASGI every request runs in a thread of its own: without a pool each opens its own
 connection, so an overloaded web process opened hundreds (PostgreSQL's ``max_connections`` was
 reached and requests failed) and each paid a backend start; with one, requests wait their turn
 for an open connection and admission control (``camp.admission``) bounds them
-(docs/BENCHMARKS.md §15). Not yet the default: a process whose database is not reachable yet
-(started before ``migrate`` created its role) waits the pool's timeout in ``/readyz`` instead
-of answering 503 at once, longer than a probe or the compose test waits."""
+(docs/BENCHMARKS.md §15). ``/readyz`` checks the database on a connection of its own
+(``camp.health``), so a process whose database is not reachable yet answers 503 at once
+instead of waiting the pool's timeout."""
+
+POOL_RECONNECT_TIMEOUT_S = 10
+"""How long the pool keeps retrying a connection that failed before it gives up until the
+next request asks for one (psycopg_pool's ``reconnect_timeout``, 300 s by default). Its
+retries back off exponentially (1, 2, 4 … s): with 300 s, a database back after a minute's
+outage was found only at the next retry, up to a minute later, and requests waited out the
+pool's timeout meanwhile; given up sooner, the next request's checkout tries again at once
+(the retries' delays stay under 10 s)."""
 
 
 def pool_options(db: dict[str, Any], max_size: int, min_size: int = 1, timeout: int = 10) -> dict[str, Any]:
@@ -60,13 +68,17 @@ def pool_options(db: dict[str, Any], max_size: int, min_size: int = 1, timeout: 
         raise ImproperlyConfiguredEnv("DB_POOL_MAX_SIZE and DB_CONN_MAX_AGE exclude each other: "
                                       "set DB_CONN_MAX_AGE=0 with a pool")
     options = {**db.get("OPTIONS", {}),
-               "pool": {"min_size": min(min_size, max_size), "max_size": max_size, "timeout": timeout}}
+               "pool": {"min_size": min(min_size, max_size), "max_size": max_size, "timeout": timeout,
+                        "reconnect_timeout": POOL_RECONNECT_TIMEOUT_S}}
     return {**db, "OPTIONS": options, "CONN_HEALTH_CHECKS": True}
 
 
 def pool_size_from_env() -> int:
-    """``DB_POOL_MAX_SIZE``; unset: none (``RECOMMENDED_POOL_SIZE`` is what to set)."""
-    return env_int("DB_POOL_MAX_SIZE", 0)
+    """``DB_POOL_MAX_SIZE``; unset: ``RECOMMENDED_POOL_SIZE``, unless ``DB_CONN_MAX_AGE`` asks
+    for persistent connections instead (the two exclude each other); 0: no pool."""
+    if env_str("DB_POOL_MAX_SIZE", "") == "" and env_int("DB_CONN_MAX_AGE", 0):
+        return 0
+    return env_int("DB_POOL_MAX_SIZE", RECOMMENDED_POOL_SIZE)
 
 
 def admission(db: dict[str, Any]) -> tuple[int, int, float]:

@@ -52,22 +52,35 @@ def test_client_ip_behind_trusted_proxies(settings: object) -> None:
     assert client_ip(bad) == "10.0.0.2"
 
 
-def test_a_postgresql_connection_pool_is_opt_in_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DB_POOL_MAX_SIZE gives PostgreSQL a psycopg pool (issue 35), its connections checked at
-    checkout; unset or 0, none (not yet the default: RECOMMENDED_POOL_SIZE's docstring says
-    why); SQLite has none; a pool beside persistent connections (DB_CONN_MAX_AGE) is refused
-    (Django would at the first query)."""
-    from camp.settings.database import parse_database_url, pool_options, pool_size_from_env
+def test_a_postgresql_connection_pool_is_the_default_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL gets a psycopg pool of RECOMMENDED_POOL_SIZE by default (issue 35), its
+    connections checked at checkout; DB_POOL_MAX_SIZE sets its size, 0 none; persistent
+    connections asked for (DB_CONN_MAX_AGE) without a pool size mean no pool, and a pool beside
+    them is refused (Django would at the first query); SQLite has none."""
+    from camp.settings.database import (
+        POOL_RECONNECT_TIMEOUT_S,
+        RECOMMENDED_POOL_SIZE,
+        parse_database_url,
+        pool_options,
+        pool_size_from_env,
+    )
 
     monkeypatch.delenv("DB_POOL_MAX_SIZE", raising=False)
+    monkeypatch.delenv("DB_CONN_MAX_AGE", raising=False)
+    assert pool_size_from_env() == RECOMMENDED_POOL_SIZE == 8
+    monkeypatch.setenv("DB_CONN_MAX_AGE", "60")
     assert pool_size_from_env() == 0
-    monkeypatch.setenv("DB_POOL_MAX_SIZE", "8")
-    assert pool_size_from_env() == 8
+    monkeypatch.setenv("DB_POOL_MAX_SIZE", "4")
+    assert pool_size_from_env() == 4  # refused by pool_options below, naming both
+    monkeypatch.delenv("DB_CONN_MAX_AGE")
+    monkeypatch.setenv("DB_POOL_MAX_SIZE", "0")
+    assert pool_size_from_env() == 0
 
     pg = parse_database_url("postgres://camp:pw@db:5432/camp")
     assert pool_options(pg, 0) == pg
     pooled = pool_options(pg, 8, min_size=2, timeout=5)
-    assert pooled["OPTIONS"]["pool"] == {"min_size": 2, "max_size": 8, "timeout": 5}
+    assert pooled["OPTIONS"]["pool"] == {"min_size": 2, "max_size": 8, "timeout": 5,
+                                         "reconnect_timeout": POOL_RECONNECT_TIMEOUT_S}
     assert pooled["CONN_HEALTH_CHECKS"] is True
     lite = parse_database_url("sqlite:////tmp/x.sqlite3")
     assert pool_options(lite, 8) == lite

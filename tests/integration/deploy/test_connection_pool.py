@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +49,9 @@ def _server_backends(dsn: str, exclude: set[int]) -> set[int]:
     return {r[0] for r in rows} - exclude
 
 
-@pytest.fixture
-def pooled_server(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[str, str, set[int]]]:
-    dsn = _dsn()
-    connection.ensure_connection()  # the test's own connection is not the server's
-    before = _server_backends(dsn, set())
+@contextmanager
+def _uvicorn(tmp_path: Path, dsn: str, before: set[int], **extra: str) -> Iterator[str]:
+    """A real uvicorn process of camp.asgi with a pool of POOL against ``dsn``; its base URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -60,7 +59,7 @@ def pooled_server(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[str, 
            "CAMP_TEST_RUN_ID": str(settings.TEST_RUN_ID), "DB_POOL_MAX_SIZE": str(POOL),
            "DB_POOL_TIMEOUT": "60",
            # the whole burst may queue for the 2 slots (camp/admission.py: 4 × the pool by default)
-           "WEB_MAX_WAITING": "100"}
+           "WEB_MAX_WAITING": "100", **extra}
     log = (tmp_path / "web.log").open("wb")
     server = subprocess.Popen([sys.executable, "-m", "uvicorn", "camp.asgi:application", "--host",
                                "127.0.0.1", "--port", str(port), "--workers", "1", "--no-access-log"],
@@ -75,7 +74,7 @@ def pooled_server(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[str, 
             except OSError:
                 assert time.monotonic() < deadline, "uvicorn did not start"
                 time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}", dsn, before
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -85,6 +84,15 @@ def pooled_server(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[str, 
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY(%s)",
                              [list(leftover)])
+
+
+@pytest.fixture
+def pooled_server(transactional_db: Any, tmp_path: Path) -> Iterator[tuple[str, str, set[int]]]:
+    dsn = _dsn()
+    connection.ensure_connection()  # the test's own connection is not the server's
+    before = _server_backends(dsn, set())
+    with _uvicorn(tmp_path, dsn, before) as base:
+        yield base, dsn, before
 
 
 def _burst(base: str, token: str, dsn: str, before: set[int]) -> tuple[list[int], int]:
@@ -172,3 +180,36 @@ def test_no_free_connection_is_a_503_with_retry_after_not_a_server_error(
     monkeypatch.setattr(wrapper, "ensure_connection", broken)
     failed = api.get("/api/v1/jobs/")
     assert failed.status_code == 500 and "Retry-After" not in failed
+
+
+def test_readyz_answers_503_at_once_while_the_pool_cannot_connect(transactional_db: Any,
+                                                                  tmp_path: Path) -> None:
+    """A pooled web process started before its database role exists (compose starts web
+    beside ``migrate``, which creates it) answers /readyz 503 naming the cause at once, not
+    after the pool's timeout (here 600 s: the probe would time out first, and a kubelet's
+    readinessProbe waits 5 s); once the role can log in and read the migrations, 200 on the
+    next probe, though the pool's own attempts failed meanwhile."""
+    dsn = _dsn()
+    connection.ensure_connection()
+    before = _server_backends(dsn, set())
+    role = f"camp_late_{os.getpid()}"
+    late = f"postgres://{role}:pw@{dsn.split('@', 1)[1]}"
+    with _uvicorn(tmp_path, late, before, DB_POOL_TIMEOUT="600") as base:
+        down = requests.get(f"{base}/readyz", timeout=60)
+        assert down.status_code == 503
+        assert down.json()["checks"]["database"] == "unreachable (OperationalError)"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+            conn.execute(f"GRANT SELECT ON django_migrations TO {role}")
+        try:
+            up = requests.get(f"{base}/readyz", timeout=60)
+            assert up.status_code == 200, up.json()
+            assert up.json()["checks"]["database"] == "ok" and up.json()["checks"]["migrations"] == "ok"
+        finally:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                             "WHERE usename = %s", [role])
+                conn.execute(f"REVOKE ALL ON django_migrations FROM {role}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+        conn.execute(f"DROP ROLE IF EXISTS {role}")
