@@ -49,9 +49,14 @@ def _probe_connection() -> Iterator[Any]:
     options["connect_timeout"] = PROBE_CONNECT_TIMEOUT_S
     probe = type(default)({**default.settings_dict, "OPTIONS": options, "CONN_MAX_AGE": 0,
                            "CONN_HEALTH_CHECKS": False}, alias=default.alias)
+    # The migrations check reads django_migrations by alias (MigrationRecorder uses
+    # ``connections["default"]``), so the probe stands in for it in this request's context only
+    # (Django's connection handler is context-local); otherwise that query took the pool's turn.
+    connections["default"] = probe
     try:
         yield probe
     finally:
+        connections["default"] = default
         probe.close()
 
 

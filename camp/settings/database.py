@@ -55,6 +55,10 @@ pool's timeout meanwhile; given up sooner, the next request's checkout tries aga
 (the retries' delays stay under 10 s)."""
 
 
+POOL_CONNECT_TIMEOUT_S = 10
+"""How long one of the pool's connection attempts waits for PostgreSQL to answer."""
+
+
 def pool_options(db: dict[str, Any], max_size: int, min_size: int = 1, timeout: int = 10) -> dict[str, Any]:
     """``db`` with a psycopg connection pool of ``max_size`` per process (0: none, each request
     opens its own connection). Opening one costs the web process ~2 ms of CPU and PostgreSQL a
@@ -67,7 +71,9 @@ def pool_options(db: dict[str, Any], max_size: int, min_size: int = 1, timeout: 
     if db.get("CONN_MAX_AGE"):
         raise ImproperlyConfiguredEnv("DB_POOL_MAX_SIZE and DB_CONN_MAX_AGE exclude each other: "
                                       "set DB_CONN_MAX_AGE=0 with a pool")
-    options = {**db.get("OPTIONS", {}),
+    # psycopg's connect waits as long as the kernel's TCP timeout (~2 min) on a host that drops
+    # packets; bounded, a failed attempt reaches the pool's retries (POOL_RECONNECT_TIMEOUT_S).
+    options = {"connect_timeout": POOL_CONNECT_TIMEOUT_S, **db.get("OPTIONS", {}),
                "pool": {"min_size": min(min_size, max_size), "max_size": max_size, "timeout": timeout,
                         "reconnect_timeout": POOL_RECONNECT_TIMEOUT_S}}
     return {**db, "OPTIONS": options, "CONN_HEALTH_CHECKS": True}

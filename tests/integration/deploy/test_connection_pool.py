@@ -42,16 +42,23 @@ def _dsn() -> str:
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
+SERVER_APP_NAME = "camp-pool-test-server"
+"""The server's connections say so (libpq's PGAPPNAME): a connection this test process opens
+meanwhile (a fixture, an audit seal after commit) is not counted as the server's."""
+
+
 def _server_backends(dsn: str, exclude: set[int]) -> set[int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND pid <> pg_backend_pid()").fetchall()
+                            "AND pid <> pg_backend_pid() AND application_name = %s",
+                            [SERVER_APP_NAME]).fetchall()
     return {r[0] for r in rows} - exclude
 
 
 @contextmanager
-def _uvicorn(tmp_path: Path, dsn: str, before: set[int], **extra: str) -> Iterator[str]:
-    """A real uvicorn process of camp.asgi with a pool of POOL against ``dsn``; its base URL."""
+def _uvicorn(tmp_path: Path, dsn: str, before: set[int], owner: str = "", **extra: str) -> Iterator[str]:
+    """A real uvicorn process of camp.asgi with a pool of POOL against ``dsn``; its base URL.
+    Its leftover backends are ended as ``owner`` (default: ``dsn``'s role)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -59,7 +66,7 @@ def _uvicorn(tmp_path: Path, dsn: str, before: set[int], **extra: str) -> Iterat
            "CAMP_TEST_RUN_ID": str(settings.TEST_RUN_ID), "DB_POOL_MAX_SIZE": str(POOL),
            "DB_POOL_TIMEOUT": "60",
            # the whole burst may queue for the 2 slots (camp/admission.py: 4 × the pool by default)
-           "WEB_MAX_WAITING": "100", **extra}
+           "WEB_MAX_WAITING": "100", "PGAPPNAME": SERVER_APP_NAME, **extra}
     log = (tmp_path / "web.log").open("wb")
     server = subprocess.Popen([sys.executable, "-m", "uvicorn", "camp.asgi:application", "--host",
                                "127.0.0.1", "--port", str(port), "--workers", "1", "--no-access-log"],
@@ -79,9 +86,9 @@ def _uvicorn(tmp_path: Path, dsn: str, before: set[int], **extra: str) -> Iterat
         server.terminate()
         server.wait(timeout=30)
         log.close()
-        leftover = _server_backends(dsn, before)
+        leftover = _server_backends(owner or dsn, before)
         if leftover:  # so the test database can be dropped
-            with psycopg.connect(dsn, autocommit=True) as conn:
+            with psycopg.connect(owner or dsn, autocommit=True) as conn:
                 conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY(%s)",
                              [list(leftover)])
 
@@ -188,13 +195,13 @@ def test_readyz_answers_503_at_once_while_the_pool_cannot_connect(transactional_
     beside ``migrate``, which creates it) answers /readyz 503 naming the cause at once, not
     after the pool's timeout (here 600 s: the probe would time out first, and a kubelet's
     readinessProbe waits 5 s); once the role can log in and read the migrations, 200 on the
-    next probe, though the pool's own attempts failed meanwhile."""
+    next probe (both checks on the probe's own connection, not the pool's)."""
     dsn = _dsn()
     connection.ensure_connection()
     before = _server_backends(dsn, set())
     role = f"camp_late_{os.getpid()}"
     late = f"postgres://{role}:pw@{dsn.split('@', 1)[1]}"
-    with _uvicorn(tmp_path, late, before, DB_POOL_TIMEOUT="600") as base:
+    with _uvicorn(tmp_path, late, before, owner=dsn, DB_POOL_TIMEOUT="600") as base:
         down = requests.get(f"{base}/readyz", timeout=60)
         assert down.status_code == 503
         assert down.json()["checks"]["database"] == "unreachable (OperationalError)"
@@ -210,6 +217,4 @@ def test_readyz_answers_503_at_once_while_the_pool_cannot_connect(transactional_
                 conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                              "WHERE usename = %s", [role])
                 conn.execute(f"REVOKE ALL ON django_migrations FROM {role}")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
-        conn.execute(f"DROP ROLE IF EXISTS {role}")
+                conn.execute(f"DROP ROLE IF EXISTS {role}")
