@@ -133,7 +133,7 @@ def _env(db: str, static_root: str, pool: int = 0) -> dict[str, str]:
             "DB_CONN_MAX_AGE": "0"}
 
 
-def _server(db: str, port: int, app_dir: Path, static_root: str, pool: int = 0
+def _server(db: str, port: int, app_dir: Path, static_root: str, pool: int = 0, workers: int = 2
             ) -> subprocess.Popen[bytes]:
     env = _env(db, static_root, pool)
     # The portal's pages name static files through the production manifest.
@@ -143,7 +143,7 @@ def _server(db: str, port: int, app_dir: Path, static_root: str, pool: int = 0
     # uvicorn's own socket left Nagle on and each keep-alive request waited ~40 ms).
     return subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve().parent / "uvicorn_nodelay.py"), "camp.asgi:application",
-         "--app-dir", str(app_dir), "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
+         "--app-dir", str(app_dir), "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
          "--log-level", "warning", "--no-access-log"],
         env=env, start_new_session=True, cwd=app_dir)
 
@@ -287,6 +287,38 @@ async def _open_loop(base: str, mix: list[tuple[str, dict[str, str], Any]], rate
             "by_kind": {k: pct(v) for k, v in latencies.items()}}
 
 
+async def _sequential(base: str, mix: list[tuple[str, dict[str, str], Any]], n: int, server_pid: int,
+                      warm: int = 10) -> dict[str, Any]:
+    """One request at a time on one kept-alive connection, ``warm`` unmeasured then ``n`` per
+    kind: the server's CPU per request (``/proc``, all its processes and threads) and the
+    latency's median. No queueing, so this is what one request costs the server over HTTP."""
+    import aiohttp
+
+    out: dict[str, Any] = {}
+    async with aiohttp.ClientSession(base, cookie_jar=aiohttp.DummyCookieJar(),
+                                     connector=aiohttp.TCPConnector(limit=1)) as session:
+        counter = itertools.count()
+        for name, headers, request in mix:
+            latencies: list[float] = []
+            statuses: dict[int, int] = {}
+            for i in range(warm + n):
+                if i == warm:
+                    cpu0 = _tree_cpu(server_pid)
+                method, path, body, _ = request(next(counter))
+                t0 = time.perf_counter()
+                async with session.request(method, path, json=body, headers=headers) as r:
+                    await r.read()
+                    if i >= warm:
+                        statuses[r.status] = statuses.get(r.status, 0) + 1
+                if i >= warm:
+                    latencies.append(time.perf_counter() - t0)
+            out[name] = {"n": n, "server_cpu_ms": (_tree_cpu(server_pid) - cpu0) * 1000 / n,
+                         "p50_ms": statistics.median(latencies) * 1000, "statuses": statuses}
+            print(f"  {name:<34} server CPU {out[name]['server_cpu_ms']:>6.2f} ms/request  "
+                  f"p50 {out[name]['p50_ms']:>6.2f} ms  {statuses}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=100_000, help="job rows at least")
@@ -306,6 +338,10 @@ def main() -> None:
     ap.add_argument("--rate", default="",
                     help="comma-separated requests/s: run the open-loop mix at each rate for --seconds "
                          "instead of the closed-loop scenarios")
+    ap.add_argument("--sequential", type=int, default=0,
+                    help="N: instead of the scenarios, send each kind N times one at a time and report "
+                         "the server's CPU per request (after 10 unmeasured); best with --workers 1")
+    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     args = ap.parse_args()
     sc._setup_django(args.db)
     token, tenant_id, job_ids, project_id = _seed(args.jobs)
@@ -317,7 +353,7 @@ def main() -> None:
     connections.close_all()
     port = _free_port()
     static_root = tempfile.mkdtemp(prefix="camp-bench-static-")
-    server = _server(args.db, port, args.app_dir, static_root, args.pool)
+    server = _server(args.db, port, args.app_dir, static_root, args.pool, args.workers)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):  # until uvicorn listens
@@ -326,7 +362,7 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.3)
-        time.sleep(2)  # both workers up
+        time.sleep(2)  # every worker up
         api = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         portal = {"Cookie": asyncio.run(_login(base)), "Accept": "text/html"}
         rng = random.Random(1)
@@ -359,6 +395,15 @@ def main() -> None:
         ]
         out: dict[str, Any] = {"rows": rows, "clients": args.clients, "seconds": args.seconds,
                                "think": args.think, "app_dir": str(args.app_dir)}
+        if args.sequential:
+            probes: list[tuple[str, dict[str, str], Any]] = [
+                ("/healthz (first middleware)", {}, lambda i: ("GET", "/healthz", None, 1)),
+                ("404 under /api/v1/ (no view)", api, lambda i: ("GET", "/api/v1/no-such-thing/", None, 1)),
+                *[(name, headers, req) for name, headers, req in scenarios
+                  if name.startswith(("read: ", "portal: ")) or name == "submit single"]]
+            out["sequential"] = asyncio.run(_sequential(base, probes, args.sequential, server.pid))
+            out["sequential_workers"] = args.workers
+            scenarios = []
         if args.rate:
             # The open-loop mix: each read of the read mix, both portal pages and a single
             # submit, in equal shares (bulk submits left out: one request is 100 jobs).
