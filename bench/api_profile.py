@@ -13,6 +13,8 @@ the seal's commit; writers themselves no longer take it, round 3). A job's
 
     .venv/bin/python -m bench.api_profile --db postgres://postgres@127.0.0.1:5432/bench_r3i13b
     .venv/bin/python -m bench.api_profile --only submit --profile 40   # cProfile, 40 costliest
+    # … and who calls the functions matching a pattern:
+    PROFILE_CALLERS='identity|_order_by_pairs' .venv/bin/python -m bench.api_profile --profile 1
 """
 
 from __future__ import annotations
@@ -184,6 +186,8 @@ def main() -> None:
         if profiler is not None:
             stats = pstats.Stats(profiler)
             stats.sort_stats(args.sort).print_stats(args.profile)
+            if os.environ.get("PROFILE_CALLERS"):
+                stats.print_callers(os.environ["PROFILE_CALLERS"])
         if args.sql:
             for t, sql, _ in statements:
                 print(f"    {t * 1000:>7.2f} ms  {sql[:220]}")

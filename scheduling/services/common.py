@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
-from django.db import connection, models, transaction
+from django.db import DatabaseError, connection, models, transaction
 from django.utils import timezone
 
 from tenants import permissions
@@ -91,20 +91,53 @@ def xact_locks(key_class: int, keys: Iterable[int]) -> None:
 
 
 @contextlib.contextmanager
-def session_try_lock(key_class: int, key: int) -> Iterator[bool]:
-    """A PostgreSQL session-level advisory lock ``(key_class, key)`` if it is free: yields
-    whether it was taken, and releases it on leaving (a killed worker's lock goes with its
-    connection). The cycle and the placement step use it; PostgreSQL only."""
+def session_lock(key_class: int, key: int, *, wait: bool = False) -> Iterator[bool]:
+    """A PostgreSQL session-level advisory lock ``(key_class, key)``. It waits for the lock
+    with ``wait``, else takes it only if it is free. It yields whether the lock was taken and
+    releases it on leaving; a killed worker's lock goes with its connection. The cycle, the
+    placement step and a dispatch use it; PostgreSQL only.
+
+    If the release fails, the session may still hold the lock: a statement inside may have
+    aborted the caller's transaction, or the connection may have broken. A pooled or
+    persistent connection would then carry the lock on into later work, and every other
+    waiter would be shut out for as long as the connection lives. So the session is ended
+    instead (``_end_session``), and PostgreSQL releases its locks with it."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [key_class, key])
-        row = cursor.fetchone()
-    got = bool(row and row[0])
+        if wait:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", [key_class, key])
+            got = True
+        else:
+            cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [key_class, key])
+            row = cursor.fetchone()
+            got = bool(row and row[0])
     try:
         yield got
     finally:
         if got:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [key_class, key])
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [key_class, key])
+            except DatabaseError:
+                logger.warning("advisory lock (%s, %s) not released in its session: ending the session",
+                               key_class, key)
+                _end_session()
+                raise
+
+
+def session_try_lock(key_class: int, key: int) -> contextlib.AbstractContextManager[bool]:
+    """``session_lock`` if it is free (does not wait)."""
+    return session_lock(key_class, key, wait=False)
+
+
+def _end_session() -> None:
+    """Close this thread's database session for good. The raw connection is closed first, so
+    a pool discards it rather than taking it back, and Django opens a new one on next use."""
+    raw = connection.connection
+    if raw is not None:
+        with contextlib.suppress(Exception):  # already broken: closed is what we want
+            raw.close()
+    with contextlib.suppress(DatabaseError):
+        connection.close()
 
 
 def _require(actor: Any, action: str, obj: Any) -> None:

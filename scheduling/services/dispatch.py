@@ -67,6 +67,7 @@ from .common import (
     logger,
     not_ready_too_long,
     request_cycle,
+    session_lock,
 )
 from .jobs import _preempted_reason, _release
 from .lifecycle import transition
@@ -201,13 +202,8 @@ def _dispatching(job_id: int) -> Iterator[None]:
     lock (released here, or when a killed worker's connection drops); SQLite (the demo): an
     exclusive file lock."""
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(%s, %s)", [_DISPATCH_LOCK_CLASS, job_id])
-        try:
+        with session_lock(_DISPATCH_LOCK_CLASS, job_id, wait=True):
             yield
-        finally:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_DISPATCH_LOCK_CLASS, job_id])
         return
     with open(_dispatch_lock_path(job_id), "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
