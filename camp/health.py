@@ -39,8 +39,9 @@ def _probe_connection() -> Iterator[Any]:
     pool cannot answer "unreachable" at once. While its connection attempts fail (a web
     process started before ``migrate`` created its role, a database that is down) it keeps
     the caller waiting the whole ``DB_POOL_TIMEOUT`` and then raises a timeout that hides the
-    cause, so a probe through it timed out instead of answering 503 (issue 35). A new backend
-    every probe period is a negligible cost; requests keep the pool."""
+    cause, so a probe through it timed out instead of answering 503 (issue 35). Used until the
+    migrations are found applied and whenever the pool has no idle connection that answers
+    (``_pooled_connection_answers``)."""
     default = connections["default"]
     options = dict(default.settings_dict.get("OPTIONS") or {})
     if not options.pop("pool", None):
@@ -58,6 +59,35 @@ def _probe_connection() -> Iterator[Any]:
     finally:
         connections["default"] = default
         probe.close()
+
+
+PROBE_POOL_WAIT_S = 0.5
+"""How long a readiness check waits for an idle connection of the process's own pool before
+it opens one of its own instead."""
+
+
+def _pooled_connection_answers() -> bool:
+    """Whether an idle connection of this process's pool answers ``SELECT 1`` within
+    ``PROBE_POOL_WAIT_S``. When it does, the probe needs no backend of its own. At PostgreSQL's
+    ``max_connections``, opening one would fail: every web pod would then be marked unready at
+    once, although their pools still serve. False when there is no pool, it is not open yet,
+    every connection is busy, or the one it got fails. The probe's own connection then gives
+    the verdict and names the cause."""
+    pool = getattr(connections["default"], "pool", None)  # PostgreSQL only
+    if pool is None:
+        return False
+    try:
+        raw = pool.getconn(timeout=PROBE_POOL_WAIT_S)
+    except Exception:  # noqa: BLE001 - not open yet, all busy (PoolTimeout), closed: ask directly
+        return False
+    try:
+        raw.execute("SELECT 1")
+        raw.rollback()  # a no-op in autocommit; otherwise the pool need not roll it back
+        return True
+    except Exception:  # noqa: BLE001 - a dead connection: the pool replaces it; ask directly
+        return False
+    finally:
+        pool.putconn(raw)
 
 
 def database_problem(conn: Any) -> str | None:
@@ -122,10 +152,16 @@ work; live updates and enqueued work wait for it, and the worker's liveness and 
 def readiness() -> dict[str, str]:
     """Each component → "ok" or what is wrong. Migrations are only asked of a reachable DB."""
     result: dict[str, str] = {}
-    with _probe_connection() as conn:
-        db = database_problem(conn)
-        result["database"] = db or "ok"
-        result["migrations"] = "unknown (database unreachable)" if db else (migrations_problem(conn) or "ok")
+    if _migrations_done and _pooled_connection_answers():
+        # Both checks hold: the pool's connection answered, and migrations, once applied,
+        # stay applied for this process's code.
+        result["database"] = result["migrations"] = "ok"
+    else:
+        with _probe_connection() as conn:
+            db = database_problem(conn)
+            result["database"] = db or "ok"
+            result["migrations"] = "unknown (database unreachable)" if db else (
+                migrations_problem(conn) or "ok")
     if redis_urls():
         result["redis"] = redis_problem() or "ok"
     return {name: result[name] for name in ("database", "redis", "migrations") if name in result}

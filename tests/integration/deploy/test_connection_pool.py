@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import connection, connections
 
 from tenants import services as tenant_services
+from tenants.services import TOKEN_PREFIX
 
 from .tools import ROOT
 
@@ -218,3 +219,49 @@ def test_readyz_answers_503_at_once_while_the_pool_cannot_connect(transactional_
                              "WHERE usename = %s", [role])
                 conn.execute(f"REVOKE ALL ON django_migrations FROM {role}")
                 conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_readyz_answers_on_the_pools_own_connection_when_no_new_one_can_be_opened(
+        transactional_db: Any, tmp_path: Path) -> None:
+    """At PostgreSQL's connection limit, a probe that opened a connection of its own failed,
+    and so every web pod was marked unready at once while their pools held working
+    connections. Here the server's role may hold exactly the pool's 2 connections
+    (``CONNECTION LIMIT``). The first probe, before the pool is open, checks on a connection
+    of its own and sees the migrations applied. Once the pool holds both connections, a new
+    connection is refused and /readyz still answers 200, on an idle pooled connection. The
+    server holds no more than the pool's connections. Before the change it answered 503:
+    "unreachable (OperationalError)"."""
+    dsn = _dsn()
+    connection.ensure_connection()
+    before = _server_backends(dsn, set())
+    role = f"camp_full_{os.getpid()}"
+    full = f"postgres://{role}:pw@{dsn.split('@', 1)[1]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' CONNECTION LIMIT {POOL}")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    try:
+        with _uvicorn(tmp_path, full, before, owner=dsn, DB_POOL_MIN_SIZE=str(POOL)) as base:
+            first = requests.get(f"{base}/readyz", timeout=60)  # its own connection: 1 of 2
+            assert first.status_code == 200, first.json()
+            # Any request that reads the database opens the pool, which fills to its minimum.
+            unknown = {"Authorization": f"Bearer {TOKEN_PREFIX}unknown"}  # looked up: 401
+            assert requests.get(f"{base}/api/v1/jobs/", headers=unknown, timeout=60).status_code == 401
+            deadline = time.monotonic() + 60
+            while len(_server_backends(dsn, before)) < POOL:
+                assert time.monotonic() < deadline, (
+                    f"the pool did not open its minimum: {_server_backends(dsn, before)}\n"
+                    + (tmp_path / "web.log").read_text()[-3000:])
+                time.sleep(0.1)
+            with pytest.raises(psycopg.OperationalError, match="too many connections"):
+                psycopg.connect(full, autocommit=True).close()  # what a probe of its own met
+            for _ in range(5):
+                ready = requests.get(f"{base}/readyz", timeout=60)
+                assert ready.status_code == 200, ready.json()
+                checks = ready.json()["checks"]
+                assert checks["database"] == "ok" and checks["migrations"] == "ok", checks
+            assert len(_server_backends(dsn, before)) == POOL
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+            conn.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
