@@ -25,6 +25,11 @@ single submits (``POST /jobs/``); bulk submits of ``--batch`` jobs (``POST /jobs
         --jobs 100000 --clients 50 --seconds 60
     .venv/bin/python -m bench.api_load --jobs 20000 --clients 20 --seconds 10   # quick
 
+``--sequential N`` replaces the scenarios with one request at a time per kind (``/healthz``,
+a 404 through every middleware, the reads, both portal pages, a submit), N of each after 10
+unmeasured. It reports the server's CPU per request from ``/proc``, so an ASGI-path change
+can be compared with a base run beside it (``--workers 1 --app-dir``).
+
 50 clients hold up to ~60 server connections: run it against a PostgreSQL of its own (the
 commands in docs/BENCHMARKS.md §6), not a shared one.
 """
