@@ -10,10 +10,11 @@ import django_filters
 from django import forms
 from django.db.models import Q, QuerySet
 
+from camp.widgets import FastSelect
 from tenants.models import Project
 from tenants.permissions import restrict
 
-from .models import Cluster, Job, JobState
+from .models import CLUSTER_BULKY_FIELDS, Cluster, Job, JobState
 
 ACTIVE = "active"  # a pseudo-state: waiting, starting or running
 
@@ -33,22 +34,24 @@ def _projects(request: Any) -> QuerySet[Project]:
 
 
 def _clusters(request: Any) -> QuerySet[Cluster]:
-    return restrict(Cluster.objects.all(), getattr(request, "user", None))
+    # A choice's label needs the name, not a simulated cluster's inventory YAML.
+    return restrict(Cluster.objects.defer(*CLUSTER_BULKY_FIELDS), getattr(request, "user", None))
 
 
 class JobListFilter(django_filters.FilterSet):
     q = django_filters.CharFilter(method="search", label="Search", widget=forms.TextInput(
         attrs={"type": "search", "placeholder": "name, owner or project"}))
     state = django_filters.ChoiceFilter(choices=STATE_CHOICES, method="by_state", label="State",
-                                        empty_label="Any state")
+                                        empty_label="Any state", widget=FastSelect)
     project = django_filters.ModelChoiceFilter(queryset=_projects, label="Project",
-                                               empty_label="Any project")
+                                               empty_label="Any project", widget=FastSelect)
     owner = django_filters.CharFilter(method="by_owner", label="Owner", widget=forms.TextInput(
         attrs={"placeholder": "a username, or me"}))
     kind = django_filters.ChoiceFilter(choices=list(KIND_LABELS.items()), label="Kind",
-                                       empty_label="Any kind")
+                                       empty_label="Any kind", widget=FastSelect)
     cluster = django_filters.ModelChoiceFilter(queryset=_clusters, to_field_name="name",
-                                               label="Cluster", empty_label="Any cluster")
+                                               label="Cluster", empty_label="Any cluster",
+                                               widget=FastSelect)
     sort = django_filters.OrderingFilter(
         fields=(("name", "name"), ("project__name", "project"), ("owner__username", "owner"),
                 ("state", "state"), ("priority", "priority"), ("submitted_at", "submitted")),

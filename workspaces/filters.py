@@ -7,6 +7,7 @@ import django_filters
 from django import forms
 from django.db.models import Q, QuerySet
 
+from camp.widgets import FastSelect
 from scheduling.filters import _projects
 
 from .models import ModelService, ServiceStatus
@@ -16,9 +17,9 @@ class ServiceListFilter(django_filters.FilterSet):
     q = django_filters.CharFilter(method="search", label="Search", widget=forms.TextInput(
         attrs={"type": "search", "placeholder": "name, model or project"}))
     project = django_filters.ModelChoiceFilter(queryset=_projects, label="Project",
-                                               empty_label="Any project")
+                                               empty_label="Any project", widget=FastSelect)
     status = django_filters.ChoiceFilter(choices=ServiceStatus.choices, label="Status",
-                                         empty_label="Any status")
+                                         empty_label="Any status", widget=FastSelect)
 
     class Meta:
         model = ModelService
