@@ -244,7 +244,10 @@ class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveMo
     ordering_fields = ["submitted_at", "priority", "state", "queue_position"]
 
     def get_queryset(self) -> QuerySet[Any]:
-        return selectors.job_list(user=self.request.user).prefetch_related(
+        jobs = selectors.job_list(user=self.request.user)
+        if self.action == "decisions":  # the job only answers "may you see it"; its pods are not shown
+            return jobs
+        return jobs.prefetch_related(
             "groups",
             Prefetch("allocations", queryset=Allocation.objects.select_related("node", "group")
                      .prefetch_related(Prefetch("slices", queryset=GpuSlice.objects.select_related("gpu")))),

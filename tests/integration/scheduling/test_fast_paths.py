@@ -27,6 +27,7 @@ pytestmark = pytest.mark.django_db
 SUBMIT_MAX = 12
 LIST_MAX = 8
 DETAIL_MAX = 7
+DECISIONS_MAX = 6
 
 
 def _token_client(user: Any) -> APIClient:
@@ -102,6 +103,13 @@ def test_a_page_and_one_job_cost_a_fixed_number_of_statements(
     assert one.status_code == 200 and one.json() == next(r for r in rows if r["id"] == job_id)
     assert len(sql) <= DETAIL_MAX, "\n".join(sql)
     assert not _bulky(sql)
+    history, sql = _run(client, django_capture_on_commit_callbacks, "get",
+                        f"/api/v1/jobs/{job_id}/decisions/")
+    assert history.status_code == 200 and history.json()["results"][0] == one.json()["last_decision"]
+    # token, scope, the job (may the reader see it), count and page of its decisions: not the
+    # job's groups, allocations and latest decision, which this answer does not show
+    assert len(sql) <= DECISIONS_MAX, "\n".join(sql)
+    assert not any('"scheduling_podgroup"' in s or '"scheduling_allocation"' in s for s in sql), sql
     with CaptureQueriesContext(connection) as ctx:  # the placement step's batch of the global queue
         assert _floating_queue(500) == []
     assert ctx.captured_queries and not _bulky([q["sql"] for q in ctx.captured_queries])
