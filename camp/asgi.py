@@ -15,10 +15,11 @@ class SyncChainASGIHandler(ASGIHandler):
 
     Django builds an ASGI chain in async mode, and every ``MiddlewareMixin`` middleware is
     async-capable: in that mode each runs its ``process_request`` and ``process_response``
-    through a ``sync_to_async`` of its own, and a sync-only middleware in the chain (ours:
-    health, admission) hops back to the event loop with ``async_to_sync``. Every view and
-    every middleware here is synchronous, so that was some twenty thread hand-offs a request
-    for nothing: ~3 ms of CPU a request (docs/BENCHMARKS.md §15, "Round 17"). Here the chain is
+    through a ``sync_to_async`` of its own, up to the innermost sync-only middleware (ours:
+    the SAML session's), which is entered from a thread back into the event loop with
+    ``async_to_sync``. Every view and every middleware here is synchronous, so that was 17
+    thread hand-offs for a 404, for nothing: ~4–7 ms of server CPU a request
+    (docs/BENCHMARKS.md §15, "Round 17"). Here the chain is
     built in sync mode, as under WSGI, and entered once through ``sync_to_async``
     (thread-sensitive, so in the request's own thread, as Django runs sync views under ASGI).
     Streaming, disconnects, signals and ``request.close`` stay Django's own.

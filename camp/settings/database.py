@@ -42,9 +42,9 @@ Under ASGI every request runs in a thread of its own: without a pool each opens 
 connection, so an overloaded web process opened hundreds (PostgreSQL's ``max_connections`` was
 reached and requests failed) and each paid a backend start; with one, requests wait their turn
 for an open connection and admission control (``camp.admission``) bounds them
-(docs/BENCHMARKS.md §15). ``/readyz`` checks the database on a connection of its own
-(``camp.health``), so a process whose database is not reachable yet answers 503 at once
-instead of waiting the pool's timeout."""
+(docs/BENCHMARKS.md §15). ``/readyz`` checks the database on an idle pooled connection,
+else on a connection of its own (``camp.health``), so a process whose database is not
+reachable yet answers 503 at once instead of waiting the pool's timeout."""
 
 POOL_RECONNECT_TIMEOUT_S = 10
 """How long the pool keeps retrying a connection that failed before it gives up until the

@@ -15,7 +15,8 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
-from django.db import DatabaseError, connection, models, transaction
+from django.db import Error as DjangoDatabaseError
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from tenants import permissions
@@ -101,7 +102,8 @@ def session_lock(key_class: int, key: int, *, wait: bool = False) -> Iterator[bo
     aborted the caller's transaction, or the connection may have broken. A pooled or
     persistent connection would then carry the lock on into later work, and every other
     waiter would be shut out for as long as the connection lives. So the session is ended
-    instead (``_end_session``), and PostgreSQL releases its locks with it."""
+    instead (``_end_session``), and PostgreSQL releases its locks with it. An error raised
+    inside reaches the caller as it was; a failed release after a clean exit is raised."""
     with connection.cursor() as cursor:
         if wait:
             cursor.execute("SELECT pg_advisory_lock(%s, %s)", [key_class, key])
@@ -110,18 +112,27 @@ def session_lock(key_class: int, key: int, *, wait: bool = False) -> Iterator[bo
             cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [key_class, key])
             row = cursor.fetchone()
             got = bool(row and row[0])
+    if not got:
+        yield False
+        return
     try:
-        yield got
-    finally:
-        if got:
-            try:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [key_class, key])
-            except DatabaseError:
-                logger.warning("advisory lock (%s, %s) not released in its session: ending the session",
-                               key_class, key)
-                _end_session()
-                raise
+        yield True
+    except BaseException:
+        _session_unlock(key_class, key, failing=True)  # the caller's own error goes on
+        raise
+    _session_unlock(key_class, key, failing=False)
+
+
+def _session_unlock(key_class: int, key: int, *, failing: bool) -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [key_class, key])
+    except DjangoDatabaseError:
+        logger.warning("advisory lock (%s, %s) not released in its session: ending the session",
+                       key_class, key)
+        _end_session()
+        if not failing:
+            raise
 
 
 def session_try_lock(key_class: int, key: int) -> contextlib.AbstractContextManager[bool]:
@@ -136,7 +147,7 @@ def _end_session() -> None:
     if raw is not None:
         with contextlib.suppress(Exception):  # already broken: closed is what we want
             raw.close()
-    with contextlib.suppress(DatabaseError):
+    with contextlib.suppress(DjangoDatabaseError):
         connection.close()
 
 
