@@ -9,7 +9,11 @@ the way it does wall time), the statements one request runs and their total time
 (``--sql`` prints them; ``--explain`` runs EXPLAIN ANALYZE on the slowest one); for a write,
 how long the audit chain's lock was held by the seal after its commit (from acquiring it to
 the seal's commit; writers themselves no longer take it, round 3). A job's
-"why" is its ``reason`` and queue position, part of the one-job answer.
+"why" is its ``reason`` and queue position, part of the one-job answer. ``GC`` is the mean
+CPU per request spent in CPython's cyclic collector (most requests collect nothing, the one
+that sets off a full collection pays it all), and ``mean`` the mean CPU, which counts those
+collections; the startup heap is frozen as the server freezes it (``camp.heap``) unless
+``--no-freeze``.
 
     .venv/bin/python -m bench.api_profile --db postgres://postgres@127.0.0.1:5432/bench_r3i13b
     .venv/bin/python -m bench.api_profile --only submit --profile 40   # cProfile, 40 costliest
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -49,6 +54,8 @@ def main() -> None:
                     help="persistent: one connection for the run (no connect cost); per-request: "
                          "each request opens and closes its own (DB_CONN_MAX_AGE=0, DB_POOL_MAX_SIZE=0); "
                          "pool: DB_POOL_MAX_SIZE=4, each request takes one and gives it back")
+    ap.add_argument("--no-freeze", action="store_true",
+                    help="leave the startup heap to the collector (the server freezes it: camp.heap)")
     args = ap.parse_args()
     os.environ["DJANGO_SETTINGS_MODULE"] = "camp.settings.production"
     os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
@@ -133,6 +140,23 @@ def main() -> None:
                 {"project": project_id, "cluster": "openb", "name": f"p{run}-{next(counter)}",
                  "groups": [group]} for _ in range(100)]}, content_type="application/json")),
     ]
+    gc_spent = [0.0, 0, 0]  # CPU seconds in the collector, collections, of them of generation 2
+    gc_started = [0.0]
+
+    def gc_clock(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_started[0] = time.process_time()
+        else:
+            gc_spent[0] += time.process_time() - gc_started[0]
+            gc_spent[1] += 1
+            gc_spent[2] += info["generation"] == 2
+
+    gc.callbacks.append(gc_clock)
+    if not args.no_freeze:  # as camp.asgi does once the app is loaded
+        from camp.heap import freeze_startup_heap, import_urlconf
+
+        import_urlconf()
+        freeze_startup_heap()
     results: dict[str, Any] = {"load_average": os.getloadavg(),
                                "jobs": selectors.job_list(user=admin_user).count()}
     for label, call in endpoints:
@@ -140,6 +164,8 @@ def main() -> None:
             continue
         timings: list[float] = []
         cpu: list[float] = []
+        gc_cpu: list[float] = []
+        full_before = gc_spent[2]
         profiler = cProfile.Profile(time.process_time) if args.profile else None  # CPU, not wall
         holds: list[float] = []
         statements: list[tuple[float, str, Any]] = []
@@ -161,7 +187,7 @@ def main() -> None:
             with connection.execute_wrapper(wrapper):
                 if profiler is not None and i:
                     profiler.enable()
-                t0, c0 = time.perf_counter(), time.process_time()
+                t0, c0, g0 = time.perf_counter(), time.process_time(), gc_spent[0]
                 response = call()
                 if hasattr(response, "streaming_content"):
                     b"".join(response.streaming_content)
@@ -174,15 +200,21 @@ def main() -> None:
             if i:
                 timings.append(elapsed)
                 cpu.append(spent)
+                gc_cpu.append(gc_spent[0] - g0)
                 statements = log
         sql_ms = sum(t for t, _, _ in statements) * 1000
         wall = statistics.median(timings) * 1000
         hold = f"  chain lock held {statistics.median(holds) * 1000:.1f} ms" if holds else ""
         cpu_ms = statistics.median(cpu) * 1000
+        cpu_mean_ms = statistics.mean(cpu) * 1000  # what throughput pays, the rare collections too
+        gc_ms = statistics.mean(gc_cpu) * 1000  # a mean: most requests collect nothing
+        full = int(gc_spent[2] - full_before)  # full collections in this endpoint's requests
         results[label] = {"status": status, "wall_ms": wall, "cpu_ms": cpu_ms,
-                          "statements": len(statements), "sql_ms": sql_ms}
-        print(f"{label:<44} {status} {wall:>8.1f} ms  {cpu_ms:>7.1f} ms CPU  {len(statements):>3} statements "
-              f"{sql_ms:>7.1f} ms SQL  {wall - sql_ms:>7.1f} ms other{hold}", flush=True)
+                          "statements": len(statements), "sql_ms": sql_ms, "cpu_ms_mean": cpu_mean_ms,
+                          "gc_ms_mean": gc_ms, "full_collections": full}
+        print(f"{label:<44} {status} {wall:>8.1f} ms  {cpu_ms:>7.1f} ms CPU (mean {cpu_mean_ms:5.1f})"
+              f"  {len(statements):>3} statements {sql_ms:>7.1f} ms SQL  {wall - sql_ms:>7.1f} ms other"
+              f"  {gc_ms:>5.1f} ms GC ({full} full){hold}", flush=True)
         if profiler is not None:
             stats = pstats.Stats(profiler)
             stats.sort_stats(args.sort).print_stats(args.profile)

@@ -58,3 +58,8 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+from camp.heap import freeze_startup_heap, import_urlconf  # noqa: E402
+
+import_urlconf()
+freeze_startup_heap()  # the loaded app is never garbage: full collections skip it (camp.heap)

@@ -2,7 +2,7 @@
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 from . import (
     kombu_filesystem_put,  # noqa: F401  the demo broker never hands out half a message
@@ -24,3 +24,19 @@ def _observe_tasks() -> None:
 
 
 _observe_tasks()
+
+
+@signals.worker_init.connect
+def _freeze_before_the_pool_forks(**_: object) -> None:
+    # The worker has imported its tasks: keep that heap out of every full collection, and
+    # shared with the prefork children rather than copied into each (camp.heap).
+    from .heap import freeze_startup_heap
+
+    freeze_startup_heap()
+
+
+@signals.worker_process_init.connect
+def _freeze_in_the_child(**_: object) -> None:
+    from .heap import freeze_startup_heap
+
+    freeze_startup_heap()  # what the child's own start-up added (its connections, its pool)
