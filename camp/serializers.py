@@ -16,6 +16,7 @@ hand because DRF has no such path; ``test_the_fast_read_path_answers_exactly_as_
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from django.core.exceptions import FieldDoesNotExist
@@ -44,9 +45,52 @@ def _column(field: serializers.Field[Any, Any, Any, Any], model: type[models.Mod
     return name
 
 
-class FastRead:
-    # Mixed into a ModelSerializer (before it). No docstring: drf-spectacular would take it as
+# Each serializer class's fields as DRF first builds them, unbound (see ``FieldsOnce``).
+_PROTOTYPES: dict[type, dict[str, serializers.Field[Any, Any, Any, Any]]] = {}
+
+
+def _fresh(field: serializers.Field[Any, Any, Any, Any]) -> serializers.Field[Any, Any, Any, Any]:
+    """A field of its own for one serializer instance, equal to ``field``.
+
+    A field that holds another bound to it (a nested serializer, a list serializer's
+    ``child``, a many-related field's ``child_relation``, a ``ListField``'s ``child``) is
+    deep-copied as DRF copies it: the inner field's ``parent`` must be the new one, or it
+    would read another request's context. Any other field is a shallow copy: a new object
+    with the prototype's attributes, which ``bind`` then gives its name and parent. What
+    the copies share (choices, validators, error messages, a related field's queryset) DRF
+    only reads after construction."""
+    if isinstance(field, serializers.BaseSerializer) or hasattr(field, "child") \
+            or hasattr(field, "child_relation"):
+        return copy.deepcopy(field)
+    new = object.__new__(type(field))
+    new.__dict__.update(field.__dict__)
+    return new
+
+
+class FieldsOnce:
+    # Mixed into a serializer (before it). No docstring: drf-spectacular would take it as
     # the description of every serializer without one of its own.
+    #
+    # DRF builds every field of a serializer for each instance: ModelSerializer introspects
+    # the model, computes each field's kwargs and validators and constructs it, and the
+    # declared fields are deep-copied (each re-running its __init__). That is ~1-2 ms of CPU
+    # per serializer per request, the same fields each time: a submit or one job builds five
+    # serializers. Here ``get_fields`` runs once per class and each instance gets copies
+    # (``_fresh``). Written by hand because DRF has no such cache;
+    # ``test_the_fast_read_path_answers_exactly_as_drf`` and
+    # ``test_a_reference_resolves_in_the_requests_own_context`` hold it to DRF's answers.
+
+    def get_fields(self) -> dict[str, Any]:
+        prototypes = _PROTOTYPES.get(type(self))
+        if prototypes is None:
+            prototypes = _PROTOTYPES[type(self)] = super().get_fields()  # type: ignore[misc]
+        return {name: _fresh(field) for name, field in prototypes.items()}
+
+
+class FastRead(FieldsOnce):
+    # Mixed into a ModelSerializer (before it). No docstring: drf-spectacular would take it as
+    # the description of every serializer without one of its own. Its fields are built once
+    # per class (``FieldsOnce``).
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         if not isinstance(instance, models.Model):  # a dict (validated data): DRF's own path

@@ -7,7 +7,7 @@ from typing import Any, cast
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from camp.serializers import FastRead
+from camp.serializers import FastRead, FieldsOnce
 from tenants.api.serializers import VisiblePKField, resolved_once
 from tenants.models import Project, Tenant
 
@@ -169,7 +169,7 @@ class PodGroupSerializer(FastRead, serializers.ModelSerializer[PodGroup]):
         return data
 
 
-class SliceBriefSerializer(serializers.Serializer[Any]):
+class SliceBriefSerializer(FieldsOnce, serializers.Serializer[Any]):
     gpu = serializers.IntegerField(source="gpu.index")
     uuid = serializers.CharField(source="gpu.uuid")
     model = serializers.CharField(source="gpu.model")

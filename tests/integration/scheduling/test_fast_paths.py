@@ -128,7 +128,7 @@ def test_the_fast_read_path_answers_exactly_as_drf(world: Any, sim_cluster: Any,
     env masked, are byte-for-byte the same with DRF's representation in its place."""
     from rest_framework import serializers
 
-    from camp.serializers import FastRead
+    from camp.serializers import FastRead, FieldsOnce
 
     for i in range(8):
         submit(world, sim_cluster, f"job-{i}", user="project_admin" if i % 3 == 0 else "member",
@@ -157,3 +157,34 @@ def test_the_fast_read_path_answers_exactly_as_drf(world: Any, sim_cluster: Any,
     monkeypatch.setattr(FastRead, "to_representation",
                         lambda self, instance: serializers.Serializer.to_representation(self, instance))
     assert read() == fast
+    # … and with the fields DRF builds for each serializer instead of the copies of
+    # ``FieldsOnce`` (its next superclass's ``get_fields``: ModelSerializer's or Serializer's).
+    monkeypatch.setattr(FieldsOnce, "get_fields",
+                        lambda self: super(FieldsOnce, self).get_fields())  # type: ignore[misc]
+    assert read() == fast
+
+
+def test_fields_built_once_still_resolve_in_each_requests_own_context(
+        world: Any, sim_cluster: Any, django_capture_on_commit_callbacks: Any) -> None:
+    """``FieldsOnce`` (issue 35) builds a serializer's fields once per class and gives each
+    instance copies. A field bound to a copy reads its own request: a member of one tenant
+    who submitted first leaves nothing that lets the other tenant's member name a project of
+    the first (400 "does not exist", never a job in it), and each sees the env values it may
+    see (a member's masked, the project admin's in clear) on the same serializer class."""
+    a_admin, a_member = _token_client(world.a.project_admin), _token_client(world.a.member)
+    b_member = _token_client(world.b.member)
+    ok, _ = _run(a_admin, django_capture_on_commit_callbacks, "post", "/api/v1/jobs/",
+                 _body(world, sim_cluster, "first", env={"TOKEN": "s3cret"}))
+    assert ok.status_code == 201, ok.content
+    foreign, _ = _run(b_member, django_capture_on_commit_callbacks, "post", "/api/v1/jobs/",
+                      _body(world, sim_cluster, "intruder"))
+    assert foreign.status_code == 400 and "project" in foreign.json(), foreign.content
+    assert not Job.objects.filter(name="intruder").exists()
+    own = {**_body(world, sim_cluster, "own"), "project": world.b.project.pk}
+    mine, _ = _run(b_member, django_capture_on_commit_callbacks, "post", "/api/v1/jobs/", own)
+    assert mine.status_code == 201, mine.content
+    job_id = ok.json()["id"]
+    masked = a_member.get(f"/api/v1/jobs/{job_id}/").json()["groups"][0]["env"]
+    clear = a_admin.get(f"/api/v1/jobs/{job_id}/").json()["groups"][0]["env"]
+    assert (masked, clear) == ({"TOKEN": "********"}, {"TOKEN": "s3cret"})
+    assert b_member.get(f"/api/v1/jobs/{job_id}/").status_code == 404
