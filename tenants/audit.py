@@ -10,16 +10,18 @@ Writers do not wait for one another (issue 13): on PostgreSQL an event is insert
 lock, and ``seal()`` chains the committed unsealed rows, oldest id first, after the last
 sealed one, in a short transaction under the chain's advisory lock (one sealer at a
 time). A writer's transaction asks for a seal when it commits (``pg_try_advisory_xact_lock``:
-if another process is sealing, it returns at once and that sealer or the next one takes
-its rows); the Celery beat task ``tenants.tasks.audit_seal`` sweeps up what a race left;
+if another process is sealing, it returns at once and queues the ``audit_seal`` task, which
+takes its rows); the Celery beat task ``tenants.tasks.audit_seal`` sweeps up what a race
+left (the broker was down);
 ``verify_chain()`` and ``manage.py audit_verify`` seal before they verify. The chain's
 order is ``chain_seq`` (the order of sealing), not ``id``: a transaction that took its ids
 early but committed late is chained after rows that committed before it; its own events
 stay in their id order. The append-only trigger lets an UPDATE through only to seal an
 unsealed row (its three chain columns, once; every other column unchanged).
 
-What this trades: between commit and seal (milliseconds after a commit, at most one beat
-period after a lost race) an event is not yet covered by the chain. SQLite (the demo)
+What this trades: between commit and seal (milliseconds after a commit, the task's delay
+after a lost race, at most one beat period if the broker is down) an event is not yet
+covered by the chain. SQLite (the demo)
 serialises writers itself, so there an event is sealed as it is inserted.
 """
 
@@ -34,7 +36,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from django.db import connection, models, transaction
 from django.utils import timezone
@@ -319,15 +321,26 @@ SEAL_QUEUED_KEY = "camp:audit-seal-queued"
 
 
 def seal_quietly() -> None:
-    """After a writer's commit: seal unless another process is sealing (it, or the next
-    sealer, takes our rows). Never fails the writer, whose transaction has committed."""
+    """After a writer's commit: one sealing pass, which takes the writer's rows and every
+    other committed one. If another process holds the chain lock, it may already have read
+    the unsealed rows before ours committed, so the ``audit_seal`` task is asked for
+    (``request_seal``: requests coalesce) instead of waiting. Never fails the writer, whose
+    transaction has committed.
+
+    One pass, not two: a second pass only narrowed that race (a writer that committed during
+    it still waited for the beat) and cost every single write one more transaction."""
     try:
-        seal(wait=False, passes=2)
+        if seal(wait=False, passes=1) is None:
+            request_seal()
     except Exception:  # noqa: BLE001 - the beat task seals later; say why, do not fail the caller
         logger.exception("audit: sealing after commit failed; the beat task will seal")
 
 
-def seal(*, wait: bool = True, passes: int = 0, batch: int = SEAL_BATCH) -> int:
+@overload
+def seal(*, wait: Literal[True] = ..., passes: int = ..., batch: int = ...) -> int: ...
+@overload
+def seal(*, wait: bool, passes: int = ..., batch: int = ...) -> int | None: ...
+def seal(*, wait: bool = True, passes: int = 0, batch: int = SEAL_BATCH) -> int | None:
     """Chain every committed unsealed event after the last sealed one, in id order.
 
     Each pass is one short transaction under the chain lock: read the last sealed row
@@ -336,7 +349,8 @@ def seal(*, wait: bool = True, passes: int = 0, batch: int = SEAL_BATCH) -> int:
     ``UPDATE … FROM jsonb_to_recordset``. ``wait``: block for the lock (verification, the
     beat task) instead of returning when another process holds it. ``passes``: at most this
     many transactions (0: until a pass finds less than a full batch). Returns how many rows
-    were sealed."""
+    were sealed; None when ``wait`` is False and the first pass found the lock held (nothing
+    was sealed: the holder, or the next sealer, takes the rows)."""
     sealed = 0
     done = 0
     while not passes or done < passes:
@@ -349,7 +363,7 @@ def seal(*, wait: bool = True, passes: int = 0, batch: int = SEAL_BATCH) -> int:
                     else:
                         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
                         if not cursor.fetchone()[0]:
-                            return sealed
+                            return sealed if done > 1 else None
             rows = list(_unsealed().order_by("id")[:batch])
             if not rows:
                 return sealed

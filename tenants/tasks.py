@@ -21,9 +21,10 @@ def audit_anchor() -> int | None:
 @shared_task(acks_late=True, ignore_result=True)
 def audit_seal() -> int:
     """Seal what large writers asked to have sealed (``audit.request_seal``) and what a
-    writer's own seal-after-commit missed (it lost the race to a sealer that had already read
-    its rows); the beat runs it every ``AUDIT_SEAL_SECONDS``. Waits for the chain lock: one
-    sealer at a time."""
+    writer's own seal-after-commit could not take (it found another sealer holding the lock,
+    which may have read the unsealed rows before its commit, and asked for this task); the
+    beat runs it every ``AUDIT_SEAL_SECONDS``, for requests a broker that was down lost.
+    Waits for the chain lock: one sealer at a time."""
     from django.core.cache import cache
 
     from tenants.audit import SEAL_QUEUED_KEY

@@ -212,3 +212,48 @@ def test_rows_outside_the_chain_are_named_and_do_not_stop_sealing() -> None:
 
     with pytest.raises(CommandError, match=f"event #{half}: its chain columns are only partly set"):
         call_command("audit_verify", stdout=StringIO())
+
+
+def test_a_writer_that_finds_the_chain_locked_asks_the_task_and_a_lone_writer_seals_in_one_pass() -> None:
+    """After its commit a single write runs one sealing pass: one short transaction (lock,
+    unsealed rows, chain tail, update). If another process holds the chain lock (it may have
+    read the unsealed rows before this commit), the writer does not wait and does not leave
+    its rows to the beat: it queues the ``audit_seal`` task, which seals them."""
+    from django.core.cache import cache
+    from django.test.utils import CaptureQueriesContext
+
+    from tenants.audit import _CHAIN_LOCK_KEY, SEAL_QUEUED_KEY
+
+    cache.delete(SEAL_QUEUED_KEY)
+    with CaptureQueriesContext(connection) as ctx:
+        with transaction.atomic():
+            audit_record(actor=None, action="test.alone")
+    seal_sql = [q["sql"] for q in ctx.captured_queries if "advisory" in q["sql"]]
+    assert len(seal_sql) == 1, seal_sql  # one pass (there were two)
+    assert unsealed_count() == 0 and cache.get(SEAL_QUEUED_KEY) is None
+
+    held, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_chain() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
+            held.set()
+            release.wait(60)
+        done.set()
+
+    sealer = threading.Thread(target=_in_thread(hold_the_chain))
+    sealer.start()
+    try:
+        assert held.wait(60)
+        with transaction.atomic():
+            audit_record(actor=None, action="test.while-locked")
+        assert unsealed_count() == 1  # not sealed: the lock was held, the writer did not wait
+        assert cache.get(SEAL_QUEUED_KEY)  # … and it asked for the task
+    finally:
+        release.set()
+        sealer.join(60)
+    assert done.is_set()
+    audit_seal()  # what the queued task runs
+    assert unsealed_count() == 0
+    assert [e.action for e in _chain()][-2:] == ["test.alone", "test.while-locked"]
+    assert not list(verify_chain(seal_first=False))
