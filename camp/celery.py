@@ -39,4 +39,4 @@ def _freeze_before_the_pool_forks(**_: object) -> None:
 def _freeze_in_the_child(**_: object) -> None:
     from .heap import freeze_startup_heap
 
-    freeze_startup_heap()  # what the child's own start-up added (its connections, its pool)
+    freeze_startup_heap()  # what the fork and the child's own start-up added since the parent's

@@ -20,6 +20,7 @@ import copy
 from typing import Any
 
 from django.core.exceptions import FieldDoesNotExist
+from django.core.signals import setting_changed
 from django.db import models
 from rest_framework import serializers
 from rest_framework.fields import SkipField
@@ -53,18 +54,44 @@ def _fresh(field: serializers.Field[Any, Any, Any, Any]) -> serializers.Field[An
     """A field of its own for one serializer instance, equal to ``field``.
 
     A field that holds another bound to it (a nested serializer, a list serializer's
-    ``child``, a many-related field's ``child_relation``, a ``ListField``'s ``child``) is
+    ``child``, a many-related field's ``child_relation``, a ``ListField``'s ``child``) must be
     deep-copied as DRF copies it: the inner field's ``parent`` must be the new one, or it
-    would read another request's context. Any other field is a shallow copy: a new object
-    with the prototype's attributes, which ``bind`` then gives its name and parent. What
-    the copies share (choices, validators, error messages, a related field's queryset) DRF
-    only reads after construction."""
-    if isinstance(field, serializers.BaseSerializer) or hasattr(field, "child") \
-            or hasattr(field, "child_relation"):
+    would read another request's context. So is every field not known to hold none
+    (``_LEAVES``). A known leaf is a shallow copy: a new object with the prototype's
+    attributes, which ``bind`` then gives its name and parent. What the copies share
+    (choices, validators, error messages, a related field's queryset) DRF only reads after
+    construction; nothing in Camp changes a serializer's fields in place."""
+    if type(field) not in _LEAVES:
         return copy.deepcopy(field)
     new = object.__new__(type(field))
     new.__dict__.update(field.__dict__)
     return new
+
+
+# The DRF fields, by exact type, that hold no other field and that DRF changes only in
+# ``__init__`` and ``bind`` (read in DRF 3.18's sources): these are shallow-copied. Any other
+# field (a subclass of these, our own, a serializer, a ``ListField``/``DictField`` with its
+# ``child``, a ``ManyRelatedField`` with its ``child_relation``) is deep-copied, as DRF does.
+_LEAVES: frozenset[type] = frozenset({
+    serializers.BooleanField, serializers.CharField, serializers.ChoiceField,
+    serializers.DateField, serializers.DateTimeField, serializers.DecimalField,
+    serializers.DurationField, serializers.EmailField, serializers.FloatField,
+    serializers.IntegerField, serializers.IPAddressField, serializers.JSONField,
+    serializers.ModelField, serializers.MultipleChoiceField, serializers.PrimaryKeyRelatedField,
+    serializers.ReadOnlyField, serializers.SerializerMethodField, serializers.SlugField,
+    serializers.SlugRelatedField, serializers.TimeField, serializers.URLField,
+    serializers.UUIDField,
+})
+
+
+def _forget_prototypes(*, setting: str, **_: Any) -> None:
+    # DRF reads some of its settings when a field is built (e.g. COERCE_DECIMAL_TO_STRING):
+    # a change of them (override_settings) must rebuild the fields, as DRF reloads its own.
+    if setting == "REST_FRAMEWORK":
+        _PROTOTYPES.clear()
+
+
+setting_changed.connect(_forget_prototypes)
 
 
 class FieldsOnce:

@@ -310,11 +310,19 @@ def request_seal() -> None:
     try:
         if not cache.add(SEAL_QUEUED_KEY, 1, timeout=max(5, 2 * settings.AUDIT_SEAL_SECONDS)):
             return
+    except Exception:  # noqa: BLE001 - cache down: the beat seals
+        logger.warning("audit: seal request not queued; the beat task will seal", exc_info=True)
+        return
+    try:
         from tenants.tasks import audit_seal
 
-        audit_seal.delay()
-    except Exception:  # noqa: BLE001 - broker/cache down: the beat seals
+        # No publish retries: a single write may call this after its commit, and a broker
+        # that is down would otherwise hold its request for seconds.
+        audit_seal.apply_async(retry=False)
+    except Exception:  # noqa: BLE001 - broker down: the beat seals
         logger.warning("audit: seal request not queued; the beat task will seal", exc_info=True)
+        with contextlib.suppress(Exception):
+            cache.delete(SEAL_QUEUED_KEY)  # the next writer asks again instead of coalescing on nothing
 
 
 SEAL_QUEUED_KEY = "camp:audit-seal-queued"
@@ -330,7 +338,8 @@ def seal_quietly() -> None:
     One pass, not two: a second pass only narrowed that race (a writer that committed during
     it still waited for the beat) and cost every single write one more transaction."""
     try:
-        if seal(wait=False, passes=1) is None:
+        sealed = seal(wait=False, passes=1)
+        if sealed is None or sealed >= SEAL_BATCH:  # lock held, or a backlog one pass did not end
             request_seal()
     except Exception:  # noqa: BLE001 - the beat task seals later; say why, do not fail the caller
         logger.exception("audit: sealing after commit failed; the beat task will seal")
@@ -350,7 +359,8 @@ def seal(*, wait: bool = True, passes: int = 0, batch: int = SEAL_BATCH) -> int 
     beat task) instead of returning when another process holds it. ``passes``: at most this
     many transactions (0: until a pass finds less than a full batch). Returns how many rows
     were sealed; None when ``wait`` is False and the first pass found the lock held (nothing
-    was sealed: the holder, or the next sealer, takes the rows)."""
+    was sealed; the holder may have read the unsealed rows before the caller's committed, so
+    the caller asks for another seal: ``seal_quietly``)."""
     sealed = 0
     done = 0
     while not passes or done < passes:

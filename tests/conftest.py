@@ -98,3 +98,16 @@ def client_for(user: Any) -> Any:
     if user is not None:
         client.force_login(user)
     return client
+
+
+@pytest.fixture(autouse=True)
+def _no_frozen_heap_after_a_test() -> Any:
+    """A test that imports ``camp.asgi`` freezes this whole pytest process's heap (camp/heap.py,
+    as a served process does once loaded): give it back to the collector afterwards, so what
+    that test and later ones drop in a cycle is collected and no test depends on which one
+    happened to import it first."""
+    yield
+    import gc
+
+    if gc.get_freeze_count():
+        gc.unfreeze()

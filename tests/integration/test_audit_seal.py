@@ -214,7 +214,8 @@ def test_rows_outside_the_chain_are_named_and_do_not_stop_sealing() -> None:
         call_command("audit_verify", stdout=StringIO())
 
 
-def test_a_writer_that_finds_the_chain_locked_asks_the_task_and_a_lone_writer_seals_in_one_pass() -> None:
+def test_a_writer_that_finds_the_chain_locked_asks_the_task_and_a_lone_writer_seals_in_one_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """After its commit a single write runs one sealing pass: one short transaction (lock,
     unsealed rows, chain tail, update). If another process holds the chain lock (it may have
     read the unsealed rows before this commit), the writer does not wait and does not leave
@@ -224,13 +225,21 @@ def test_a_writer_that_finds_the_chain_locked_asks_the_task_and_a_lone_writer_se
 
     from tenants.audit import _CHAIN_LOCK_KEY, SEAL_QUEUED_KEY
 
+    published: list[dict[str, object]] = []
+    publish = audit_seal.apply_async
+
+    def counted(*args: object, **kwargs: object) -> object:
+        published.append(kwargs)
+        return publish(*args, **kwargs)
+
+    monkeypatch.setattr(audit_seal, "apply_async", counted)
     cache.delete(SEAL_QUEUED_KEY)
     with CaptureQueriesContext(connection) as ctx:
         with transaction.atomic():
             audit_record(actor=None, action="test.alone")
     seal_sql = [q["sql"] for q in ctx.captured_queries if "advisory" in q["sql"]]
     assert len(seal_sql) == 1, seal_sql  # one pass (there were two)
-    assert unsealed_count() == 0 and cache.get(SEAL_QUEUED_KEY) is None
+    assert unsealed_count() == 0 and cache.get(SEAL_QUEUED_KEY) is None and not published
 
     held, release, done = threading.Event(), threading.Event(), threading.Event()
 
@@ -248,7 +257,7 @@ def test_a_writer_that_finds_the_chain_locked_asks_the_task_and_a_lone_writer_se
         with transaction.atomic():
             audit_record(actor=None, action="test.while-locked")
         assert unsealed_count() == 1  # not sealed: the lock was held, the writer did not wait
-        assert cache.get(SEAL_QUEUED_KEY)  # … and it asked for the task
+        assert cache.get(SEAL_QUEUED_KEY) and published == [{"retry": False}]  # … it queued the task
     finally:
         release.set()
         sealer.join(60)
