@@ -153,10 +153,9 @@ def main() -> None:
 
     gc.callbacks.append(gc_clock)
     if not args.no_freeze:  # as camp.asgi does once the app is loaded
-        from camp.heap import freeze_startup_heap, import_urlconf
+        from camp.heap import freeze_web_app
 
-        import_urlconf()
-        freeze_startup_heap()
+        freeze_web_app()
     results: dict[str, Any] = {"load_average": os.getloadavg(),
                                "jobs": selectors.job_list(user=admin_user).count()}
     for label, call in endpoints:

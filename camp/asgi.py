@@ -59,7 +59,6 @@ application = ProtocolTypeRouter(
     }
 )
 
-from camp.heap import freeze_startup_heap, import_urlconf  # noqa: E402
+from camp.heap import freeze_web_app  # noqa: E402
 
-import_urlconf()
-freeze_startup_heap()  # the loaded app is never garbage: full collections skip it (camp.heap)
+freeze_web_app()  # the loaded app is never garbage: full collections skip it (camp.heap)

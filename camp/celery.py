@@ -27,16 +27,11 @@ _observe_tasks()
 
 
 @signals.worker_init.connect
-def _freeze_before_the_pool_forks(**_: object) -> None:
-    # The worker has imported its tasks: keep that heap out of every full collection, and
-    # shared with the prefork children rather than copied into each (camp.heap).
+@signals.worker_process_init.connect
+def _freeze_the_loaded_worker(**_: object) -> None:
+    # worker_init: the worker has imported its tasks and its pool has not forked yet, so the
+    # heap stays out of every full collection and shared with the prefork children rather
+    # than copied into each; worker_process_init: what the fork added, in each child (camp.heap).
     from .heap import freeze_startup_heap
 
     freeze_startup_heap()
-
-
-@signals.worker_process_init.connect
-def _freeze_in_the_child(**_: object) -> None:
-    from .heap import freeze_startup_heap
-
-    freeze_startup_heap()  # what the fork and the child's own start-up added since the parent's

@@ -4,7 +4,7 @@ A loaded Camp process tracks ~180,000 container objects before it serves anythin
 classes, functions, URL patterns, DRF and drf-spectacular's registries, the settings. None of
 them is ever garbage, yet every full (generation-2) collection walks all of them: ~70 ms of
 CPU on this machine. A page of jobs allocates enough to set one off every ten to twenty
-requests, so a list request paid 8–14 ms of collector time on average and the request that
+requests, so a list request paid 8–18 ms of collector time on average and the request that
 triggered it paid all 70 (docs/BENCHMARKS.md §15, "Round 18").
 
 ``freeze_startup_heap`` collects what start-up left behind and moves everything else into
@@ -38,3 +38,9 @@ def import_urlconf() -> None:
     from django.urls import get_resolver
 
     get_resolver().url_patterns  # noqa: B018 - the property imports ROOT_URLCONF
+
+
+def freeze_web_app() -> int:
+    """What a web entry point (``camp.asgi``, ``camp.wsgi``) does once its app is built."""
+    import_urlconf()
+    return freeze_startup_heap()

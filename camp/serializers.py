@@ -105,7 +105,7 @@ class FieldsOnce:
     # serializers. Here ``get_fields`` runs once per class and each instance gets copies
     # (``_fresh``). Written by hand because DRF has no such cache;
     # ``test_the_fast_read_path_answers_exactly_as_drf`` and
-    # ``test_a_reference_resolves_in_the_requests_own_context`` hold it to DRF's answers.
+    # ``test_fields_built_once_still_resolve_in_each_requests_own_context`` hold it to DRF's answers.
 
     def get_fields(self) -> dict[str, Any]:
         prototypes = _PROTOTYPES.get(type(self))

@@ -5,7 +5,6 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "camp.settings")
 application = get_wsgi_application()
 
-from camp.heap import freeze_startup_heap, import_urlconf  # noqa: E402
+from camp.heap import freeze_web_app  # noqa: E402
 
-import_urlconf()
-freeze_startup_heap()  # the loaded app is never garbage: full collections skip it (camp.heap)
+freeze_web_app()  # the loaded app is never garbage: full collections skip it (camp.heap)
