@@ -8,4 +8,9 @@ class CampConfig(AppConfig):
     verbose_name = "Camp"
 
     def ready(self) -> None:
-        from camp import checks  # noqa: F401  (registers the checks)
+        from camp import (
+            checks,  # noqa: F401  (registers the checks)
+            pgtypes,
+        )
+
+        pgtypes.install()

@@ -326,8 +326,19 @@ def _owner_uid(pod: Any) -> str:
 
 
 def _job_finished(kj: Any) -> bool:
-    return any(c.type in ("Complete", "Failed") and c.status == "True"
-               for c in (kj.status.conditions if kj.status else None) or [])
+    return _job_end(kj) is not None
+
+
+def _job_end(kj: Any) -> str | None:
+    """How a Job ended, as its controller says (``"completed"``, ``"failed (BackoffLimitExceeded:
+    Job has reached the specified backoff limit)"``), or None while it has not."""
+    for c in (kj.status.conditions if kj.status else None) or []:
+        if c.type in ("Complete", "Failed") and c.status == "True":
+            if c.type == "Complete":
+                return "completed"
+            why = ": ".join(p for p in (c.reason, c.message) if p)
+            return f"failed ({why})" if why else "failed"
+    return None
 
 
 def _job_width(kj: Any) -> int:
@@ -451,8 +462,9 @@ def _queue_jobs_sync(backend: Any, cluster: Cluster, bindings: dict[str, Namespa
     for uid, row in rows.items():
         kj = listed.get(uid)
         if row.job is not None and row.job.state == JobState.QUEUED and (kj is None or _job_finished(kj)):
-            job_terminate(job_id=row.job.pk, reason=f"Its Job {row.namespace}/{row.name} was deleted"
-                          if kj is None else f"Its Job {row.namespace}/{row.name} finished")
+            job_terminate(job_id=row.job.pk, reason=(
+                f"Its Job {row.namespace}/{row.name} was deleted" if kj is None
+                else f"Its Job {row.namespace}/{row.name} {_job_end(kj)}")[:500])
         elif row.job is None and kj is None:
             row.delete()  # what was told of a Job that is gone
     return handled

@@ -380,6 +380,21 @@ def test_labelled_jobs_camp_may_bind_are_queued_suspended_and_others_left_alone(
     ended = Job.objects.get(pk=ours.job_id)
     assert ended.state == "cancelled" and ended.reason == "Its Job team-q/ours needs no more pods"
 
+    # a queued Job that its controller fails (a pod counted against its backoffLimit: on
+    # Kubernetes 1.24 that can be a pod stopped by a preemption): its job ends saying so
+    _labelled_job(batch, "team-q", "fails", scheduler="camp-scheduler", parallelism=1, completions=1)
+    services.external_pods_sync(cluster=cluster)
+    fails = ExternalWorkload.objects.select_related("job").get(name="fails")
+    assert fails.job is not None and fails.job.state == "queued"
+    batch.patch_namespaced_job_status("fails", "team-q", {"status": {"failed": 1, "conditions": [{
+        "type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+        "message": "Job has reached the specified backoff limit"}]}})
+    services.external_pods_sync(cluster=cluster)
+    ended = Job.objects.get(pk=fails.job_id)
+    assert ended.state == "cancelled", ended.state
+    assert ended.reason == ("Its Job team-q/fails failed (BackoffLimitExceeded: Job has reached the "
+                            "specified backoff limit)"), ended.reason
+
     # a Job deleted while Camp tells it why: its row goes with it
     batch.delete_namespaced_job("theirs", "team-q")
     services.external_pods_sync(cluster=cluster)

@@ -277,6 +277,19 @@ def _queue_job(name: str, namespace: str) -> dict[str, Any]:
                      "template": {"spec": spec}}}
 
 
+def _job_story(node: Any, ns: str, name: str, job_id: int) -> str:
+    """What a failed wait on a Kueue-style Job tells: the Job's status, its pods, Camp's job."""
+    kj = _batch(node).read_namespaced_job(name, ns)
+    st = kj.status
+    pods = [(p.metadata.name, p.status.phase, p.spec.node_name, bool(p.metadata.deletion_timestamp))
+            for p in node.core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items]
+    job = Job.objects.get(pk=job_id)
+    said = list(job.decisions.order_by("-pk").values_list("kind", "reason")[:6])
+    return (f"Job suspend={kj.spec.suspend} active={st.active} failed={st.failed} "
+            f"succeeded={st.succeeded} conditions={[(c.type, c.reason) for c in st.conditions or []]}; "
+            f"pods={pods}; Camp job {job.state} ({job.reason}); latest decisions={said}")
+
+
 def test_a_kueue_labelled_job_is_admitted_suspended_again_when_preempted_and_requeued(
         camp_node: Any, world: Any, tmp_path: Path) -> None:
     """Kueue's admission, by Camp: a ``batch/v1`` Job with Kueue's queue label (a manifest
@@ -377,7 +390,11 @@ def test_a_kueue_labelled_job_is_admitted_suspended_again_when_preempted_and_req
             # The urgent job ends: the Job is admitted again, with a new pod.
             assert client_for(world.a.project_admin).post(f"/api/v1/jobs/{urgent}/cancel/",
                                                    format="json").status_code == 200
-            second_pod = wait(job_pod, "the Job's new pod to run", timeout=240)
+            try:
+                second_pod = wait(job_pod, "the Job's new pod to run", timeout=240)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; {_job_story(node, 'team-k', 'train', row.job_id)}; "
+                                     f"device plugin: {plugin.errors}") from exc
             assert second_pod.metadata.uid != first_pod.metadata.uid
             assert ExternalWorkload.objects.get(name="train").job_id == row.job_id  # the same Camp job
             assert not plugin.errors, plugin.errors
