@@ -142,3 +142,23 @@ class FastRead(FieldsOnce):
             check_for_none = attribute.pk if isinstance(attribute, PKOnlyObject) else attribute
             ret[name] = None if check_for_none is None else field.to_representation(attribute)
         return ret
+
+
+PAGE_PREFIX = "page_"
+"""The ``to_attr`` prefix of the lists a view prefetches for ``PrefetchedList``."""
+
+
+class PrefetchedList(serializers.ListSerializer):  # type: ignore[type-arg]
+    """A nested ``many=True`` serializer that reads the plain list a view prefetched with
+    ``Prefetch(source, to_attr="page_" + source)`` when there is one, and the related manager
+    as DRF does otherwise (a new job's answer, a view that prefetched nothing).
+
+    Django's ``prefetch_related`` without ``to_attr`` builds a ``QuerySet`` per object of the
+    page to hold its results (``_apply_rel_filters``, each clone copying the query): ~100 a
+    jobs page, ~7 % of its CPU (docs/BENCHMARKS.md §15, "Round 19"). With ``to_attr`` it sets a
+    list. Set as the child's ``Meta.list_serializer_class``."""
+
+    def get_attribute(self, instance: Any) -> Any:
+        kept = getattr(instance, "__dict__", {}).get(PAGE_PREFIX + str(self.source))
+        return kept if kept is not None else super().get_attribute(instance)
+

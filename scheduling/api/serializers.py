@@ -7,7 +7,7 @@ from typing import Any, cast
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from camp.serializers import FastRead, FieldsOnce
+from camp.serializers import FastRead, FieldsOnce, PrefetchedList
 from tenants.api.serializers import VisiblePKField, resolved_once
 from tenants.models import Project, Tenant
 
@@ -153,6 +153,7 @@ class PodGroupSerializer(FastRead, serializers.ModelSerializer[PodGroup]):
         fields = ["name", "replicas", "gpu_count", "gpu_memory_mib", "gpu_cores_percent", "exclusive",
                   "gpu_models", "cpu_millicores", "ram_mib", "image", "command", "env"]
         validators: list[Any] = []
+        list_serializer_class = PrefetchedList
 
     ENV_MASK = "********"
 
@@ -177,6 +178,9 @@ class SliceBriefSerializer(FieldsOnce, serializers.Serializer[Any]):
     cores_percent = serializers.IntegerField()
     exclusive = serializers.BooleanField()
 
+    class Meta:
+        list_serializer_class = PrefetchedList
+
 
 class AllocationSerializer(FastRead, serializers.ModelSerializer[Allocation]):
     node = serializers.CharField(source="node.name")
@@ -187,6 +191,7 @@ class AllocationSerializer(FastRead, serializers.ModelSerializer[Allocation]):
         model = Allocation
         fields = ["pod_name", "role", "replica", "node", "phase", "cpu_millicores", "ram_mib", "slices"]
         read_only_fields = fields
+        list_serializer_class = PrefetchedList
 
 
 def visible_jobs(context: Any, ids: Any) -> set[int]:

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from camp.filters import CampFilterSet
+from camp.serializers import PAGE_PREFIX
 from tenants.api.idempotency import IdempotentCreateMixin
 from tenants.api.views import IDEMPOTENCY_PARAM, CampViewSet
 from tenants.permissions import CHANGE, CREATE, actor_of
@@ -247,10 +248,14 @@ class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveMo
         jobs = selectors.job_list(user=self.request.user)
         if self.action == "decisions":  # the job only answers "may you see it"; its pods are not shown
             return jobs
+        # plain lists (``to_attr``), read by the nested serializers (``camp.serializers.PrefetchedList``):
+        # no QuerySet built per job of the page to hold them
         return jobs.prefetch_related(
-            "groups",
-            Prefetch("allocations", queryset=Allocation.objects.select_related("node", "group")
-                     .prefetch_related(Prefetch("slices", queryset=GpuSlice.objects.select_related("gpu")))),
+            Prefetch("groups", to_attr=PAGE_PREFIX + "groups"),
+            Prefetch("allocations", to_attr=PAGE_PREFIX + "allocations",
+                     queryset=Allocation.objects.select_related("node", "group").prefetch_related(
+                         Prefetch("slices", queryset=GpuSlice.objects.select_related("gpu"),
+                                  to_attr=PAGE_PREFIX + "slices"))),
             # the latest decision of each job on the page, in one query (a sliced prefetch)
             Prefetch("decisions", queryset=SchedulingDecision.objects.order_by("-id")[:1],
                      to_attr="latest_decisions"),
