@@ -9,7 +9,7 @@ which we pin) cannot be subclassed, so Django's subclass loses it: every timesta
 When Django's time zone and the connection's are both UTC (our settings: ``TIME_ZONE = "UTC"``,
 ``USE_TZ = True``; Django sets the session's ``TimeZone`` to it on connect), the C loader's
 answer is already what Django's gives: the instant converted to the session's zone, with
-``datetime.timezone.utc`` as its tzinfo (``tests/unit/test_pgtypes.py`` compares the two on a
+``datetime.timezone.utc`` as its tzinfo (``tests/integration/test_pgtypes.py`` compares the two on a
 real server). This module puts the C loader's ``load`` behind a class that carries the
 ``timezone`` attribute Django reads when it opens a cursor (``DatabaseWrapper.create_cursor``
 registers its own loader again only when that attribute disagrees). For any other time zone
@@ -22,6 +22,7 @@ zone inside the backend, and psycopg's C class is final.
 from __future__ import annotations
 
 import datetime
+import functools
 from typing import Any
 
 from django.db.backends.signals import connection_created
@@ -39,8 +40,10 @@ def _c_loader() -> type | None:
         else None
 
 
+@functools.cache
 def utc_loader_class() -> type | None:
-    """The loader class to register (None when psycopg has no C implementation here)."""
+    """The loader class to register, built once (None when psycopg has no C implementation
+    here)."""
     from psycopg.adapt import Loader
 
     found = _c_loader()
@@ -65,32 +68,20 @@ def utc_loader_class() -> type | None:
     return UtcTimestamptzLoader
 
 
-_LOADER: type | None = None
-
-
 def _use_c_loader(sender: Any, connection: Any, **kwargs: Any) -> None:
     """``connection_created``: register the C-backed loader on a PostgreSQL connection whose
     session and Django time zones are UTC (each time Django takes it, pooled or new)."""
-    global _LOADER
     if connection.vendor != "postgresql" or connection.timezone is not datetime.UTC \
             or connection.timezone_name != "UTC":
         return
-    raw = connection.connection
-    adapters = getattr(raw, "adapters", None)
-    if adapters is None:  # psycopg2: not ours to change
+    adapters = getattr(connection.connection, "adapters", None)
+    loader = utc_loader_class()
+    if adapters is None or loader is None:  # psycopg2, or no C implementation: Django's stays
         return
-    if _LOADER is None:
-        _LOADER = utc_loader_class()
-        if _LOADER is None:
-            return
-    if adapters.get_loader(TIMESTAMPTZ_OID, _text_format()) is not _LOADER:
-        adapters.register_loader("timestamptz", _LOADER)
-
-
-def _text_format() -> Any:
     from psycopg.pq import Format
 
-    return Format.TEXT
+    if adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT) is not loader:
+        adapters.register_loader("timestamptz", loader)
 
 
 def install() -> None:

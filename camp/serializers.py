@@ -161,4 +161,3 @@ class PrefetchedList(serializers.ListSerializer):  # type: ignore[type-arg]
     def get_attribute(self, instance: Any) -> Any:
         kept = getattr(instance, "__dict__", {}).get(PAGE_PREFIX + str(self.source))
         return kept if kept is not None else super().get_attribute(instance)
-

@@ -48,7 +48,9 @@ def test_djangos_connections_read_timestamps_through_the_c_loader() -> None:
     from django.contrib.auth import get_user_model
 
     connection.ensure_connection()
-    loader = connection.connection.adapters.get_loader(pgtypes.TIMESTAMPTZ_OID, pgtypes._text_format())
+    from psycopg.pq import Format
+
+    loader = connection.connection.adapters.get_loader(pgtypes.TIMESTAMPTZ_OID, Format.TEXT)
     assert loader.__name__ == "UtcTimestamptzLoader"
     # and Django's cursors keep it (its create_cursor compares the loader's time zone)
     user = get_user_model().objects.create_user("clock", password="x")
