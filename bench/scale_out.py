@@ -68,6 +68,15 @@ def _stride_inventory(stride: int) -> str:
     return head + "nodes:\n" + "\n".join(nodes[::stride]) + "\n"
 
 
+def _close_pools(connections: Any) -> None:
+    """Every alias's connections closed, pooled ones too: each run copies the seed database as
+    a template, which PostgreSQL refuses while anyone is connected to it."""
+    for conn in connections.all():
+        conn.close()
+        if getattr(conn, "pool", None) is not None:
+            conn.close_pool()
+
+
 def _seed(name: str, clusters: int, stride: int, pending: int, floating: float) -> dict[str, Any]:
     """The seed database (made once; reused while its shape matches)."""
     os.environ["DJANGO_SETTINGS_MODULE"] = "camp.settings"
@@ -80,7 +89,7 @@ def _seed(name: str, clusters: int, stride: int, pending: int, floating: float) 
 
     django.setup()
     from django.core.management import call_command
-    from django.db import connection
+    from django.db import connection, connections
 
     from scheduling import services
     from scheduling.models import Cluster, GpuDevice, Job, JobState
@@ -89,7 +98,7 @@ def _seed(name: str, clusters: int, stride: int, pending: int, floating: float) 
     call_command("migrate", verbosity=0)
     if Job.objects.count() == pending and Cluster.objects.count() == clusters:
         gpus = GpuDevice.objects.count()
-        connection.close()
+        _close_pools(connections)
         return {"gpus": gpus, "reused": True}
     admin, _ = User.objects.get_or_create(username="bench-admin",
                                           defaults={"is_platform_admin": True, "is_superuser": True})
@@ -113,7 +122,7 @@ def _seed(name: str, clusters: int, stride: int, pending: int, floating: float) 
         print(f"seed: {min(start + 10_000, len(specs))} jobs written", flush=True)
     with connection.cursor() as c:
         c.execute("ANALYZE")
-    connection.close()
+    _close_pools(connections)
     return {"gpus": gpus, "reused": False}
 
 

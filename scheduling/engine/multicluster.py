@@ -751,6 +751,11 @@ class Pending:
     """The cluster where it is queued already (None: in the global queue, not bound)."""
     avoid: Mapping[str, str] = field(default_factory=dict)
     refused: Mapping[str, str] = field(default_factory=dict)
+    fresh: bool = False
+    """Bound moments ago and not looked at by its cluster's cycle since: while it still fits
+    now there and every cluster is open, :func:`step` probes no other cluster for it (no
+    start beats fits now, so it would stay anyway) and leaves the note it was bound with
+    (``kept`` gets ``None``)."""
 
 
 def _stays(decided: Choice, cur: str, here: Probe | None) -> tuple[str, str]:
@@ -772,7 +777,7 @@ def _stays(decided: Choice, cur: str, here: Probe | None) -> tuple[str, str]:
 def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
          bind: Callable[[Pending, str, Choice], bool],
          unplaced: Callable[[Pending, Choice], None] | None = None,
-         kept: Callable[[Pending, str, str], None] | None = None) -> None:
+         kept: Callable[[Pending, str, str | None], None] | None = None) -> None:
     """One placement step over the global queue's head, in ``order`` (:func:`global_order`).
 
     For each job: :func:`choose` over the trials; a job bound to a cluster and still queued
@@ -786,8 +791,9 @@ def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
     was busy): nothing is taken then. ``unplaced(p, choice)``: a job not bound that no cluster
     takes now (``choice.never``: none ever could). ``kept(p, own, others)``: a bound job that
     stays where it is, with its cluster's answer now and why not each other cluster now
-    (``_stays``), so what it says is refreshed each step. The caller undoes the trials
-    afterwards."""
+    (``_stays``), so what it says is refreshed each step — but for a ``fresh`` job that still
+    fits now where it is, which is not probed elsewhere: ``others`` is None then (its note
+    stands). The caller undoes the trials afterwards."""
     by_name = {t.view.name: t for t in trials}
     for p in order:
         cur = by_name.get(p.bound or "") if p.bound is not None else None
@@ -795,6 +801,14 @@ def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
         if cur is not None:
             own = job_gpus(p.jobs[cur.view.name])
             cur.queued_gpus = max(0.0, cur.queued_gpus - own)
+            if p.fresh and all(not t.view.closed_reason and t.view.reachable and t.view.name not in p.avoid
+                               for t in trials):  # a cluster closed since: the full look says so
+                now = cur.probe(p.jobs[cur.view.name], p.tenant, cur.free)
+                if now.outcome == FITS_NOW:  # what the full look below would decide too
+                    cur.take(p.jobs[cur.view.name], p.tenant, now)
+                    if kept is not None:
+                        kept(p, now.text(), None)
+                    continue
         decided = choose(p.jobs, p.tenant, p.choice, p.needs, trials, p.avoid, p.refused)
         target = by_name.get(decided.cluster) if decided.cluster is not None else None
         if target is None or decided.probe is None:

@@ -68,6 +68,13 @@ AVOID_SECONDS = 600
 """A cluster where a floating job's dispatch failed is not chosen again for this long."""
 PLACEMENT_BATCH = 500
 """Floating jobs looked at per batch of a placement step (the global queue's head first)."""
+PLACEMENT_FRESH_S = 60.0
+"""A job bound this recently that its cluster's cycle has not looked at yet (its reason is
+still the placement's) and that still fits now there is not probed on the other clusters
+again while every cluster is open (``M.Pending.fresh``): nothing beats fits now, and at a
+burst the queue's head is mostly such jobs, each costing a probe per cluster per step
+(BENCHMARKS §14). Its ``placement_note`` (why not each other cluster) is then up to this old;
+a cluster closing or becoming unreachable is said at the next step."""
 PLACEMENT_BUDGET_S = 2.0
 """A placement step goes on with the next batch while it has spent less wall time than this
 (and its last batch was full): ~2 s a batch of 500 on the 2-core bench
@@ -356,8 +363,9 @@ def _more_jobs(trials: list[_Trial], ids: list[int]) -> None:
 def placement_run(*, now: float | None = None) -> PlacementSummary | None:
     """One placement step over the global queue; None when another step holds the lock.
 
-    It takes the queue's head (``PLACEMENT_BATCH`` jobs) and, while a batch was full and
-    ``PLACEMENT_BUDGET_S`` of wall time is not spent, the next batch behind it, on the same
+    It takes the queue's head (``PLACEMENT_BATCH`` jobs) and, while a batch was full and the
+    batches have not yet spent ``PLACEMENT_BUDGET_S`` of wall time (or, when reading the
+    clusters took longer, as long as that), the next batch behind it, on the same
     trials (each batch written in its own transaction, ``_step_writes``): at a burst of
     submissions one tick reaches past the oldest 500 jobs, which are often bound already and
     waiting for their cluster's cycle."""
@@ -373,9 +381,15 @@ def placement_run(*, now: float | None = None) -> PlacementSummary | None:
         clusters = list(Cluster.objects.order_by("name"))
         views = cluster_views(clusters)
         trials = _trials(clusters, views, [j.pk for j in jobs], t)
+        # The batches may take as long as the reading took (at least the budget): reading
+        # every cluster is a step's fixed cost (~3–10 s at 8 openb-sized clusters, more than a
+        # batch), so one batch a step would bind ~500 jobs per such read (BENCHMARKS §14).
+        # (A budget of 0 still means one batch a step.)
+        budget = max(PLACEMENT_BUDGET_S, time.monotonic() - started) if PLACEMENT_BUDGET_S > 0 else 0.0
+        batches = time.monotonic()
         while True:
             _place_batch(jobs, clusters, trials, summary)
-            if len(jobs) < PLACEMENT_BATCH or time.monotonic() - started >= PLACEMENT_BUDGET_S:
+            if len(jobs) < PLACEMENT_BATCH or time.monotonic() - batches >= budget:
                 break
             jobs = _floating_queue(PLACEMENT_BATCH, after=jobs[-1])
             if not jobs:
@@ -430,7 +444,7 @@ def _nowhere_parts(job: Job, trials: list[_Trial]) -> list[tuple[str, str]]:
     return [(tr.cluster.name, M.excluded(choice, M.JobNeeds(), tr.trial.view) or "closed") for tr in trials]
 
 
-def _kept(job: object, own: str, others: str) -> None:
+def _kept(job: object, own: str, others: str | None) -> None:
     """A bound job that stays on its cluster this step: its ``placement_note`` (why not each
     other cluster) and, while its reason is still the placement's own ("Placed on cluster X
     (…)", not its cluster's cycle's yet), that reason are refreshed — written with the batch
@@ -442,7 +456,7 @@ def _kept(job: object, own: str, others: str) -> None:
     reason = job.reason
     if job.reason_kind == "placed" and own:
         reason = f"Placed on cluster {job.cluster} ({own})"[:500]
-    note = others[:500]
+    note = job.placement_note if others is None else others[:500]  # None: a fresh bind's note stands
     if reason != job.reason or note != job.placement_note:
         step.kept.append((job.pk, job.cluster.pk, reason, note))
 
@@ -451,10 +465,12 @@ def _pending(job: Job, ejob: E.Job, trials: list[_Trial], wall: dt.datetime,
              refused: dict[str, str]) -> M.Pending:
     """A floating job as the placement step (``M.step``) sees it; ``refused``: the clusters
     still refused to it (``_live_refusals``)."""
+    fresh = (job.cluster_id is not None and job.reason_kind == "placed"
+             and (wall - job.updated_at).total_seconds() < PLACEMENT_FRESH_S)
     return M.Pending(job, {tr.cluster.name: tr.jobs.get(job.pk, ejob) for tr in trials}, job.tenant.name,
                      M.ClusterChoice.of(job.cluster_choice), _needs(ejob),
                      job.cluster.name if job.cluster is not None else None,
-                     _avoided(job.cluster_choice or {}, wall), refused)
+                     _avoided(job.cluster_choice or {}, wall), refused, fresh=fresh)
 
 
 def _bind_placed(p: M.Pending, cluster: Cluster, decided: M.Choice, summary: PlacementSummary) -> bool:

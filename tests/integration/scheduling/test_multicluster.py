@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from registry import services as registry_services
 from scheduling import services
@@ -838,9 +839,16 @@ def test_why_across_clusters_names_each_cluster_once_and_follows_a_disabled_clus
     # The job's page says it once too (its reason, then the other clusters).
     page = client_for(world.a.member).get(f"/scheduling/jobs/{job.pk}/").content.decode()
     assert page.count("cluster west: disabled") == 1 and "fits now; cluster west" not in page
-    # East fills up meanwhile (work pinned there, admitted by its cycle): the next step says so.
+    # West open again and full (work pinned there, admitted by its cycle). While the bind is
+    # fresh and the job still fits now on east, the step does not probe west for it (issue 35:
+    # nothing beats fits now) and its note stands; once older, the next step says what west is.
     services.cluster_update(actor=world.admin, cluster=west, enabled=True, verify=False)
     fill(world, west)
+    multicluster.placement_run()
+    job.refresh_from_db()
+    assert job.placement_note == "cluster west: disabled"
+    Job.objects.filter(pk=job.pk).update(
+        updated_at=timezone.now() - dt.timedelta(seconds=multicluster.PLACEMENT_FRESH_S + 1))
     multicluster.placement_run()
     job.refresh_from_db()
     assert job.cluster == east

@@ -247,6 +247,50 @@ def test_step_tells_a_job_that_stays_bound_what_each_cluster_says_now_once() -> 
     assert kept == [("j", "disabled", "cluster b: disabled")]  # nowhere better: its own says why
 
 
+def test_a_fresh_bind_that_still_fits_is_not_probed_elsewhere_and_keeps_its_note() -> None:
+    """Issue 35 target 4: at a burst the global queue's head is jobs bound moments ago whose
+    cluster's cycle has not run yet; a step probed each on every cluster again (8 clusters:
+    8 probes a job, 500 jobs a batch) to find what it already knew. A fresh bind that still
+    fits now where it is stays there with its room held, without probing the others (its
+    note stands: ``others`` None); one that no longer fits gets the full look and moves."""
+    a = _trial("a", node("a0", 4))
+    b = _trial("b", node("b0", 4))
+    probed: list[str] = []
+    real = M.ClusterTrial.probe
+
+    def counting(self: M.ClusterTrial, job: Job, tenant: str, free: float) -> M.Probe:
+        probed.append(self.view.name)
+        return real(self, job, tenant, free)
+
+    kept: list[tuple[object, str, str | None]] = []
+    binds: list[tuple[object, str]] = []
+    fresh = replace(_pending("fresh", 4, (a, b), bound="a"), fresh=True)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(M.ClusterTrial, "probe", counting)
+    try:
+        M.step([fresh, _pending("new", 4, (a, b))], [a, b], bind=_recorder(binds),
+               kept=lambda p, own, others: kept.append((p.key, own, others)))
+    finally:
+        mp.undo()
+    assert probed[0] == "a" and probed.count("b") == 1  # "fresh": a only; "new": a and b
+    assert kept == [("fresh", "fits now", None)]
+    assert binds == [("new", "b")]  # the fresh job's room on a is held: "new" goes to b
+    a.undo()
+    b.undo()
+    # Another cluster closed since: the full look, so the note says so.
+    kept.clear()
+    closed_b = replace(b, view=replace(b.view, closed_reason="disabled"))
+    M.step([fresh], [a, closed_b], bind=_recorder(binds),
+           kept=lambda p, own, others: kept.append((p.key, own, others)))
+    assert kept == [("fresh", "fits now", "cluster b: disabled")]
+    a.undo()
+    # No longer fits where it is bound (a is full now), fits now on b: the full look moves it.
+    a.placer.place_job(replace(_job(4), name="taken"))
+    binds.clear()
+    M.step([fresh], [a, b], bind=_recorder(binds))
+    assert binds == [("fresh", "b")]
+
+
 def test_global_order_priority_then_share_then_submission() -> None:
     hi = replace(_job(1, priority=100), name="hi", queue="t/busy", submit_time=5.0)
     busy = replace(_job(1), name="busy", queue="t/busy", submit_time=1.0)
