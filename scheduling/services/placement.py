@@ -76,10 +76,11 @@ burst the queue's head is mostly such jobs, each costing a probe per cluster per
 (BENCHMARKS §14). Its ``placement_note`` (why not each other cluster) is then up to this old;
 a cluster closing or becoming unreachable is said at the next step."""
 PLACEMENT_BUDGET_S = 2.0
-"""A placement step goes on with the next batch while it has spent less wall time than this
-(and its last batch was full): ~2 s a batch of 500 on the 2-core bench
-machine (BENCHMARKS §11), so a few batches at most. Each batch commits on its own, so a
-cycle waits for its lock one batch at most."""
+"""A placement step goes on with the next batch while its batches have spent less wall time
+than this, or than reading the clusters took if that was longer (and its last batch was
+full): ~2 s a batch of 500 on the 2-core bench machine (BENCHMARKS §11, §14b), so a few
+batches at most; 0: one batch a step. Each batch commits on its own, so a cycle waits for
+its lock one batch at most."""
 
 
 # --- requests ------------------------------------------------------------------------------
