@@ -754,8 +754,8 @@ class Pending:
     fresh: bool = False
     """Bound moments ago and not looked at by its cluster's cycle since: while it still fits
     now there and every cluster is open, :func:`step` probes no other cluster for it (no
-    start beats fits now, so it would stay anyway) and leaves the note it was bound with
-    (``kept`` gets ``None``)."""
+    start beats fits now, so it would stay anyway) and leaves its note as last written (at
+    the bind or by a full look since; ``kept`` gets ``None``)."""
 
 
 def _stays(decided: Choice, cur: str, here: Probe | None) -> tuple[str, str]:
@@ -801,8 +801,9 @@ def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
         if cur is not None:
             own = job_gpus(p.jobs[cur.view.name])
             cur.queued_gpus = max(0.0, cur.queued_gpus - own)
-            if p.fresh and all(not t.view.closed_reason and t.view.reachable and t.view.name not in p.avoid
-                               for t in trials):  # a cluster closed since: the full look says so
+            if (p.fresh and excluded(p.choice, p.needs, cur.view) is None and cur.view.name not in p.refused
+                    and all(not t.view.closed_reason and t.view.reachable and t.view.name not in p.avoid
+                            for t in trials)):  # a cluster closed since: the full look says so
                 now = cur.probe(p.jobs[cur.view.name], p.tenant, cur.free)
                 if now.outcome == FITS_NOW:  # what the full look below would decide too
                     cur.take(p.jobs[cur.view.name], p.tenant, now)

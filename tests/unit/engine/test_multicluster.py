@@ -284,6 +284,18 @@ def test_a_fresh_bind_that_still_fits_is_not_probed_elsewhere_and_keeps_its_note
            kept=lambda p, own, others: kept.append((p.key, own, others)))
     assert kept == [("fresh", "fits now", "cluster b: disabled")]
     a.undo()
+    # Its own cluster no longer matches the job's choice (only b allowed now): the full look.
+    kept.clear()
+    probed.clear()
+    mp.setattr(M.ClusterTrial, "probe", counting)
+    try:
+        M.step([replace(fresh, choice=M.ClusterChoice.of({"clusters": ["b"]}))], [a, b],
+               bind=_recorder(binds), kept=lambda p, own, others: kept.append((p.key, own, others)))
+    finally:
+        mp.undo()
+    assert "b" in probed and all(others is not None for *_, others in kept)
+    a.undo()
+    b.undo()
     # No longer fits where it is bound (a is full now), fits now on b: the full look moves it.
     a.placer.place_job(replace(_job(4), name="taken"))
     binds.clear()
