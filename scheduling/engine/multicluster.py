@@ -798,17 +798,18 @@ def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
     for p in order:
         cur = by_name.get(p.bound or "") if p.bound is not None else None
         own = 0.0
+        mine: Probe | None = None  # its own cluster's answer, once probed (choose leaves it as it was)
         if cur is not None:
             own = job_gpus(p.jobs[cur.view.name])
             cur.queued_gpus = max(0.0, cur.queued_gpus - own)
             if (p.fresh and excluded(p.choice, p.needs, cur.view) is None and cur.view.name not in p.refused
                     and all(not t.view.closed_reason and t.view.reachable and t.view.name not in p.avoid
                             for t in trials)):  # a cluster closed since: the full look says so
-                now = cur.probe(p.jobs[cur.view.name], p.tenant, cur.free)
-                if now.outcome == FITS_NOW:  # what the full look below would decide too
-                    cur.take(p.jobs[cur.view.name], p.tenant, now)
+                mine = cur.probe(p.jobs[cur.view.name], p.tenant, cur.free)
+                if mine.outcome == FITS_NOW:  # what the full look below would decide too
+                    cur.take(p.jobs[cur.view.name], p.tenant, mine)
                     if kept is not None:
-                        kept(p, now.text(), None)
+                        kept(p, mine.text(), None)
                     continue
         decided = choose(p.jobs, p.tenant, p.choice, p.needs, trials, p.avoid, p.refused)
         target = by_name.get(decided.cluster) if decided.cluster is not None else None
@@ -823,7 +824,7 @@ def step(order: Iterable[Pending], trials: Sequence[ClusterTrial],
         probe = decided.probe
         here: Probe | None = None
         if cur is not None and cur is not target and not cur.view.closed_reason:
-            here = cur.probe(p.jobs[cur.view.name], p.tenant, cur.free)
+            here = mine if mine is not None else cur.probe(p.jobs[cur.view.name], p.tenant, cur.free)
             if here.outcome <= probe.outcome:
                 target, probe = cur, here
         if target is cur:
