@@ -221,7 +221,7 @@ def main() -> None:
                 stats.print_callers(os.environ["PROFILE_CALLERS"])
         if args.sql:
             for t, sql, _ in statements:
-                print(f"    {t * 1000:>7.2f} ms  {sql[:220]}")
+                print(f"    {t * 1000:>7.2f} ms  {sql[:int(os.environ.get('SQL_WIDTH', '220'))]}")
         if args.explain and statements:
             t, sql, params = max(statements)
             if sql.lstrip().upper().startswith("SELECT"):

@@ -357,8 +357,8 @@ def image_arches(uses: Iterable[tuple[int, int, str]]) -> dict[tuple[int, str], 
     projects = {p for _, p, _ in wanted}
     rows = list(Image.objects.filter(enabled=True, reference__in=refs).filter(
         Q(scope="platform") | Q(scope="tenant", tenant_id__in=tenants)
-        | Q(scope="project", project_id__in=projects)).values_list(
-        "reference", "scope", "tenant_id", "project_id", "architectures"))
+        | Q(scope="project", project_id__in=projects)).order_by().values_list(
+        "reference", "scope", "tenant_id", "project_id", "architectures"))  # a union: no order
     out: dict[tuple[int, str], frozenset[str]] = {}
     for tenant_id, project_id, ref in wanted:
         seen: set[str] = set()

@@ -216,10 +216,11 @@ def test_rows_outside_the_chain_are_named_and_do_not_stop_sealing() -> None:
 
 def test_a_writer_that_finds_the_chain_locked_asks_the_task_and_a_lone_writer_seals_in_one_pass(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """After its commit a single write runs one sealing pass: one short transaction (lock,
-    unsealed rows, chain tail, update). If another process holds the chain lock (it may have
-    read the unsealed rows before this commit), the writer does not wait and does not leave
-    its rows to the beat: it queues the ``audit_seal`` task, which seals them."""
+    """After its commit a single write runs one sealing pass: one short transaction of three
+    statements (lock; unsealed rows carrying the chain's tail; update), which chains each write
+    after the one before. If another process holds the chain lock (it may have read the
+    unsealed rows before this commit), the writer does not wait and does not leave its rows to
+    the beat: it queues the ``audit_seal`` task, which seals them."""
     from django.core.cache import cache
     from django.test.utils import CaptureQueriesContext
 
@@ -237,9 +238,19 @@ def test_a_writer_that_finds_the_chain_locked_asks_the_task_and_a_lone_writer_se
     with CaptureQueriesContext(connection) as ctx:
         with transaction.atomic():
             audit_record(actor=None, action="test.alone")
-    seal_sql = [q["sql"] for q in ctx.captured_queries if "advisory" in q["sql"]]
+    sql = [q["sql"] for q in ctx.captured_queries
+           if q["sql"].split(" ")[0] not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")]
+    seal_sql = [s for s in sql if "advisory" in s]
     assert len(seal_sql) == 1, seal_sql  # one pass (there were two)
+    assert len(sql[sql.index(seal_sql[0]):]) == 3, sql  # the tail read with the rows (there were 4)
     assert unsealed_count() == 0 and cache.get(SEAL_QUEUED_KEY) is None and not published
+    for n in range(2):  # each lone write chains after the last sealed row (the tail it read)
+        with transaction.atomic():
+            audit_record(actor=None, action=f"test.chained.{n}")
+        assert unsealed_count() == 0
+    first, second = AuditEvent.objects.filter(action__startswith="test.chained.").order_by("id")
+    assert (second.chain_seq, second.prev_hash) == (first.chain_seq + 1, first.hash)
+    assert list(verify_chain(seal_first=False)) == []
 
     held, release, done = threading.Event(), threading.Event(), threading.Event()
 
@@ -264,5 +275,6 @@ def test_a_writer_that_finds_the_chain_locked_asks_the_task_and_a_lone_writer_se
     assert done.is_set()
     audit_seal()  # what the queued task runs
     assert unsealed_count() == 0
-    assert [e.action for e in _chain()][-2:] == ["test.alone", "test.while-locked"]
+    assert [e.action for e in _chain()][-4:] == [
+        "test.alone", "test.chained.0", "test.chained.1", "test.while-locked"]
     assert not list(verify_chain(seal_first=False))
