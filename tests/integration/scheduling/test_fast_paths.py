@@ -52,12 +52,14 @@ def _body(world: Any, cluster: Any, name: str, **group: Any) -> dict[str, Any]:
 def test_a_submit_reads_no_node_and_nothing_back(world: Any, sim_cluster: Any,
                                                  django_capture_on_commit_callbacks: Any) -> None:
     """A plain submit does not read the cluster's nodes or GPUs (nothing in it asks about
-    them) nor read back the rows it wrote; its reply is what a later GET shows."""
+    them), nor its inventory YAML or credentials, nor read back the rows it wrote; its reply
+    is what a later GET shows."""
     client = _token_client(world.a.member)
     response, sql = _run(client, django_capture_on_commit_callbacks, "post", "/api/v1/jobs/",
                          _body(world, sim_cluster, "plain"))
     assert response.status_code == 201, response.content
     assert len(sql) <= SUBMIT_MAX, "\n".join(sql)
+    assert not _bulky(sql)  # the cluster named by the body is looked up without them
     reads = [s for s in sql if s.startswith("SELECT")]
     for table in ("scheduling_node", "scheduling_gpudevice", "scheduling_podgroup",
                   "scheduling_allocation", "scheduling_schedulingdecision"):
