@@ -30,7 +30,6 @@ from ..models import (
     Node,
     NodePool,
     PriorityClassMapping,
-    SchedulingDecision,
 )
 from .serializers import (
     ClusterSerializer,
@@ -256,14 +255,13 @@ class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveMo
                      queryset=Allocation.objects.select_related("node", "group").prefetch_related(
                          Prefetch("slices", queryset=GpuSlice.objects.select_related("gpu"),
                                   to_attr=PAGE_PREFIX + "slices"))),
-            # the latest decision of each job on the page, in one query (a sliced prefetch)
-            Prefetch("decisions", queryset=SchedulingDecision.objects.order_by("-id")[:1],
-                     to_attr="latest_decisions"),
-        )
+        )  # … and a page's latest decisions (``paginate_queryset``; one job reads its own)
 
     def paginate_queryset(self, queryset: Any) -> list[Any] | None:
         page = super().paginate_queryset(queryset)
-        if page:  # the external jobs' Kubernetes pods in one query (none for a page without any)
+        if page:
+            selectors.with_latest_decisions(page)  # each job's latest decision, in one query
+            # the external jobs' Kubernetes pods in one query (none for a page without any)
             prefetch_related_objects([j for j in page if j.kind == "external"], "external_pods",
                                      "external_workloads")
         return page
