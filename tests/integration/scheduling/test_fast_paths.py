@@ -117,6 +117,25 @@ def test_a_page_and_one_job_cost_a_fixed_number_of_statements(
     assert ctx.captured_queries and not _bulky([q["sql"] for q in ctx.captured_queries])
 
 
+def test_a_page_shows_each_jobs_newest_decision(world: Any, sim_cluster: Any) -> None:
+    """The page's ``last_decision`` of each job is its newest (``with_latest_decisions``: the
+    largest id per job, one statement for the page), whatever the order the decisions of
+    different jobs were written in; a cancelled job shows its cancellation, the others their
+    admission or their submission, as each one's own answer does."""
+    jobs = [submit(world, sim_cluster, f"job-{i}") for i in range(3)]
+    services.cycle_run(cluster=sim_cluster)  # job-0 … admitted (decisions after all submits)
+    services.job_cancel(actor=world.a.member, job=Job.objects.get(pk=jobs[1].pk))
+    late = submit(world, sim_cluster, "late")  # its only decision is the newest of all
+    client = _token_client(world.a.member)
+    rows = {r["id"]: r for r in client.get("/api/v1/jobs/?page_size=50").json()["results"]}
+    for job in [*jobs, late]:
+        newest = job.decisions.order_by("-id").first()
+        assert rows[job.pk]["last_decision"]["id"] == newest.pk, (job.name, rows[job.pk]["last_decision"])
+        assert rows[job.pk] == client.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert rows[jobs[1].pk]["last_decision"]["kind"] == "cancelled"
+    assert rows[late.pk]["last_decision"]["kind"] == "submitted"
+
+
 def _bulky(sql: list[str]) -> list[str]:
     """Statements that read a cluster's inventory YAML or credentials (``CLUSTER_BULKY_FIELDS``)."""
     return [s for s in sql if any(f'"scheduling_cluster"."{f}"' in s for f in CLUSTER_BULKY_FIELDS)]
