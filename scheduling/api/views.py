@@ -259,7 +259,7 @@ class JobViewSet(IdempotentCreateMixin, mixins.ListModelMixin, mixins.RetrieveMo
 
     def paginate_queryset(self, queryset: Any) -> list[Any] | None:
         page = super().paginate_queryset(queryset)
-        if page:
+        if page and self.action == "list":  # a page of jobs (``decisions`` pages its own rows)
             selectors.with_latest_decisions(page)  # each job's latest decision, in one query
             # the external jobs' Kubernetes pods in one query (none for a page without any)
             prefetch_related_objects([j for j in page if j.kind == "external"], "external_pods",

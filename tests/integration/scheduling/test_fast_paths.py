@@ -27,7 +27,7 @@ pytestmark = pytest.mark.django_db
 SUBMIT_MAX = 12
 LIST_MAX = 8
 DETAIL_MAX = 7
-DECISIONS_MAX = 6
+DECISIONS_MAX = 5
 
 
 def _token_client(user: Any) -> APIClient:
