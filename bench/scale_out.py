@@ -142,6 +142,27 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def task_metrics(redis_url: str) -> dict[str, dict[str, float]]:
+    """Per task: how many ran and the seconds the worker spent in them, from the counters every
+    worker process keeps in Redis (``camp.taskmetrics``; what /metrics reports)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    out: dict[str, dict[str, float]] = {}
+    for key in client.scan_iter(match="*:celery:tasks"):
+        for field, count in client.hgetall(key).items():
+            name = _text(field).partition("\t")[0]
+            out.setdefault(name, {"runs": 0, "seconds": 0.0})["runs"] += int(count)
+    for key in client.scan_iter(match="*:celery:runtime"):
+        for field, seconds in client.hgetall(key).items():
+            out.setdefault(_text(field), {"runs": 0, "seconds": 0.0})["seconds"] = round(float(seconds), 1)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["seconds"]))
+
+
 def _run(seed: str, workers: int, redis_url: str, quiet: float, timeout: float) -> dict[str, Any]:
     import redis
 
@@ -201,7 +222,12 @@ def _run(seed: str, workers: int, redis_url: str, quiet: float, timeout: float) 
         "SELECT c.name, count(j.id), extract(epoch FROM max(j.admitted_at)) FROM scheduling_job j "
         "JOIN scheduling_cluster c ON c.id = j.cluster_id WHERE j.admitted_at IS NOT NULL "
         "GROUP BY c.name ORDER BY c.name", db=run_db)
+    # what was never admitted (their state and reason), and what each task cost the worker
+    left = _psql("SELECT id, state, cluster_id IS NULL, left(reason, 200) FROM scheduling_job "
+                 "WHERE admitted_at IS NULL ORDER BY id LIMIT 5", db=run_db)
     return {"workers": workers, "admitted": admitted,
+            "not_admitted": [{"id": i, "state": st, "unbound": u, "reason": r} for i, st, u, r in left],
+            "tasks": task_metrics(redis_url),
             "to_first_s": first.timestamp() - t0 if first else None,
             "to_last_s": last.timestamp() - t0 if last else None,
             "admitting_cycles": cycles,
