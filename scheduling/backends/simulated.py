@@ -25,6 +25,7 @@ Inventory format (see scheduling/inventories/demo.yaml)::
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import math
 import re
@@ -58,7 +59,20 @@ class InventoryError(ValueError):
 
 
 def parse_inventory(text: str) -> tuple[list[NodeInfo], dict[str, Any]]:
-    """Nodes and options of a YAML inventory."""
+    """Nodes and options of a YAML inventory.
+
+    Parsed once per process for each inventory text (``_parsed``, keyed by the text itself, so
+    an edited inventory is parsed anew): every simulated backend is made from its cluster's
+    row, and a dispatch (one per admitted job) parsed the whole inventory again — 0.68 s of a
+    worker's time per dispatch on the openb trace's 1,213 nodes, half of what two workers did
+    while 50,000 jobs were admitted (issue 35, docs/BENCHMARKS.md §14c). The nodes are frozen
+    dataclasses shared between callers; the list and the options are each caller's own."""
+    nodes, options = _parsed(text or "")
+    return list(nodes), dict(options)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str) -> tuple[tuple[NodeInfo, ...], dict[str, Any]]:
     try:
         data = yaml.safe_load(text or "") or {}
     except yaml.YAMLError as exc:
@@ -85,7 +99,7 @@ def parse_inventory(text: str) -> tuple[list[NodeInfo], dict[str, Any]]:
         # dispatch, e.g. to kill a worker in the middle of one.
         "create_delay_seconds": float(data.get("create_delay_seconds", 0)),
     }
-    return nodes, options
+    return tuple(nodes), options
 
 
 def _node(name: str, entry: dict[str, Any]) -> NodeInfo:
