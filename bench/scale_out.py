@@ -159,7 +159,9 @@ def task_metrics(redis_url: str) -> dict[str, dict[str, float]]:
             out.setdefault(name, {"runs": 0, "seconds": 0.0})["runs"] += int(count)
     for key in client.scan_iter(match="*:celery:runtime"):
         for field, seconds in client.hgetall(key).items():
-            out.setdefault(_text(field), {"runs": 0, "seconds": 0.0})["seconds"] = round(float(seconds), 1)
+            out.setdefault(_text(field), {"runs": 0, "seconds": 0.0})["seconds"] += float(seconds)
+    for figures in out.values():
+        figures["seconds"] = round(figures["seconds"], 1)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["seconds"]))
 
 
