@@ -267,10 +267,11 @@ def _tail_of(seq: int | None, digest: str | None) -> tuple[int, str]:
 
 # The rows a seal pass chains, each carrying the chain's tail (``tail_seq``, ``tail_hash``; one
 # snapshot, read under the lock); the rows' filter is ``_unsealed``'s. Written by hand, not with
-# the ORM (``annotate(Subquery(...))``), because compiling that statement cost more than the rest of
-# a single write's seal: 1.05 ms of CPU against 0.21 ms for this one through ``raw()`` (which maps
-# the rows to events with the ORM's converters), and the two statements it replaces cost 0.84 ms
-# (issue 35, docs/BENCHMARKS.md §15).
+# the ORM (``annotate(Subquery(...))``), because compiling that statement cost more than the
+# rest of a single write's seal: 0.8–1.2 ms of CPU against 0.26–0.37 ms for this one through
+# ``raw()`` (which maps the rows to events with the ORM's converters), and the two statements it
+# replaces cost 0.86–0.89 ms, reading one unsealed row (``bench/hot_statements.py``; issue 35,
+# docs/BENCHMARKS.md §15).
 _UNSEALED_WITH_TAIL = (
     "SELECT e.*, t.chain_seq AS tail_seq, t.hash AS tail_hash FROM tenants_auditevent AS e"
     " LEFT JOIN (SELECT chain_seq, hash FROM tenants_auditevent WHERE chain_seq IS NOT NULL"
