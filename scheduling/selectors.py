@@ -575,7 +575,8 @@ def with_latest_decisions(jobs: list[Job]) -> list[Job]:
     with none), for a page in one statement: the decisions whose id is the largest of their
     job's (``decision_job_latest`` serves both). Django's sliced prefetch (``Prefetch(...,
     queryset=…[:1])``) gave the same rows through a window function and cost a jobs page
-    2.3 ms of CPU against 1.2 ms for this (issue 35, docs/BENCHMARKS.md §15)."""
+    2.15 ms of CPU against 1.31 ms for this (``bench/hot_statements.py``; issue 35,
+    docs/BENCHMARKS.md §15)."""
     if not jobs:
         return jobs
     newest = SchedulingDecision.objects.filter(job_id__in=[j.pk for j in jobs]).values("job_id").annotate(

@@ -265,6 +265,15 @@ def _tail_of(seq: int | None, digest: str | None) -> tuple[int, str]:
     return int(seq), str(digest)
 
 
+CHAIN_COLUMNS = ("hash", "prev_hash", "chain_seq")
+"""An event's chain columns: all empty while it waits for a seal, all set once sealed."""
+
+
+def _chain_columns(empty: bool) -> dict[str, bool]:
+    """The ORM filter on ``CHAIN_COLUMNS``: all empty (``empty``) or all set."""
+    return {f"{c}__isnull": empty for c in CHAIN_COLUMNS}
+
+
 # The rows a seal pass chains, each carrying the chain's tail (``tail_seq``, ``tail_hash``; one
 # snapshot, read under the lock); the rows' filter is ``_unsealed``'s. Written by hand, not with
 # the ORM (``annotate(Subquery(...))``), because compiling that statement cost more than the
@@ -272,16 +281,18 @@ def _tail_of(seq: int | None, digest: str | None) -> tuple[int, str]:
 # ``raw()`` (which maps the rows to events with the ORM's converters), and the two statements it
 # replaces cost 0.86–0.89 ms, reading one unsealed row (``bench/hot_statements.py``; issue 35,
 # docs/BENCHMARKS.md §15).
-_UNSEALED_WITH_TAIL = (
-    "SELECT e.*, t.chain_seq AS tail_seq, t.hash AS tail_hash FROM tenants_auditevent AS e"
+_UNSEALED_WITH_TAIL = (  # built from constants only (CHAIN_COLUMNS)
+    "SELECT e.*, t.chain_seq AS tail_seq, t.hash AS tail_hash FROM tenants_auditevent AS e"  # noqa: S608
     " LEFT JOIN (SELECT chain_seq, hash FROM tenants_auditevent WHERE chain_seq IS NOT NULL"
     " ORDER BY chain_seq DESC LIMIT 1) AS t ON 1 = 1"
-    " WHERE e.hash IS NULL AND e.prev_hash IS NULL AND e.chain_seq IS NULL ORDER BY e.id LIMIT %s")
+    " WHERE " + " AND ".join(f"e.{c} IS NULL" for c in CHAIN_COLUMNS) + " ORDER BY e.id LIMIT %s")
 
 
-def _unsealed_with_tail(batch: int) -> list[AuditEvent]:
-    """Up to ``batch`` unsealed events in id order, each with the chain's tail."""
-    return list(AuditEvent.objects.raw(_UNSEALED_WITH_TAIL, [batch]))
+def _unsealed_with_tail(batch: int) -> tuple[list[AuditEvent], tuple[int, str]]:
+    """Up to ``batch`` unsealed events in id order, and the chain's tail they read with
+    (meaningless when there are none)."""
+    rows = list(AuditEvent.objects.raw(_UNSEALED_WITH_TAIL, [batch]))
+    return rows, _tail_of(*(getattr(rows[0], c) for c in ("tail_seq", "tail_hash")) if rows else (None, None))
 
 
 def _chain_tail() -> tuple[int, str]:
@@ -400,10 +411,9 @@ def seal(*, wait: bool = True, passes: int = 0, batch: int = SEAL_BATCH) -> int 
                             return sealed if done > 1 else None
             # the chain's tail rides on the rows (read under the lock, in the same snapshot):
             # one statement fewer in every single write's seal (issue 35)
-            rows = _unsealed_with_tail(batch)
+            rows, (seq, prev_hash) = _unsealed_with_tail(batch)
             if not rows:
                 return sealed
-            seq, prev_hash = _tail_of(getattr(rows[0], "tail_seq"), getattr(rows[0], "tail_hash"))  # noqa: B009 - raw()'s extra columns
             for row in rows:
                 row.created_at = row.created_at.astimezone(dt.UTC)
             values = []
@@ -457,7 +467,7 @@ def _unsealed() -> Any:
     """Rows committed and not chained yet: all three chain columns empty (what the trigger
     lets a seal fill). A row with some but not all of them set was not written by Camp and
     is never sealed; ``verify_chain`` names it."""
-    return AuditEvent.objects.filter(hash__isnull=True, prev_hash__isnull=True, chain_seq__isnull=True)
+    return AuditEvent.objects.filter(**_chain_columns(empty=True))
 
 
 def unsealed_count() -> int:
@@ -488,8 +498,7 @@ def verify_chain(
         # Neither sealed (all three chain columns set) nor waiting (all three empty): a row
         # Camp did not write that way — e.g. one inserted with a hash but outside the chain.
         partial = (AuditEvent.objects
-                   .exclude(hash__isnull=True, prev_hash__isnull=True, chain_seq__isnull=True)
-                   .exclude(hash__isnull=False, prev_hash__isnull=False, chain_seq__isnull=False)
+                   .exclude(**_chain_columns(empty=True)).exclude(**_chain_columns(empty=False))
                    .order_by("id").values_list("pk", flat=True))
         for pk in partial:
             yield ChainBreak(pk, "its chain columns are only partly set (it is outside the chain)")
